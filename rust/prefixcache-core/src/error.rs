@@ -1,0 +1,47 @@
+//! The one error type of the core. Every fallible public operation validates its input
+//! before it changes any state, so an `Err` always leaves the structure unchanged.
+
+use std::fmt;
+
+/// What went wrong, by kind; the bindings map each kind to one Python exception class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// An argument has a bad value (negative count, wrong length, out-of-range id ...).
+    InvalidArgument(String),
+    /// A node handle refers to a node that was evicted (or belongs to another tree).
+    StaleHandle(String),
+    /// A lock would drop below zero, or the root was locked/unlocked.
+    LockRef(String),
+    /// A block operation that its state does not allow (double free, touching the null block ...).
+    BlockState(String),
+    /// A request id the manager does not know.
+    UnknownRequest(String),
+    /// More blocks were asked for than are free.
+    OutOfBlocks { requested: usize, available: usize },
+    /// A value the hash encoders cannot encode exactly as vLLM does.
+    UnsupportedHashInput(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(m)
+            | Error::StaleHandle(m)
+            | Error::LockRef(m)
+            | Error::BlockState(m)
+            | Error::UnknownRequest(m)
+            | Error::UnsupportedHashInput(m) => f.write_str(m),
+            Error::OutOfBlocks {
+                requested,
+                available,
+            } => write!(
+                f,
+                "cannot get {requested} blocks: only {available} free blocks are available"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

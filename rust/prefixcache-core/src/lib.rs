@@ -1,0 +1,15 @@
+//! prefixcache-core: exact, fast models of the KV prefix caches of LLM engines.
+//!
+//! Pure Rust, no Python. The Python bindings live in the `prefixcache-py` crate and only
+//! convert arguments and errors.
+//!
+//! - [`radix`]: SGLang's token-level radix tree (`RadixCache`) with its eviction policies.
+//! - [`hash`]: vLLM v1 chained block hashes (pickle / CBOR byte streams, SHA-256, XXH3).
+//! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
+
+pub mod blocks;
+pub mod error;
+pub mod hash;
+pub mod radix;
+
+pub use error::{Error, Result};

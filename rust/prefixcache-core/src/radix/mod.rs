@@ -1,0 +1,1 @@
+//! SGLang RadixCache: token-level compressed radix tree (see SEMANTICS.md section 1).
