@@ -5,9 +5,7 @@
 //! sequences of Python ints. Floats, bools arrays, strings and other dtypes raise
 //! `InvalidTypeError`; out-of-range values raise `InvalidInputError` naming the position.
 
-use std::borrow::Cow;
-
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyString};
@@ -213,5 +211,25 @@ pub fn i64_array(py: Python<'_>, v: Vec<i64>) -> Bound<'_, PyArray1<i64>> {
     PyArray1::from_vec(py, v)
 }
 
-/// A borrowed-or-owned slice, for APIs that take `&[T]`.
-pub type Slice<'a, T> = Cow<'a, [T]>;
+/// An integer argument (count, priority, length): Python ints only (no floats or bools).
+/// Values beyond the i64 range are clamped (e.g. "evict 10**30 tokens" = evict all).
+pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(invalid_type(format!("{what} must be an int, got bool")));
+    }
+    match obj.extract::<i128>() {
+        Ok(v) => Ok(v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64),
+        Err(_) => {
+            let tn = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            Err(invalid_type(format!("{what} must be an int, got {tn}")))
+        }
+    }
+}
+
+/// [`count`] for an optional argument (`None` = `default`).
+pub fn count_or(obj: Option<&Bound<'_, PyAny>>, default: i64, what: &str) -> PyResult<i64> {
+    match obj {
+        Some(o) if !o.is_none() => count(o, what),
+        _ => Ok(default),
+    }
+}
