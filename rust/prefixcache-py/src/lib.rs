@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 mod convert;
 mod errors;
 mod radix;
+mod trie;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -16,5 +17,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
+    m.add_class::<trie::BlockTrie>()?;
+    m.add_class::<trie::Claim>()?;
+    m.add_class::<trie::Lookup>()?;
     Ok(())
 }
