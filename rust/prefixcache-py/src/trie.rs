@@ -108,6 +108,7 @@ impl Lookup {
             self.num_matched_tokens,
             self.num_reused_blocks,
             self.partial_kind()
+                .map_or("None".to_string(), |k| format!("'{k}'"))
         )
     }
 }
