@@ -9,8 +9,7 @@
 from __future__ import annotations
 
 from prefixcache import _core
-from prefixcache._core import InsertResult, MatchResult, Node, RadixCache
-from prefixcache._core import BlockTrie, Claim, Lookup
+from prefixcache._core import BlockTrie, Claim, InsertResult, Lookup, MatchResult, Node, RadixCache
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,

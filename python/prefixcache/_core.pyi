@@ -8,14 +8,14 @@ import numpy.typing as npt
 
 __version__: str
 __all__ = [
-    "__version__",
+    "BlockTrie",
+    "Claim",
     "InsertResult",
+    "Lookup",
     "MatchResult",
     "Node",
     "RadixCache",
-    "BlockTrie",
-    "Claim",
-    "Lookup",
+    "__version__",
 ]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
