@@ -53,8 +53,14 @@ def run(impl: Any, op: tuple[Any, ...], prompts: dict[int, list[int]]) -> Any:
         _, rid, toks, lora, salt, mm, pr, ret, reserve = op
         mm = mm if mm is None or len(toks) >= 3 else None
         c = impl.claim(
-            rid, toks, lora_id=lora, cache_salt=salt, mm_items=mm,
-            priority=pr, retention=ret, reserve_tokens=reserve,
+            rid,
+            toks,
+            lora_id=lora,
+            cache_salt=salt,
+            mm_items=mm,
+            priority=pr,
+            retention=ret,
+            reserve_tokens=reserve,
         )
         return tuple(getattr(c, f) for f in CLAIM_FIELDS)
     if kind == "store":
