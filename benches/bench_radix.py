@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prefixcache import RadixCache
-from prefixcache.reference.radix import RadixCache as ReferenceRadixCache
 
 from benches.workloads import shared_prefix_prompts
+from prefixcache import RadixCache
+from prefixcache.reference.radix import RadixCache as ReferenceRadixCache
 
 PROMPTS = shared_prefix_prompts()
 IMPLS = {"core": RadixCache, "reference": ReferenceRadixCache}

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prefixcache import BlockTrie
-from prefixcache.reference.trie import BlockTrie as ReferenceTrie
 
 from benches.workloads import shared_prefix_prompts
+from prefixcache import BlockTrie
+from prefixcache.reference.trie import BlockTrie as ReferenceTrie
 
 TPB = 64
 IMPLS = {"core": BlockTrie, "reference": ReferenceTrie}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from prefixcache import BlockTrie
 from prefixcache.reference.trie import BlockTrie as RefTrie
 

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+
 from prefixcache import BlockTrie
 from prefixcache.reference.trie import BlockTrie as RefTrie
 

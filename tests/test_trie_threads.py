@@ -8,6 +8,7 @@ import random
 import threading
 
 import pytest
+
 from prefixcache import BlockTrie, OutOfBlocksError
 
 TPB = 8
