@@ -92,6 +92,7 @@ def state(impl: Any) -> Any:
     return (
         impl.num_free_blocks,
         impl.num_cached_blocks,
+        impl.num_cached_tokens,
         impl.num_requests,
         impl.clock,
         impl.stats,

@@ -51,6 +51,7 @@ STAT_NAMES = (
     "copied_tokens",
     "allocated_blocks",
     "evicted_blocks",
+    "evicted_tokens",
     "stored_blocks",
 )
 
@@ -195,6 +196,10 @@ class BlockTrie:
     @property
     def num_cached_blocks(self) -> int:
         return sum(b.key is not None for b in self.blocks)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(len(b.key[2]) for b in self.blocks if b.key is not None)
 
     @property
     def num_requests(self) -> int:
@@ -373,6 +378,7 @@ class BlockTrie:
         blk.expiry = None
         if blk.key is not None:
             self._stats["evicted_blocks"] += 1
+            self._stats["evicted_tokens"] += len(blk.key[2])
             self._detach(b)
         blk.ref_cnt, blk.priority, blk.duration = 1, priority, duration
         self._stats["allocated_blocks"] += 1

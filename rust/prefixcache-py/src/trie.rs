@@ -278,6 +278,11 @@ impl BlockTrie {
     fn num_cached_blocks(&self) -> PyResult<usize> {
         self.read(|t| t.num_cached_blocks())
     }
+    /// Tokens in the cached blocks' keys.
+    #[getter]
+    fn num_cached_tokens(&self) -> PyResult<usize> {
+        self.read(|t| t.num_cached_tokens())
+    }
     /// Requests holding blocks.
     #[getter]
     fn num_requests(&self) -> PyResult<usize> {
@@ -290,7 +295,7 @@ impl BlockTrie {
     }
     /// Counters since construction (claims, query_tokens, matched_tokens, reused_blocks,
     /// partial_hits, partial_tokens, taken_over_blocks, copies, copied_tokens,
-    /// allocated_blocks, evicted_blocks, stored_blocks).
+    /// allocated_blocks, evicted_blocks, evicted_tokens, stored_blocks).
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.read(|t| t.stats())?;

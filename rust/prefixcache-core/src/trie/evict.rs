@@ -75,8 +75,9 @@ impl BlockTrie {
         let (_, _, b) = self.evictable.pop_first()?;
         self.blocks[b as usize].listed = false;
         self.unexpire(b);
-        if self.blocks[b as usize].key.is_some() {
+        if let Some(k) = &self.blocks[b as usize].key {
             self.stats.evicted_blocks += 1;
+            self.stats.evicted_tokens += k.tokens.len() as u64;
             self.detach(b);
         }
         Some(b)
@@ -91,6 +92,7 @@ impl BlockTrie {
             return;
         };
         self.num_cached -= 1;
+        self.num_cached_tokens -= key.tokens.len();
         let removed = self.blocks[parent as usize]
             .children
             .remove_exact(key.exact_hash(), b);

@@ -24,6 +24,7 @@ impl BlockTrie {
         }
         let mut free = 0usize;
         let mut cached = 0usize;
+        let mut cached_tokens = 0usize;
         let mut listed = 0usize;
         let mut partial_entries = vec![0usize; n + 1];
         for b in 0..n as u32 {
@@ -40,6 +41,7 @@ impl BlockTrie {
             }
             if let Some(k) = &blk.key {
                 cached += 1;
+                cached_tokens += k.tokens.len();
                 let p = blk.parent;
                 if p != self.root && self.blocks[p as usize].key.is_none() {
                     return Err(format!("block {b}: parent {p} is not cached"));
@@ -114,10 +116,13 @@ impl BlockTrie {
                 return Err(format!("block {p}: partial index holds stale entries"));
             }
         }
-        if free != self.num_free || cached != self.num_cached {
+        if free != self.num_free
+            || cached != self.num_cached
+            || cached_tokens != self.num_cached_tokens
+        {
             return Err(format!(
-                "counted free {free} cached {cached}, recorded {} {}",
-                self.num_free, self.num_cached
+                "counted free {free} cached {cached} ({cached_tokens} tokens), recorded {} {} ({})",
+                self.num_free, self.num_cached, self.num_cached_tokens
             ));
         }
         if listed != self.evictable.len() {

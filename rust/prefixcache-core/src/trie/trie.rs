@@ -172,12 +172,13 @@ pub struct TrieStats {
     pub copied_tokens: u64,
     pub allocated_blocks: u64,
     pub evicted_blocks: u64,
+    pub evicted_tokens: u64,
     pub stored_blocks: u64,
 }
 
 impl TrieStats {
     /// `(name, value)` pairs in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u64); 12] {
+    pub fn fields(&self) -> [(&'static str, u64); 13] {
         [
             ("claims", self.claims),
             ("query_tokens", self.query_tokens),
@@ -190,6 +191,7 @@ impl TrieStats {
             ("copied_tokens", self.copied_tokens),
             ("allocated_blocks", self.allocated_blocks),
             ("evicted_blocks", self.evicted_blocks),
+            ("evicted_tokens", self.evicted_tokens),
             ("stored_blocks", self.stored_blocks),
         ]
     }
@@ -271,6 +273,7 @@ pub struct BlockTrie {
     seq: u64,
     pub(crate) num_free: usize,
     pub(crate) num_cached: usize,
+    pub(crate) num_cached_tokens: usize,
     requests: FxHashMap<u64, Request>,
     salts: Interner,
     mm_hashes: Interner,
@@ -330,6 +333,7 @@ impl BlockTrie {
             seq: num_blocks as u64,
             num_free: num_blocks,
             num_cached: 0,
+            num_cached_tokens: 0,
             requests: FxHashMap::default(),
             salts: Interner::default(),
             mm_hashes: Interner::default(),
@@ -357,6 +361,10 @@ impl BlockTrie {
     /// Blocks cached in the trie.
     pub fn num_cached_blocks(&self) -> usize {
         self.num_cached
+    }
+    /// Tokens in the cached blocks' keys.
+    pub fn num_cached_tokens(&self) -> usize {
+        self.num_cached_tokens
     }
     pub fn num_requests(&self) -> usize {
         self.requests.len()
@@ -650,6 +658,7 @@ impl BlockTrie {
     fn attach(&mut self, b: u32, parent: u32, key: BlockKey) {
         let parent_hash = (parent != self.root).then(|| self.blocks[parent as usize].hash);
         let hash = self.chain_hash(parent_hash, &key);
+        let key_len = key.tokens.len();
         self.blocks[parent as usize]
             .children
             .insert_exact(key.exact_hash(), b);
@@ -658,6 +667,7 @@ impl BlockTrie {
         blk.parent = parent;
         blk.hash = hash;
         self.num_cached += 1;
+        self.num_cached_tokens += key_len;
         self.sync(b);
         self.sync(parent);
     }
