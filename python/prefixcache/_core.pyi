@@ -8,12 +8,12 @@ import numpy.typing as npt
 
 __version__: str
 __all__ = [
-    "__version__",
     "BlockHasher",
     "InsertResult",
     "MatchResult",
     "Node",
     "RadixCache",
+    "__version__",
     "hash_block_tokens",
 ]
 
