@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::value::KeyValue;
-use super::{cbor, pickle, BlockHash};
+use super::{cbor, pickle, sha256, BlockHash};
 use crate::error::{Error, Result};
 
 /// The seed vLLM hashes into `NONE_HASH` when `PYTHONHASHSEED` is unset (sha256 variants).
@@ -121,9 +121,27 @@ impl HashAlgo {
     }
 }
 
+/// Reusable buffers for the byte streams: 64-byte blocks for the fast path (so SHA-256 pads
+/// and compresses in place) and a byte vector for the general encoders.
+#[derive(Default)]
+struct Scratch {
+    blocks: Vec<[u8; 64]>,
+    bytes: Vec<u8>,
+}
+
+impl Scratch {
+    /// Make room for a fast-path stream whose writer touches up to `bound` bytes.
+    fn reserve_fast(&mut self, bound: usize) {
+        let n = sha256::padded_blocks(bound);
+        if self.blocks.len() < n {
+            self.blocks.resize(n, [0u8; 64]);
+        }
+    }
+}
+
 thread_local! {
-    /// Scratch buffer for the byte streams, reused by every hash on this thread.
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
+    /// Scratch buffers reused by every hash on this thread (no allocation per block).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Computes vLLM's chained block hashes for one algorithm, block size and seed.
@@ -191,17 +209,61 @@ impl BlockHasher {
         }
     }
 
+    /// Whether `(parent, tokens, None)` takes the allocation-free fast path.
+    fn fast_bound(&self, parent_len: usize, n: usize) -> Option<usize> {
+        if self.algo.uses_cbor() {
+            Some(cbor::fast_block_bound(parent_len, n))
+        } else if pickle::fast_path_applies(parent_len, n) {
+            Some(pickle::fast_block_bound(parent_len, n))
+        } else {
+            None
+        }
+    }
+
     #[inline]
     fn hash_unchecked(
         &self,
-        buf: &mut Vec<u8>,
+        scratch: &mut Scratch,
         parent: &BlockHash,
         tokens: &[u32],
         extra: Option<&[KeyValue]>,
     ) -> BlockHash {
-        self.algo
-            .encode_block(buf, parent.as_bytes(), tokens, extra);
-        self.algo.digest(buf)
+        let parent = parent.as_bytes();
+        let bound = match extra {
+            None => self.fast_bound(parent.len(), tokens.len()),
+            Some(_) => None,
+        };
+        let Some(bound) = bound else {
+            self.algo
+                .encode_block(&mut scratch.bytes, parent, tokens, extra);
+            return self.algo.digest(&scratch.bytes);
+        };
+        scratch.reserve_fast(bound);
+        let flat = scratch.blocks.as_flattened_mut();
+        let len = if self.algo.uses_cbor() {
+            cbor::write_block_fast(flat, parent, tokens)
+        } else {
+            pickle::write_block_fast(flat, parent, tokens)
+        };
+        let mut bytes = [0u8; 32];
+        let len_out = match self.algo {
+            HashAlgo::Sha256 | HashAlgo::Sha256Cbor => {
+                bytes = sha256::digest_padded(&mut scratch.blocks, len);
+                32
+            }
+            HashAlgo::Xxhash | HashAlgo::XxhashCbor => {
+                bytes[..16].copy_from_slice(&xxh3_128(&flat[..len]).to_be_bytes());
+                16
+            }
+            HashAlgo::Xxh3_64 => {
+                bytes[..8].copy_from_slice(&xxh3_64(&flat[..len]).to_be_bytes());
+                8
+            }
+        };
+        BlockHash {
+            len: len_out as u8,
+            bytes,
+        }
     }
 
     /// The hash of one full block (`tokens.len() == block_size`); parent `None` = NONE_HASH;
