@@ -154,22 +154,17 @@ pub(crate) fn write_block_fast(buf: &mut [u8], parent: &[u8], tokens: &[u32]) ->
 /// first); `extra` `None` is CBOR null, `Some(keys)` the array of `keys`.
 pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Option<&[KeyValue]>) {
     out.clear();
-    let Some(keys) = extra else {
-        out.resize(fast_block_bound(parent.len(), tokens.len()), 0);
-        let len = write_block_fast(out, parent, tokens);
-        out.truncate(len);
-        return;
-    };
-    out.push((ARRAY << 5) | 3);
-    head(out, BYTES, parent.len() as u64);
-    out.extend_from_slice(parent);
-    head(out, ARRAY, tokens.len() as u64);
-    for &t in tokens {
-        head(out, UINT, u64::from(t));
-    }
-    head(out, ARRAY, keys.len() as u64);
-    for k in keys {
-        encode(out, k);
+    out.resize(fast_block_bound(parent.len(), tokens.len()), 0);
+    let len = write_block_fast(out, parent, tokens);
+    match extra {
+        None => out.truncate(len),
+        Some(keys) => {
+            out.truncate(len - 1); // the trailing null becomes the array of keys
+            head(out, ARRAY, keys.len() as u64);
+            for k in keys {
+                encode(out, k);
+            }
+        }
     }
 }
 

@@ -233,37 +233,38 @@ impl BlockHasher {
             None => self.fast_bound(parent.len(), tokens.len()),
             Some(_) => None,
         };
-        let Some(bound) = bound else {
-            self.algo
-                .encode_block(&mut scratch.bytes, parent, tokens, extra);
-            return self.algo.digest(&scratch.bytes);
-        };
-        scratch.reserve_fast(bound);
-        let flat = scratch.blocks.as_flattened_mut();
-        let len = if self.algo.uses_cbor() {
-            cbor::write_block_fast(flat, parent, tokens)
-        } else {
-            pickle::write_block_fast(flat, parent, tokens)
-        };
-        let mut bytes = [0u8; 32];
-        let len_out = match self.algo {
-            HashAlgo::Sha256 | HashAlgo::Sha256Cbor => {
-                bytes = sha256::digest_padded(&mut scratch.blocks, len);
-                32
+        let sha = matches!(self.algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor);
+        let len = match bound {
+            Some(bound) => {
+                scratch.reserve_fast(bound);
+                let flat = scratch.blocks.as_flattened_mut();
+                if self.algo.uses_cbor() {
+                    cbor::write_block_fast(flat, parent, tokens)
+                } else {
+                    pickle::write_block_fast(flat, parent, tokens)
+                }
             }
-            HashAlgo::Xxhash | HashAlgo::XxhashCbor => {
-                bytes[..16].copy_from_slice(&xxh3_128(&flat[..len]).to_be_bytes());
-                16
-            }
-            HashAlgo::Xxh3_64 => {
-                bytes[..8].copy_from_slice(&xxh3_64(&flat[..len]).to_be_bytes());
-                8
+            None => {
+                self.algo
+                    .encode_block(&mut scratch.bytes, parent, tokens, extra);
+                if !sha {
+                    return self.algo.digest(&scratch.bytes);
+                }
+                // SHA-256 pads in place: move the stream into the block buffer.
+                let len = scratch.bytes.len();
+                scratch.reserve_fast(len);
+                scratch.blocks.as_flattened_mut()[..len].copy_from_slice(&scratch.bytes);
+                len
             }
         };
-        BlockHash {
-            len: len_out as u8,
-            bytes,
+        if sha {
+            return BlockHash {
+                len: 32,
+                bytes: sha256::digest_padded(&mut scratch.blocks, len),
+            };
         }
+        let flat = scratch.blocks.as_flattened();
+        self.algo.digest(&flat[..len])
     }
 
     /// The hash of one full block (`tokens.len() == block_size`); parent `None` = NONE_HASH;

@@ -30,6 +30,8 @@
 //! This differs from CPython only if a caller pickles one non-singleton object twice in
 //! the same key (or a runtime string that equals a tag); vLLM does neither.
 
+use smallvec::SmallVec;
+
 use super::value::{BigInt, KeyValue};
 
 const PROTO: u8 = 0x80;
@@ -89,7 +91,7 @@ struct Pickler<'v, 'o> {
     frame_start: Option<usize>,
     framing: bool,
     memo_len: u32,
-    shared: Vec<(Shared<'v>, u32)>,
+    shared: SmallVec<[(Shared<'v>, u32); 8]>,
 }
 
 impl<'v, 'o> Pickler<'v, 'o> {
@@ -101,7 +103,7 @@ impl<'v, 'o> Pickler<'v, 'o> {
             frame_start: None,
             framing: true,
             memo_len: 0,
-            shared: Vec::new(),
+            shared: SmallVec::new(),
         }
     }
 
@@ -205,6 +207,35 @@ impl<'v, 'o> Pickler<'v, 'o> {
                 }
                 self.end_tuple(items.len());
             }
+        }
+    }
+
+    /// The items of a token tuple (each an int saved with its own opcode boundary).
+    fn save_tokens(&mut self, tokens: &[u32]) {
+        let in_frame = self
+            .frame_start
+            .map_or(0, |start| self.out.len() - start - FRAME_HEADER_SIZE);
+        if self.frame_start.is_some()
+            && in_frame + MAX_TOKEN_BYTES * tokens.len() < FRAME_SIZE_TARGET
+        {
+            // No boundary inside the tuple can close the frame: write the ids in bulk.
+            let start = self.out.len();
+            self.out
+                .resize(start + MAX_TOKEN_BYTES * tokens.len() + 8, 0);
+            let mut pos = start;
+            for &t in tokens {
+                let (word, len) = token_word(t);
+                self.out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+                pos += len;
+            }
+            self.out.truncate(pos);
+            return;
+        }
+        let mut buf = [0u8; 8];
+        for &t in tokens {
+            self.opcode_boundary();
+            let n = encode_token(t, &mut buf);
+            self.write(&buf[..n]);
         }
     }
 
@@ -440,12 +471,7 @@ pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Opti
     p.save_bytes(parent);
     p.opcode_boundary(); // the token tuple
     p.begin_tuple(tokens.len());
-    let mut buf = [0u8; 8];
-    for &t in tokens {
-        p.opcode_boundary();
-        let n = encode_token(t, &mut buf);
-        p.write(&buf[..n]);
-    }
+    p.save_tokens(tokens);
     p.end_tuple(tokens.len());
     match extra {
         None => {
