@@ -21,7 +21,7 @@ TOKENS = np.random.default_rng(0).integers(0, 151_936, size=32_768).astype(np.ui
 TOKEN_LIST = TOKENS.tolist()
 N_BLOCKS = len(TOKENS) // BLOCK
 ALGOS = ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "xxh3_64"]
-ROUNDS = {"core": 50, "reference": 3}
+ROUNDS = {"core": 50, "reference": 5}
 EXTRA = block_extra_keys(
     len(TOKENS),
     BLOCK,

@@ -118,11 +118,11 @@ def test_unsupported_key_values(keys: tuple[Any, ...], where: str) -> None:
 def test_unsupported_per_block_entries() -> None:
     h = BlockHasher(2, "sha256", "s")
     with pytest.raises(UnsupportedHashInputError, match=r"extra_keys\[1\].*list"):
-        h.hash_blocks([1, 2, 3, 4], [None, ["lora", "a", "/p"]])
+        h.hash_blocks([1, 2, 3, 4], [None, ["lora", "a", "/p"]])  # type: ignore[list-item]
     with pytest.raises(UnsupportedHashInputError, match=r"extra_keys\[0\]\[0\].*float"):
-        h.hash_blocks([1, 2, 3, 4], [(0.5,), None])
+        h.hash_blocks([1, 2, 3, 4], [(0.5,), None])  # type: ignore[list-item]
     with pytest.raises(InvalidTypeError):
-        h.hash_blocks([1, 2], "abc")
+        h.hash_blocks([1, 2], "abc")  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="2 full blocks"):
         h.hash_blocks([1, 2, 3, 4], [None])
     deep: Any = ()
