@@ -130,6 +130,17 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// Give back buffers grown past 1 MiB by a huge block, so a thread does not keep them.
+    fn trim(&mut self) {
+        const KEEP: usize = 1 << 20;
+        if self.blocks.len() * 64 > KEEP {
+            self.blocks = Vec::new();
+        }
+        if self.bytes.capacity() > KEEP {
+            self.bytes = Vec::new();
+        }
+    }
+
     /// Make room for a fast-path stream whose writer touches up to `bound` bytes.
     fn reserve_fast(&mut self, bound: usize) {
         let n = sha256::padded_blocks(bound);
@@ -293,7 +304,11 @@ impl BlockHasher {
         extra_keys: Option<&[KeyValue]>,
     ) -> Result<BlockHash> {
         let parent = self.check_parent(parent)?;
-        Ok(SCRATCH.with_borrow_mut(|buf| self.hash_unchecked(buf, &parent, tokens, extra_keys)))
+        Ok(SCRATCH.with_borrow_mut(|scratch| {
+            let h = self.hash_unchecked(scratch, &parent, tokens, extra_keys);
+            scratch.trim();
+            h
+        }))
     }
 
     /// The chained hashes of the full blocks of `tokens` (a partial tail is not hashed),
@@ -331,6 +346,7 @@ impl BlockHasher {
                 parent = self.hash_unchecked(buf, &parent, block, extra);
                 out.push(parent);
             }
+            buf.trim();
         });
         Ok(out)
     }
@@ -382,6 +398,19 @@ mod tests {
         assert_eq!(
             hex(&hashes[0]),
             "fe8fa5dda3210d0ca2031e37cbe3b001186773cd1c710beb2d45fcb51d434798"
+        );
+    }
+
+    #[test]
+    fn xxh3_64_values_are_pinned() {
+        // xxhash.xxh3_64_digest(cbor2.dumps(obj, canonical=True)) for the seed and for
+        // (none_hash, tuple(range(16)), None): prefixcache's own algorithm must not drift.
+        let h = BlockHasher::new(HashAlgo::Xxh3_64, 16, DEFAULT_SEED).unwrap();
+        assert_eq!(hex(&h.none_hash()), "2764cecfde686cb2");
+        let tokens: Vec<u32> = (0..16).collect();
+        assert_eq!(
+            hex(&h.hash_block(None, &tokens, None).unwrap()),
+            "e88d66096ee66a7f"
         );
     }
 
