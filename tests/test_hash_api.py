@@ -198,3 +198,22 @@ def test_helper_rejects_bad_items() -> None:
         block_extra_keys(8, 4, mm_items=[MultiModalItem("a", 0, 0)])
     with pytest.raises(ValueError, match="block_size"):
         block_extra_keys(8, 0)
+
+
+def test_token_containers_and_threads() -> None:
+    import array
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 2**32, size=8192 + 5, dtype=np.uint64)
+    h = BlockHasher(16, "sha256_cbor", "s")
+    expect = ref.hash_blocks("sha256_cbor", 16, tokens.tolist(), seed="s")
+    assert h.hash_blocks(tokens) == expect  # int64/uint64 arrays are widened
+    assert h.hash_blocks(tokens.astype(np.uint32)) == expect
+    assert h.hash_blocks(array.array("I", tokens.tolist())) == expect
+    assert h.hash_blocks(tokens.tolist()) == expect
+    # hashing with the GIL released from several threads gives the same chains
+    arrays = [rng.integers(0, 150_000, size=20_000).astype(np.uint32) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(h.hash_blocks, arrays * 2))
+    assert got == [h.hash_blocks(a) for a in arrays * 2]
