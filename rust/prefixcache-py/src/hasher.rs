@@ -100,8 +100,19 @@ fn key_value(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<KeyValue> {
     )))
 }
 
-/// One block's extra keys: None, or a tuple of key values.
-fn block_keys(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<Option<Vec<KeyValue>>> {
+/// One block's extra keys: None, or a tuple of key values; `root` names the argument in
+/// error messages. (Also used by the block-pool bindings.)
+pub(crate) fn block_keys(obj: &Bound<'_, PyAny>, root: &str) -> PyResult<Option<Vec<KeyValue>>> {
+    block_keys_at(
+        obj,
+        &mut At {
+            root,
+            path: Vec::new(),
+        },
+    )
+}
+
+fn block_keys_at(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<Option<Vec<KeyValue>>> {
     if obj.is_none() {
         return Ok(None);
     }
@@ -120,19 +131,16 @@ fn block_keys(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<Option<Vec<Ke
 /// One block's extra keys given as the `extra_keys` argument.
 fn single_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<KeyValue>>> {
     match obj {
-        Some(obj) => block_keys(
-            obj,
-            &mut At {
-                root: "extra_keys",
-                path: Vec::new(),
-            },
-        ),
+        Some(obj) => block_keys(obj, "extra_keys"),
         None => Ok(None),
     }
 }
 
 /// Per-block extra keys: None, or a sequence (list/tuple) with one entry per block.
-fn all_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+/// (Also used by the block-pool bindings.)
+pub(crate) fn all_block_keys(
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
@@ -152,7 +160,7 @@ fn all_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Option<
         if let Some(first) = at.path.first_mut() {
             *first = i;
         }
-        out.push(block_keys(&item?, &mut at)?);
+        out.push(block_keys_at(&item?, &mut at)?);
     }
     Ok(Some(out))
 }
