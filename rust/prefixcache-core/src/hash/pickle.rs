@@ -23,12 +23,16 @@
 //!   `"prompt_embeds"`) are one interned object, and so are CPython's singleton strings
 //!   (`""` and every one-character string below U+0100): a repeat within one pickle is a
 //!   `BINGET`;
-//! - `b""` and one-byte bytes are singletons in CPython too: a repeat is a `BINGET`;
+//! - `b""` and one-byte bytes are singletons too (as most CPython constructors return
+//!   them; `bytes(bytearray(...))` is an exception): a repeat is a `BINGET`;
 //! - every other str / bytes / tuple is a distinct object even when equal to an earlier
 //!   one (identifiers, names, paths, salts and digests are created per request / block).
 //!
-//! This differs from CPython only if a caller pickles one non-singleton object twice in
-//! the same key (or a runtime string that equals a tag); vLLM does neither.
+//! This differs from CPython only if one non-singleton object appears twice in the same
+//! key, or a runtime string equals a tag. vLLM's key builders create each value afresh;
+//! the one case we cannot see is two multimodal items of one block whose identifier
+//! strings are the same object (the same image twice, if vLLM reused the hash string):
+//! we treat them as two objects.
 
 use smallvec::SmallVec;
 
