@@ -9,7 +9,17 @@
 from __future__ import annotations
 
 from prefixcache import _core
-from prefixcache._core import BlockTrie, Claim, InsertResult, Lookup, MatchResult, Node, RadixCache
+from prefixcache._core import (
+    BlockHasher,
+    BlockTrie,
+    Claim,
+    InsertResult,
+    Lookup,
+    MatchResult,
+    Node,
+    RadixCache,
+    hash_block_tokens,
+)
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
@@ -21,20 +31,24 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
+from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
 from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "BlockHasher",
     "BlockStateError",
     "BlockTrie",
     "Claim",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "LoRAKey",
     "LockRefError",
     "Lookup",
     "MatchResult",
+    "MultiModalItem",
     "Node",
     "OutOfBlocksError",
     "PrefixCacheError",
@@ -45,4 +59,6 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedHashInputError",
     "__version__",
+    "block_extra_keys",
+    "hash_block_tokens",
 ]

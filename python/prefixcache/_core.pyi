@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 __version__: str
 __all__ = [
+    "BlockHasher",
     "BlockTrie",
     "Claim",
     "InsertResult",
@@ -16,6 +17,7 @@ __all__ = [
     "Node",
     "RadixCache",
     "__version__",
+    "hash_block_tokens",
 ]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
@@ -178,3 +180,39 @@ class BlockTrie:
     def take_events(self) -> list[Any]: ...
     def dump(self) -> list[dict[str, Any]]: ...
     def check_invariants(self) -> None: ...
+
+_ExtraKey = str | bytes | int | bool | None | tuple[Any, ...]
+_BlockKeys = tuple[_ExtraKey, ...] | None
+
+@final
+class BlockHasher:
+    """vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed."""
+
+    def __new__(
+        cls, block_size: int = 16, algo: str = "sha256", seed: str | None = None
+    ) -> BlockHasher: ...
+    @property
+    def none_hash(self) -> bytes: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def algo(self) -> str: ...
+    @property
+    def seed(self) -> str: ...
+    def hash_blocks(
+        self,
+        tokens: _Tokens,
+        extra_keys: Sequence[_BlockKeys] | None = None,
+        parent: bytes | None = None,
+    ) -> list[bytes]: ...
+    def hash_block(
+        self, parent: bytes | None, tokens: _Tokens, extra_keys: _BlockKeys = None
+    ) -> bytes: ...
+
+def hash_block_tokens(
+    algo: str,
+    parent: bytes | None,
+    tokens: _Tokens,
+    extra_keys: _BlockKeys = None,
+    seed: str | None = None,
+) -> bytes: ...

@@ -12,6 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod convert;
 mod errors;
+mod hasher;
 mod radix;
 mod trie;
 
@@ -25,5 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trie::BlockTrie>()?;
     m.add_class::<trie::Claim>()?;
     m.add_class::<trie::Lookup>()?;
+    m.add_class::<hasher::PyBlockHasher>()?;
+    m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     Ok(())
 }
