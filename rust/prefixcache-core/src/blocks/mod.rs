@@ -10,3 +10,5 @@ pub mod pool;
 
 pub use free_queue::FreeQueue;
 pub use pool::{BlockPool, CacheKey, StoreInfo, NULL_BLOCK};
+pub mod manager;
+pub use manager::{Admission, KVCacheManager, PrefixCacheStats, RequestId, RequestOptions};

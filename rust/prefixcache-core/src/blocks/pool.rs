@@ -310,7 +310,12 @@ impl BlockPool {
         let mut first: Vec<u32> = Vec::new();
         let mut last: Vec<u32> = Vec::new();
         for &id in ids.iter().rev() {
-            let b = &mut self.blocks[id as usize];
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let Some(b) = self.blocks.get_mut(id as usize) else {
+                continue;
+            };
             if b.ref_cnt != 0 || b.mark {
                 continue;
             }
@@ -333,12 +338,15 @@ impl BlockPool {
         }
     }
 
-    /// Internal free used by the manager: the ids are its own blocks (valid, referenced,
-    /// null blocks already removed), so no validation pass is needed.
+    /// Internal free used by the manager: the ids are its own blocks (valid and
+    /// referenced), so no validation pass is needed. Null blocks are skipped, as vLLM does.
     pub(crate) fn free_owned(&mut self, ids: &[u32]) {
         for &id in ids {
-            let b = &mut self.blocks[id as usize];
-            b.ref_cnt = b.ref_cnt.saturating_sub(1);
+            if id != NULL_BLOCK {
+                if let Some(b) = self.blocks.get_mut(id as usize) {
+                    b.ref_cnt = b.ref_cnt.saturating_sub(1);
+                }
+            }
         }
         self.release_decremented(ids);
     }
