@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod hasher;
 mod radix;
 
 #[pymodule]
@@ -16,5 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
+    m.add_class::<hasher::PyBlockHasher>()?;
+    m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     Ok(())
 }
