@@ -26,7 +26,10 @@ class BlockStored:
     lora_id: int | None
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
+    extra_keys: list[tuple[object, ...] | None] | None = None
     group_idx: int | None = 0
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 //! external form (by default the last 8 bytes read big-endian as a u64) or raw bytes.
 //! Every event carries vLLM's `medium` ("GPU" for the device pool modelled here).
 
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, KeyValue};
 
 /// The storage medium vLLM reports for its device block pool.
 pub const MEDIUM_GPU: &str = "GPU";
@@ -27,6 +27,10 @@ pub enum KvEvent {
         lora_name: Option<String>,
         /// The KV-cache group (vLLM's `group_idx`).
         group_idx: u32,
+        /// Per new block, its extra keys untagged as vLLM publishes them
+        /// (`("mm", id, offset)` -> `(id, offset)`, any other `(tag, value)` -> `value`);
+        /// `None` when the batch has no block.
+        extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
     },
     /// A block's hash left the prefix cache (one event per removed hash, as vLLM).
     BlockRemoved {
@@ -35,4 +39,17 @@ pub enum KvEvent {
     },
     /// `reset_prefix_cache` succeeded.
     AllBlocksCleared,
+}
+
+/// vLLM's `to_event_extra_keys` for one block's tagged keys.
+pub fn untag_extra_keys(keys: &[KeyValue]) -> Vec<KeyValue> {
+    keys.iter()
+        .map(|k| match k {
+            KeyValue::Tuple(items) if items.len() >= 2 => match &items[0] {
+                KeyValue::Str(tag) if tag == "mm" => KeyValue::Tuple(items[1..].to_vec()),
+                _ => items[1].clone(),
+            },
+            other => other.clone(),
+        })
+        .collect()
 }

@@ -83,7 +83,10 @@ fn key_value(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<
 }
 
 /// One block's extra keys: None, or a tuple of key values.
-fn block_keys(obj: &Bound<'_, PyAny>, at: &mut String) -> PyResult<Option<Vec<KeyValue>>> {
+pub(crate) fn block_keys(
+    obj: &Bound<'_, PyAny>,
+    at: &mut String,
+) -> PyResult<Option<Vec<KeyValue>>> {
     if obj.is_none() {
         return Ok(None);
     }
@@ -100,7 +103,9 @@ fn block_keys(obj: &Bound<'_, PyAny>, at: &mut String) -> PyResult<Option<Vec<Ke
 }
 
 /// Per-block extra keys: None, or a sequence (list/tuple) with one entry per block.
-fn all_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+pub(crate) fn all_block_keys(
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };

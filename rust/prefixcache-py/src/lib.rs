@@ -8,6 +8,8 @@ use pyo3::prelude::*;
 mod convert;
 mod errors;
 mod hasher;
+mod manager;
+mod pool;
 mod radix;
 
 #[pymodule]
@@ -19,5 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<hasher::PyBlockHasher>()?;
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<manager::PyKVCacheManager>()?;
     Ok(())
 }

@@ -541,6 +541,8 @@ impl KVCacheManager {
             token_ids: Some(&req.tokens),
             lora_id: req.opts.lora_id,
             lora_name: req.opts.lora_name.as_deref(),
+            block_extra_keys: &req.opts.block_extra_keys,
+            default_extra_keys: req.opts.default_extra_keys.as_deref(),
         };
         self.pool.cache_full_blocks(
             &req.blocks,

@@ -15,8 +15,8 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
-use crate::events::KvEvent;
-use crate::hash::BlockHash;
+use crate::events::{untag_extra_keys, KvEvent};
+use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
 
@@ -47,6 +47,19 @@ pub struct StoreInfo<'a> {
     pub token_ids: Option<&'a [u32]>,
     pub lora_id: Option<i64>,
     pub lora_name: Option<&'a str>,
+    /// Extra hash keys of block `i` (tagged, as hashed), for the event's `extra_keys`.
+    pub block_extra_keys: &'a [Option<Vec<KeyValue>>],
+    /// Extra keys of blocks past `block_extra_keys`.
+    pub default_extra_keys: Option<&'a [KeyValue]>,
+}
+
+impl StoreInfo<'_> {
+    fn extra_keys(&self, block: usize) -> Option<&[KeyValue]> {
+        match self.block_extra_keys.get(block) {
+            Some(k) => k.as_deref(),
+            None => self.default_extra_keys,
+        }
+    }
 }
 
 /// The block pool.
@@ -451,9 +464,13 @@ impl BlockPool {
         self.hash_len = hash_len;
 
         let mut stored = Vec::new();
+        let mut event_keys = Vec::new();
         for (i, &id) in new.iter().enumerate() {
             if id == NULL_BLOCK {
                 continue;
+            }
+            if self.events_enabled {
+                event_keys.push(info.extra_keys(num_cached + i).map(untag_extra_keys));
             }
             let hash = block_hashes[num_cached + i];
             let key = CacheKey { hash, group };
@@ -477,6 +494,7 @@ impl BlockPool {
                 lora_id: info.lora_id,
                 lora_name: info.lora_name.map(str::to_owned),
                 group_idx: group,
+                extra_keys: (!event_keys.is_empty()).then_some(event_keys),
             });
         }
         Ok(())

@@ -13,7 +13,9 @@ impl RadixTree {
 
     fn set_entry(&self, slot: u32) -> ((i64, i64), u64, u32) {
         let n = &self.nodes[slot as usize];
-        let key = self.policy.key(n.last_access, n.creation, n.hit_count, n.priority);
+        let key = self
+            .policy
+            .key(n.last_access, n.creation, n.hit_count, n.priority);
         (key, n.serial, slot)
     }
 
@@ -51,7 +53,9 @@ impl RadixTree {
         let target = num_tokens as u64;
         let mut freed: Vec<i64> = Vec::new();
         while (freed.len() as u64) < target {
-            let Some(entry) = self.evictable.pop_first() else { break };
+            let Some(entry) = self.evictable.pop_first() else {
+                break;
+            };
             let slot = entry.2;
             let n = &mut self.nodes[slot as usize];
             n.listed = false;
