@@ -7,14 +7,12 @@ stats, and both must satisfy the pool invariants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import prefixcache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import prefixcache
 from prefixcache.reference import blocks as ref
 
 SETTINGS = settings(
@@ -33,18 +31,16 @@ def norm(x: Any) -> Any:
     return x
 
 
-def both(core_fn: Callable[[], Any], ref_fn: Callable[[], Any]) -> Any:
-    """Run the same operation on both; same result or same exception class."""
-    try:
-        got = ("ok", norm(core_fn()))
-    except prefixcache.PrefixCacheError as e:
-        got = ("err", type(e).__name__)
-    try:
-        want = ("ok", norm(ref_fn()))
-    except prefixcache.PrefixCacheError as e:
-        want = ("err", type(e).__name__)
-    assert got == want
-    return got[1] if got[0] == "ok" else None
+def both(core: Any, r: Any, method: str, *args: Any) -> Any:
+    """Call the same method on both; same result or same exception class."""
+    outcomes = []
+    for obj in (core, r):
+        try:
+            outcomes.append(("ok", norm(getattr(obj, method)(*args))))
+        except prefixcache.PrefixCacheError as e:
+            outcomes.append(("err", type(e).__name__))
+    assert outcomes[0] == outcomes[1], (method, args, outcomes)
+    return outcomes[0][1] if outcomes[0][0] == "ok" else None
 
 
 def ref_pool_invariants(p: ref.BlockPool) -> None:
@@ -85,37 +81,38 @@ def test_pool_random_ops(data: st.DataObject, num_blocks: int, caching: bool) ->
     ids_st = st.lists(st.integers(0, num_blocks), max_size=6)
     held: list[int] = []
     for _ in range(data.draw(st.integers(1, 30))):
-        op = data.draw(st.sampled_from(["get", "touch", "free", "cache", "evict", "reset", "lookup"]))
+        op = data.draw(
+            st.sampled_from(["get", "touch", "free", "cache", "evict", "reset", "lookup"])
+        )
         if op == "get":
             n = data.draw(st.integers(0, num_blocks))
-            got = both(lambda: core.get_new_blocks(n), lambda: r.get_new_blocks(n))
+            got = both(core, r, "get_new_blocks", n)
             held.extend(got or [])
         elif op == "touch":
             ids = data.draw(ids_st)
-            both(lambda: core.touch(ids), lambda: r.touch(ids))
+            both(core, r, "touch", ids)
         elif op == "free":
             ids = data.draw(st.lists(st.sampled_from(held), max_size=5) if held else ids_st)
             ids += data.draw(ids_st.filter(lambda x: len(x) <= 1))
-            both(lambda: core.free_blocks(ids), lambda: r.free_blocks(ids))
+            both(core, r, "free_blocks", ids)
         elif op == "cache":
             ids = data.draw(st.lists(st.sampled_from(held), max_size=4) if held else ids_st)
-            hashes = data.draw(st.lists(st.sampled_from(HASHES), min_size=len(ids), max_size=len(ids)))
+            hashes = data.draw(
+                st.lists(st.sampled_from(HASHES), min_size=len(ids), max_size=len(ids))
+            )
             lo = data.draw(st.integers(0, len(ids)))
             hi = data.draw(st.integers(0, len(ids)))
             toks = list(range(hi * 2))
-            both(
-                lambda: core.cache_full_blocks(ids, hashes, lo, hi, 2, 0, toks, 7, "l"),
-                lambda: r.cache_full_blocks(ids, hashes, lo, hi, 2, 0, toks, 7, "l"),
-            )
+            both(core, r, "cache_full_blocks", ids, hashes, lo, hi, 2, 0, toks, 7, "l")
         elif op == "evict":
             ids = data.draw(ids_st)
-            both(lambda: core.evict_blocks(ids), lambda: r.evict_blocks(ids))
+            both(core, r, "evict_blocks", ids)
         elif op == "reset":
-            both(core.reset_prefix_cache, r.reset_prefix_cache)
+            both(core, r, "reset_prefix_cache")
         else:
             h = data.draw(st.sampled_from(HASHES))
             groups = data.draw(st.sampled_from([[0], [0, 1], []]))
-            both(lambda: core.get_cached_block(h, groups), lambda: r.get_cached_block(h, groups))
+            both(core, r, "get_cached_block", h, groups)
         check_same_pool(core, r)
 
 
@@ -182,58 +179,52 @@ def test_manager_random_streams(
             p = data.draw(prompts)
             look = data.draw(st.integers(0, 2 * block_size))
             if op == "admit":
-                got = both(lambda: core.admit(rid, p, look), lambda: r.admit(rid, p, look))
+                got = both(core, r, "admit", rid, p, look)
                 if got is not None:
                     known.add(rid)
             else:
-                both(lambda: core.add_request(rid, p), lambda: r.add_request(rid, p))
+                both(core, r, "add_request", rid, p)
                 known.add(rid)
-                hit = both(lambda: core.get_computed_blocks(rid), lambda: r.get_computed_blocks(rid))
+                hit = both(core, r, "get_computed_blocks", rid)
                 assert hit is not None
                 blocks, n_hit = hit
                 chunk = data.draw(st.integers(0, len(p) - n_hit))
-                both(
-                    lambda: core.allocate_slots(rid, chunk, n_hit, blocks, look),
-                    lambda: r.allocate_slots(rid, chunk, n_hit, blocks, look),
-                )
+                both(core, r, "allocate_slots", rid, chunk, n_hit, blocks, look)
         elif op == "step":
             rid = data.draw(st.sampled_from(live))
             left = r.num_tokens(rid) - r.num_computed_tokens(rid)
             n = data.draw(st.integers(0, left + 1))
             look = data.draw(st.integers(0, block_size))
             if not r.requests[rid].admitted:
-                hit = both(lambda: core.get_computed_blocks(rid), lambda: r.get_computed_blocks(rid))
+                hit = both(core, r, "get_computed_blocks", rid)
                 assert hit is not None
                 blocks, n_hit = hit
-                both(
-                    lambda: core.allocate_slots(rid, n, n_hit, blocks, look),
-                    lambda: r.allocate_slots(rid, n, n_hit, blocks, look),
-                )
+                both(core, r, "allocate_slots", rid, n, n_hit, blocks, look)
             else:
-                both(lambda: core.allocate_slots(rid, n, 0, None, look), lambda: r.allocate_slots(rid, n, 0, None, look))
+                both(core, r, "allocate_slots", rid, n, 0, None, look)
         elif op == "decode":
             rid = data.draw(st.sampled_from(live))
             toks = data.draw(st.lists(st.integers(0, 50), min_size=1, max_size=block_size + 1))
-            both(lambda: core.append_tokens(rid, toks), lambda: r.append_tokens(rid, toks))
+            both(core, r, "append_tokens", rid, toks)
             if r.requests[rid].admitted:
-                both(lambda: core.allocate_slots(rid, len(toks)), lambda: r.allocate_slots(rid, len(toks)))
+                both(core, r, "allocate_slots", rid, len(toks))
         elif op == "free":
             rid = data.draw(st.sampled_from(live))
-            both(lambda: core.free(rid), lambda: r.free(rid))
+            both(core, r, "free", rid)
             known.discard(rid)
         elif op == "finish":
             rid = data.draw(st.sampled_from(live))
             toks = data.draw(st.lists(st.integers(0, 50), max_size=2 * block_size))
-            both(lambda: core.finish(rid, toks), lambda: r.finish(rid, toks))
+            both(core, r, "finish", rid, toks)
             known.discard(rid)
         elif op == "preempt":
             rid = data.draw(st.sampled_from(live))
-            both(lambda: core.preempt(rid), lambda: r.preempt(rid))
+            both(core, r, "preempt", rid)
         elif op == "reset":
-            both(core.reset_prefix_cache, r.reset_prefix_cache)
+            both(core, r, "reset_prefix_cache")
         else:
             ids = data.draw(st.lists(st.integers(0, num_blocks - 1), max_size=3))
-            both(lambda: core.evict_blocks(ids), lambda: r.evict_blocks(ids))
+            both(core, r, "evict_blocks", ids)
         check_same_manager(core, r, known)
     assert core.take_stats() == r.take_stats()
     assert core.stats == r.stats
@@ -256,6 +247,6 @@ def test_extra_keys_and_lora_events(data: st.DataObject) -> None:
     r = ref.KVCacheManager(16, **kw)
     for rid in (1, 2):
         args = (rid, prompt, 8, extra, default, 3, "ad")
-        both(lambda: core.admit(*args), lambda: r.admit(*args))
-        both(lambda: core.finish(rid, [7, 7, 7, 7, 7]), lambda: r.finish(rid, [7, 7, 7, 7, 7]))
+        both(core, r, "admit", *args)
+        both(core, r, "finish", rid, [7, 7, 7, 7, 7])
         check_same_manager(core, r, set())

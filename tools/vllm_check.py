@@ -19,7 +19,9 @@ import random
 import sys
 from typing import Any
 
+import prefixcache
 import torch
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
@@ -32,18 +34,22 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
-import prefixcache
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
-
 
 def convert_event(ev: Any) -> Any:
     name = type(ev).__name__
     if name == "BlockStored":
         return BlockStored(
-            list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids), ev.block_size,
-            ev.lora_id, ev.medium, ev.lora_name,
+            list(ev.block_hashes),
+            ev.parent_block_hash,
+            list(ev.token_ids),
+            ev.block_size,
+            ev.lora_id,
+            ev.medium,
+            ev.lora_name,
             None if ev.extra_keys is None else list(ev.extra_keys),
-            ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window,
+            ev.group_idx,
+            ev.kv_cache_spec_kind,
+            ev.kv_cache_spec_sliding_window,
         )
     if name == "BlockRemoved":
         return BlockRemoved(list(ev.block_hashes), ev.medium, ev.group_idx)
@@ -62,19 +68,30 @@ class Pair:
         self.window = rng.choice([None, None, rng.randint(2, 40)])
         dtype = torch.float32
         if self.window is None:
-            spec: Any = FullAttentionSpec(block_size=self.bs, num_kv_heads=1, head_size=1, dtype=dtype)
+            spec: Any = FullAttentionSpec(
+                block_size=self.bs, num_kv_heads=1, head_size=1, dtype=dtype
+            )
         else:
             spec = SlidingWindowSpec(
-                block_size=self.bs, num_kv_heads=1, head_size=1, dtype=dtype,
+                block_size=self.bs,
+                num_kv_heads=1,
+                head_size=1,
+                dtype=dtype,
                 sliding_window=self.window,
             )
         cfg = KVCacheConfig(
-            num_blocks=self.n, kv_cache_tensors=[],
+            num_blocks=self.n,
+            kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
         )
         self.v = VllmManager(
-            cfg, max_model_len=1 << 20, scheduler_block_size=self.bs, hash_block_size=self.bs,
-            enable_caching=True, enable_kv_cache_events=True, log_stats=True,
+            cfg,
+            max_model_len=1 << 20,
+            scheduler_block_size=self.bs,
+            hash_block_size=self.bs,
+            enable_caching=True,
+            enable_kv_cache_events=True,
+            log_stats=True,
         )
         fn = get_hash_fn_by_name("sha256")
         init_none_hash(fn)
@@ -119,7 +136,9 @@ class Pair:
     def step(self) -> None:
         rng, bs = self.rng, self.bs
         live = sorted(self.reqs)
-        op = rng.choice(["add", "add"] + (["step", "decode", "free", "preempt"] if live else []) + ["reset"])
+        op = rng.choice(
+            ["add", "add"] + (["step", "decode", "free", "preempt"] if live else []) + ["reset"]
+        )
         if op == "add":
             rid, self.next_id = self.next_id, self.next_id + 1
             toks = self.prompt()
@@ -169,9 +188,13 @@ class Pair:
             assert ids_of(self.v.get_blocks(str(rid))) == self.p.block_ids(rid).tolist()
         s = self.v.prefix_cache_stats
         want = {
-            "requests": s.requests, "queries": s.queries, "hits": s.hits,
-            "preempted_requests": s.preempted_requests, "preempted_queries": s.preempted_queries,
-            "preempted_hits": s.preempted_hits, "reset": s.reset,
+            "requests": s.requests,
+            "queries": s.queries,
+            "hits": s.hits,
+            "preempted_requests": s.preempted_requests,
+            "preempted_queries": s.preempted_queries,
+            "preempted_hits": s.preempted_hits,
+            "reset": s.reset,
         }
         assert want == self.p.stats, (want, self.p.stats)
         self.p.check_invariants()
@@ -193,8 +216,11 @@ def main() -> int:
             try:
                 pair.step()
             except AssertionError:
-                print(f"stream {s} (bs={pair.bs}, n={pair.n}, window={pair.window}) diverged "
-                      f"after {pair.steps} steps", file=sys.stderr)
+                print(
+                    f"stream {s} (bs={pair.bs}, n={pair.n}, window={pair.window}) diverged "
+                    f"after {pair.steps} steps",
+                    file=sys.stderr,
+                )
                 raise
         total += pair.steps
     print(f"ok: {args.streams} streams ({kinds}), {total} steps identical to vLLM")

@@ -139,7 +139,9 @@ class BlockPool:
         blocks = self.cached.get((h, group))
         return next(iter(blocks)) if blocks else None
 
-    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int] = (0,)) -> list[int] | None:
+    def get_cached_block(
+        self, block_hash: bytes, group_ids: Sequence[int] = (0,)
+    ) -> list[int] | None:
         self._check_hash(block_hash)
         out = []
         for g in group_ids:
@@ -257,16 +259,32 @@ class BlockPool:
             self.key[b] = key
             self.cached.setdefault(key, {})[b] = None
             stored.append(self._ext(block_hashes[i]))
-            ek = extra_keys[i] if extra_keys is not None and i < len(extra_keys) else default_extra_keys
+            ek = (
+                extra_keys[i]
+                if extra_keys is not None and i < len(extra_keys)
+                else default_extra_keys
+            )
             keys.append(untag_extra_keys(ek))
         if self.events_enabled:
             parent = self._ext(block_hashes[lo - 1]) if lo > 0 else None
-            toks = [] if token_ids is None else [int(t) for t in token_ids[lo * block_size : hi * block_size]]
+            toks = (
+                []
+                if token_ids is None
+                else [int(t) for t in token_ids[lo * block_size : hi * block_size]]
+            )
             self.events.append(
                 BlockStored(
-                    stored, parent, toks, block_size, lora_id, "GPU", lora_name,
-                    keys or None, group_id,
-                    None if spec is None else spec[0], None if spec is None else spec[1],
+                    stored,
+                    parent,
+                    toks,
+                    block_size,
+                    lora_id,
+                    "GPU",
+                    lora_name,
+                    keys or None,
+                    group_id,
+                    None if spec is None else spec[0],
+                    None if spec is None else spec[1],
                 )
             )
 
@@ -344,7 +362,14 @@ class KVCacheManager:
 
     @staticmethod
     def _zero_stats() -> dict[str, int | bool]:
-        keys = ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+        keys = (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        )
         d: dict[str, int | bool] = dict.fromkeys(keys, 0)
         d["reset"] = False
         return d
@@ -411,7 +436,9 @@ class KVCacheManager:
         out: list[bytes] = []
         parent = req.block_hashes[-1] if req.block_hashes else self.none_hash
         for i in range(len(req.block_hashes), len(req.tokens) // bs):
-            parent = hash_object(self.algo, (parent, tuple(req.tokens[i * bs : (i + 1) * bs]), req.keys(i)))
+            parent = hash_object(
+                self.algo, (parent, tuple(req.tokens[i * bs : (i + 1) * bs]), req.keys(i))
+            )
             out.append(parent)
         return out
 
@@ -429,7 +456,9 @@ class KVCacheManager:
         if len(prompt_tokens) == 0:
             raise InvalidInputError("empty prompt")
         toks = [int(t) for t in prompt_tokens]
-        req = _Request(toks, len(toks), list(extra_keys or []), default_extra_keys, lora_id, lora_name)
+        req = _Request(
+            toks, len(toks), list(extra_keys or []), default_extra_keys, lora_id, lora_name
+        )
         if self.enable_caching:
             req.block_hashes = self._hash_new_blocks(req)
         self.requests[request_id] = req
@@ -487,7 +516,9 @@ class KVCacheManager:
             req.blocks[i] = NULL_BLOCK
         self.pool._release(freed)
 
-    def _num_blocks_to_allocate(self, req: _Request, num_tokens: int, hit: list[int], total: int) -> int:
+    def _num_blocks_to_allocate(
+        self, req: _Request, num_tokens: int, hit: list[int], total: int
+    ) -> int:
         bs = self.block_size
         required = _cdiv(num_tokens, bs)
         if req.num_cached_blocks is not None:
@@ -515,7 +546,9 @@ class KVCacheManager:
         if hit and req.admitted:
             raise InvalidInputError("hits can only be adopted at admission")
         if num_new_computed_tokens != len(hit) * bs:
-            raise InvalidInputError("num_new_computed_tokens != len(new_computed_blocks) * block_size")
+            raise InvalidInputError(
+                "num_new_computed_tokens != len(new_computed_blocks) * block_size"
+            )
         if req.num_computed_tokens + num_new_computed_tokens > len(req.tokens):
             raise InvalidInputError("hit exceeds the request's tokens")
         for b in hit:
@@ -559,10 +592,24 @@ class KVCacheManager:
         num_full = min(num_tokens, len(req.block_hashes) * bs) // bs
         if num_cached >= num_full:
             return
-        spec = ("full_attention", None) if self.sliding_window is None else ("sliding_window", self.sliding_window)
+        spec = (
+            ("full_attention", None)
+            if self.sliding_window is None
+            else ("sliding_window", self.sliding_window)
+        )
         self.pool.cache_full_blocks(
-            req.blocks, req.block_hashes, num_cached, num_full, bs, 0, req.tokens,
-            req.lora_id, req.lora_name, req.extra_keys, req.default_extra_keys, spec,
+            req.blocks,
+            req.block_hashes,
+            num_cached,
+            num_full,
+            bs,
+            0,
+            req.tokens,
+            req.lora_id,
+            req.lora_name,
+            req.extra_keys,
+            req.default_extra_keys,
+            spec,
         )
         req.num_cached_blocks = num_full
 
@@ -605,10 +652,14 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> tuple[int, list[int]] | None:
-        self.add_request(request_id, prompt_tokens, extra_keys, default_extra_keys, lora_id, lora_name)
+        self.add_request(
+            request_id, prompt_tokens, extra_keys, default_extra_keys, lora_id, lora_name
+        )
         hit, n_hit = self.get_computed_blocks(request_id)
         try:
-            got = self.allocate_slots(request_id, len(prompt_tokens) - n_hit, n_hit, hit, num_lookahead_tokens)
+            got = self.allocate_slots(
+                request_id, len(prompt_tokens) - n_hit, n_hit, hit, num_lookahead_tokens
+            )
         except Exception:
             del self.requests[request_id]
             raise
