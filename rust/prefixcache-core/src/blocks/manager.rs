@@ -675,3 +675,114 @@ impl KVCacheManager {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::HashAlgo;
+
+    fn mgr(n: usize, bs: usize, window: Option<usize>) -> KVCacheManager {
+        let h = BlockHasher::new(HashAlgo::Sha256, bs, "vllm-none-hash").unwrap();
+        KVCacheManager::new(n, h, true, window, true).unwrap()
+    }
+
+    fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
+        r.collect()
+    }
+
+    #[test]
+    fn checked_free_order_and_reuse() {
+        let mut m = mgr(8, 16, None);
+        let a = m
+            .admit(1, &toks(0..40), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.block_ids, vec![1, 2, 3]);
+        m.free(1).unwrap();
+        assert_eq!(m.pool().free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        // A fully cached 32-token prompt hits 16 (the last token is recomputed).
+        let b = m
+            .admit(2, &toks(0..32), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.num_hit_tokens, 16);
+        assert_eq!(b.block_ids, vec![1, 3]);
+        let s = m.stats();
+        assert_eq!((s.requests, s.queries, s.hits), (2, 72, 16));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn decode_caches_at_next_allocation() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..6), RequestOptions::default(), 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        m.append_tokens(1, &[9, 9, 9]).unwrap();
+        assert_eq!(m.block_hashes(1).unwrap().len(), 2);
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        assert_eq!(m.allocate_slots(1, 3, 0, &[], 0).unwrap(), Some(vec![]));
+        assert_eq!(m.pool().num_cached_keys(), 2);
+        assert_eq!(m.num_computed_tokens(1).unwrap(), 9);
+    }
+
+    #[test]
+    fn sliding_window_hit_and_skipped_blocks() {
+        let mut m = mgr(32, 4, Some(5));
+        m.admit(1, &toks(0..24), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        // Blocks before the window of the next token were released as nulls.
+        let ids = m.block_ids(1).unwrap().to_vec();
+        assert_eq!(ids.iter().filter(|&&b| b == NULL_BLOCK).count(), 0);
+        m.append_tokens(1, &[7]).unwrap();
+        m.allocate_slots(1, 1, 0, &[], 0).unwrap().unwrap();
+        let ids = m.block_ids(1).unwrap();
+        assert_eq!(&ids[..5], &[0, 0, 0, 0, 0]);
+        m.free(1).unwrap();
+        m.add_request(2, &toks(0..24), RequestOptions::default())
+            .unwrap();
+        let (blocks, hit) = m.get_computed_blocks(2).unwrap();
+        // Needs ceil(4/4) = 1 contiguous block: the last full block below the cap.
+        assert_eq!(hit, 20);
+        assert_eq!(blocks.iter().filter(|&&b| b != NULL_BLOCK).count(), 1);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn refusal_and_errors_change_nothing() {
+        let mut m = mgr(4, 4, None);
+        m.add_request(1, &toks(0..20), RequestOptions::default())
+            .unwrap();
+        let free = m.pool().free_block_ids();
+        assert_eq!(m.allocate_slots(1, 20, 0, &[], 0).unwrap(), None);
+        assert_eq!(m.pool().free_block_ids(), free);
+        assert!(matches!(m.free(7), Err(Error::UnknownRequest(_))));
+        assert!(m.allocate_slots(1, 0, 0, &[], 0).is_err());
+        assert!(m.allocate_slots(1, 1, 4, &[9], 0).is_err());
+        assert!(m.add_request(1, &[1], RequestOptions::default()).is_err());
+        assert!(m.add_request(2, &[], RequestOptions::default()).is_err());
+        assert_eq!(m.pool().free_block_ids(), free);
+        m.preempt(1).unwrap();
+        assert!(KVCacheManager::new(4, m.hasher().clone(), true, Some(1), false).is_err());
+    }
+
+    #[test]
+    fn preempted_admission_counts_separately() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..9), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        m.preempt(1).unwrap();
+        let (b, hit) = m.get_computed_blocks(1).unwrap();
+        assert_eq!(hit, 8);
+        m.allocate_slots(1, 1, hit, &b, 0).unwrap().unwrap();
+        let s = m.take_stats();
+        assert_eq!(
+            (s.requests, s.preempted_requests, s.preempted_hits),
+            (1, 1, 8)
+        );
+        assert_eq!(m.stats(), PrefixCacheStats::default());
+    }
+}
