@@ -25,10 +25,22 @@ pub const NULL_BLOCK: u32 = 0;
 
 /// Prefix-cache key: a block hash within one KV-cache group (vLLM's
 /// `BlockHashWithGroupId`: `hash + group.to_bytes(4, "big")`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheKey {
     pub hash: BlockHash,
     pub group: u32,
+}
+
+impl std::hash::Hash for CacheKey {
+    /// Block hashes are digests (uniform bytes), so the table hashes only their first 8
+    /// bytes, the length and the group; equality still compares every byte.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let b = self.hash.as_bytes();
+        let mut w = [0u8; 8];
+        let n = b.len().min(8);
+        w[..n].copy_from_slice(&b[..n]);
+        state.write_u64(u64::from_le_bytes(w) ^ (u64::from(self.group) << 40) ^ b.len() as u64);
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -320,8 +332,8 @@ impl BlockPool {
     /// After every block in `ids` lost one reference: queue those that reached zero, in
     /// the order vLLM would (a block reaches zero at its last occurrence in `ids`).
     fn release_decremented(&mut self, ids: &[u32]) {
-        let mut first: Vec<u32> = Vec::new();
-        let mut last: Vec<u32> = Vec::new();
+        let mut first: Vec<u32> = Vec::with_capacity(ids.len());
+        let mut last: Vec<u32> = Vec::with_capacity(ids.len());
         for &id in ids.iter().rev() {
             if id == NULL_BLOCK {
                 continue;
