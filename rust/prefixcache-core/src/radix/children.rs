@@ -105,7 +105,7 @@ impl Children {
                 found
             }
         };
-        if found && self.len() == 0 {
+        if found && self.is_empty() {
             *self = Children::Empty;
         }
         found

@@ -158,10 +158,17 @@ pub struct RadixTree {
 }
 
 /// Length of the common prefix of `a` and `b`.
+///
+/// Whole-slice equality first (one vectorised memcmp: the common case is a full match of
+/// a node's key), then 64-token chunks, then single tokens.
 #[inline]
 pub(crate) fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
-    const CHUNK: usize = 16;
+    const CHUNK: usize = 64;
     let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    if a == b {
+        return n;
+    }
     let mut i = 0;
     while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
         i += CHUNK;
@@ -496,6 +503,9 @@ impl RadixTree {
             let serial = self.take_serial();
             let mut leaf = Node::new(node, serial, ns, now);
             leaf.priority = priority;
+            if total + rest.len() > inserted_len {
+                leaf.hit_count = 1;
+            }
             leaf.key = rest.to_vec();
             leaf.value = match value {
                 Some(v) => v[offset..key.len()].to_vec(),
