@@ -436,12 +436,11 @@ impl BlockPool {
                 }
             })?;
         let new = &block_ids[num_cached..num_full];
+        for &id in new {
+            self.check_id(id)?;
+        }
         let mut bad = None;
         for &id in new {
-            if let Err(e) = self.check_id(id) {
-                bad = Some(e);
-                break;
-            }
             if id == NULL_BLOCK {
                 continue;
             }
