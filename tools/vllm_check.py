@@ -24,6 +24,7 @@ import torch
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.lora.request import LoRARequest
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (
@@ -142,10 +143,28 @@ class Pair:
         if op == "add":
             rid, self.next_id = self.next_id, self.next_id + 1
             toks = self.prompt()
+            lora = rng.choice([None, None, ("ad1", 1, "/p1"), ("ad2", 2, "/p2")])
+            salt = rng.choice([None, None, "s1", "s2"])
             self.reqs[rid] = Request(
-                str(rid), toks, SamplingParams(max_tokens=64), None, block_hasher=self.hasher
+                str(rid),
+                toks,
+                SamplingParams(max_tokens=64),
+                None,
+                block_hasher=self.hasher,
+                lora_request=None if lora is None else LoRARequest(lora[0], lora[1], lora[2]),
+                cache_salt=salt,
             )
-            self.p.add_request(rid, toks)
+            # The same namespaces as vLLM's extra keys: LoRA on every block, salt on block 0.
+            base = () if lora is None else (("lora", lora[0], lora[2]),)
+            first = (*base, ("cache_salt", salt)) if salt else base
+            self.p.add_request(
+                rid,
+                toks,
+                extra_keys=[first or None],
+                default_extra_keys=base or None,
+                lora_id=None if lora is None else lora[1],
+                lora_name=None if lora is None else lora[0],
+            )
             self.schedule(rid, rng.randint(1, len(toks)), rng.randint(0, 2 * bs))
         elif op == "step":
             rid = rng.choice(live)
