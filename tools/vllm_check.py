@@ -22,9 +22,9 @@ from typing import Any
 import prefixcache
 import torch
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.lora.request import LoRARequest
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (
