@@ -36,15 +36,15 @@ __version__: str = _core.__version__
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockHasher",
     "BlockPool",
     "BlockRemoved",
-    "BlockStored",
-    "KVCacheManager",
-    "BlockHasher",
     "BlockStateError",
+    "BlockStored",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "KVCacheManager",
     "LoRAKey",
     "LockRefError",
     "MatchResult",

@@ -8,7 +8,6 @@ import numpy.typing as npt
 
 __version__: str
 __all__ = [
-    "__version__",
     "BlockHasher",
     "BlockPool",
     "InsertResult",
@@ -16,6 +15,7 @@ __all__ = [
     "MatchResult",
     "Node",
     "RadixCache",
+    "__version__",
     "hash_block_tokens",
 ]
 
