@@ -41,7 +41,7 @@ fn options(
 ) -> PyResult<RequestOptions> {
     let block_extra_keys = all_block_keys(extra_keys)?.unwrap_or_default();
     let default_extra_keys: Option<Vec<KeyValue>> = match default_extra_keys {
-        Some(o) if !o.is_none() => block_keys(o, &mut String::from("default_extra_keys"))?,
+        Some(o) if !o.is_none() => block_keys(o, "default_extra_keys")?,
         _ => None,
     };
     Ok(RequestOptions {
