@@ -386,7 +386,7 @@ impl KVCacheManager {
             req.blocks[i] = NULL_BLOCK;
         }
         if !freed.is_empty() {
-            self.pool.free_owned(&freed);
+            self.pool.free_owned(freed.into_iter());
         }
     }
 
@@ -412,7 +412,7 @@ impl KVCacheManager {
             .min(new_computed.len());
         let evictable = new_computed[skip_new..]
             .iter()
-            .filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b).map(|r| r == 0).unwrap_or(false))
+            .filter(|&&b| self.pool.is_unreferenced(b))
             .count();
         new_blocks + evictable
     }
@@ -486,83 +486,48 @@ impl KVCacheManager {
             return Ok(None);
         }
 
-        let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
+        let n_skipped_blocks = self.num_skipped_tokens(total_computed) / bs;
+        let caching = self.pool.enable_caching();
+        let pool = &mut self.pool;
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
         // vLLM adopts the hit only when it is not its shared empty sentinel and the request
         // is not already tracked in `num_cached_block`.
         if !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none() {
-            let skipped =
-                (self.num_skipped_tokens(total_computed) / bs).min(new_computed_blocks.len());
-            let rest = &new_computed_blocks[skipped..];
+            let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
             for &b in rest {
                 if b != NULL_BLOCK {
-                    self.pool.touch_one(b);
+                    pool.touch_one(b);
                 }
             }
-            let n_null = self.num_skipped_tokens(total_computed) / bs;
-            req.blocks.extend(std::iter::repeat_n(NULL_BLOCK, n_null));
+            req.blocks
+                .extend(std::iter::repeat_n(NULL_BLOCK, n_skipped_blocks));
             req.blocks.extend_from_slice(rest);
             req.num_cached_blocks = Some(req.blocks.len());
         }
         let required = need_slots.div_ceil(bs);
         let mut new_blocks = Vec::new();
         if required > req.blocks.len() {
-            let n = required - req.blocks.len();
-            if let Err(e) = self.pool.get_new_blocks_into(n, &mut new_blocks) {
-                self.requests.insert(id, req);
-                return Err(e); // unreachable: capacity was checked above
-            }
+            // Cannot fail: the capacity was checked above.
+            pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
         }
-        let result = if self.pool.enable_caching() {
-            self.cache_blocks(&mut req, (total_computed + num_new_tokens).min(num_tokens))
-        } else {
-            Ok(())
-        };
-        req.num_computed_tokens = (total_computed + num_new_tokens).min(num_tokens);
+        let computed = (total_computed + num_new_tokens).min(num_tokens);
+        req.num_computed_tokens = computed;
         req.admitted = true;
-        self.requests.insert(id, req);
-        result?;
-        if first_admission && self.pool.enable_caching() {
-            self.stats
-                .record(num_tokens, num_new_computed_tokens, preempted);
+        if caching {
+            cache_blocks(pool, req, computed, bs)?;
+            if first_admission {
+                self.stats
+                    .record(num_tokens, num_new_computed_tokens, preempted);
+            }
         }
         Ok(Some(new_blocks))
     }
 
-    /// vLLM's `cache_blocks` for one group.
-    fn cache_blocks(&mut self, req: &mut Request, num_tokens: usize) -> Result<()> {
-        let bs = self.block_size;
-        let num_cached = req.num_cached_blocks.unwrap_or(0);
-        let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
-        if num_cached >= num_full {
-            return Ok(());
-        }
-        let info = StoreInfo {
-            token_ids: Some(&req.tokens),
-            lora_id: req.opts.lora_id,
-            lora_name: req.opts.lora_name.as_deref(),
-            block_extra_keys: &req.opts.block_extra_keys,
-            default_extra_keys: req.opts.default_extra_keys.as_deref(),
-        };
-        self.pool.cache_full_blocks(
-            &req.blocks,
-            &req.block_hashes,
-            num_cached,
-            num_full,
-            bs,
-            0,
-            info,
-        )?;
-        req.num_cached_blocks = Some(num_full);
-        Ok(())
-    }
-
     fn release(&mut self, req: &mut Request) {
-        let start = req.blocks.iter().take_while(|&&b| b == NULL_BLOCK).count();
-        let mut blocks = std::mem::take(&mut req.blocks);
-        blocks.drain(..start);
-        blocks.reverse();
-        self.pool.free_owned(&blocks);
+        // Tail first (vLLM frees `reversed(blocks)`); null blocks are skipped by the pool.
+        let blocks = std::mem::take(&mut req.blocks);
+        self.pool.free_owned(blocks.iter().rev().copied());
         req.num_cached_blocks = None;
         req.admitted = false;
     }
@@ -674,6 +639,39 @@ impl KVCacheManager {
         }
         Ok(())
     }
+}
+
+/// vLLM's `cache_blocks` for one group: cache the request's blocks that are full within
+/// its first `num_tokens` tokens and have a hash.
+fn cache_blocks(
+    pool: &mut BlockPool,
+    req: &mut Request,
+    num_tokens: usize,
+    bs: usize,
+) -> Result<()> {
+    let num_cached = req.num_cached_blocks.unwrap_or(0);
+    let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
+    if num_cached >= num_full {
+        return Ok(());
+    }
+    let info = StoreInfo {
+        token_ids: Some(&req.tokens),
+        lora_id: req.opts.lora_id,
+        lora_name: req.opts.lora_name.as_deref(),
+        block_extra_keys: &req.opts.block_extra_keys,
+        default_extra_keys: req.opts.default_extra_keys.as_deref(),
+    };
+    pool.cache_full_blocks(
+        &req.blocks,
+        &req.block_hashes,
+        num_cached,
+        num_full,
+        bs,
+        0,
+        info,
+    )?;
+    req.num_cached_blocks = Some(num_full);
+    Ok(())
 }
 
 #[cfg(test)]
