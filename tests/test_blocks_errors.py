@@ -144,8 +144,11 @@ def test_core_manager_argument_errors() -> None:
     unchanged(m, InvalidTypeError, lambda: m.add_request(1, "abc"))
     unchanged(m, InvalidInputError, lambda: m.add_request(1, [1, -2]))
     unchanged(m, UnsupportedHashInputError, lambda: m.add_request(1, [1] * 8, [([1],)]))
-    with pytest.raises(OverflowError):
-        m.add_request(-1, [1])
+    unchanged(m, InvalidInputError, lambda: m.add_request(-1, [1]))
+    unchanged(m, InvalidInputError, lambda: m.add_request(2**64, [1]))
+    unchanged(m, InvalidTypeError, lambda: m.add_request("r1", [1]))
+    unchanged(m, InvalidTypeError, lambda: m.free(True))
+    assert -1 not in m and "r1" not in m
     assert len(m) == 0
     m.add_request(1, np.arange(9, dtype=np.int32))
     unchanged(m, InvalidInputError, lambda: m.allocate_slots(1, -1))
