@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from prefixcache import BlockHasher, LoRAKey, MultiModalItem, block_extra_keys
 from prefixcache.reference import hashing as ref
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from prefixcache import BlockHasher, hash_block_tokens
 from prefixcache.reference import hashing as ref
 

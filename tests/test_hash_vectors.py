@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from prefixcache import BlockHasher, hash_block_tokens
 from prefixcache.reference import hashing as ref
 
