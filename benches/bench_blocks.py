@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from prefixcache import BlockPool, KVCacheManager
 from prefixcache.reference import blocks as ref
 

@@ -6,6 +6,7 @@ import array
 import threading
 
 import numpy as np
+
 from prefixcache import (
     AllBlocksCleared,
     BlockHasher,

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import prefixcache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import prefixcache
 from prefixcache.reference import blocks as ref
 
 SETTINGS = settings(

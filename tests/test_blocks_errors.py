@@ -6,8 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import prefixcache
 import pytest
+
+import prefixcache
 from prefixcache import (
     BlockPool,
     BlockStateError,

@@ -19,9 +19,7 @@ import random
 import sys
 from typing import Any
 
-import prefixcache
 import torch
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -34,6 +32,9 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
+
+import prefixcache
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def convert_event(ev: Any) -> Any:
