@@ -9,7 +9,9 @@ Each stream draws a pool size, block size, optional sliding window and a sequenc
 operations (admission with lookahead, chunked prefill, decode, free, preemption, reset)
 and drives both managers the same way, as vLLM's scheduler drives its manager. After
 every step: hit lengths, returned blocks, every request's block ids, the free-queue order,
-the KV events and the prefix-cache stats must be equal.
+the KV events and the prefix-cache stats must be equal. Some streams run with prefix
+caching off, some requests carry a LoRA adapter and/or a cache salt (as extra keys), and
+single blocks are evicted from the cache now and then.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Pair:
         self.bs = rng.choice([1, 2, 4, 16])
         self.n = rng.randint(2, 40)
         self.window = rng.choice([None, None, rng.randint(2, 40)])
+        self.caching = rng.random() > 0.15
         dtype = torch.float32
         if self.window is None:
             spec: Any = FullAttentionSpec(
@@ -91,7 +94,7 @@ class Pair:
             max_model_len=1 << 20,
             scheduler_block_size=self.bs,
             hash_block_size=self.bs,
-            enable_caching=True,
+            enable_caching=self.caching,
             enable_kv_cache_events=True,
             log_stats=True,
         )
@@ -99,7 +102,11 @@ class Pair:
         init_none_hash(fn)
         self.hasher = get_request_block_hasher(self.bs, fn)
         self.p = prefixcache.KVCacheManager(
-            self.n, block_size=self.bs, sliding_window=self.window, enable_kv_cache_events=True
+            self.n,
+            block_size=self.bs,
+            sliding_window=self.window,
+            enable_kv_cache_events=True,
+            enable_caching=self.caching,
         )
         self.reqs: dict[int, Request] = {}
         self.next_id = 0
@@ -139,7 +146,9 @@ class Pair:
         rng, bs = self.rng, self.bs
         live = sorted(self.reqs)
         op = rng.choice(
-            ["add", "add"] + (["step", "decode", "free", "preempt"] if live else []) + ["reset"]
+            ["add", "add"]
+            + (["step", "decode", "free", "preempt"] if live else [])
+            + ["reset", "evict"]
         )
         if op == "add":
             rid, self.next_id = self.next_id, self.next_id + 1
@@ -194,6 +203,10 @@ class Pair:
                 r.num_computed_tokens = 0
                 r.num_preemptions += 1
                 self.p.preempt(rid)
+        elif op == "evict":
+            b = rng.randint(0, self.n - 1)
+            self.v.evict_blocks({b})
+            self.p.evict_blocks([b])
         else:
             assert self.v.reset_prefix_cache() == self.p.reset_prefix_cache()
         self.compare()
@@ -228,10 +241,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     total = 0
-    kinds = {"full": 0, "window": 0}
+    kinds = {"full": 0, "window": 0, "caching off": 0}
     for s in range(args.streams):
         pair = Pair(random.Random(args.seed * 100003 + s))
         kinds["full" if pair.window is None else "window"] += 1
+        kinds["caching off"] += not pair.caching
         for _ in range(args.steps):
             try:
                 pair.step()
