@@ -17,7 +17,7 @@ import prefixcache
 from prefixcache.reference import blocks as ref
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
