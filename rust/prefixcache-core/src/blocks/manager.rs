@@ -445,7 +445,7 @@ impl KVCacheManager {
                 "request {id} already holds slots: prefix-cache hits can only be adopted at admission"
             )));
         }
-        if num_new_computed_tokens != new_computed_blocks.len() * bs {
+        if Some(num_new_computed_tokens) != new_computed_blocks.len().checked_mul(bs) {
             return Err(Error::InvalidArgument(format!(
                 "num_new_computed_tokens = {num_new_computed_tokens} but {} hit blocks of {bs} tokens were given",
                 new_computed_blocks.len()
