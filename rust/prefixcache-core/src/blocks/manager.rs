@@ -472,8 +472,8 @@ impl KVCacheManager {
         }
 
         let total_computed = req.num_computed_tokens + num_new_computed_tokens;
-        let num_tokens_main = total_computed + num_new_tokens;
-        let need_slots = num_tokens_main + num_lookahead_tokens;
+        let num_tokens_main = total_computed.saturating_add(num_new_tokens);
+        let need_slots = num_tokens_main.saturating_add(num_lookahead_tokens);
         let first_admission = !req.admitted;
         let num_tokens = req.tokens.len();
         let preempted = req.num_preemptions > 0;
@@ -511,7 +511,7 @@ impl KVCacheManager {
             pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
         }
-        let computed = (total_computed + num_new_tokens).min(num_tokens);
+        let computed = num_tokens_main.min(num_tokens);
         req.num_computed_tokens = computed;
         req.admitted = true;
         if caching {
