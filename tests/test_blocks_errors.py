@@ -34,7 +34,9 @@ def snapshot(x: Any) -> Any:
     )
 
 
-def unchanged(x: Any, exc: type[Exception], fn: Callable[[], Any], match: str = "") -> None:
+def unchanged(
+    x: Any, exc: type[Exception], fn: Callable[[], Any], match: str | None = None
+) -> None:
     before = snapshot(x)
     with pytest.raises(exc, match=match):
         fn()
