@@ -11,9 +11,11 @@ from __future__ import annotations
 from prefixcache import _core
 from prefixcache._core import (
     BlockHasher,
+    BlockPool,
     BlockTrie,
     Claim,
     InsertResult,
+    KVCacheManager,
     Lookup,
     MatchResult,
     Node,
@@ -31,19 +33,25 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
 from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "AllBlocksCleared",
     "BlockHasher",
+    "BlockPool",
+    "BlockRemoved",
     "BlockStateError",
+    "BlockStored",
     "BlockTrie",
     "Claim",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "KVCacheManager",
     "LoRAKey",
     "LockRefError",
     "Lookup",

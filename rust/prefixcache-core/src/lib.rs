@@ -10,6 +10,7 @@
 
 pub mod blocks;
 pub mod error;
+pub mod events;
 pub mod hash;
 pub mod radix;
 pub mod trie;

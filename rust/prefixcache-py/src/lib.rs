@@ -13,6 +13,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod convert;
 mod errors;
 mod hasher;
+mod manager;
+mod pool;
 mod radix;
 mod trie;
 
@@ -28,5 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trie::Lookup>()?;
     m.add_class::<hasher::PyBlockHasher>()?;
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<manager::PyKVCacheManager>()?;
     Ok(())
 }
