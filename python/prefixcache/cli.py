@@ -29,7 +29,7 @@ from prefixcache.report import (
     write_sweep_plot,
 )
 from prefixcache.scheduler import PrefillCost
-from prefixcache.traces import read_trace
+from prefixcache.traces import Trace, read_trace
 from prefixcache.workloads import SEED_WORKLOADS, Request, seed_workload
 
 __all__ = ["main"]
@@ -141,15 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _load(args: argparse.Namespace, console: Console) -> tuple[str, list[Request], str]:
+def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
     spec: str = args.trace
     if spec.startswith("workload:"):
         w = seed_workload(spec.split(":", 1)[1], args.seed)
-        return f"workload {w.name}", list(w.requests), "workload"
+        return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
     if tr.skipped:
-        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {spec}[/yellow]")
-    return spec, tr.requests, tr.format
+        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {spec}: lines "
+                      f"{', '.join(map(str, tr.skipped_lines[:10]))}"
+                      f"{' ...' if tr.skipped > 10 else ''}[/yellow]")
+    return spec, tr
 
 
 def _scheduler(args: argparse.Namespace) -> Any:
@@ -202,7 +204,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 
 
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
-    label, reqs, _ = _load(args, console)
+    label, tr = _load(args, console)
+    reqs = tr.requests
     results = _run(args, reqs, args.capacity, console, err)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
@@ -215,7 +218,8 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(difference_table("per-request hit tokens, a - b", diffs))
     if args.json:
         write_json(args.json, {
-            "command": "replay", "trace": label, "summaries": sums, "differences": diffs,
+            "command": "replay", "trace": label, "skipped_lines": tr.skipped,
+            "summaries": sums, "differences": diffs,
             "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
         })
     if args.csv:
@@ -227,7 +231,8 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
-    label, reqs, _ = _load(args, console)
+    label, tr = _load(args, console)
+    reqs = tr.requests
     caps: list[int] = args.capacities
     if not caps:
         raise PrefixCacheError("--capacities is empty")
@@ -251,10 +256,10 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
-    label, reqs, fmt = _load(args, console)
-    bs = args.block_size or (512 if fmt == "mooncake" else 16)
-    st = trace_stats(reqs, bs)
-    console.print(trace_stats_table(f"{label} ({fmt})", st))
+    label, tr = _load(args, console)
+    bs = args.block_size or (512 if tr.format == "mooncake" else 16)
+    st = {"skipped_lines": tr.skipped, **trace_stats(tr.requests, bs, tr.hash_ids)}
+    console.print(trace_stats_table(f"{label} ({tr.format})", st))
     if args.json:
         write_json(args.json, {"command": "trace-stats", "trace": label, **st})
     if args.csv:

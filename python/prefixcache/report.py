@@ -194,12 +194,15 @@ def progress_bars(console: Console, enabled: bool = True) -> Iterator[ProgressFa
         yield factory
 
 
-def trace_stats(requests: Sequence[Request], block_size: int = 512) -> dict[str, Any]:
+def trace_stats(requests: Sequence[Request], block_size: int = 512,
+                hash_ids: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
     """Sizes, arrival span and the prefix-sharing ceiling of a request list.
 
     ``block_reuse_ceiling``: the share of full ``block_size`` prompt blocks (chained by
     prefix, so a block counts only with all blocks before it) already seen earlier in the
-    list - the hit rate of an infinite block cache at that granularity.
+    list - the hit rate of an infinite block cache at that granularity. With Mooncake
+    ``hash_ids`` also the trace's own block-id figures (every id, the partial last block
+    included, as the trace README counts them).
     """
     n = len(requests)
     plen = np.array([r.prompt_len for r in requests], dtype=np.int64)
@@ -224,6 +227,15 @@ def trace_stats(requests: Sequence[Request], block_size: int = 512) -> dict[str,
                 seen.add(key)
             parent = key
     sessions = {r.session for r in requests if r.session is not None}
+    extra: dict[str, Any] = {}
+    if hash_ids is not None:
+        ids = np.concatenate(hash_ids) if hash_ids else np.zeros(0, dtype=np.uint32)
+        distinct = int(np.unique(ids).size)
+        extra = {
+            "hash_id_refs": int(ids.size),
+            "distinct_hash_ids": distinct,
+            "hash_id_repeat_share": (ids.size - distinct) / ids.size if ids.size else 0.0,
+        }
 
     def q(a: np.ndarray, p: float) -> float:
         return float(np.percentile(a, p)) if a.size else 0.0
@@ -248,13 +260,15 @@ def trace_stats(requests: Sequence[Request], block_size: int = 512) -> dict[str,
         "full_block_refs": refs,
         "distinct_blocks": len(seen),
         "block_reuse_ceiling": repeats / refs if refs else 0.0,
+        **extra,
     }
 
 
 def trace_stats_table(title: str, stats: dict[str, Any]) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, min_width=len(title))
     t.add_column("statistic")
     t.add_column("value", justify="right")
     for k, v in stats.items():
-        t.add_row(k, _pct(v) if k == "block_reuse_ceiling" else _fmt(v))
+        t.add_row(k, _pct(v) if k in ("block_reuse_ceiling", "hash_id_repeat_share")
+                  else _fmt(v))
     return t

@@ -71,6 +71,7 @@ class Trace:
     requests: list[Request]
     skipped: int = 0
     skipped_lines: list[int] = field(default_factory=list)
+    hash_ids: list[TokenArray] | None = None  # Mooncake: each request's block ids
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -169,6 +170,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
     p = Path(path)
     reqs: list[Request] = []
     skipped: list[int] = []
+    blocks: list[TokenArray] = []
     fresh = _Fresh()
     for lineno, line in _lines(p):
         try:
@@ -193,6 +195,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
             skipped.append(lineno)
             continue
         ids = np.asarray(hl, dtype=np.uint32)
+        blocks.append(ids)
         out_start = fresh.take(n_out)
         reqs.append(
             Request(
@@ -200,7 +203,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
                 arrival=ts / 1000.0, prompt_len=n_in, output_len=n_out,
             )
         )
-    return Trace(str(p), "mooncake", reqs, len(skipped), skipped)
+    return Trace(str(p), "mooncake", reqs, len(skipped), skipped, blocks)
 
 
 _TOKEN_FIELDS = {"id", "arrival", "prompt", "output_len", "output", "session", "extra_key",
