@@ -15,7 +15,9 @@ fn tree(page: usize, policy: &str) -> RadixTree {
 #[test]
 fn match_splits_and_returns_the_path() {
     let mut t = tree(1, "lru");
-    let r = t.insert(&[1, 2, 3, 4], Some(&[10, 20, 30, 40]), &none(), 0, 0).unwrap();
+    let r = t
+        .insert(&[1, 2, 3, 4], Some(&[10, 20, 30, 40]), &none(), 0, 0)
+        .unwrap();
     assert_eq!(r.prefix_len, 0);
     let m = t.match_prefix(&[1, 2, 9], &none());
     assert_eq!(m.length, 2);
@@ -29,8 +31,11 @@ fn match_splits_and_returns_the_path() {
 #[test]
 fn insert_never_replaces_values() {
     let mut t = tree(1, "lru");
-    t.insert(&[1, 2, 3], Some(&[7, 8, 9]), &none(), 0, 0).unwrap();
-    let r = t.insert(&[1, 2, 3, 4], Some(&[0, 0, 0, 5]), &none(), 0, 0).unwrap();
+    t.insert(&[1, 2, 3], Some(&[7, 8, 9]), &none(), 0, 0)
+        .unwrap();
+    let r = t
+        .insert(&[1, 2, 3, 4], Some(&[0, 0, 0, 5]), &none(), 0, 0)
+        .unwrap();
     assert_eq!(r.prefix_len, 3);
     assert_eq!(t.path_indices(r.node).unwrap(), vec![7, 8, 9, 5]);
 }
@@ -38,7 +43,9 @@ fn insert_never_replaces_values() {
 #[test]
 fn page_alignment_truncates_and_splits_on_pages() {
     let mut t = tree(4, "lru");
-    let r = t.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None, &none(), 0, 0).unwrap();
+    let r = t
+        .insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None, &none(), 0, 0)
+        .unwrap();
     assert_eq!(t.total_size(), 8);
     assert_eq!(t.path_len(r.node).unwrap(), 8);
     let m = t.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 8], &none());
@@ -51,8 +58,10 @@ fn page_alignment_truncates_and_splits_on_pages() {
 #[test]
 fn whole_leaf_eviction_cascades_to_parents() {
     let mut t = tree(1, "lru");
-    t.insert(&[1, 2, 3], Some(&[1, 2, 3]), &none(), 0, 0).unwrap();
-    t.insert(&[1, 2, 4, 5], Some(&[1, 2, 4, 5]), &none(), 0, 0).unwrap();
+    t.insert(&[1, 2, 3], Some(&[1, 2, 3]), &none(), 0, 0)
+        .unwrap();
+    t.insert(&[1, 2, 4, 5], Some(&[1, 2, 4, 5]), &none(), 0, 0)
+        .unwrap();
     // [1,2] -> {[3], [4,5]}; the oldest leaf is [3]
     assert_eq!(t.evict(1).unwrap(), vec![3]);
     // then [4,5], then the parent [1,2] which became a leaf
@@ -89,21 +98,47 @@ fn stale_handles_are_detected() {
     assert!(matches!(t.path_indices(r.node), Err(Error::StaleHandle(_))));
     let r2 = t.insert(&[7], None, &none(), 0, 0).unwrap();
     t.reset();
-    assert!(matches!(t.inc_lock_ref(r2.node), Err(Error::StaleHandle(_))));
+    assert!(matches!(
+        t.inc_lock_ref(r2.node),
+        Err(Error::StaleHandle(_))
+    ));
     let other = tree(1, "lru");
-    assert!(matches!(other.node_info(t.root()), Err(Error::StaleHandle(_))));
+    assert!(matches!(
+        other.node_info(t.root()),
+        Err(Error::StaleHandle(_))
+    ));
 }
 
 #[test]
 fn namespaces_are_structured() {
     let mut t = tree(1, "lru");
-    t.insert(&[1, 2, 3], None, &Namespace::new(Some("ab"), Some("c")), 0, 0).unwrap();
-    assert_eq!(t.match_prefix(&[1, 2, 3], &Namespace::new(Some("a"), Some("bc"))).length, 0);
-    assert_eq!(t.match_prefix(&[1, 2, 3], &Namespace::new(Some("abc"), None)).length, 0);
+    t.insert(
+        &[1, 2, 3],
+        None,
+        &Namespace::new(Some("ab"), Some("c")),
+        0,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        t.match_prefix(&[1, 2, 3], &Namespace::new(Some("a"), Some("bc")))
+            .length,
+        0
+    );
+    assert_eq!(
+        t.match_prefix(&[1, 2, 3], &Namespace::new(Some("abc"), None))
+            .length,
+        0
+    );
     assert_eq!(t.match_prefix(&[1, 2, 3], &none()).length, 0);
-    assert_eq!(t.match_prefix(&[1, 2, 3], &Namespace::new(Some("ab"), Some("c"))).length, 3);
+    assert_eq!(
+        t.match_prefix(&[1, 2, 3], &Namespace::new(Some("ab"), Some("c")))
+            .length,
+        3
+    );
     // an empty salt is no salt
-    t.insert(&[4], None, &Namespace::new(None, Some("")), 0, 0).unwrap();
+    t.insert(&[4], None, &Namespace::new(None, Some("")), 0, 0)
+        .unwrap();
     assert_eq!(t.match_prefix(&[4], &none()).length, 1);
     t.check_invariants().unwrap();
 }
@@ -120,14 +155,21 @@ fn lfu_and_priority_orders() {
     t.insert(&[1], None, &none(), 5, 0).unwrap();
     t.insert(&[2], None, &none(), 1, 0).unwrap();
     t.match_prefix(&[2], &none());
-    assert_eq!(t.evict(1).unwrap(), vec![2], "lower priority goes first despite recency");
+    assert_eq!(
+        t.evict(1).unwrap(),
+        vec![2],
+        "lower priority goes first despite recency"
+    );
 }
 
 #[test]
 fn negative_evict_is_refused() {
     let mut t = tree(1, "lru");
     assert!(matches!(t.evict(-1), Err(Error::InvalidArgument(_))));
-    assert!(matches!(t.insert(&[1, 2], Some(&[1]), &none(), 0, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        t.insert(&[1, 2], Some(&[1]), &none(), 0, 0),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(t.clock(), 0, "a refused insert does not advance the clock");
     assert!(RadixTree::new(0, EvictionPolicy::Lru).is_err());
     assert!("nope".parse::<EvictionPolicy>().is_err());
@@ -135,8 +177,18 @@ fn negative_evict_is_refused() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Insert { seq: usize, len: usize, ns: u8, prio: i64, inserted_len: usize },
-    Match { seq: usize, len: usize, ns: u8 },
+    Insert {
+        seq: usize,
+        len: usize,
+        ns: u8,
+        prio: i64,
+        inserted_len: usize,
+    },
+    Match {
+        seq: usize,
+        len: usize,
+        ns: u8,
+    },
     Lock(usize),
     Unlock(usize),
     Evict(i64),
@@ -158,9 +210,27 @@ fn sequence(seq: usize, len: usize) -> Vec<u32> {
     (0..len)
         .map(|i| match seq {
             0 => i as u32,
-            1 => if i < 8 { i as u32 } else { 100 + i as u32 },
-            2 => if i < 4 { i as u32 } else { 200 + i as u32 },
-            3 => if i < 12 { i as u32 } else { 300 + i as u32 },
+            1 => {
+                if i < 8 {
+                    i as u32
+                } else {
+                    100 + i as u32
+                }
+            }
+            2 => {
+                if i < 4 {
+                    i as u32
+                } else {
+                    200 + i as u32
+                }
+            }
+            3 => {
+                if i < 12 {
+                    i as u32
+                } else {
+                    300 + i as u32
+                }
+            }
             4 => 1000 + i as u32,
             _ => (i % 3) as u32,
         })

@@ -46,14 +46,23 @@ impl MatchResult {
     #[getter]
     fn indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let arr = self.indices.get_or_try_init(py, || -> PyResult<_> {
-            let v = self.cache.get().tree()?.path_indices(self.node.get().r).py_err()?;
+            let v = self
+                .cache
+                .get()
+                .tree()?
+                .path_indices(self.node.get().r)
+                .py_err()?;
             Ok(convert::i64_array(py, v).unbind())
         })?;
         Ok(arr.bind(py).clone())
     }
 
     fn __repr__(&self) -> String {
-        format!("MatchResult(length={}, node={})", self.length, self.node.get().__repr__())
+        format!(
+            "MatchResult(length={}, node={})",
+            self.length,
+            self.node.get().__repr__()
+        )
     }
 }
 
@@ -71,7 +80,11 @@ pub struct InsertResult {
 #[pymethods]
 impl InsertResult {
     fn __repr__(&self) -> String {
-        format!("InsertResult(prefix_len={}, node={})", self.prefix_len, self.node.get().__repr__())
+        format!(
+            "InsertResult(prefix_len={}, node={})",
+            self.prefix_len,
+            self.node.get().__repr__()
+        )
     }
 }
 
@@ -83,9 +96,9 @@ pub struct RadixCache {
 
 impl RadixCache {
     fn tree(&self) -> PyResult<MutexGuard<'_, RadixTree>> {
-        self.inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("RadixCache is unusable: an earlier call panicked"))
+        self.inner.lock().map_err(|_| {
+            PyRuntimeError::new_err("RadixCache is unusable: an earlier call panicked")
+        })
     }
 
     fn node(&self, py: Python<'_>, r: NodeRef) -> PyResult<Py<Node>> {
@@ -104,10 +117,13 @@ impl RadixCache {
     fn new(page_size: Option<&Bound<'_, PyAny>>, eviction_policy: &str) -> PyResult<Self> {
         let page_size = convert::count_or(page_size, 1, "page_size")?;
         if page_size < 1 {
-            return Err(crate::errors::invalid_input(format!("page_size must be >= 1, got {page_size}")));
+            return Err(crate::errors::invalid_input(format!(
+                "page_size must be >= 1, got {page_size}"
+            )));
         }
-        let page_size = usize::try_from(page_size)
-            .map_err(|_| crate::errors::invalid_input(format!("page_size {page_size} is too large")))?;
+        let page_size = usize::try_from(page_size).map_err(|_| {
+            crate::errors::invalid_input(format!("page_size {page_size} is too large"))
+        })?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
         Ok(RadixCache {
             inner: Mutex::new(RadixTree::new(page_size, policy).py_err()?),
@@ -141,7 +157,9 @@ impl RadixCache {
         let py = slf.py();
         let tokens = convert::tokens(tokens, "tokens")?;
         let this = slf.get();
-        let m = this.tree()?.match_prefix(tokens.as_slice(), &namespace(extra_key, cache_salt));
+        let m = this
+            .tree()?
+            .match_prefix(tokens.as_slice(), &namespace(extra_key, cache_salt));
         Ok(MatchResult {
             length: m.length,
             node: this.node(py, m.node)?,
@@ -168,15 +186,19 @@ impl RadixCache {
         let values = values.map(|v| convert::values(v, "values")).transpose()?;
         let priority = convert::count_or(priority, 0, "priority")?;
         let inserted_len = convert::count_or(inserted_len, 0, "inserted_len")?;
-        let inserted_len = usize::try_from(inserted_len)
-            .map_err(|_| crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}")))?;
-        let r = self.tree()?.insert(
-            tokens.as_slice(),
-            values.as_ref().map(|v| v.as_slice()),
-            &namespace(extra_key, cache_salt),
-            priority,
-            inserted_len,
-        ).py_err()?;
+        let inserted_len = usize::try_from(inserted_len).map_err(|_| {
+            crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}"))
+        })?;
+        let r = self
+            .tree()?
+            .insert(
+                tokens.as_slice(),
+                values.as_ref().map(|v| v.as_slice()),
+                &namespace(extra_key, cache_salt),
+                priority,
+                inserted_len,
+            )
+            .py_err()?;
         Ok(InsertResult {
             prefix_len: r.prefix_len,
             node: self.node(py, r.node)?,
@@ -195,7 +217,11 @@ impl RadixCache {
 
     /// Evicts whole leaves until at least `num_tokens` are freed (or nothing is
     /// evictable); returns the freed KV indices in eviction order.
-    fn evict<'py>(&self, py: Python<'py>, num_tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    fn evict<'py>(
+        &self,
+        py: Python<'py>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = convert::count(num_tokens, "num_tokens")?;
         let freed = self.tree()?.evict(n).py_err()?;
         Ok(convert::i64_array(py, freed))
@@ -226,7 +252,11 @@ impl RadixCache {
     }
 
     /// The KV indices on the path from the root to `node`.
-    fn path_indices<'py>(&self, py: Python<'py>, node: &Bound<'py, Node>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    fn path_indices<'py>(
+        &self,
+        py: Python<'py>,
+        node: &Bound<'py, Node>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let v = self.tree()?.path_indices(node.get().r).py_err()?;
         Ok(convert::i64_array(py, v))
     }
@@ -239,7 +269,11 @@ impl RadixCache {
 
     /// Fields of one node: length, lock_ref, hit_count, priority, last_access_time,
     /// creation_time, num_children, is_root, extra_key, cache_salt.
-    fn node_info<'py>(&self, py: Python<'py>, node: &Bound<'py, Node>) -> PyResult<Bound<'py, PyDict>> {
+    fn node_info<'py>(
+        &self,
+        py: Python<'py>,
+        node: &Bound<'py, Node>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let i = self.tree()?.node_info(node.get().r).py_err()?;
         let d = PyDict::new(py);
         d.set_item("length", i.length)?;

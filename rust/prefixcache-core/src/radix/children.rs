@@ -105,7 +105,7 @@ impl Children {
                 found
             }
         };
-        if found && self.len() == 0 {
+        if found && self.is_empty() {
             *self = Children::Empty;
         }
         found
@@ -122,7 +122,10 @@ impl Children {
                 }
                 None => false,
             },
-            Children::Map { map, .. } => match map.get_mut(&key).and_then(|b| b.iter_mut().find(|c| **c == old)) {
+            Children::Map { map, .. } => match map
+                .get_mut(&key)
+                .and_then(|b| b.iter_mut().find(|c| **c == old))
+            {
                 Some(c) => {
                     *c = new;
                     true

@@ -13,7 +13,9 @@ impl RadixTree {
 
     fn set_entry(&self, slot: u32) -> ((i64, i64), u64, u32) {
         let n = &self.nodes[slot as usize];
-        let key = self.policy.key(n.last_access, n.creation, n.hit_count, n.priority);
+        let key = self
+            .policy
+            .key(n.last_access, n.creation, n.hit_count, n.priority);
         (key, n.serial, slot)
     }
 
@@ -49,9 +51,15 @@ impl RadixTree {
             )));
         }
         let target = num_tokens as u64;
-        let mut freed: Vec<i64> = Vec::new();
+        // Reserve once: whole-leaf eviction overshoots by at most one leaf.
+        let expected = usize::try_from(target)
+            .unwrap_or(usize::MAX)
+            .min(self.evictable_size);
+        let mut freed: Vec<i64> = Vec::with_capacity(expected);
         while (freed.len() as u64) < target {
-            let Some(entry) = self.evictable.pop_first() else { break };
+            let Some(entry) = self.evictable.pop_first() else {
+                break;
+            };
             let slot = entry.2;
             let n = &mut self.nodes[slot as usize];
             n.listed = false;
@@ -59,11 +67,7 @@ impl RadixTree {
             let ck = child_key(n.ns, n.key[0]);
             let value = std::mem::take(&mut n.value);
             self.evictable_size -= value.len();
-            if freed.is_empty() {
-                freed = value;
-            } else {
-                freed.extend_from_slice(&value);
-            }
+            freed.extend_from_slice(&value);
             let removed = self.nodes[parent as usize].children.remove(ck, slot);
             debug_assert!(removed, "evict: leaf not filed under its parent");
             self.release(slot);

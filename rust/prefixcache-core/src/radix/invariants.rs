@@ -24,9 +24,17 @@ impl RadixTree {
             for c in n.children.ids() {
                 let cn = &self.nodes[c as usize];
                 if cn.parent != slot {
-                    return Err(format!("node {c} is filed under {slot} but its parent is {}", cn.parent));
+                    return Err(format!(
+                        "node {c} is filed under {slot} but its parent is {}",
+                        cn.parent
+                    ));
                 }
-                if cn.key.is_empty() || !n.children.candidates(child_key(cn.ns, cn.key[0])).any(|x| x == c) {
+                if cn.key.is_empty()
+                    || !n
+                        .children
+                        .candidates(child_key(cn.ns, cn.key[0]))
+                        .any(|x| x == c)
+                {
                     return Err(format!("node {c} is not filed under its child key"));
                 }
                 if slot != ROOT && cn.ns != n.ns {
@@ -39,11 +47,19 @@ impl RadixTree {
                 continue;
             }
             live += 1;
-            if n.key.len() != n.value.len() || n.key.is_empty() || n.key.len() % self.page_size != 0 {
-                return Err(format!("node {slot} has key length {} and value length {}", n.key.len(), n.value.len()));
+            if n.key.len() != n.value.len() || n.key.is_empty() || n.key.len() % self.page_size != 0
+            {
+                return Err(format!(
+                    "node {slot} has key length {} and value length {}",
+                    n.key.len(),
+                    n.value.len()
+                ));
             }
             if n.lock_ref < child_locks {
-                return Err(format!("node {slot} lock_ref {} < its children's {child_locks}", n.lock_ref));
+                return Err(format!(
+                    "node {slot} lock_ref {} < its children's {child_locks}",
+                    n.lock_ref
+                ));
             }
             if n.lock_ref == 0 {
                 evictable += n.key.len();
@@ -52,21 +68,32 @@ impl RadixTree {
             }
             let should_list = n.lock_ref == 0 && n.children.is_empty();
             if should_list != n.listed {
-                return Err(format!("node {slot}: listed={} but evictable={should_list}", n.listed));
+                return Err(format!(
+                    "node {slot}: listed={} but evictable={should_list}",
+                    n.listed
+                ));
             }
             if should_list {
                 leaves += 1;
-                let key = self.policy.key(n.last_access, n.creation, n.hit_count, n.priority);
+                let key = self
+                    .policy
+                    .key(n.last_access, n.creation, n.hit_count, n.priority);
                 if !self.evictable.contains(&(key, n.serial, slot)) {
                     return Err(format!("node {slot} is listed under a stale key"));
                 }
             }
         }
         if live != self.num_nodes {
-            return Err(format!("{live} live nodes but num_nodes = {}", self.num_nodes));
+            return Err(format!(
+                "{live} live nodes but num_nodes = {}",
+                self.num_nodes
+            ));
         }
         if leaves != self.evictable.len() {
-            return Err(format!("{leaves} evictable leaves but the set holds {}", self.evictable.len()));
+            return Err(format!(
+                "{leaves} evictable leaves but the set holds {}",
+                self.evictable.len()
+            ));
         }
         if evictable != self.evictable_size || protected != self.protected_size {
             return Err(format!(

@@ -49,7 +49,13 @@ impl EvictionPolicy {
 
     /// The ordering key of a node under this policy (smaller is evicted first).
     #[inline]
-    pub(crate) fn key(self, last_access: u64, creation: u64, hit_count: u64, priority: i64) -> (i64, i64) {
+    pub(crate) fn key(
+        self,
+        last_access: u64,
+        creation: u64,
+        hit_count: u64,
+        priority: i64,
+    ) -> (i64, i64) {
         // Logical times and hit counts stay far below 2^63 (one tick per call).
         let la = last_access as i64;
         let cr = creation as i64;

@@ -158,10 +158,17 @@ pub struct RadixTree {
 }
 
 /// Length of the common prefix of `a` and `b`.
+///
+/// Whole-slice equality first (one vectorised memcmp: the common case is a full match of
+/// a node's key), then 64-token chunks, then single tokens.
 #[inline]
 pub(crate) fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
-    const CHUNK: usize = 16;
+    const CHUNK: usize = 64;
     let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    if a == b {
+        return n;
+    }
     let mut i = 0;
     while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
         i += CHUNK;
@@ -175,7 +182,9 @@ pub(crate) fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
 impl RadixTree {
     pub fn new(page_size: usize, policy: EvictionPolicy) -> Result<Self> {
         if page_size == 0 {
-            return Err(Error::InvalidArgument("page_size must be >= 1, got 0".into()));
+            return Err(Error::InvalidArgument(
+                "page_size must be >= 1, got 0".into(),
+            ));
         }
         let none = Namespace::default();
         let mut namespace_ids = FxHashMap::default();
@@ -261,11 +270,14 @@ impl RadixTree {
     pub fn resolve(&self, node: NodeRef) -> Result<u32> {
         if node.tree != self.id {
             return Err(Error::StaleHandle(
-                "stale node handle: it belongs to another RadixCache or to this one before reset()".into(),
+                "stale node handle: it belongs to another RadixCache or to this one before reset()"
+                    .into(),
             ));
         }
         match self.nodes.get(node.slot as usize) {
-            Some(n) if n.serial == node.serial && (node.slot == ROOT || n.parent != NO_PARENT) => Ok(node.slot),
+            Some(n) if n.serial == node.serial && (node.slot == ROOT || n.parent != NO_PARENT) => {
+                Ok(node.slot)
+            }
             _ => Err(Error::StaleHandle(
                 "stale node handle: the node was evicted".into(),
             )),
@@ -357,7 +369,9 @@ impl RadixTree {
         new.children.insert(child_key(ns, first_tail), child);
         let new_slot = self.alloc(new);
         self.nodes[child as usize].parent = new_slot;
-        let replaced = self.nodes[parent as usize].children.replace(ck, child, new_slot);
+        let replaced = self.nodes[parent as usize]
+            .children
+            .replace(ck, child, new_slot);
         debug_assert!(replaced, "split: child not filed under its parent");
         new_slot
     }
@@ -380,17 +394,25 @@ impl RadixTree {
         let key = &key[..self.aligned(key.len())];
         let root = self.root();
         if key.is_empty() {
-            return MatchOutcome { length: 0, node: root };
+            return MatchOutcome {
+                length: 0,
+                node: root,
+            };
         }
         self.nodes[ROOT as usize].last_access = now;
         let Some(ns) = self.namespace_id(ns) else {
-            return MatchOutcome { length: 0, node: root };
+            return MatchOutcome {
+                length: 0,
+                node: root,
+            };
         };
         let mut node = ROOT;
         let mut matched = 0;
         let mut rest = key;
         while !rest.is_empty() {
-            let Some(child) = self.find_child(node, ns, rest) else { break };
+            let Some(child) = self.find_child(node, ns, rest) else {
+                break;
+            };
             self.touch(child, now);
             let c = &self.nodes[child as usize];
             let p = self.aligned(common_prefix_len(&c.key, rest));
@@ -445,7 +467,9 @@ impl RadixTree {
         let mut total = 0;
         let mut rest = key;
         while !rest.is_empty() {
-            let Some(child) = self.find_child(node, ns, rest) else { break };
+            let Some(child) = self.find_child(node, ns, rest) else {
+                break;
+            };
             let listed = self.nodes[child as usize].listed;
             if listed {
                 self.unlist(child);
@@ -479,6 +503,9 @@ impl RadixTree {
             let serial = self.take_serial();
             let mut leaf = Node::new(node, serial, ns, now);
             leaf.priority = priority;
+            if total + rest.len() > inserted_len {
+                leaf.hit_count = 1;
+            }
             leaf.key = rest.to_vec();
             leaf.value = match value {
                 Some(v) => v[offset..key.len()].to_vec(),
@@ -642,7 +669,12 @@ impl RadixTree {
                 creation_time: n.creation,
                 namespace: self.namespaces[n.ns as usize].clone(),
             });
-            stack.extend(self.sorted_children(slot).into_iter().rev().map(|c| (c, depth + 1)));
+            stack.extend(
+                self.sorted_children(slot)
+                    .into_iter()
+                    .rev()
+                    .map(|c| (c, depth + 1)),
+            );
         }
         out
     }
