@@ -9,6 +9,7 @@
 
 pub mod blocks;
 pub mod error;
+pub mod events;
 pub mod hash;
 pub mod radix;
 

@@ -12,6 +12,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod convert;
 mod errors;
+mod hasher;
+mod manager;
+mod pool;
 mod radix;
 
 #[pymodule]
@@ -21,5 +24,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
+    m.add_class::<hasher::PyBlockHasher>()?;
+    m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<manager::PyKVCacheManager>()?;
     Ok(())
 }
