@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from prefixcache import _core
+from prefixcache._core import InsertResult, MatchResult, Node, RadixCache
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
@@ -24,11 +25,15 @@ __version__: str = _core.__version__
 
 __all__ = [
     "BlockStateError",
+    "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
     "LockRefError",
+    "MatchResult",
+    "Node",
     "OutOfBlocksError",
     "PrefixCacheError",
+    "RadixCache",
     "StaleHandleError",
     "UnknownRequestError",
     "UnsupportedHashInputError",

@@ -5,9 +5,7 @@
 //! sequences of Python ints. Floats, bools arrays, strings and other dtypes raise
 //! `InvalidTypeError`; out-of-range values raise `InvalidInputError` naming the position.
 
-use std::borrow::Cow;
-
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyString};
@@ -53,7 +51,10 @@ fn token_range_error(what: &str, i: usize, v: impl std::fmt::Display) -> PyErr {
     ))
 }
 
-fn check_u32<T: Copy + TryInto<u32> + std::fmt::Display>(what: &str, xs: &[T]) -> PyResult<Vec<u32>> {
+fn check_u32<T: Copy + TryInto<u32> + std::fmt::Display>(
+    what: &str,
+    xs: &[T],
+) -> PyResult<Vec<u32>> {
     let mut out = Vec::with_capacity(xs.len());
     for (i, &x) in xs.iter().enumerate() {
         match x.try_into() {
@@ -65,7 +66,10 @@ fn check_u32<T: Copy + TryInto<u32> + std::fmt::Display>(what: &str, xs: &[T]) -
 }
 
 fn reject_non_sequence(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>() {
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+    {
         return Err(invalid_type(format!(
             "{what} must be a sequence of ints or an integer array, not {}",
             obj.get_type().name()?
@@ -74,7 +78,10 @@ fn reject_non_sequence(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
     Ok(())
 }
 
-fn numpy_array<'a, 'py>(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<Option<&'a Bound<'py, PyUntypedArray>>> {
+fn numpy_array<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Option<&'a Bound<'py, PyUntypedArray>>> {
     let Ok(arr) = obj.cast::<PyUntypedArray>() else {
         return Ok(None);
     };
@@ -88,7 +95,9 @@ fn numpy_array<'a, 'py>(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<Opti
 }
 
 fn dtype_error(what: &str, dtype: &str) -> PyErr {
-    invalid_type(format!("{what} must hold integers, got an array of dtype {dtype}"))
+    invalid_type(format!(
+        "{what} must hold integers, got an array of dtype {dtype}"
+    ))
 }
 
 /// Extract token ids from any accepted object.
@@ -99,7 +108,11 @@ pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Tokens<'py>>
         let contiguous = arr.is_c_contiguous();
         if let Ok(a) = arr.cast::<PyArray1<u32>>() {
             let ro = a.try_readonly().map_err(|e| invalid_input(e.to_string()))?;
-            return Ok(if contiguous { Tokens::U32(ro) } else { Tokens::Owned(ro.as_array().to_vec()) });
+            return Ok(if contiguous {
+                Tokens::U32(ro)
+            } else {
+                Tokens::Owned(ro.as_array().to_vec())
+            });
         }
         if let Ok(a) = arr.cast::<PyArray1<i32>>() {
             let ro = a.try_readonly().map_err(|e| invalid_input(e.to_string()))?;
@@ -138,14 +151,24 @@ pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Tokens<'py>>
 }
 
 fn item_type_error(what: &str, i: usize, item: &Bound<'_, PyAny>) -> PyErr {
-    let tn = item.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+    let tn = item
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
     invalid_type(format!("{what}[{i}] must be an int, got {tn}"))
 }
 
 fn sequence_u32(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     let n = obj.len().map_err(|_| {
-        let tn = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-        invalid_type(format!("{what} must be a sequence of ints or an integer array, not {tn}"))
+        let tn = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        invalid_type(format!(
+            "{what} must be a sequence of ints or an integer array, not {tn}"
+        ))
     })?;
     let mut out = Vec::with_capacity(n);
     for (i, item) in obj.try_iter()?.enumerate() {
@@ -153,7 +176,9 @@ fn sequence_u32(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
         if item.is_instance_of::<PyBool>() {
             return Err(item_type_error(what, i, &item));
         }
-        let v: i128 = item.extract().map_err(|_| item_type_error(what, i, &item))?;
+        let v: i128 = item
+            .extract()
+            .map_err(|_| item_type_error(what, i, &item))?;
         match u32::try_from(v) {
             Ok(t) => out.push(t),
             Err(_) => return Err(token_range_error(what, i, v)),
@@ -169,7 +194,11 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
         let dt = arr.dtype();
         if let Ok(a) = arr.cast::<PyArray1<i64>>() {
             let ro = a.try_readonly().map_err(|e| invalid_input(e.to_string()))?;
-            return Ok(if arr.is_c_contiguous() { Values::I64(ro) } else { Values::Owned(ro.as_array().to_vec()) });
+            return Ok(if arr.is_c_contiguous() {
+                Values::I64(ro)
+            } else {
+                Values::Owned(ro.as_array().to_vec())
+            });
         }
         macro_rules! widen {
             ($($t:ty),*) => {$(
@@ -183,7 +212,9 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
             let ro = a.readonly();
             let mut out = Vec::with_capacity(ro.len());
             for (i, &x) in ro.as_array().iter().enumerate() {
-                out.push(i64::try_from(x).map_err(|_| invalid_input(format!("{what}[{i}] = {x} does not fit in int64")))?);
+                out.push(i64::try_from(x).map_err(|_| {
+                    invalid_input(format!("{what}[{i}] = {x} does not fit in int64"))
+                })?);
             }
             return Ok(Values::Owned(out));
         }
@@ -193,8 +224,14 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
         return Ok(Values::Owned(buf.to_vec(obj.py())?));
     }
     let n = obj.len().map_err(|_| {
-        let tn = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-        invalid_type(format!("{what} must be a sequence of ints or an integer array, not {tn}"))
+        let tn = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        invalid_type(format!(
+            "{what} must be a sequence of ints or an integer array, not {tn}"
+        ))
     })?;
     let mut out = Vec::with_capacity(n);
     for (i, item) in obj.try_iter()?.enumerate() {
@@ -202,8 +239,13 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
         if item.is_instance_of::<PyBool>() {
             return Err(item_type_error(what, i, &item));
         }
-        let v: i128 = item.extract().map_err(|_| item_type_error(what, i, &item))?;
-        out.push(i64::try_from(v).map_err(|_| invalid_input(format!("{what}[{i}] = {v} does not fit in int64")))?);
+        let v: i128 = item
+            .extract()
+            .map_err(|_| item_type_error(what, i, &item))?;
+        out.push(
+            i64::try_from(v)
+                .map_err(|_| invalid_input(format!("{what}[{i}] = {v} does not fit in int64")))?,
+        );
     }
     Ok(Values::Owned(out))
 }
@@ -213,5 +255,29 @@ pub fn i64_array(py: Python<'_>, v: Vec<i64>) -> Bound<'_, PyArray1<i64>> {
     PyArray1::from_vec(py, v)
 }
 
-/// A borrowed-or-owned slice, for APIs that take `&[T]`.
-pub type Slice<'a, T> = Cow<'a, [T]>;
+/// An integer argument (count, priority, length): Python ints only (no floats or bools).
+/// Values beyond the i64 range are clamped (e.g. "evict 10**30 tokens" = evict all).
+pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(invalid_type(format!("{what} must be an int, got bool")));
+    }
+    match obj.extract::<i128>() {
+        Ok(v) => Ok(v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64),
+        Err(_) => {
+            let tn = obj
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
+            Err(invalid_type(format!("{what} must be an int, got {tn}")))
+        }
+    }
+}
+
+/// [`count`] for an optional argument (`None` = `default`).
+pub fn count_or(obj: Option<&Bound<'_, PyAny>>, default: i64, what: &str) -> PyResult<i64> {
+    match obj {
+        Some(o) if !o.is_none() => count(o, what),
+        _ => Ok(default),
+    }
+}

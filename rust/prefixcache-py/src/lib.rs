@@ -7,9 +7,14 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod radix;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<radix::RadixCache>()?;
+    m.add_class::<radix::Node>()?;
+    m.add_class::<radix::MatchResult>()?;
+    m.add_class::<radix::InsertResult>()?;
     Ok(())
 }

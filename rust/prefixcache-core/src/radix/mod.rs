@@ -1,1 +1,15 @@
-//! SGLang RadixCache: token-level compressed radix tree (see SEMANTICS.md section 1).
+//! SGLang's RadixCache: a token-level compressed radix tree (SEMANTICS.md section 1).
+//!
+//! - [`tree`]: the node arena, match / insert / split, locks, sizes and inspection.
+//! - [`children`]: the per-node child index (first token or first page, plus namespace).
+//! - [`evict`]: the incrementally maintained set of evictable leaves and `evict`.
+//! - [`policy`]: the eviction policies and their ordering keys.
+
+mod children;
+mod evict;
+mod invariants;
+mod policy;
+mod tree;
+
+pub use policy::EvictionPolicy;
+pub use tree::{InsertOutcome, MatchOutcome, Namespace, NodeDump, NodeInfo, NodeRef, RadixTree};

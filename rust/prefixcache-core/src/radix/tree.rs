@@ -1,0 +1,718 @@
+//! The radix tree: node arena, match / insert / split, locks and sizes.
+//!
+//! Nodes live in a `Vec` addressed by u32 slots, recycled through a free list. A handle
+//! ([`NodeRef`]) carries the tree's id and the node's unique serial, so a handle to an
+//! evicted, reset or foreign node is detected instead of aliasing a new node.
+//!
+//! Time is logical: every `match_prefix` / `insert` call advances the clock by one and
+//! stamps every node it touches with that value.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::FxHashMap;
+
+use super::children::{child_key, Children};
+use super::policy::EvictionPolicy;
+use crate::{Error, Result};
+
+pub(crate) const ROOT: u32 = 0;
+const NO_PARENT: u32 = u32::MAX;
+
+static NEXT_TREE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A handle to a node: valid while the node exists in the tree that issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeRef {
+    pub tree: u64,
+    pub slot: u32,
+    pub serial: u64,
+}
+
+/// A namespace: `(extra_key, cache_salt)`, kept structured (never concatenated).
+/// An empty cache salt is the same as none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Namespace {
+    pub extra_key: Option<String>,
+    pub cache_salt: Option<String>,
+}
+
+impl Namespace {
+    pub fn new(extra_key: Option<&str>, cache_salt: Option<&str>) -> Self {
+        Namespace {
+            extra_key: extra_key.map(str::to_owned),
+            cache_salt: cache_salt.filter(|s| !s.is_empty()).map(str::to_owned),
+        }
+    }
+
+    fn sort_key(&self) -> (bool, &str, bool, &str) {
+        (
+            self.extra_key.is_some(),
+            self.extra_key.as_deref().unwrap_or(""),
+            self.cache_salt.is_some(),
+            self.cache_salt.as_deref().unwrap_or(""),
+        )
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) parent: u32,
+    /// Creation order within this tree (0 = free slot); breaks eviction ties.
+    pub(crate) serial: u64,
+    pub(crate) ns: u32,
+    pub(crate) key: Vec<u32>,
+    pub(crate) value: Vec<i64>,
+    pub(crate) children: Children,
+    pub(crate) lock_ref: u64,
+    pub(crate) last_access: u64,
+    pub(crate) creation: u64,
+    pub(crate) hit_count: u64,
+    pub(crate) priority: i64,
+    /// Whether the node is currently in the evictable set (under its current key).
+    pub(crate) listed: bool,
+}
+
+impl Node {
+    fn new(parent: u32, serial: u64, ns: u32, now: u64) -> Self {
+        Node {
+            parent,
+            serial,
+            ns,
+            key: Vec::new(),
+            value: Vec::new(),
+            children: Children::Empty,
+            lock_ref: 0,
+            last_access: now,
+            creation: now,
+            hit_count: 0,
+            priority: 0,
+            listed: false,
+        }
+    }
+}
+
+/// Result of [`RadixTree::match_prefix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchOutcome {
+    /// Matched tokens (a multiple of the page size).
+    pub length: usize,
+    /// The last node of the matched path (the root when nothing matched).
+    pub node: NodeRef,
+}
+
+/// Result of [`RadixTree::insert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertOutcome {
+    /// Tokens that were already cached (their values were kept, not replaced).
+    pub prefix_len: usize,
+    /// The last node of the inserted key's path.
+    pub node: NodeRef,
+}
+
+/// Inspection of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub length: usize,
+    pub lock_ref: u64,
+    pub hit_count: u64,
+    pub priority: i64,
+    pub last_access_time: u64,
+    pub creation_time: u64,
+    pub num_children: usize,
+    pub is_root: bool,
+    pub namespace: Namespace,
+}
+
+/// One node in [`RadixTree::dump`] (canonical order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDump {
+    pub depth: usize,
+    pub key: Vec<u32>,
+    pub value: Vec<i64>,
+    pub lock_ref: u64,
+    pub hit_count: u64,
+    pub priority: i64,
+    pub last_access_time: u64,
+    pub creation_time: u64,
+    pub namespace: Namespace,
+}
+
+/// SGLang's RadixCache over token ids (u32) and KV indices (i64).
+#[derive(Debug)]
+pub struct RadixTree {
+    pub(crate) id: u64,
+    pub(crate) page_size: usize,
+    pub(crate) policy: EvictionPolicy,
+    pub(crate) nodes: Vec<Node>,
+    free_slots: Vec<u32>,
+    next_serial: u64,
+    pub(crate) clock: u64,
+    pub(crate) evictable_size: usize,
+    pub(crate) protected_size: usize,
+    pub(crate) num_nodes: usize,
+    /// Evictable leaves ordered by (policy key, serial).
+    pub(crate) evictable: BTreeSet<((i64, i64), u64, u32)>,
+    namespaces: Vec<Namespace>,
+    namespace_ids: FxHashMap<Namespace, u32>,
+}
+
+/// Length of the common prefix of `a` and `b`.
+///
+/// Whole-slice equality first (one vectorised memcmp: the common case is a full match of
+/// a node's key), then 64-token chunks, then single tokens.
+#[inline]
+pub(crate) fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    const CHUNK: usize = 64;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    if a == b {
+        return n;
+    }
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+impl RadixTree {
+    pub fn new(page_size: usize, policy: EvictionPolicy) -> Result<Self> {
+        if page_size == 0 {
+            return Err(Error::InvalidArgument(
+                "page_size must be >= 1, got 0".into(),
+            ));
+        }
+        let none = Namespace::default();
+        let mut namespace_ids = FxHashMap::default();
+        namespace_ids.insert(none.clone(), 0);
+        let mut tree = RadixTree {
+            id: NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed),
+            page_size,
+            policy,
+            nodes: Vec::new(),
+            free_slots: Vec::new(),
+            next_serial: 0,
+            clock: 0,
+            evictable_size: 0,
+            protected_size: 0,
+            num_nodes: 0,
+            evictable: BTreeSet::new(),
+            namespaces: vec![none],
+            namespace_ids,
+        };
+        tree.reset();
+        Ok(tree)
+    }
+
+    /// Empties the tree. Every handle issued before becomes stale; the clock and the
+    /// serial counter keep running.
+    pub fn reset(&mut self) {
+        self.nodes.clear();
+        self.free_slots.clear();
+        self.evictable.clear();
+        self.evictable_size = 0;
+        self.protected_size = 0;
+        self.num_nodes = 0;
+        let serial = self.take_serial();
+        let mut root = Node::new(NO_PARENT, serial, 0, self.clock);
+        root.lock_ref = 1;
+        root.priority = i64::MIN;
+        self.nodes.push(root);
+        // A new id, so that handles from before the reset can never alias new nodes.
+        self.id = NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn take_serial(&mut self) -> u64 {
+        let s = self.next_serial;
+        self.next_serial += 1;
+        s
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+    pub fn evictable_size(&self) -> usize {
+        self.evictable_size
+    }
+    pub fn protected_size(&self) -> usize {
+        self.protected_size
+    }
+    pub fn total_size(&self) -> usize {
+        self.evictable_size + self.protected_size
+    }
+    /// Live nodes, the root excluded.
+    pub fn num_nodes(&self) -> usize {
+        self.num_nodes
+    }
+    pub fn root(&self) -> NodeRef {
+        self.handle(ROOT)
+    }
+
+    pub(crate) fn handle(&self, slot: u32) -> NodeRef {
+        NodeRef {
+            tree: self.id,
+            slot,
+            serial: self.nodes[slot as usize].serial,
+        }
+    }
+
+    /// The slot of a live node, or `StaleHandle`.
+    pub fn resolve(&self, node: NodeRef) -> Result<u32> {
+        if node.tree != self.id {
+            return Err(Error::StaleHandle(
+                "stale node handle: it belongs to another RadixCache or to this one before reset()"
+                    .into(),
+            ));
+        }
+        match self.nodes.get(node.slot as usize) {
+            Some(n) if n.serial == node.serial && (node.slot == ROOT || n.parent != NO_PARENT) => {
+                Ok(node.slot)
+            }
+            _ => Err(Error::StaleHandle(
+                "stale node handle: the node was evicted".into(),
+            )),
+        }
+    }
+
+    fn namespace_id(&self, ns: &Namespace) -> Option<u32> {
+        self.namespace_ids.get(ns).copied()
+    }
+
+    fn intern_namespace(&mut self, ns: &Namespace) -> u32 {
+        if let Some(id) = self.namespace_ids.get(ns) {
+            return *id;
+        }
+        let id = self.namespaces.len() as u32;
+        self.namespaces.push(ns.clone());
+        self.namespace_ids.insert(ns.clone(), id);
+        id
+    }
+
+    fn aligned(&self, len: usize) -> usize {
+        len - len % self.page_size
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The child of `node` whose child key matches the start of `key` (non-empty, aligned).
+    #[inline]
+    fn find_child(&self, node: u32, ns: u32, key: &[u32]) -> Option<u32> {
+        let n = &self.nodes[node as usize];
+        let ck = child_key(ns, key[0]);
+        if self.page_size == 1 {
+            return n.children.candidates(ck).next();
+        }
+        let page = &key[..self.page_size];
+        n.children
+            .candidates(ck)
+            .find(|&c| self.nodes[c as usize].key.get(..self.page_size) == Some(page))
+    }
+
+    fn alloc(&mut self, node: Node) -> u32 {
+        self.num_nodes += 1;
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.nodes[slot as usize] = node;
+                slot
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    pub(crate) fn release(&mut self, slot: u32) {
+        let n = &mut self.nodes[slot as usize];
+        n.serial = u64::MAX;
+        n.parent = NO_PARENT;
+        n.key = Vec::new();
+        n.value = Vec::new();
+        n.children = Children::Empty;
+        self.free_slots.push(slot);
+        self.num_nodes -= 1;
+    }
+
+    /// Splits `child` after `p` tokens: a new node takes the first `p` tokens and becomes
+    /// the child's parent. The original node keeps the tail (so its handles stay valid).
+    fn split(&mut self, child: u32, p: usize, now: u64) -> u32 {
+        let serial = self.take_serial();
+        let c = &mut self.nodes[child as usize];
+        let parent = c.parent;
+        let ns = c.ns;
+        let tail_key = c.key.split_off(p);
+        let tail_value = c.value.split_off(p);
+        let head_key = std::mem::replace(&mut c.key, tail_key);
+        let head_value = std::mem::replace(&mut c.value, tail_value);
+        let first_tail = c.key[0];
+        let mut new = Node::new(parent, serial, ns, now);
+        new.lock_ref = c.lock_ref;
+        new.hit_count = c.hit_count;
+        new.priority = c.priority;
+        new.creation = c.creation;
+        let ck = child_key(ns, head_key[0]);
+        new.key = head_key;
+        new.value = head_value;
+        new.children.insert(child_key(ns, first_tail), child);
+        let new_slot = self.alloc(new);
+        self.nodes[child as usize].parent = new_slot;
+        let replaced = self.nodes[parent as usize]
+            .children
+            .replace(ck, child, new_slot);
+        debug_assert!(replaced, "split: child not filed under its parent");
+        new_slot
+    }
+
+    /// Sets the last access time of `node`, keeping the evictable set in order.
+    #[inline]
+    fn touch(&mut self, node: u32, now: u64) {
+        if self.nodes[node as usize].listed {
+            self.unlist(node);
+            self.nodes[node as usize].last_access = now;
+            self.relist(node);
+        } else {
+            self.nodes[node as usize].last_access = now;
+        }
+    }
+
+    /// Longest cached prefix of `key` in namespace `ns` (SEMANTICS.md 1.3). May split a node.
+    pub fn match_prefix(&mut self, key: &[u32], ns: &Namespace) -> MatchOutcome {
+        let now = self.tick();
+        let key = &key[..self.aligned(key.len())];
+        let root = self.root();
+        if key.is_empty() {
+            return MatchOutcome {
+                length: 0,
+                node: root,
+            };
+        }
+        self.nodes[ROOT as usize].last_access = now;
+        let Some(ns) = self.namespace_id(ns) else {
+            return MatchOutcome {
+                length: 0,
+                node: root,
+            };
+        };
+        let mut node = ROOT;
+        let mut matched = 0;
+        let mut rest = key;
+        while !rest.is_empty() {
+            let Some(child) = self.find_child(node, ns, rest) else {
+                break;
+            };
+            self.touch(child, now);
+            let c = &self.nodes[child as usize];
+            let p = self.aligned(common_prefix_len(&c.key, rest));
+            matched += p;
+            if p < c.key.len() {
+                node = self.split(child, p, now);
+                break;
+            }
+            node = child;
+            rest = &rest[p..];
+        }
+        MatchOutcome {
+            length: matched,
+            node: self.handle(node),
+        }
+    }
+
+    /// Inserts `key` with KV indices `value` (default: the tokens themselves) in namespace
+    /// `ns` (SEMANTICS.md 1.5). Existing values are never replaced.
+    pub fn insert(
+        &mut self,
+        key: &[u32],
+        value: Option<&[i64]>,
+        ns: &Namespace,
+        priority: i64,
+        inserted_len: usize,
+    ) -> Result<InsertOutcome> {
+        if let Some(v) = value {
+            if v.len() != key.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "values has length {} but tokens has length {}: they must be equal",
+                    v.len(),
+                    key.len()
+                )));
+            }
+        }
+        let now = self.tick();
+        let key = &key[..self.aligned(key.len())];
+        {
+            let root = &mut self.nodes[ROOT as usize];
+            root.last_access = now;
+            root.priority = root.priority.max(priority);
+        }
+        if key.is_empty() {
+            return Ok(InsertOutcome {
+                prefix_len: 0,
+                node: self.root(),
+            });
+        }
+        let ns = self.intern_namespace(ns);
+        let mut node = ROOT;
+        let mut total = 0;
+        let mut rest = key;
+        while !rest.is_empty() {
+            let Some(child) = self.find_child(node, ns, rest) else {
+                break;
+            };
+            let listed = self.nodes[child as usize].listed;
+            if listed {
+                self.unlist(child);
+            }
+            let page = self.page_size;
+            let c = &mut self.nodes[child as usize];
+            c.last_access = now;
+            let common = common_prefix_len(&c.key, rest);
+            let p = common - common % page;
+            total += p;
+            rest = &rest[p..];
+            node = if p < c.key.len() {
+                if listed {
+                    self.relist(child);
+                }
+                self.split(child, p, now)
+            } else {
+                child
+            };
+            let n = &mut self.nodes[node as usize];
+            n.priority = n.priority.max(priority);
+            if total > inserted_len {
+                n.hit_count += 1;
+            }
+            if listed && node == child {
+                self.relist(child);
+            }
+        }
+        if !rest.is_empty() {
+            let offset = key.len() - rest.len();
+            let serial = self.take_serial();
+            let mut leaf = Node::new(node, serial, ns, now);
+            leaf.priority = priority;
+            if total + rest.len() > inserted_len {
+                leaf.hit_count = 1;
+            }
+            leaf.key = rest.to_vec();
+            leaf.value = match value {
+                Some(v) => v[offset..key.len()].to_vec(),
+                None => rest.iter().map(|&t| i64::from(t)).collect(),
+            };
+            let ck = child_key(ns, rest[0]);
+            let slot = self.alloc(leaf);
+            if self.nodes[node as usize].listed {
+                self.unlist(node);
+            }
+            self.nodes[node as usize].children.insert(ck, slot);
+            self.evictable_size += rest.len();
+            self.relist(slot);
+            node = slot;
+        }
+        Ok(InsertOutcome {
+            prefix_len: total,
+            node: self.handle(node),
+        })
+    }
+
+    /// Locks the path from `node` up to the root (SEMANTICS.md 1.7). Returns the change of
+    /// the evictable size (<= 0).
+    pub fn inc_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
+        let mut cur = self.resolve(node)?;
+        let mut delta = 0i64;
+        while cur != ROOT {
+            let n = &mut self.nodes[cur as usize];
+            if n.lock_ref == 0 {
+                let len = n.key.len();
+                self.evictable_size -= len;
+                self.protected_size += len;
+                delta -= len as i64;
+                if n.listed {
+                    self.unlist(cur);
+                }
+            }
+            let n = &mut self.nodes[cur as usize];
+            n.lock_ref += 1;
+            cur = n.parent;
+        }
+        Ok(delta)
+    }
+
+    /// Unlocks the path from `node` up to the root. Returns the change of the evictable
+    /// size (>= 0). Fails, changing nothing, if any lock on the path is already zero.
+    pub fn dec_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
+        let start = self.resolve(node)?;
+        let mut cur = start;
+        while cur != ROOT {
+            let n = &self.nodes[cur as usize];
+            if n.lock_ref == 0 {
+                return Err(Error::LockRef(
+                    "dec_lock_ref would make a lock count negative: the node is not locked".into(),
+                ));
+            }
+            cur = n.parent;
+        }
+        let mut cur = start;
+        let mut delta = 0i64;
+        while cur != ROOT {
+            let n = &mut self.nodes[cur as usize];
+            n.lock_ref -= 1;
+            let parent = n.parent;
+            if n.lock_ref == 0 {
+                let len = n.key.len();
+                self.evictable_size += len;
+                self.protected_size -= len;
+                delta += len as i64;
+                self.relist(cur);
+            }
+            cur = parent;
+        }
+        Ok(delta)
+    }
+
+    /// The KV indices on the path from the root to `node`, concatenated.
+    pub fn path_indices(&self, node: NodeRef) -> Result<Vec<i64>> {
+        let mut cur = self.resolve(node)?;
+        let mut path = Vec::new();
+        let mut len = 0;
+        while cur != ROOT {
+            let n = &self.nodes[cur as usize];
+            len += n.value.len();
+            path.push(cur);
+            cur = n.parent;
+        }
+        let mut out = Vec::with_capacity(len);
+        for &slot in path.iter().rev() {
+            out.extend_from_slice(&self.nodes[slot as usize].value);
+        }
+        Ok(out)
+    }
+
+    /// Number of tokens on the path from the root to `node`.
+    pub fn path_len(&self, node: NodeRef) -> Result<usize> {
+        let mut cur = self.resolve(node)?;
+        let mut len = 0;
+        while cur != ROOT {
+            let n = &self.nodes[cur as usize];
+            len += n.key.len();
+            cur = n.parent;
+        }
+        Ok(len)
+    }
+
+    pub fn node_info(&self, node: NodeRef) -> Result<NodeInfo> {
+        let slot = self.resolve(node)?;
+        let n = &self.nodes[slot as usize];
+        Ok(NodeInfo {
+            length: n.key.len(),
+            lock_ref: n.lock_ref,
+            hit_count: n.hit_count,
+            priority: n.priority,
+            last_access_time: n.last_access,
+            creation_time: n.creation,
+            num_children: n.children.len(),
+            is_root: slot == ROOT,
+            namespace: self.namespaces[n.ns as usize].clone(),
+        })
+    }
+
+    /// The parent of `node` (`None` for the root).
+    pub fn parent(&self, node: NodeRef) -> Result<Option<NodeRef>> {
+        let slot = self.resolve(node)?;
+        Ok((slot != ROOT).then(|| self.handle(self.nodes[slot as usize].parent)))
+    }
+
+    /// Children of `slot` in canonical order: namespace, then key tokens.
+    fn sorted_children(&self, slot: u32) -> Vec<u32> {
+        let mut ids = self.nodes[slot as usize].children.ids();
+        ids.sort_by(|&a, &b| {
+            let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
+            self.namespaces[na.ns as usize]
+                .sort_key()
+                .cmp(&self.namespaces[nb.ns as usize].sort_key())
+                .then_with(|| na.key.cmp(&nb.key))
+        });
+        ids
+    }
+
+    /// Every non-root node, depth first, children in canonical order.
+    pub fn dump(&self) -> Vec<NodeDump> {
+        let mut out = Vec::with_capacity(self.num_nodes);
+        let mut stack: Vec<(u32, usize)> = self
+            .sorted_children(ROOT)
+            .into_iter()
+            .rev()
+            .map(|c| (c, 1))
+            .collect();
+        while let Some((slot, depth)) = stack.pop() {
+            let n = &self.nodes[slot as usize];
+            out.push(NodeDump {
+                depth,
+                key: n.key.clone(),
+                value: n.value.clone(),
+                lock_ref: n.lock_ref,
+                hit_count: n.hit_count,
+                priority: n.priority,
+                last_access_time: n.last_access,
+                creation_time: n.creation,
+                namespace: self.namespaces[n.ns as usize].clone(),
+            });
+            stack.extend(
+                self.sorted_children(slot)
+                    .into_iter()
+                    .rev()
+                    .map(|c| (c, depth + 1)),
+            );
+        }
+        out
+    }
+
+    /// A human-readable rendering of the tree.
+    pub fn pretty(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "RadixCache(page_size={}, policy={}, nodes={}, evictable={}, protected={})",
+            self.page_size,
+            self.policy.name(),
+            self.num_nodes,
+            self.evictable_size,
+            self.protected_size
+        );
+        for d in self.dump() {
+            let head: Vec<String> = d.key.iter().take(8).map(u32::to_string).collect();
+            let more = if d.key.len() > 8 { " ..." } else { "" };
+            let ns = match (&d.namespace.extra_key, &d.namespace.cache_salt) {
+                (None, None) => String::new(),
+                (e, c) => format!(" ns=({e:?}, {c:?})"),
+            };
+            let _ = writeln!(
+                s,
+                "{}[{}{}] len={} lock={} hits={} prio={} t={}{}",
+                "  ".repeat(d.depth),
+                head.join(" "),
+                more,
+                d.key.len(),
+                d.lock_ref,
+                d.hit_count,
+                d.priority,
+                d.last_access_time,
+                ns
+            );
+        }
+        s
+    }
+}

@@ -1,0 +1,341 @@
+//! `RadixCache`, `Node`, `MatchResult`, `InsertResult`: bindings of `radix::RadixTree`.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use prefixcache_core::radix::{EvictionPolicy, Namespace, NodeRef, RadixTree};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList};
+
+use crate::convert;
+use crate::errors::IntoPyResult;
+
+/// A handle to a tree node. Valid while the node exists; using it after the node was
+/// evicted (or after `reset()`) raises `StaleHandleError`.
+#[pyclass(frozen, eq, hash, module = "prefixcache._core")]
+#[derive(PartialEq, Eq, Hash)]
+pub struct Node {
+    r: NodeRef,
+}
+
+#[pymethods]
+impl Node {
+    fn __repr__(&self) -> String {
+        format!("Node(slot={}, serial={})", self.r.slot, self.r.serial)
+    }
+}
+
+/// The result of `RadixCache.match_prefix`. `indices` is built on first access from the
+/// matched node's path (so a match costs no copy of the indices unless they are read);
+/// read it while the node is alive (lock the node or read it before evicting).
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct MatchResult {
+    #[pyo3(get)]
+    length: usize,
+    #[pyo3(get)]
+    node: Py<Node>,
+    cache: Py<RadixCache>,
+    indices: PyOnceLock<Py<PyArray1<i64>>>,
+}
+
+#[pymethods]
+impl MatchResult {
+    /// The KV indices of the matched prefix (numpy int64, length == `length`).
+    #[getter]
+    fn indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let arr = self.indices.get_or_try_init(py, || -> PyResult<_> {
+            let v = self
+                .cache
+                .get()
+                .tree()?
+                .path_indices(self.node.get().r)
+                .py_err()?;
+            Ok(convert::i64_array(py, v).unbind())
+        })?;
+        Ok(arr.bind(py).clone())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MatchResult(length={}, node={})",
+            self.length,
+            self.node.get().__repr__()
+        )
+    }
+}
+
+/// The result of `RadixCache.insert`.
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct InsertResult {
+    /// Tokens that were already cached: the caller frees its own duplicate KV indices.
+    #[pyo3(get)]
+    prefix_len: usize,
+    /// The last node of the inserted key's path.
+    #[pyo3(get)]
+    node: Py<Node>,
+}
+
+#[pymethods]
+impl InsertResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "InsertResult(prefix_len={}, node={})",
+            self.prefix_len,
+            self.node.get().__repr__()
+        )
+    }
+}
+
+/// SGLang's RadixCache: a token-level radix tree of KV indices.
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct RadixCache {
+    inner: Mutex<RadixTree>,
+}
+
+impl RadixCache {
+    fn tree(&self) -> PyResult<MutexGuard<'_, RadixTree>> {
+        self.inner.lock().map_err(|_| {
+            PyRuntimeError::new_err("RadixCache is unusable: an earlier call panicked")
+        })
+    }
+
+    fn node(&self, py: Python<'_>, r: NodeRef) -> PyResult<Py<Node>> {
+        Py::new(py, Node { r })
+    }
+}
+
+fn namespace(extra_key: Option<&str>, cache_salt: Option<&str>) -> Namespace {
+    Namespace::new(extra_key, cache_salt)
+}
+
+#[pymethods]
+impl RadixCache {
+    #[new]
+    #[pyo3(signature = (page_size = None, eviction_policy = "lru"))]
+    fn new(page_size: Option<&Bound<'_, PyAny>>, eviction_policy: &str) -> PyResult<Self> {
+        let page_size = convert::count_or(page_size, 1, "page_size")?;
+        if page_size < 1 {
+            return Err(crate::errors::invalid_input(format!(
+                "page_size must be >= 1, got {page_size}"
+            )));
+        }
+        let page_size = usize::try_from(page_size).map_err(|_| {
+            crate::errors::invalid_input(format!("page_size {page_size} is too large"))
+        })?;
+        let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
+        Ok(RadixCache {
+            inner: Mutex::new(RadixTree::new(page_size, policy).py_err()?),
+        })
+    }
+
+    #[getter]
+    fn page_size(&self) -> PyResult<usize> {
+        Ok(self.tree()?.page_size())
+    }
+
+    #[getter]
+    fn eviction_policy(&self) -> PyResult<&'static str> {
+        Ok(self.tree()?.policy().name())
+    }
+
+    /// The logical clock: advanced by one by every `match_prefix` and `insert` call.
+    #[getter]
+    fn clock(&self) -> PyResult<u64> {
+        Ok(self.tree()?.clock())
+    }
+
+    /// Longest cached prefix of `tokens` (page-aligned). May split a node.
+    #[pyo3(signature = (tokens, extra_key = None, cache_salt = None))]
+    fn match_prefix(
+        slf: &Bound<'_, Self>,
+        tokens: &Bound<'_, PyAny>,
+        extra_key: Option<&str>,
+        cache_salt: Option<&str>,
+    ) -> PyResult<MatchResult> {
+        let py = slf.py();
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let this = slf.get();
+        let m = this
+            .tree()?
+            .match_prefix(tokens.as_slice(), &namespace(extra_key, cache_salt));
+        Ok(MatchResult {
+            length: m.length,
+            node: this.node(py, m.node)?,
+            cache: slf.clone().unbind(),
+            indices: PyOnceLock::new(),
+        })
+    }
+
+    /// Inserts `tokens` with KV indices `values` (default: the tokens). Existing values
+    /// are never replaced; `prefix_len` says how many tokens were already cached.
+    #[pyo3(signature = (tokens, values = None, extra_key = None, cache_salt = None, priority = None, inserted_len = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        values: Option<&Bound<'_, PyAny>>,
+        extra_key: Option<&str>,
+        cache_salt: Option<&str>,
+        priority: Option<&Bound<'_, PyAny>>,
+        inserted_len: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<InsertResult> {
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let values = values.map(|v| convert::values(v, "values")).transpose()?;
+        let priority = convert::count_or(priority, 0, "priority")?;
+        let inserted_len = convert::count_or(inserted_len, 0, "inserted_len")?;
+        let inserted_len = usize::try_from(inserted_len).map_err(|_| {
+            crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}"))
+        })?;
+        let r = self
+            .tree()?
+            .insert(
+                tokens.as_slice(),
+                values.as_ref().map(|v| v.as_slice()),
+                &namespace(extra_key, cache_salt),
+                priority,
+                inserted_len,
+            )
+            .py_err()?;
+        Ok(InsertResult {
+            prefix_len: r.prefix_len,
+            node: self.node(py, r.node)?,
+        })
+    }
+
+    /// Locks the path from `node` to the root; returns the change of the evictable size.
+    fn inc_lock_ref(&self, node: &Bound<'_, Node>) -> PyResult<i64> {
+        self.tree()?.inc_lock_ref(node.get().r).py_err()
+    }
+
+    /// Unlocks the path from `node` to the root; returns the change of the evictable size.
+    fn dec_lock_ref(&self, node: &Bound<'_, Node>) -> PyResult<i64> {
+        self.tree()?.dec_lock_ref(node.get().r).py_err()
+    }
+
+    /// Evicts whole leaves until at least `num_tokens` are freed (or nothing is
+    /// evictable); returns the freed KV indices in eviction order.
+    fn evict<'py>(
+        &self,
+        py: Python<'py>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let n = convert::count(num_tokens, "num_tokens")?;
+        let freed = self.tree()?.evict(n).py_err()?;
+        Ok(convert::i64_array(py, freed))
+    }
+
+    fn evictable_size(&self) -> PyResult<usize> {
+        Ok(self.tree()?.evictable_size())
+    }
+
+    fn protected_size(&self) -> PyResult<usize> {
+        Ok(self.tree()?.protected_size())
+    }
+
+    fn total_size(&self) -> PyResult<usize> {
+        Ok(self.tree()?.total_size())
+    }
+
+    /// Nodes in the tree, the root excluded.
+    #[getter]
+    fn num_nodes(&self) -> PyResult<usize> {
+        Ok(self.tree()?.num_nodes())
+    }
+
+    #[getter]
+    fn root(&self, py: Python<'_>) -> PyResult<Py<Node>> {
+        let r = self.tree()?.root();
+        self.node(py, r)
+    }
+
+    /// The KV indices on the path from the root to `node`.
+    fn path_indices<'py>(
+        &self,
+        py: Python<'py>,
+        node: &Bound<'py, Node>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.tree()?.path_indices(node.get().r).py_err()?;
+        Ok(convert::i64_array(py, v))
+    }
+
+    /// The parent of `node` (None for the root).
+    fn parent(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<Option<Py<Node>>> {
+        let p = self.tree()?.parent(node.get().r).py_err()?;
+        p.map(|r| self.node(py, r)).transpose()
+    }
+
+    /// Fields of one node: length, lock_ref, hit_count, priority, last_access_time,
+    /// creation_time, num_children, is_root, extra_key, cache_salt.
+    fn node_info<'py>(
+        &self,
+        py: Python<'py>,
+        node: &Bound<'py, Node>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let i = self.tree()?.node_info(node.get().r).py_err()?;
+        let d = PyDict::new(py);
+        d.set_item("length", i.length)?;
+        d.set_item("lock_ref", i.lock_ref)?;
+        d.set_item("hit_count", i.hit_count)?;
+        d.set_item("priority", i.priority)?;
+        d.set_item("last_access_time", i.last_access_time)?;
+        d.set_item("creation_time", i.creation_time)?;
+        d.set_item("num_children", i.num_children)?;
+        d.set_item("is_root", i.is_root)?;
+        d.set_item("extra_key", i.namespace.extra_key)?;
+        d.set_item("cache_salt", i.namespace.cache_salt)?;
+        Ok(d)
+    }
+
+    /// Every non-root node, depth first, children ordered by (namespace, key tokens).
+    fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let nodes = self.tree()?.dump();
+        let out = PyList::empty(py);
+        for n in nodes {
+            let d = PyDict::new(py);
+            d.set_item("depth", n.depth)?;
+            d.set_item("key", n.key)?;
+            d.set_item("value", n.value)?;
+            d.set_item("lock_ref", n.lock_ref)?;
+            d.set_item("hit_count", n.hit_count)?;
+            d.set_item("priority", n.priority)?;
+            d.set_item("last_access_time", n.last_access_time)?;
+            d.set_item("creation_time", n.creation_time)?;
+            d.set_item("extra_key", n.namespace.extra_key)?;
+            d.set_item("cache_salt", n.namespace.cache_salt)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Checks every structural invariant of the tree; raises AssertionError on a violation.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.tree()?
+            .check_invariants()
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+    }
+
+    /// Empties the tree; every node handle issued before becomes stale.
+    fn reset(&self) -> PyResult<()> {
+        self.tree()?.reset();
+        Ok(())
+    }
+
+    /// A human-readable rendering of the tree.
+    fn pretty_print(&self) -> PyResult<String> {
+        Ok(self.tree()?.pretty())
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let t = self.tree()?;
+        Ok(format!(
+            "RadixCache(page_size={}, eviction_policy={:?}, nodes={}, total_size={})",
+            t.page_size(),
+            t.policy().name(),
+            t.num_nodes(),
+            t.total_size()
+        ))
+    }
+}
