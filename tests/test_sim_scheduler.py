@@ -7,17 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import prefixcache
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prefixcache.errors import InvalidInputError
-from prefixcache.policies import RadixPolicy, SlotPool, make_policy
+from prefixcache.policies import RadixPolicy, SlotPool, blocks_available, make_policy
 from prefixcache.replay import default_capacity, replay, summarize
 from prefixcache.scheduler import PrefillCost, SeedScheduler, TimeScheduler
 from prefixcache.workloads import Request, TokenArray, seed_workload
 
-HAVE_BLOCKS = hasattr(prefixcache, "KVCacheManager")
+HAVE_BLOCKS = blocks_available()
 POLICIES = ["radix", "radix-page16", "radix-page4"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
 
 try:

@@ -7,12 +7,12 @@ rules exactly on A, C and D, so every check is also run against ``radix-page16``
 
 from __future__ import annotations
 
-import prefixcache
 import pytest
+from prefixcache.policies import blocks_available
 from prefixcache.replay import ReplayResult, replay, summarize
 from prefixcache.workloads import seed_workload
 
-HAVE_BLOCKS = hasattr(prefixcache, "KVCacheManager")
+HAVE_BLOCKS = blocks_available()
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
 
 SEEDS = [0, 1, 2]

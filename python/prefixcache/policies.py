@@ -7,9 +7,11 @@ A scheduler talks to a policy only through :class:`CachePolicy`:
   ``reserve`` output tokens (evicting cached tokens when short), return the hit in tokens,
   or ``None`` when the KV budget is still short (nothing held for the request then).
 - ``on_prefill_done(rid)``: the prompt's KV exists now (the tree inserts the prompt).
-- ``append(rid, n)``: take KV for ``n`` more output tokens; False when short.
-- ``finish(rid, output)``: the request ends with ``output`` generated (its KV exists);
-  cache what the engine caches and release the rest.
+- ``append(rid, tokens)``: the request computes KV for these further tokens (decode);
+  take KV for them; False (nothing changed) when short.
+- ``finish(rid, tail)``: the request ends; ``tail`` are tokens whose KV exists beyond the
+  prompt and the appended tokens (the seed model reserves all output at admission and
+  passes it here). Cache what the engine caches and release the rest.
 - ``stats()``: evicted tokens, evictions (nodes or blocks), usage.
 
 Adapters: :class:`RadixPolicy` (SGLang's RadixCache, any page size, any cache class with
@@ -77,9 +79,9 @@ class CachePolicy(Protocol):
 
     def on_prefill_done(self, rid: RequestId) -> None: ...
 
-    def append(self, rid: RequestId, n: int) -> bool: ...
+    def append(self, rid: RequestId, tokens: TokenArray) -> bool: ...
 
-    def finish(self, rid: RequestId, output: TokenArray) -> None: ...
+    def finish(self, rid: RequestId, tail: TokenArray) -> None: ...
 
     def max_uniform_growth(self, rids: Sequence[RequestId]) -> int: ...
 
@@ -121,7 +123,7 @@ class SlotPool:
 
 
 class _TreeSeq:
-    __slots__ = ("cache_salt", "extra_key", "kv", "node", "prompt", "protected")
+    __slots__ = ("appended", "cache_salt", "extra_key", "kv", "node", "prompt", "protected")
 
     def __init__(
         self, prompt: TokenArray, kv: IndexArray, protected: int, node: Any,
@@ -133,6 +135,7 @@ class _TreeSeq:
         self.node = node  # the locked node, None when nothing is locked
         self.extra_key = extra_key
         self.cache_salt = cache_salt
+        self.appended: list[TokenArray] = []  # decode tokens with KV, in order
 
 
 class RadixPolicy:
@@ -247,17 +250,20 @@ class RadixPolicy:
         seq.node = m.node
         seq.protected = aligned
 
-    def append(self, rid: RequestId, n: int) -> bool:
+    def append(self, rid: RequestId, tokens: TokenArray) -> bool:
         seq = self.seqs[rid]
+        n = len(tokens)
         if not self._ensure_free(n):
             return False
         seq.kv = np.concatenate([seq.kv, self.pool.alloc(n)])
+        seq.appended.append(tokens)
         self._note_usage()
         return True
 
-    def finish(self, rid: RequestId, output: TokenArray) -> None:
+    def finish(self, rid: RequestId, tail: TokenArray) -> None:
         seq = self.seqs.pop(rid)
-        tokens = np.concatenate([seq.prompt, output]) if len(output) else seq.prompt
+        parts = [seq.prompt, *seq.appended, tail]
+        tokens = np.concatenate(parts) if len(parts) > 2 or len(tail) else seq.prompt
         if len(tokens) > len(seq.kv):
             raise InvalidInputError(
                 f"request {rid!r}: {len(tokens)} tokens but KV for only {len(seq.kv)}"
@@ -296,14 +302,52 @@ class RadixPolicy:
             raise AssertionError(f"{self.name}: evictable + protected != total")
 
 
+def _default_manager_cls() -> Callable[..., Any]:
+    import prefixcache
+    from prefixcache import _core
+
+    cls = getattr(prefixcache, "KVCacheManager", None) or getattr(_core, "KVCacheManager", None)
+    if cls is None:
+        raise InvalidInputError("this build of prefixcache has no KVCacheManager")
+    return cls  # type: ignore[no-any-return]
+
+
+def blocks_available() -> bool:
+    """Whether this build has vLLM's block manager (the ``vllm-blocks`` policy)."""
+    try:
+        _default_manager_cls()
+    except InvalidInputError:
+        return False
+    return True
+
+
+def _vllm_extra_keys(extra_key: str | None, cache_salt: str | None) -> dict[str, Any]:
+    """A namespace as vLLM keys blocks: extra_key as a LoRA adapter name on every block,
+    the cache salt on block 0 only (SEMANTICS.md 2.1)."""
+    base: tuple[Any, ...] = (("lora", extra_key, ""),) if extra_key is not None else ()
+    out: dict[str, Any] = {}
+    if base:
+        out["default_extra_keys"] = base
+    if cache_salt:
+        out["extra_keys"] = [(*base, ("cache_salt", cache_salt))]
+    return out
+
+
 class BlocksPolicy:
     """vLLM v1's block manager (chained block hashes, LRU free queue; SEMANTICS.md 2).
 
     Lifecycle: longest cached hit capped at ``len(prompt) - 1``, allocate the prompt
     remainder plus ``reserve`` lookahead slots (the full prompt blocks are cached at
-    admission), append output tokens as they are generated (newly full blocks are
-    cached), free the request's blocks in reverse order at finish. ``manager_cls`` builds
-    the manager (default ``prefixcache.KVCacheManager``).
+    admission), take more slots as output grows, and at finish append the output tokens
+    (caching the blocks they fill) and free the blocks in reverse order. ``manager_cls``
+    builds the manager (default ``prefixcache.KVCacheManager``); request ids must be ints.
+
+    Evictions are cached blocks whose hash is dropped because the block is reused. With
+    ``count_evictions="track"`` (default) the adapter keeps one flag per block (numpy,
+    per request, never per token): every full block of a request is cached, and a newly
+    allocated block whose flag is set was evicted. ``"events"`` counts the manager's
+    BlockRemoved events instead (exact by construction, but materialising every
+    BlockStored event costs about 3x the replay); the tests check both agree.
     """
 
     eviction_unit = "blocks"
@@ -316,39 +360,57 @@ class BlocksPolicy:
         hash_algo: str = "sha256",
         manager_cls: Callable[..., Any] | None = None,
         name: str | None = None,
+        count_evictions: str = "track",
     ) -> None:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
-        if manager_cls is None:
-            from prefixcache import KVCacheManager  # type: ignore[attr-defined]
-
-            manager_cls = KVCacheManager
+        if count_evictions not in ("track", "events"):
+            raise InvalidInputError(f"count_evictions must be track or events, "
+                                    f"got {count_evictions!r}")
+        cls = manager_cls or _default_manager_cls()
+        self._use_events = count_evictions == "events"
         self.name = name or "vllm-blocks"
         self.capacity = capacity
         self.block_size = block_size
         self.usable_blocks = capacity // block_size
         # vLLM's null block (block 0) comes on top of the usable blocks.
-        self.mgr = manager_cls(
+        self.mgr = cls(
             self.usable_blocks + 1, block_size=block_size, hash_algo=hash_algo,
-            enable_caching=True,
+            enable_caching=True, enable_kv_cache_events=self._use_events,
         )
         self.allocated: dict[RequestId, int] = {}  # tokens of KV each request holds
-        self.tokens: dict[RequestId, int] = {}  # tokens each request has appended
+        self.tokens: dict[RequestId, int] = {}  # tokens the manager knows per request
+        self.blocks: dict[RequestId, npt.NDArray[np.int64]] = {}  # each request's blocks
+        self._cached = np.zeros(self.usable_blocks + 1, dtype=bool)  # block holds a hash
+        self._evicted_blocks = 0
         self._peak = 0
 
-    def _blocks_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.block_size)
+    def _took(self, new_blocks: npt.NDArray[np.int64]) -> None:
+        """Blocks just taken from the free queue: those holding a hash were evicted."""
+        if not self._use_events and len(new_blocks):
+            self._evicted_blocks += int(np.count_nonzero(self._cached[new_blocks]))
+            self._cached[new_blocks] = False
+
+    def _cache_full(self, rid: RequestId, n_tokens: int) -> None:
+        """The request's blocks full at ``n_tokens`` tokens now hold their hashes."""
+        if not self._use_events:
+            self._cached[self.blocks[rid][: n_tokens // self.block_size]] = True
+
+    def _drain_events(self) -> None:
+        if not self._use_events:
+            return
+        from prefixcache.events import AllBlocksCleared, BlockRemoved
+
+        for e in self.mgr.take_events():
+            if isinstance(e, BlockRemoved):
+                self._evicted_blocks += len(e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):  # pragma: no cover - never reset here
+                raise AssertionError("the prefix cache was reset during a replay")
 
     def _note_usage(self) -> None:
-        used = (self.usable_blocks - self._free_blocks()) * self.block_size
+        used = (self.usable_blocks - int(self.mgr.num_free_blocks)) * self.block_size
         if used > self._peak:
             self._peak = used
-
-    def _free_blocks(self) -> int:
-        return int(self.mgr.num_free_blocks)
-
-    def _evicted_blocks(self) -> int:
-        return int(self.mgr.num_evicted_blocks)
 
     def admit(
         self,
@@ -360,16 +422,14 @@ class BlocksPolicy:
     ) -> int | None:
         if rid in self.allocated:
             raise InvalidInputError(f"request {rid!r} is already admitted")
-        self.mgr.add_request(rid, prompt, extra_key=extra_key, cache_salt=cache_salt)
-        blocks, hit = self.mgr.get_computed_blocks(rid)
-        hit = int(hit)
-        got = self.mgr.allocate_slots(
-            rid, len(prompt) - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks,
-            num_lookahead_tokens=reserve,
-        )
+        got = self.mgr.admit(rid, prompt, reserve, **_vllm_extra_keys(extra_key, cache_salt))
+        self._drain_events()
         if got is None:
-            self.mgr.free(rid)
             return None
+        hit, ids = int(got[0]), np.asarray(got[1], dtype=np.int64)
+        self.blocks[rid] = ids
+        self._took(ids[hit // self.block_size :])
+        self._cache_full(rid, len(prompt))
         self.allocated[rid] = len(prompt) + reserve
         self.tokens[rid] = len(prompt)
         self._note_usage()
@@ -379,30 +439,48 @@ class BlocksPolicy:
         # The full prompt blocks were cached when their slots were allocated.
         return None
 
-    def append(self, rid: RequestId, n: int) -> bool:
-        have = self.allocated[rid]
-        got = self.mgr.allocate_slots(rid, 0, num_lookahead_tokens=have + n - self.tokens[rid])
-        if got is None:
+    def append(self, rid: RequestId, tokens: TokenArray) -> bool:
+        have, n = self.allocated[rid], len(tokens)
+        known = self.tokens[rid]
+        if have - known >= n:  # inside the lookahead reserved at admission
+            need = 0
+        else:
+            bs = self.block_size
+            need = -(-(known + n) // bs) - -(-have // bs)
+        if need > int(self.mgr.num_free_blocks):
             return False
-        self.allocated[rid] = have + n
+        self.mgr.append_tokens(rid, tokens)
+        new = self.mgr.allocate_slots(rid, n)
+        if new is None:  # pragma: no cover - checked above
+            raise AssertionError(f"{self.name}: allocation failed with enough free blocks")
+        new = np.asarray(new, dtype=np.int64)
+        self.blocks[rid] = np.concatenate([self.blocks[rid], new])
+        self._took(new)
+        self._cache_full(rid, known + n)
+        self._drain_events()
+        self.allocated[rid] = max(have, known + n)
+        self.tokens[rid] = known + n
         self._note_usage()
         return True
 
-    def finish(self, rid: RequestId, output: TokenArray) -> None:
-        if self.tokens[rid] + len(output) > self.allocated[rid]:
+    def finish(self, rid: RequestId, tail: TokenArray) -> None:
+        if self.tokens[rid] + len(tail) > self.allocated[rid]:
             raise InvalidInputError(
-                f"request {rid!r}: {len(output)} output tokens exceed its KV"
+                f"request {rid!r}: {len(tail)} more tokens exceed its KV"
             )
-        if len(output):
-            self.mgr.append_tokens(rid, output)
-        self.mgr.free(rid)
+        ok = self.mgr.finish(rid, tail if len(tail) else None)
+        self._drain_events()
+        if not ok:  # pragma: no cover - the slots were reserved
+            raise AssertionError(f"{self.name}: the pool could not take reserved output")
+        self._cache_full(rid, self.tokens[rid] + len(tail))
         del self.allocated[rid]
         del self.tokens[rid]
+        del self.blocks[rid]
 
     def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
         if not rids:
             return 0
-        free = self._free_blocks()
+        free = int(self.mgr.num_free_blocks)
         have = np.array([self.allocated[r] for r in rids], dtype=np.int64)
         bs = self.block_size
 
@@ -419,17 +497,18 @@ class BlocksPolicy:
         return lo
 
     def evicted_tokens(self) -> int:
-        return self._evicted_blocks() * self.block_size
+        return self._evicted_blocks * self.block_size
 
     def stats(self) -> PolicyStats:
-        ev = self._evicted_blocks()
+        ev = self._evicted_blocks
         return PolicyStats(
             self.name, self.capacity, self.eviction_unit, ev * self.block_size, ev,
-            int(self.mgr.num_cached_blocks) * self.block_size, self._peak,
+            0, self._peak,
         )
 
     def check(self) -> None:
-        free = self._free_blocks()
+        self.mgr.check_invariants()
+        free = int(self.mgr.num_free_blocks)
         if not 0 <= free <= self.usable_blocks:
             raise AssertionError(f"{self.name}: {free} free of {self.usable_blocks} blocks")
 

@@ -11,8 +11,10 @@ Two models (docs/SIMULATOR.md describes both):
 - :class:`TimeScheduler` (``--model time``): continuous batching on a simulated clock.
   Requests arrive at their trace times and queue FIFO; an iteration either prefills
   every queued request that fits (whole prompts, no chunking; up to ``max_running``
-  running, KV taken for the prompt plus the first output token) or decodes all running
-  requests (one token each per step, KV taken as they grow). Decode advances in bulk to
+  running; KV taken for the prompt; the prefill samples the first token) or decodes all
+  requests (one token each per step: the last sampled token is fed and its KV taken, so
+  a request ends holding KV for its prompt and all output but the last token, which is
+  what SGLang and vLLM cache at finish). Decode advances in bulk to
   the next event (a finish, an arrival that could be admitted, memory exhaustion), so
   nothing loops per token. When KV runs out mid-decode the newest running request is
   preempted (its KV released as if it finished, the tokens computed so far cached) and
@@ -38,6 +40,8 @@ from prefixcache.policies import CachePolicy
 from prefixcache.workloads import Request, RequestId, TokenArray
 
 __all__ = ["PrefillCost", "RequestRecord", "SeedScheduler", "TimeScheduler"]
+
+_EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
 Progress = Callable[[int], None]  # called with the number of requests just completed
 
@@ -155,18 +159,13 @@ class PrefillCost:
 
 
 class _Seq:
-    __slots__ = ("admitted_once", "base", "generated", "index", "req")
+    __slots__ = ("admitted_once", "generated", "index", "req")
 
     def __init__(self, index: int, req: Request) -> None:
         self.index = index
         self.req = req
-        self.generated = 0
-        self.base = 0  # output tokens already in the prompt of the current admission
+        self.generated = 0  # output tokens sampled so far
         self.admitted_once = False
-
-    def new_output(self) -> TokenArray:
-        """Output generated since admission (the policy was given the tokens before)."""
-        return self.req.output[self.base : self.generated]
 
     def tokens(self) -> TokenArray:
         if self.generated == 0:
@@ -226,7 +225,7 @@ class TimeScheduler:
 
         def complete(seq: _Seq) -> None:
             nonlocal admit_paused
-            policy.finish(seq.index, seq.new_output())
+            policy.finish(seq.index, _EMPTY)
             records[seq.index].finished = t
             admit_paused = False
             release_session(seq)
@@ -262,10 +261,9 @@ class TimeScheduler:
                 seq = waiting[0]
                 req = seq.req
                 toks = seq.tokens()
-                reserve = 1 if seq.generated < req.output_len else 0
                 rec = records[seq.index]
                 before = policy.evicted_tokens()
-                hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
+                hit = policy.admit(seq.index, toks, 0, req.extra_key, req.cache_salt)
                 rec.evicted_tokens += policy.evicted_tokens() - before
                 if hit is None:
                     if not running and not admitted:
@@ -282,8 +280,8 @@ class TimeScheduler:
                 else:
                     rec.hit_tokens = hit
                     seq.admitted_once = True
-                seq.base = seq.generated
-                seq.generated += reserve
+                if seq.generated < req.output_len:
+                    seq.generated += 1  # the prefill samples the next token
                 admitted.append(seq)
             if admitted:
                 t += prefill_ms / 1000.0
@@ -310,14 +308,14 @@ class TimeScheduler:
                 if not running or not self.preemption:
                     if not running:
                         # It cannot finish even alone: give up on it, visibly.
-                        policy.finish(victim.index, victim.new_output())
+                        policy.finish(victim.index, _EMPTY)
                         reject(victim)
                         break
                     running.append(victim)
                     raise InvalidInputError(
                         "KV exhausted mid-decode and preemption is disabled"
                     )
-                policy.finish(victim.index, victim.new_output())
+                policy.finish(victim.index, _EMPTY)
                 records[victim.index].preemptions += 1
                 waiting.appendleft(victim)
                 admit_paused = True
@@ -328,7 +326,9 @@ class TimeScheduler:
                 continue
             k = min(k, g)
             for s in running:
-                if not policy.append(s.index, k):
+                # Each step feeds the last sampled token: its KV is computed.
+                fed = s.req.output[s.generated - 1 : s.generated - 1 + k]
+                if not policy.append(s.index, fed):
                     raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
                 s.generated += k
             t += k * step
