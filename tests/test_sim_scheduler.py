@@ -235,3 +235,49 @@ def test_bad_arguments() -> None:
         replay([], ["radix"], 10, model="fast")
     with pytest.raises(InvalidInputError, match="no policies"):
         replay([], [], 10)
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject) -> None:
+    from prefixcache.policies import BlocksPolicy
+
+    reqs = _tree_workload(data, data.draw(st.integers(1, 30)))
+    need = max(r.prompt_len + r.output_len for r in reqs)
+    cap = data.draw(st.integers(need + 16, 3 * need + 64))
+    bs = data.draw(st.sampled_from([1, 4, 16]))
+    model = data.draw(st.sampled_from(["seed", "time"]))
+    sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
+        TimeScheduler(data.draw(st.integers(1, 6)))
+    tracked = BlocksPolicy(cap, block_size=bs)
+    events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
+    a, b = replay(reqs, [tracked, events], scheduler=sched, check=True)
+    assert a.stats.evictions == b.stats.evictions
+    assert [r.hit_tokens for r in a.records] == [r.hit_tokens for r in b.records]
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@pytest.mark.parametrize("workload", ["E", "F"])
+def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
+    from prefixcache.policies import BlocksPolicy
+
+    w = seed_workload(workload, 0)
+    for model in ("seed", "time"):
+        cap = w.capacity or 0
+        a, b = replay(w.requests, [BlocksPolicy(cap), BlocksPolicy(cap, count_evictions="events")],
+                      model=model)
+        assert a.stats.evictions == b.stats.evictions > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_namespaces_never_share(policy: str) -> None:
+    prompt = np.arange(1, 65, dtype=np.uint32)
+    out = np.zeros(0, dtype=np.uint32)
+    spaces = [(None, None), ("lora-a", None), (None, "salt"), ("lora-a", "salt"), (None, None),
+              ("lora-a", "salt"), ("lora-b", None)]
+    reqs = [Request(i, prompt, out, extra_key=k, cache_salt=s) for i, (k, s) in enumerate(spaces)]
+    res = replay(reqs, [policy], None, check=True)[0]
+    page = 4 if policy == "radix-page4" else 16 if policy != "radix" else 1
+    again = 63 // page * page
+    assert [r.hit_tokens for r in res.records] == [0, 0, 0, 0, again, again, 0]
