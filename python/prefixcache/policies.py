@@ -123,7 +123,8 @@ class SlotPool:
 
 
 class _TreeSeq:
-    __slots__ = ("appended", "cache_salt", "extra_key", "kv", "node", "prompt", "protected")
+    __slots__ = ("appended", "appended_kv", "cache_salt", "extra_key", "kv", "node", "prompt",
+                 "protected")
 
     def __init__(
         self, prompt: TokenArray, kv: IndexArray, protected: int, node: Any,
@@ -136,6 +137,10 @@ class _TreeSeq:
         self.extra_key = extra_key
         self.cache_salt = cache_salt
         self.appended: list[TokenArray] = []  # decode tokens with KV, in order
+        self.appended_kv: list[IndexArray] = []  # their slots (joined at finish)
+
+    def held(self) -> int:
+        return len(self.kv) + sum(len(a) for a in self.appended_kv)
 
 
 class RadixPolicy:
@@ -159,7 +164,7 @@ class RadixPolicy:
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
         if cache_cls is None:
-            from prefixcache import RadixCache  # type: ignore[attr-defined]
+            from prefixcache import RadixCache
 
             cache_cls = RadixCache
         self.name = name or ("radix" if page_size == 1 else f"radix-page{page_size}")
@@ -255,15 +260,18 @@ class RadixPolicy:
         n = len(tokens)
         if not self._ensure_free(n):
             return False
-        seq.kv = np.concatenate([seq.kv, self.pool.alloc(n)])
+        seq.appended_kv.append(self.pool.alloc(n))
         seq.appended.append(tokens)
         self._note_usage()
         return True
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
         seq = self.seqs.pop(rid)
-        parts = [seq.prompt, *seq.appended, tail]
-        tokens = np.concatenate(parts) if len(parts) > 2 or len(tail) else seq.prompt
+        if seq.appended:
+            seq.kv = np.concatenate([seq.kv, *seq.appended_kv])
+            tokens = np.concatenate([seq.prompt, *seq.appended, tail])
+        else:
+            tokens = np.concatenate([seq.prompt, tail]) if len(tail) else seq.prompt
         if len(tokens) > len(seq.kv):
             raise InvalidInputError(
                 f"request {rid!r}: {len(tokens)} tokens but KV for only {len(seq.kv)}"
@@ -290,7 +298,7 @@ class RadixPolicy:
 
     def check(self) -> None:
         """Slot conservation: free + cached + held privately by requests == capacity."""
-        private = sum(len(s.kv) - s.protected for s in self.seqs.values())
+        private = sum(s.held() - s.protected for s in self.seqs.values())
         total = self.pool.free + int(self.tree.total_size()) + private
         if total != self.capacity:
             raise AssertionError(
@@ -454,8 +462,9 @@ class BlocksPolicy:
         if new is None:  # pragma: no cover - checked above
             raise AssertionError(f"{self.name}: allocation failed with enough free blocks")
         new = np.asarray(new, dtype=np.int64)
-        self.blocks[rid] = np.concatenate([self.blocks[rid], new])
-        self._took(new)
+        if len(new):
+            self.blocks[rid] = np.concatenate([self.blocks[rid], new])
+            self._took(new)
         self._cache_full(rid, known + n)
         self._drain_events()
         self.allocated[rid] = max(have, known + n)

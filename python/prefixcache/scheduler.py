@@ -144,14 +144,15 @@ class PrefillCost:
     """Prefill time model: base + per_token * uncached + attention * (P^2 - hit^2) / 2 (ms).
 
     The attention term counts the (query, key) pairs of the uncached tokens: token i
-    attends to i earlier tokens, summed over i in [hit, P). Illustrative defaults
-    (roughly an 8B model on one modern GPU); pass your own on the command line.
+    attends to i earlier tokens, summed over i in [hit, P). The defaults are illustrative
+    only (100k prefill tokens/s, as a multi-GPU instance, so that the Mooncake
+    conversation trace does not overload it); pass your hardware's numbers.
     """
 
     base_ms: float = 5.0
-    per_token_ms: float = 0.05
-    attention_ms: float = 2e-6
-    decode_step_ms: float = 25.0
+    per_token_ms: float = 0.01
+    attention_ms: float = 1e-7
+    decode_step_ms: float = 20.0
 
     def prefill_ms(self, prompt: int, hit: int) -> float:
         return (self.base_ms + self.per_token_ms * (prompt - hit)
@@ -159,18 +160,26 @@ class PrefillCost:
 
 
 class _Seq:
-    __slots__ = ("admitted_once", "generated", "index", "req")
+    __slots__ = ("_output", "admitted_once", "generated", "index", "req")
 
     def __init__(self, index: int, req: Request) -> None:
         self.index = index
         self.req = req
         self.generated = 0  # output tokens sampled so far
         self.admitted_once = False
+        self._output: TokenArray | None = None
+
+    @property
+    def output(self) -> TokenArray:
+        """The request's output tokens, materialised once while it is in flight."""
+        if self._output is None:
+            self._output = self.req.output
+        return self._output
 
     def tokens(self) -> TokenArray:
         if self.generated == 0:
             return self.req.prompt
-        return np.concatenate([self.req.prompt, self.req.output[: self.generated]])
+        return np.concatenate([self.req.prompt, self.output[: self.generated]])
 
 
 class TimeScheduler:
@@ -299,7 +308,9 @@ class TimeScheduler:
                 continue  # waiting requests were rejected; loop picks up arrivals
             # -- decode: advance every running request k steps -------------------------
             k = min(s.req.output_len - s.generated for s in running)
-            if nxt < n and len(running) < self.max_running:
+            # An arrival matters only if it could be admitted: nothing queued before it
+            # (a queue blocked on KV stays blocked until a finish) and a free seat.
+            if nxt < n and not waiting and len(running) < self.max_running:
                 gap = requests[order[nxt]].arrival - t
                 k = min(k, max(1, math.ceil(gap / step - 1e-9)))
             g = policy.max_uniform_growth([s.index for s in running])
@@ -327,7 +338,7 @@ class TimeScheduler:
             k = min(k, g)
             for s in running:
                 # Each step feeds the last sampled token: its KV is computed.
-                fed = s.req.output[s.generated - 1 : s.generated - 1 + k]
+                fed = s.output[s.generated - 1 : s.generated - 1 + k]
                 if not policy.append(s.index, fed):
                     raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
                 s.generated += k
