@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,6 +146,8 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
     spec: str = args.trace
     if spec.startswith("workload:"):
         w = seed_workload(spec.split(":", 1)[1], args.seed)
+        if getattr(args, "capacity", None) is None and "capacity" in args:
+            args.capacity = w.capacity  # a built-in workload runs at its own budget
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
     if tr.skipped:
@@ -245,7 +248,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
             all_sums.append(s)
     console.print(sweep_table(caps, rates))
     if args.plot:
-        write_sweep_plot(args.plot, caps, rates, f"{label} ({len(reqs):,} requests)")
+        write_sweep_plot(args.plot, caps, rates,
+                         f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, "capacities": caps,

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,7 +106,8 @@ def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
 
 
 def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Table:
-    t = Table(title="hit rate vs KV capacity (tokens)", title_justify="left")
+    t = Table(title="hit rate vs KV capacity (tokens)", title_justify="left",
+              box=box.SIMPLE_HEAD)
     t.add_column("capacity", justify="right")
     for name in rows:
         t.add_column(name, justify="right")
@@ -168,8 +170,10 @@ def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def progress_bars(console: Console, enabled: bool = True) -> Iterator[ProgressFactory | None]:
-    """A factory of per-policy progress bars (rich), shown only after about a second."""
+def progress_bars(console: Console, enabled: bool = True,
+                  delay: float = 1.0) -> Iterator[ProgressFactory | None]:
+    """A factory of per-policy progress bars (rich, on ``console``), shown only once the
+    work has run for ``delay`` seconds, so quick commands print nothing extra."""
     if not enabled:
         yield None
         return
@@ -177,6 +181,8 @@ def progress_bars(console: Console, enabled: bool = True) -> Iterator[ProgressFa
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console, transient=True,
     )
+    t0 = time.monotonic()
+    shown = [False]
 
     def factory(name: str, total: int) -> Any:
         task = prog.add_task(name, total=total)
@@ -184,14 +190,20 @@ def progress_bars(console: Console, enabled: bool = True) -> Iterator[ProgressFa
 
         def tick(n: int) -> None:
             pending[0] += n
-            if pending[0] >= 256:
+            if pending[0] >= 64:
                 prog.advance(task, pending[0])
                 pending[0] = 0
+                if not shown[0] and time.monotonic() - t0 >= delay:
+                    shown[0] = True
+                    prog.start()
 
         return tick
 
-    with prog:
+    try:
         yield factory
+    finally:
+        if shown[0]:
+            prog.stop()
 
 
 def trace_stats(requests: Sequence[Request], block_size: int = 512,
