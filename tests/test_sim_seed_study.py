@@ -103,3 +103,14 @@ def test_e_and_f_evict_under_their_budgets() -> None:
         s = summarize(run(name, 0, "radix")["radix"])
         assert s["evicted_tokens"] > 0
         assert s["peak_used_tokens"] <= s["capacity"]
+
+
+@pytest.mark.parametrize("workload", ["D", "F"])
+def test_time_model_replays_are_deterministic(workload: str) -> None:
+    policies = ["radix", "radix-page16"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
+    w = seed_workload(workload, 5)
+    a = replay(w.requests, policies, 6000, model="time")
+    b = replay(w.requests, policies, 6000, model="time")
+    for x, y in zip(a, b, strict=True):
+        assert [repr(r) for r in x.records] == [repr(r) for r in y.records]
+        assert x.stats == y.stats

@@ -277,9 +277,10 @@ COMMANDS = {"compare": cmd_compare, "replay": cmd_replay, "sweep": cmd_sweep,
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["compare", *argv]  # the default command
     args = ap.parse_args(argv)
-    if args.command is None:
-        args = ap.parse_args(["compare", *(argv or [])])
     console = Console(width=None if sys.stdout.isatty() else 120)
     err = Console(stderr=True)
     try:

@@ -56,7 +56,7 @@ class RequestRecord:
     prompt_tokens: int
     output_tokens: int
     hit_tokens: int = 0  # reused prompt tokens at first admission
-    evicted_tokens: int = 0  # tokens the cache evicted to make room for this request
+    evicted_tokens: int = 0  # tokens the cache evicted to make room for this request's KV
     rejected: bool = False  # could not fit even alone
     arrival: float = 0.0  # seconds (time model; effective arrival for session turns)
     first_token: float = math.nan  # seconds (time model)
@@ -339,8 +339,10 @@ class TimeScheduler:
             for s in running:
                 # Each step feeds the last sampled token: its KV is computed.
                 fed = s.output[s.generated - 1 : s.generated - 1 + k]
+                before = policy.evicted_tokens()
                 if not policy.append(s.index, fed):
                     raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
+                records[s.index].evicted_tokens += policy.evicted_tokens() - before
                 s.generated += k
             t += k * step
             still: list[_Seq] = []
