@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from prefixcache.cli import main
 from prefixcache.policies import RadixPolicy, blocks_available
 from prefixcache.replay import replay

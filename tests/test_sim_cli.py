@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from prefixcache.cli import main
 from prefixcache.policies import blocks_available
 from prefixcache.replay import replay, summarize

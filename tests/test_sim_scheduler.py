@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from prefixcache.errors import InvalidInputError
 from prefixcache.policies import RadixPolicy, SlotPool, blocks_available, make_policy
 from prefixcache.replay import default_capacity, replay, summarize

@@ -8,6 +8,7 @@ rules exactly on A, C and D, so every check is also run against ``radix-page16``
 from __future__ import annotations
 
 import pytest
+
 from prefixcache.policies import blocks_available
 from prefixcache.replay import ReplayResult, replay, summarize
 from prefixcache.workloads import seed_workload

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from prefixcache.errors import InvalidInputError
 from prefixcache.report import trace_stats
 from prefixcache.traces import (
