@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.report import trace_stats
@@ -114,6 +116,8 @@ def test_token_jsonl_reader(tmp_path: Path) -> None:
     (tok(prompt=[1, -2]), "'prompt'[1]"),
     (tok(prompt=[1, 2**32]), "'prompt'[1]"),
     (tok(prompt=[1, 2.5]), "'prompt'[1]"),
+    (tok(prompt=[1, 2, 10**30]), "'prompt'[2]"),
+    (tok(arrival=10**400), "arrival"),
     (tok(output=[1]), "exactly one of"),
     (tok(output_len=None), "exactly one of"),
     (tok(output_len=-1), "output_len"),
@@ -164,3 +168,35 @@ def test_real_mooncake_trace_matches_its_readme() -> None:
         assert lcp >= min(n * 512, m)
         if n < min(ids[i - 1].size, ids[i].size):
             assert lcp == n * 512
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**33) | st.integers(2**63, 10**40)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "arrival", "prompt", "output", "output_len", "session",
+                         "extra_key", "cache_salt", "timestamp", "input_length",
+                         "output_length", "hash_ids", "x"]), kids, max_size=6),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_JSON_VALUES, raw=st.text(max_size=30), use_raw=st.booleans())
+def test_any_line_parses_or_raises_trace_format_error(tmp_path_factory: pytest.TempPathFactory,
+                                                      value: object, raw: str,
+                                                      use_raw: bool) -> None:
+    line = raw.replace("\n", " ").replace("\r", " ") if use_raw else json.dumps(value)
+    p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    p.write_text(line + "\n", encoding="utf-8")
+    for reader in (read_mooncake, read_token_jsonl):
+        try:
+            tr = reader(p)
+        except TraceFormatError as e:
+            assert e.line == 1
+            assert len(reader(p, skip_bad_lines=True)) == 0
+        else:
+            for r in tr.requests:
+                assert r.prompt.dtype == np.uint32 and r.prompt.size == r.prompt_len >= 1
+                assert r.output.size == r.output_len

@@ -26,6 +26,7 @@ Blank lines are ignored.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,12 @@ def _number(obj: dict[str, Any], key: str) -> float:
     if key not in obj:
         raise ValueError(f"missing field {key!r}")
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) \
+            and v >= 0
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
         raise ValueError(f"field {key!r} must be a finite number >= 0, got {v!r}")
     return float(v)
 
@@ -140,10 +146,13 @@ def _token_list(obj: dict[str, Any], key: str, *, allow_empty: bool) -> TokenArr
     if not all(type(t) is int for t in v):
         bad = next(i for i, t in enumerate(v) if type(t) is not int)
         raise ValueError(f"field {key!r}[{bad}] is not an integer: {v[bad]!r}")
-    arr = np.asarray(v, dtype=np.int64)
-    bad_pos = np.flatnonzero((arr < 0) | (arr > _MAX_TOKEN))
-    if bad_pos.size:
-        i = int(bad_pos[0])
+    try:
+        arr = np.asarray(v, dtype=np.int64)
+        bad_pos = np.flatnonzero((arr < 0) | (arr > _MAX_TOKEN))
+        i = int(bad_pos[0]) if bad_pos.size else -1
+    except OverflowError:  # beyond int64: find it the slow way (error path only)
+        i = next(k for k, t in enumerate(v) if not 0 <= t <= _MAX_TOKEN)
+    if i >= 0:
         raise ValueError(f"field {key!r}[{i}] = {v[i]} is not a token id in [0, 2**32)")
     return arr.astype(np.uint32)
 
