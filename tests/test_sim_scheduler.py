@@ -147,7 +147,8 @@ def test_invariants_hold_under_pressure(data: st.DataObject) -> None:
     cap = data.draw(st.integers(max(1, need // 2), 2 * need + 64))
     model = data.draw(st.sampled_from(["seed", "time"]))
     sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
-        TimeScheduler(data.draw(st.integers(1, 6)), PrefillCost(1.0, 0.01, 1e-5, 2.0))
+        TimeScheduler(data.draw(st.integers(1, 6)), PrefillCost(1.0, 0.01, 1e-5, 2.0),
+                      preemption=data.draw(st.booleans()))
     for res in replay(reqs, POLICIES, cap, scheduler=sched, check=True):
         for rec, req in zip(res.records, reqs, strict=True):
             if rec.rejected:  # it cannot fit even alone (seed: at admission; time: decoding)
@@ -188,6 +189,20 @@ def test_time_model_queues_and_preempts_under_tight_memory() -> None:
         assert all(not math.isnan(r.finished) for r in res.records)
         assert s["preemptions"] > 0 and s["recomputed_tokens"] > 0
         assert s["peak_used_tokens"] <= cap
+
+
+def test_time_model_without_preemption_reserves_the_output() -> None:
+    w = seed_workload("F", 1)
+    cap = 6000
+    for preemption in (True, False):
+        sched = TimeScheduler(16, PrefillCost(), preemption=preemption)
+        for res in replay(w.requests, POLICIES, cap, scheduler=sched, check=True):
+            s = summarize(res)
+            assert s["rejected"] == 0 and s["peak_used_tokens"] <= cap
+            assert all(not math.isnan(r.finished) for r in res.records)
+            assert (s["preemptions"] > 0) == preemption
+            if not preemption:
+                assert s["recomputed_tokens"] == 0
 
 
 def test_time_model_respects_session_order() -> None:
@@ -250,7 +265,7 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
     bs = data.draw(st.sampled_from([1, 4, 16]))
     model = data.draw(st.sampled_from(["seed", "time"]))
     sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
-        TimeScheduler(data.draw(st.integers(1, 6)))
+        TimeScheduler(data.draw(st.integers(1, 6)), preemption=data.draw(st.booleans()))
     tracked = BlocksPolicy(cap, block_size=bs)
     events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
     a, b = replay(reqs, [tracked, events], scheduler=sched, check=True)

@@ -86,7 +86,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running", type=int, default=None,
                    help="requests holding KV at once (default 8 seed, 256 time)")
     g.add_argument("--no-preemption", action="store_true",
-                   help="time model: fail instead of preempting when KV runs out mid-decode")
+                   help="time model: reserve each request's output KV at admission "
+                   "instead of preempting when KV runs out mid-decode")
     d = PrefillCost()
     g.add_argument("--prefill-base-ms", type=float, default=d.base_ms)
     g.add_argument("--prefill-ms-per-token", type=float, default=d.per_token_ms,

@@ -92,6 +92,21 @@ class CachePolicy(Protocol):
     def check(self) -> None: ...
 
 
+def _max_k(needed: Callable[[int], int], available: int) -> int:
+    """The largest k >= 0 with needed(k) <= available (needed is non-decreasing, and
+    grows by at least 1 per step once k passes every request's reserve)."""
+    lo, hi = 0, 1
+    while needed(hi) <= available:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if needed(mid) <= available:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class SlotPool:
     """A pool of ``capacity`` KV slot indices (int64), allocated and freed as arrays."""
 
@@ -123,8 +138,8 @@ class SlotPool:
 
 
 class _TreeSeq:
-    __slots__ = ("appended", "appended_kv", "cache_salt", "extra_key", "kv", "node", "prompt",
-                 "protected")
+    __slots__ = ("appended", "appended_kv", "cache_salt", "extra_key", "filled", "kv", "node",
+                 "prompt", "protected")
 
     def __init__(
         self, prompt: TokenArray, kv: IndexArray, protected: int, node: Any,
@@ -137,7 +152,8 @@ class _TreeSeq:
         self.extra_key = extra_key
         self.cache_salt = cache_salt
         self.appended: list[TokenArray] = []  # decode tokens with KV, in order
-        self.appended_kv: list[IndexArray] = []  # their slots (joined at finish)
+        self.appended_kv: list[IndexArray] = []  # slots taken after admission
+        self.filled = len(prompt)  # slots in use; the rest of kv was reserved at admission
 
     def held(self) -> int:
         return len(self.kv) + sum(len(a) for a in self.appended_kv)
@@ -258,11 +274,14 @@ class RadixPolicy:
     def append(self, rid: RequestId, tokens: TokenArray) -> bool:
         seq = self.seqs[rid]
         n = len(tokens)
-        if not self._ensure_free(n):
-            return False
-        seq.appended_kv.append(self.pool.alloc(n))
+        more = n - max(0, seq.held() - seq.filled)  # beyond the reserved slots
+        if more > 0:
+            if not self._ensure_free(more):
+                return False
+            seq.appended_kv.append(self.pool.alloc(more))
+            self._note_usage()
         seq.appended.append(tokens)
-        self._note_usage()
+        seq.filled += n
         return True
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
@@ -285,7 +304,10 @@ class RadixPolicy:
     def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
         if not rids:
             return 0
-        return int((self.pool.free + self.tree.evictable_size()) // len(rids))
+        slack = np.array([self.seqs[r].held() - self.seqs[r].filled for r in rids],
+                         dtype=np.int64)
+        return _max_k(lambda k: int(np.maximum(k - slack, 0).sum()),
+                      self.pool.free + int(self.tree.evictable_size()))
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens
@@ -489,21 +511,15 @@ class BlocksPolicy:
     def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
         if not rids:
             return 0
-        free = int(self.mgr.num_free_blocks)
         have = np.array([self.allocated[r] for r in rids], dtype=np.int64)
+        known = np.array([self.tokens[r] for r in rids], dtype=np.int64)
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
-            return int(((have + k + bs - 1) // bs - (have + bs - 1) // bs).sum())
+            return int(((np.maximum(have, known + k) + bs - 1) // bs
+                        - (have + bs - 1) // bs).sum())
 
-        lo, hi = 0, free * bs + bs  # blocks_needed(hi) > free for any non-empty rids
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if blocks_needed(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _max_k(blocks_needed, int(self.mgr.num_free_blocks))
 
     def evicted_tokens(self) -> int:
         return self._evicted_blocks * self.block_size

@@ -19,7 +19,9 @@ Two models (docs/SIMULATOR.md describes both):
   nothing loops per token. When KV runs out mid-decode the newest running request is
   preempted (its KV released as if it finished, the tokens computed so far cached) and
   requeued at the head to be recomputed; no new request is admitted until a running one
-  finishes. Prefill time = base + per_token * uncached + attention * (P^2 - hit^2) / 2;
+  finishes. With ``preemption=False`` (``--no-preemption``) each request instead reserves
+  KV for its whole output at admission, so decode never runs short (fewer requests fit).
+  Prefill time = base + per_token * uncached + attention * (P^2 - hit^2) / 2;
   decode step = ``decode_step_ms``. TTFT = end of the request's prefill - its arrival.
 
 Requests are never silently dropped: a request that cannot fit even with nothing else
@@ -272,7 +274,10 @@ class TimeScheduler:
                 toks = seq.tokens()
                 rec = records[seq.index]
                 before = policy.evicted_tokens()
-                hit = policy.admit(seq.index, toks, 0, req.extra_key, req.cache_salt)
+                # Without preemption the output's KV is reserved up front (prompt +
+                # output[:-1] over the request's life), so decode never runs short.
+                reserve = 0 if self.preemption else max(0, req.output_len - 1)
+                hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
                 rec.evicted_tokens += policy.evicted_tokens() - before
                 if hit is None:
                     if not running and not admitted:
@@ -315,17 +320,14 @@ class TimeScheduler:
                 k = min(k, max(1, math.ceil(gap / step - 1e-9)))
             g = policy.max_uniform_growth([s.index for s in running])
             while g == 0:
+                if not self.preemption:  # pragma: no cover - the output was reserved
+                    raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
                 victim = running.pop()  # the newest running request
-                if not running or not self.preemption:
-                    if not running:
-                        # It cannot finish even alone: give up on it, visibly.
-                        policy.finish(victim.index, _EMPTY)
-                        reject(victim)
-                        break
-                    running.append(victim)
-                    raise InvalidInputError(
-                        "KV exhausted mid-decode and preemption is disabled"
-                    )
+                if not running:
+                    # It cannot finish even alone: give up on it, visibly.
+                    policy.finish(victim.index, _EMPTY)
+                    reject(victim)
+                    break
                 policy.finish(victim.index, _EMPTY)
                 records[victim.index].preemptions += 1
                 waiting.appendleft(victim)
