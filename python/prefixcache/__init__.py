@@ -10,7 +10,9 @@ from __future__ import annotations
 from prefixcache import _core
 from prefixcache._core import (
     BlockHasher,
+    BlockPool,
     InsertResult,
+    KVCacheManager,
     MatchResult,
     Node,
     RadixCache,
@@ -27,16 +29,22 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "AllBlocksCleared",
     "BlockHasher",
+    "BlockPool",
+    "BlockRemoved",
     "BlockStateError",
+    "BlockStored",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "KVCacheManager",
     "LoRAKey",
     "LockRefError",
     "MatchResult",

@@ -76,7 +76,8 @@ def block_extra_keys(
     """The extra keys of every full block of a ``num_tokens``-token request.
 
     ``mm_items`` must be sorted by offset and not overlap (as vLLM assumes);
-    ``prompt_embeds`` has one row per token. The result has one entry per full block.
+    ``prompt_embeds`` has one row per prompt token; a block hashes the rows it covers
+    (as vLLM slices ``prompt_embeds[start:end]``). The result has one entry per full block.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -84,8 +85,6 @@ def block_extra_keys(
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     if layout not in ("tagged", "untagged"):
         raise ValueError(f"layout must be 'tagged' or 'untagged', got {layout!r}")
-    if prompt_embeds is not None and len(prompt_embeds) < num_tokens:
-        raise ValueError(f"prompt_embeds has {len(prompt_embeds)} rows for {num_tokens} tokens")
     _check_items(mm_items)
     tagged = layout == "tagged"
     out: list[BlockKeys] = []

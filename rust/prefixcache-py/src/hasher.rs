@@ -26,26 +26,27 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
-/// One extra-key value; `at` names where it sits (for messages).
-fn key_value(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<KeyValue> {
+/// Where a value sits, for messages: a root name and the indices below it. Formatted
+/// only when an error is raised.
+struct At<'a> {
+    root: &'a str,
+    path: Vec<usize>,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.root)?;
+        for i in &self.path {
+            write!(f, "[{i}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// One extra-key value.
+fn key_value(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<KeyValue> {
     if obj.is_none() {
         return Ok(KeyValue::None);
-    }
-    if obj.is_exact_instance_of::<PyBool>() {
-        return Ok(KeyValue::Bool(obj.is_truthy()?));
-    }
-    if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(v) = obj.extract::<i64>() {
-            return Ok(KeyValue::Int(v));
-        }
-        // Any size: two's-complement little-endian bytes from int.to_bytes.
-        let bits: usize = obj.call_method0("bit_length")?.extract()?;
-        let n = bits / 8 + 1;
-        let kwargs = PyDict::new(obj.py());
-        kwargs.set_item("signed", true)?;
-        let data = obj.call_method("to_bytes", (n, "little"), Some(&kwargs))?;
-        let bytes: Vec<u8> = data.extract()?;
-        return Ok(KeyValue::BigInt(BigInt::from_signed_le(&bytes)));
     }
     if obj.is_exact_instance_of::<PyString>() {
         let s = obj.cast::<PyString>()?;
@@ -56,24 +57,41 @@ fn key_value(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<
             ))),
         };
     }
-    if obj.is_exact_instance_of::<PyBytes>() {
-        return Ok(KeyValue::Bytes(obj.cast::<PyBytes>()?.as_bytes().to_vec()));
-    }
     if obj.is_exact_instance_of::<PyTuple>() {
-        if depth >= MAX_DEPTH {
+        if at.path.len() >= MAX_DEPTH {
             return Err(unsupported(format!(
                 "{at}: tuples nested more than {MAX_DEPTH} deep"
             )));
         }
         let t = obj.cast::<PyTuple>()?;
         let mut items = Vec::with_capacity(t.len());
-        let base = at.len();
+        at.path.push(0);
         for (i, item) in t.iter().enumerate() {
-            at.push_str(&format!("[{i}]"));
-            items.push(key_value(&item, at, depth + 1)?);
-            at.truncate(base);
+            if let Some(last) = at.path.last_mut() {
+                *last = i;
+            }
+            items.push(key_value(&item, at)?);
         }
+        at.path.pop();
         return Ok(KeyValue::Tuple(items));
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        return Ok(KeyValue::Bool(obj.is_truthy()?));
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(KeyValue::Int(v));
+        }
+        // Any size: two's-complement little-endian bytes from int.to_bytes.
+        let bits: usize = obj.call_method0("bit_length")?.extract()?;
+        let kwargs = PyDict::new(obj.py());
+        kwargs.set_item("signed", true)?;
+        let data = obj.call_method("to_bytes", (bits / 8 + 1, "little"), Some(&kwargs))?;
+        let bytes: Vec<u8> = data.extract()?;
+        return Ok(KeyValue::BigInt(BigInt::from_signed_le(&bytes)));
+    }
+    if obj.is_exact_instance_of::<PyBytes>() {
+        return Ok(KeyValue::Bytes(obj.cast::<PyBytes>()?.as_bytes().to_vec()));
     }
     Err(unsupported(format!(
         "{at}: unsupported type {} (extra keys hold None, bool, int, str, bytes and \
@@ -82,11 +100,19 @@ fn key_value(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<
     )))
 }
 
-/// One block's extra keys: None, or a tuple of key values.
-pub(crate) fn block_keys(
-    obj: &Bound<'_, PyAny>,
-    at: &mut String,
-) -> PyResult<Option<Vec<KeyValue>>> {
+/// One block's extra keys: None, or a tuple of key values; `root` names the argument in
+/// error messages. (Also used by the block-pool bindings.)
+pub(crate) fn block_keys(obj: &Bound<'_, PyAny>, root: &str) -> PyResult<Option<Vec<KeyValue>>> {
+    block_keys_at(
+        obj,
+        &mut At {
+            root,
+            path: Vec::new(),
+        },
+    )
+}
+
+fn block_keys_at(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<Option<Vec<KeyValue>>> {
     if obj.is_none() {
         return Ok(None);
     }
@@ -96,13 +122,22 @@ pub(crate) fn block_keys(
             type_name(obj)
         )));
     }
-    match key_value(obj, at, 0)? {
+    match key_value(obj, at)? {
         KeyValue::Tuple(items) => Ok(Some(items)),
         _ => Ok(None), // unreachable: a tuple converts to a tuple
     }
 }
 
+/// One block's extra keys given as the `extra_keys` argument.
+fn single_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<KeyValue>>> {
+    match obj {
+        Some(obj) => block_keys(obj, "extra_keys"),
+        None => Ok(None),
+    }
+}
+
 /// Per-block extra keys: None, or a sequence (list/tuple) with one entry per block.
+/// (Also used by the block-pool bindings.)
 pub(crate) fn all_block_keys(
     obj: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
@@ -116,11 +151,16 @@ pub(crate) fn all_block_keys(
         )));
     }
     let mut out = Vec::with_capacity(obj.len()?);
-    let mut at = String::new();
+    let mut at = At {
+        root: "extra_keys",
+        path: vec![0],
+    };
     for (i, item) in obj.try_iter()?.enumerate() {
-        at.clear();
-        at.push_str(&format!("extra_keys[{i}]"));
-        out.push(block_keys(&item?, &mut at)?);
+        at.path.truncate(1);
+        if let Some(first) = at.path.first_mut() {
+            *first = i;
+        }
+        out.push(block_keys_at(&item?, &mut at)?);
     }
     Ok(Some(out))
 }
@@ -235,10 +275,7 @@ impl PyBlockHasher {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let parent = parent_hash(parent)?;
         let tokens = convert::tokens(tokens, "tokens")?;
-        let extra = match extra_keys {
-            Some(obj) => block_keys(obj, &mut "extra_keys".to_owned())?,
-            None => None,
-        };
+        let extra = single_block_keys(extra_keys)?;
         let h = self
             .inner
             .hash_block(parent.as_ref(), tokens.as_slice(), extra.as_deref())
@@ -271,10 +308,7 @@ pub fn hash_block_tokens<'py>(
     let algo = self::algo(algo)?;
     let parent = parent_hash(parent)?;
     let tokens = convert::tokens(tokens, "tokens")?;
-    let extra = match extra_keys {
-        Some(obj) => block_keys(obj, &mut "extra_keys".to_owned())?,
-        None => None,
-    };
+    let extra = single_block_keys(extra_keys)?;
     let hasher = BlockHasher::new(algo, 1, &seed_or_default(seed)).py_err()?;
     let h = hasher
         .hash_block_tokens(parent.as_ref(), tokens.as_slice(), extra.as_deref())

@@ -7,15 +7,39 @@ use numpy::PyArray1;
 use prefixcache_core::blocks::{KVCacheManager, PrefixCacheStats, RequestOptions};
 use prefixcache_core::hash::{BlockHasher, HashAlgo, KeyValue};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
 
 use crate::convert;
-use crate::errors::{invalid_input, IntoPyResult};
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::hasher::{all_block_keys, block_keys};
 use crate::pool::{block_ids, events_to_py, ids_array, lock, HashFormat};
 
 /// Token counts from which hashing runs with the GIL released.
 const DETACH_MIN_TOKENS: usize = 1024;
+
+/// A request id: an int in [0, 2**64).
+fn rid(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let type_err = || {
+        let tn = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        invalid_type(format!("request_id must be an int, not {tn}"))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_err());
+    }
+    if let Ok(v) = obj.extract::<u64>() {
+        return Ok(v); // ints and integer scalars (numpy) alike
+    }
+    if obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false) {
+        return Err(invalid_input(format!(
+            "request_id must be an int in [0, 2**64), got {obj}"
+        )));
+    }
+    Err(type_err())
+}
 
 fn count(n: i64, what: &str) -> PyResult<usize> {
     usize::try_from(n).map_err(|_| invalid_input(format!("{what} must be >= 0, got {n}")))
@@ -41,7 +65,7 @@ fn options(
 ) -> PyResult<RequestOptions> {
     let block_extra_keys = all_block_keys(extra_keys)?.unwrap_or_default();
     let default_extra_keys: Option<Vec<KeyValue>> = match default_extra_keys {
-        Some(o) if !o.is_none() => block_keys(o, &mut String::from("default_extra_keys"))?,
+        Some(o) if !o.is_none() => block_keys(o, "default_extra_keys")?,
         _ => None,
     };
     Ok(RequestOptions {
@@ -147,13 +171,14 @@ impl PyKVCacheManager {
     fn add_request(
         &self,
         py: Python<'_>,
-        request_id: u64,
+        request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'_, PyAny>,
         extra_keys: Option<&Bound<'_, PyAny>>,
         default_extra_keys: Option<&Bound<'_, PyAny>>,
         lora_id: Option<i64>,
         lora_name: Option<String>,
     ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let t = tokens.as_slice();
@@ -164,7 +189,12 @@ impl PyKVCacheManager {
         }
     }
 
-    fn append_tokens(&self, request_id: u64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn append_tokens(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
         let tokens = convert::tokens(tokens, "tokens")?;
         lock(&self.inner)?
             .append_tokens(request_id, tokens.as_slice())
@@ -175,8 +205,9 @@ impl PyKVCacheManager {
     fn get_computed_blocks<'py>(
         &self,
         py: Python<'py>,
-        request_id: u64,
+        request_id: &Bound<'_, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
+        let request_id = rid(request_id)?;
         let (blocks, hit) = lock(&self.inner)?
             .get_computed_blocks(request_id)
             .py_err()?;
@@ -187,12 +218,13 @@ impl PyKVCacheManager {
     fn allocate_slots<'py>(
         &self,
         py: Python<'py>,
-        request_id: u64,
+        request_id: &Bound<'_, PyAny>,
         num_new_tokens: i64,
         num_new_computed_tokens: i64,
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
         num_lookahead_tokens: i64,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
+        let request_id = rid(request_id)?;
         let hit_blocks = match new_computed_blocks {
             Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
             _ => Vec::new(),
@@ -209,11 +241,13 @@ impl PyKVCacheManager {
         Ok(got.map(|ids| ids_array(py, &ids)))
     }
 
-    fn free(&self, request_id: u64) -> PyResult<()> {
+    fn free(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let request_id = rid(request_id)?;
         lock(&self.inner)?.free(request_id).py_err()
     }
 
-    fn preempt(&self, request_id: u64) -> PyResult<()> {
+    fn preempt(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let request_id = rid(request_id)?;
         lock(&self.inner)?.preempt(request_id).py_err()
     }
 
@@ -224,7 +258,7 @@ impl PyKVCacheManager {
     fn admit<'py>(
         &self,
         py: Python<'py>,
-        request_id: u64,
+        request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: i64,
         extra_keys: Option<&Bound<'py, PyAny>>,
@@ -232,6 +266,7 @@ impl PyKVCacheManager {
         lora_id: Option<i64>,
         lora_name: Option<String>,
     ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
+        let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
@@ -253,7 +288,12 @@ impl PyKVCacheManager {
     /// append_tokens(output) + allocate_slots(len(output)) + free. False when the pool
     /// could not take the output (nothing of it cached); the request is freed either way.
     #[pyo3(signature = (request_id, output_tokens = None))]
-    fn finish(&self, request_id: u64, output_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    fn finish(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        output_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let request_id = rid(request_id)?;
         let out = match output_tokens {
             Some(o) if !o.is_none() => Some(convert::tokens(o, "output_tokens")?),
             _ => None,
@@ -265,27 +305,38 @@ impl PyKVCacheManager {
     fn block_ids<'py>(
         &self,
         py: Python<'py>,
-        request_id: u64,
+        request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let request_id = rid(request_id)?;
         let g = lock(&self.inner)?;
         Ok(ids_array(py, g.block_ids(request_id).py_err()?))
     }
 
-    fn num_tokens(&self, request_id: u64) -> PyResult<usize> {
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let request_id = rid(request_id)?;
         lock(&self.inner)?.num_tokens(request_id).py_err()
     }
 
-    fn num_computed_tokens(&self, request_id: u64) -> PyResult<usize> {
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let request_id = rid(request_id)?;
         lock(&self.inner)?.num_computed_tokens(request_id).py_err()
     }
 
-    fn block_hashes<'py>(&self, py: Python<'py>, request_id: u64) -> PyResult<Bound<'py, PyList>> {
+    fn block_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let request_id = rid(request_id)?;
         let g = lock(&self.inner)?;
         let hashes = g.block_hashes(request_id).py_err()?;
         PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
     }
 
-    fn __contains__(&self, request_id: u64) -> PyResult<bool> {
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Ok(request_id) = rid(request_id) else {
+            return Ok(false);
+        };
         Ok(lock(&self.inner)?.contains(request_id))
     }
 

@@ -386,7 +386,7 @@ impl KVCacheManager {
             req.blocks[i] = NULL_BLOCK;
         }
         if !freed.is_empty() {
-            self.pool.free_owned(&freed);
+            self.pool.free_owned(freed.into_iter());
         }
     }
 
@@ -412,7 +412,7 @@ impl KVCacheManager {
             .min(new_computed.len());
         let evictable = new_computed[skip_new..]
             .iter()
-            .filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b).map(|r| r == 0).unwrap_or(false))
+            .filter(|&&b| self.pool.is_unreferenced(b))
             .count();
         new_blocks + evictable
     }
@@ -445,7 +445,7 @@ impl KVCacheManager {
                 "request {id} already holds slots: prefix-cache hits can only be adopted at admission"
             )));
         }
-        if num_new_computed_tokens != new_computed_blocks.len() * bs {
+        if Some(num_new_computed_tokens) != new_computed_blocks.len().checked_mul(bs) {
             return Err(Error::InvalidArgument(format!(
                 "num_new_computed_tokens = {num_new_computed_tokens} but {} hit blocks of {bs} tokens were given",
                 new_computed_blocks.len()
@@ -472,8 +472,8 @@ impl KVCacheManager {
         }
 
         let total_computed = req.num_computed_tokens + num_new_computed_tokens;
-        let num_tokens_main = total_computed + num_new_tokens;
-        let need_slots = num_tokens_main + num_lookahead_tokens;
+        let num_tokens_main = total_computed.saturating_add(num_new_tokens);
+        let need_slots = num_tokens_main.saturating_add(num_lookahead_tokens);
         let first_admission = !req.admitted;
         let num_tokens = req.tokens.len();
         let preempted = req.num_preemptions > 0;
@@ -486,83 +486,48 @@ impl KVCacheManager {
             return Ok(None);
         }
 
-        let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
+        let n_skipped_blocks = self.num_skipped_tokens(total_computed) / bs;
+        let caching = self.pool.enable_caching();
+        let pool = &mut self.pool;
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
         // vLLM adopts the hit only when it is not its shared empty sentinel and the request
         // is not already tracked in `num_cached_block`.
         if !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none() {
-            let skipped =
-                (self.num_skipped_tokens(total_computed) / bs).min(new_computed_blocks.len());
-            let rest = &new_computed_blocks[skipped..];
+            let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
             for &b in rest {
                 if b != NULL_BLOCK {
-                    self.pool.touch_one(b);
+                    pool.touch_one(b);
                 }
             }
-            let n_null = self.num_skipped_tokens(total_computed) / bs;
-            req.blocks.extend(std::iter::repeat_n(NULL_BLOCK, n_null));
+            req.blocks
+                .extend(std::iter::repeat_n(NULL_BLOCK, n_skipped_blocks));
             req.blocks.extend_from_slice(rest);
             req.num_cached_blocks = Some(req.blocks.len());
         }
         let required = need_slots.div_ceil(bs);
         let mut new_blocks = Vec::new();
         if required > req.blocks.len() {
-            let n = required - req.blocks.len();
-            if let Err(e) = self.pool.get_new_blocks_into(n, &mut new_blocks) {
-                self.requests.insert(id, req);
-                return Err(e); // unreachable: capacity was checked above
-            }
+            // Cannot fail: the capacity was checked above.
+            pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
         }
-        let result = if self.pool.enable_caching() {
-            self.cache_blocks(&mut req, (total_computed + num_new_tokens).min(num_tokens))
-        } else {
-            Ok(())
-        };
-        req.num_computed_tokens = (total_computed + num_new_tokens).min(num_tokens);
+        let computed = num_tokens_main.min(num_tokens);
+        req.num_computed_tokens = computed;
         req.admitted = true;
-        self.requests.insert(id, req);
-        result?;
-        if first_admission && self.pool.enable_caching() {
-            self.stats
-                .record(num_tokens, num_new_computed_tokens, preempted);
+        if caching {
+            cache_blocks(pool, req, computed, bs)?;
+            if first_admission {
+                self.stats
+                    .record(num_tokens, num_new_computed_tokens, preempted);
+            }
         }
         Ok(Some(new_blocks))
     }
 
-    /// vLLM's `cache_blocks` for one group.
-    fn cache_blocks(&mut self, req: &mut Request, num_tokens: usize) -> Result<()> {
-        let bs = self.block_size;
-        let num_cached = req.num_cached_blocks.unwrap_or(0);
-        let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
-        if num_cached >= num_full {
-            return Ok(());
-        }
-        let info = StoreInfo {
-            token_ids: Some(&req.tokens),
-            lora_id: req.opts.lora_id,
-            lora_name: req.opts.lora_name.as_deref(),
-            block_extra_keys: &req.opts.block_extra_keys,
-            default_extra_keys: req.opts.default_extra_keys.as_deref(),
-        };
-        self.pool.cache_full_blocks(
-            &req.blocks,
-            &req.block_hashes,
-            num_cached,
-            num_full,
-            bs,
-            0,
-            info,
-        )?;
-        req.num_cached_blocks = Some(num_full);
-        Ok(())
-    }
-
     fn release(&mut self, req: &mut Request) {
-        let start = req.blocks.iter().take_while(|&&b| b == NULL_BLOCK).count();
-        let mut blocks = std::mem::take(&mut req.blocks);
-        blocks.drain(..start);
-        blocks.reverse();
-        self.pool.free_owned(&blocks);
+        // Tail first (vLLM frees `reversed(blocks)`); null blocks are skipped by the pool.
+        let blocks = std::mem::take(&mut req.blocks);
+        self.pool.free_owned(blocks.iter().rev().copied());
         req.num_cached_blocks = None;
         req.admitted = false;
     }
@@ -673,5 +638,149 @@ impl KVCacheManager {
             }
         }
         Ok(())
+    }
+}
+
+/// vLLM's `cache_blocks` for one group: cache the request's blocks that are full within
+/// its first `num_tokens` tokens and have a hash.
+fn cache_blocks(
+    pool: &mut BlockPool,
+    req: &mut Request,
+    num_tokens: usize,
+    bs: usize,
+) -> Result<()> {
+    let num_cached = req.num_cached_blocks.unwrap_or(0);
+    let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
+    if num_cached >= num_full {
+        return Ok(());
+    }
+    let info = StoreInfo {
+        token_ids: Some(&req.tokens),
+        lora_id: req.opts.lora_id,
+        lora_name: req.opts.lora_name.as_deref(),
+        block_extra_keys: &req.opts.block_extra_keys,
+        default_extra_keys: req.opts.default_extra_keys.as_deref(),
+    };
+    pool.cache_full_blocks(
+        &req.blocks,
+        &req.block_hashes,
+        num_cached,
+        num_full,
+        bs,
+        0,
+        info,
+    )?;
+    req.num_cached_blocks = Some(num_full);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::HashAlgo;
+
+    fn mgr(n: usize, bs: usize, window: Option<usize>) -> KVCacheManager {
+        let h = BlockHasher::new(HashAlgo::Sha256, bs, "vllm-none-hash").unwrap();
+        KVCacheManager::new(n, h, true, window, true).unwrap()
+    }
+
+    fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
+        r.collect()
+    }
+
+    #[test]
+    fn checked_free_order_and_reuse() {
+        let mut m = mgr(8, 16, None);
+        let a = m
+            .admit(1, &toks(0..40), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.block_ids, vec![1, 2, 3]);
+        m.free(1).unwrap();
+        assert_eq!(m.pool().free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        // A fully cached 32-token prompt hits 16 (the last token is recomputed).
+        let b = m
+            .admit(2, &toks(0..32), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.num_hit_tokens, 16);
+        assert_eq!(b.block_ids, vec![1, 3]);
+        let s = m.stats();
+        assert_eq!((s.requests, s.queries, s.hits), (2, 72, 16));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn decode_caches_at_next_allocation() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..6), RequestOptions::default(), 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        m.append_tokens(1, &[9, 9, 9]).unwrap();
+        assert_eq!(m.block_hashes(1).unwrap().len(), 2);
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        assert_eq!(m.allocate_slots(1, 3, 0, &[], 0).unwrap(), Some(vec![]));
+        assert_eq!(m.pool().num_cached_keys(), 2);
+        assert_eq!(m.num_computed_tokens(1).unwrap(), 9);
+    }
+
+    #[test]
+    fn sliding_window_hit_and_skipped_blocks() {
+        let mut m = mgr(32, 4, Some(5));
+        m.admit(1, &toks(0..24), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        // Blocks before the window of the next token were released as nulls.
+        let ids = m.block_ids(1).unwrap().to_vec();
+        assert_eq!(ids.iter().filter(|&&b| b == NULL_BLOCK).count(), 0);
+        m.append_tokens(1, &[7]).unwrap();
+        m.allocate_slots(1, 1, 0, &[], 0).unwrap().unwrap();
+        let ids = m.block_ids(1).unwrap();
+        assert_eq!(&ids[..5], &[0, 0, 0, 0, 0]);
+        m.free(1).unwrap();
+        m.add_request(2, &toks(0..24), RequestOptions::default())
+            .unwrap();
+        let (blocks, hit) = m.get_computed_blocks(2).unwrap();
+        // Needs ceil(4/4) = 1 contiguous block: the last full block below the cap.
+        assert_eq!(hit, 20);
+        assert_eq!(blocks.iter().filter(|&&b| b != NULL_BLOCK).count(), 1);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn refusal_and_errors_change_nothing() {
+        let mut m = mgr(4, 4, None);
+        m.add_request(1, &toks(0..20), RequestOptions::default())
+            .unwrap();
+        let free = m.pool().free_block_ids();
+        assert_eq!(m.allocate_slots(1, 20, 0, &[], 0).unwrap(), None);
+        assert_eq!(m.pool().free_block_ids(), free);
+        assert!(matches!(m.free(7), Err(Error::UnknownRequest(_))));
+        assert!(m.allocate_slots(1, 0, 0, &[], 0).is_err());
+        assert!(m.allocate_slots(1, 1, 4, &[9], 0).is_err());
+        assert!(m.add_request(1, &[1], RequestOptions::default()).is_err());
+        assert!(m.add_request(2, &[], RequestOptions::default()).is_err());
+        assert_eq!(m.pool().free_block_ids(), free);
+        m.preempt(1).unwrap();
+        assert!(KVCacheManager::new(4, m.hasher().clone(), true, Some(1), false).is_err());
+    }
+
+    #[test]
+    fn preempted_admission_counts_separately() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..9), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        m.preempt(1).unwrap();
+        let (b, hit) = m.get_computed_blocks(1).unwrap();
+        assert_eq!(hit, 8);
+        m.allocate_slots(1, 1, hit, &b, 0).unwrap().unwrap();
+        let s = m.take_stats();
+        assert_eq!(
+            (s.requests, s.preempted_requests, s.preempted_hits),
+            (1, 1, 8)
+        );
+        assert_eq!(m.stats(), PrefixCacheStats::default());
     }
 }

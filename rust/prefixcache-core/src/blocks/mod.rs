@@ -7,6 +7,7 @@
 
 pub mod free_queue;
 pub mod pool;
+pub mod table;
 
 pub use free_queue::FreeQueue;
 pub use pool::{BlockPool, CacheKey, StoreInfo, NULL_BLOCK};

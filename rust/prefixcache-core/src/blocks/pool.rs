@@ -11,24 +11,35 @@
 //!
 //! Every fallible operation validates all of its input before changing anything.
 
-use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
-
 use crate::error::{Error, Result};
 use crate::events::{untag_extra_keys, KvEvent};
 use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
+use super::table::HashTable;
 
 /// The id of the null block (vLLM's placeholder for skipped sliding-window blocks).
 pub const NULL_BLOCK: u32 = 0;
 
 /// Prefix-cache key: a block hash within one KV-cache group (vLLM's
 /// `BlockHashWithGroupId`: `hash + group.to_bytes(4, "big")`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheKey {
     pub hash: BlockHash,
     pub group: u32,
+}
+
+impl std::hash::Hash for CacheKey {
+    /// Block hashes are digests (uniform bytes), so the table hashes only their first 8
+    /// bytes, the length and the group; equality still compares every byte.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let b = self.hash.as_bytes();
+        let head = match b.first_chunk::<8>() {
+            Some(w) => u64::from_le_bytes(*w),
+            None => b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
+        };
+        state.write_u64(head ^ (u64::from(self.group) << 40) ^ b.len() as u64);
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -67,12 +78,14 @@ impl StoreInfo<'_> {
 pub struct BlockPool {
     blocks: Vec<Block>,
     free: FreeQueue,
-    cached: FxHashMap<CacheKey, SmallVec<[u32; 1]>>,
+    cached: HashTable,
     /// Length of the hashes this pool holds, fixed by the first hash it sees.
     hash_len: Option<usize>,
     enable_caching: bool,
     events_enabled: bool,
     events: Vec<KvEvent>,
+    /// Reused buffer of `free_owned`.
+    scratch: Vec<u32>,
 }
 
 fn block_state(msg: String) -> Error {
@@ -98,11 +111,12 @@ impl BlockPool {
         Ok(BlockPool {
             blocks: vec![Block::default(); num_blocks],
             free,
-            cached: FxHashMap::default(),
+            cached: HashTable::new(num_blocks),
             hash_len: None,
             enable_caching,
             events_enabled: enable_kv_cache_events,
             events: Vec::new(),
+            scratch: Vec::new(),
         })
     }
 
@@ -181,8 +195,8 @@ impl BlockPool {
     }
 
     /// The blocks cached under `key`, oldest first (empty when none).
-    pub fn cached_blocks(&self, key: &CacheKey) -> &[u32] {
-        self.cached.get(key).map(|v| v.as_slice()).unwrap_or(&[])
+    pub fn cached_blocks(&self, key: &CacheKey) -> Vec<u32> {
+        self.cached.blocks(key)
     }
 
     /// The first block cached under `hash` for each group, or `None` if any group misses.
@@ -200,10 +214,9 @@ impl BlockPool {
 
     /// The first block cached under `(hash, group)` (no length check: a hash of another
     /// length simply misses).
+    #[inline]
     pub fn lookup(&self, hash: &BlockHash, group: u32) -> Option<u32> {
-        self.cached
-            .get(&CacheKey { hash: *hash, group })
-            .and_then(|v| v.first().copied())
+        self.cached.first(&CacheKey { hash: *hash, group })
     }
 
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
@@ -241,14 +254,7 @@ impl BlockPool {
         let Some(key) = self.blocks[id as usize].key.take() else {
             return false;
         };
-        if let Some(ids) = self.cached.get_mut(&key) {
-            if let Some(pos) = ids.iter().position(|&b| b == id) {
-                ids.remove(pos);
-            }
-            if ids.is_empty() {
-                self.cached.remove(&key);
-            }
-        }
+        self.cached.remove(&key, id);
         if self.events_enabled {
             self.events.push(KvEvent::BlockRemoved {
                 block_hashes: vec![key.hash],
@@ -274,13 +280,21 @@ impl BlockPool {
         Ok(())
     }
 
-    /// `id` must be a valid non-null id.
+    /// Touch one non-null block (ids out of range are ignored: callers validate first).
+    #[inline]
     pub(crate) fn touch_one(&mut self, id: u32) {
-        let b = &mut self.blocks[id as usize];
-        if b.ref_cnt == 0 {
-            self.free.remove(id);
+        if let Some(b) = self.blocks.get_mut(id as usize) {
+            if b.ref_cnt == 0 {
+                self.free.remove(id);
+            }
+            b.ref_cnt += 1;
         }
-        b.ref_cnt += 1;
+    }
+
+    /// Whether a block is an eviction candidate a hit would take out of the free queue.
+    #[inline]
+    pub(crate) fn is_unreferenced(&self, id: u32) -> bool {
+        id != NULL_BLOCK && self.blocks.get(id as usize).is_some_and(|b| b.ref_cnt == 0)
     }
 
     /// Drop one reference from each block, in eviction order (the first block freed is
@@ -320,8 +334,8 @@ impl BlockPool {
     /// After every block in `ids` lost one reference: queue those that reached zero, in
     /// the order vLLM would (a block reaches zero at its last occurrence in `ids`).
     fn release_decremented(&mut self, ids: &[u32]) {
-        let mut first: Vec<u32> = Vec::new();
-        let mut last: Vec<u32> = Vec::new();
+        let mut first: Vec<u32> = Vec::with_capacity(ids.len());
+        let mut last: Vec<u32> = Vec::with_capacity(ids.len());
         for &id in ids.iter().rev() {
             if id == NULL_BLOCK {
                 continue;
@@ -351,17 +365,33 @@ impl BlockPool {
         }
     }
 
-    /// Internal free used by the manager: the ids are its own blocks (valid and
-    /// referenced), so no validation pass is needed. Null blocks are skipped, as vLLM does.
-    pub(crate) fn free_owned(&mut self, ids: &[u32]) {
-        for &id in ids {
-            if id != NULL_BLOCK {
-                if let Some(b) = self.blocks.get_mut(id as usize) {
-                    b.ref_cnt = b.ref_cnt.saturating_sub(1);
+    /// Internal free used by the manager, in eviction order: its own blocks (valid and
+    /// referenced; null blocks are skipped, as vLLM does), so no validation pass. One
+    /// pass: a block reaching zero with a hash joins the tail at once; those without are
+    /// collected and put at the head in the given order (vLLM's `prepend_n`).
+    pub(crate) fn free_owned(&mut self, ids: impl Iterator<Item = u32>) {
+        let mut first = std::mem::take(&mut self.scratch);
+        first.clear();
+        for id in ids {
+            let Some(b) = self.blocks.get_mut(id as usize) else {
+                continue;
+            };
+            if id == NULL_BLOCK || b.ref_cnt == 0 {
+                continue;
+            }
+            b.ref_cnt -= 1;
+            if b.ref_cnt == 0 {
+                if b.key.is_some() && self.enable_caching {
+                    self.free.push_back(id);
+                } else {
+                    first.push(id);
                 }
             }
         }
-        self.release_decremented(ids);
+        for &id in first.iter().rev() {
+            self.free.push_front(id);
+        }
+        self.scratch = first;
     }
 
     /// Register `block_ids[num_cached..num_full]` in the prefix cache under
@@ -424,12 +454,11 @@ impl BlockPool {
                 }
             })?;
         let new = &block_ids[num_cached..num_full];
+        for &id in new {
+            self.check_id(id)?;
+        }
         let mut bad = None;
         for &id in new {
-            if let Err(e) = self.check_id(id) {
-                bad = Some(e);
-                break;
-            }
             if id == NULL_BLOCK {
                 continue;
             }
@@ -475,7 +504,7 @@ impl BlockPool {
             let hash = block_hashes[num_cached + i];
             let key = CacheKey { hash, group };
             self.blocks[id as usize].key = Some(key);
-            self.cached.entry(key).or_default().push(id);
+            self.cached.insert(key, id);
             if self.events_enabled {
                 stored.push(hash);
             }
@@ -561,11 +590,11 @@ impl BlockPool {
         if n_free != self.free.len() {
             return Err("free queue length mismatch".into());
         }
-        for (key, ids) in &self.cached {
+        for (key, ids) in self.cached.entries() {
             if ids.is_empty() {
                 return Err("empty table entry".into());
             }
-            for &id in ids {
+            for id in ids {
                 if self.blocks.get(id as usize).and_then(|b| b.key) != Some(*key) {
                     return Err(format!(
                         "table maps a hash to block {id}, which has another"

@@ -20,24 +20,47 @@ const FALSE: u8 = 0xf4;
 const TRUE: u8 = 0xf5;
 const NULL: u8 = 0xf6;
 
-/// A major type with its argument, in the shortest form.
+/// A major type with its argument, in the shortest form, as (bytes, length).
 #[inline(always)]
-pub(crate) fn head(out: &mut Vec<u8>, major: u8, arg: u64) {
+fn head_bytes(major: u8, arg: u64) -> ([u8; 9], usize) {
     let mt = major << 5;
-    if arg < 24 {
-        out.push(mt | arg as u8);
+    let mut b = [0u8; 9];
+    let len = if arg < 24 {
+        b[0] = mt | arg as u8;
+        1
     } else if arg <= 0xff {
-        out.extend_from_slice(&[mt | 24, arg as u8]);
+        b[0] = mt | 24;
+        b[1] = arg as u8;
+        2
     } else if arg <= 0xffff {
-        out.push(mt | 25);
-        out.extend_from_slice(&(arg as u16).to_be_bytes());
+        b[0] = mt | 25;
+        b[1..3].copy_from_slice(&(arg as u16).to_be_bytes());
+        3
     } else if arg <= 0xffff_ffff {
-        out.push(mt | 26);
-        out.extend_from_slice(&(arg as u32).to_be_bytes());
+        b[0] = mt | 26;
+        b[1..5].copy_from_slice(&(arg as u32).to_be_bytes());
+        5
     } else {
-        out.push(mt | 27);
-        out.extend_from_slice(&arg.to_be_bytes());
-    }
+        b[0] = mt | 27;
+        b[1..9].copy_from_slice(&arg.to_be_bytes());
+        9
+    };
+    (b, len)
+}
+
+/// Append a major type with its argument, in the shortest form.
+#[inline(always)]
+fn head(out: &mut Vec<u8>, major: u8, arg: u64) {
+    let (b, len) = head_bytes(major, arg);
+    out.extend_from_slice(&b[..len]);
+}
+
+/// Write a head at `buf[pos..]`; returns the new position.
+#[inline(always)]
+fn put_head(buf: &mut [u8], pos: usize, major: u8, arg: u64) -> usize {
+    let (b, len) = head_bytes(major, arg);
+    buf[pos..pos + len].copy_from_slice(&b[..len]);
+    pos + len
 }
 
 fn encode_i64(out: &mut Vec<u8>, v: i64) {
@@ -92,20 +115,51 @@ pub fn dumps(value: &KeyValue) -> Vec<u8> {
     out
 }
 
+/// One token id as (little-endian word, length): the minimal major-type-0 head. Branch-free.
+#[inline(always)]
+fn token_word(t: u32) -> (u64, usize) {
+    const HEAD: [u64; 4] = [0, 0x18, 0x19, 0x1a];
+    const RSHIFT: [u32; 4] = [24, 24, 16, 0];
+    const LSHIFT: [u32; 4] = [0, 8, 8, 8];
+    const LEN: [usize; 4] = [1, 2, 3, 5];
+    let class = (usize::from(t >= 24) + usize::from(t > 0xff) + usize::from(t > 0xffff)) & 3;
+    // the big-endian argument bytes, as the low bytes of a little-endian word
+    let arg = u64::from(t.swap_bytes() >> RSHIFT[class]);
+    ((arg << LSHIFT[class]) | HEAD[class], LEN[class])
+}
+
+/// Bytes [`write_block_fast`] may touch for a block of `n` tokens (8-byte stores included).
+pub(crate) fn fast_block_bound(parent_len: usize, n: usize) -> usize {
+    1 + 9 + parent_len + 9 + 5 * n + 1 + 8
+}
+
+/// `(parent, tuple(tokens), None)` into `buf` (which must hold [`fast_block_bound`] bytes;
+/// bytes past the returned length may be overwritten); returns the stream length.
+#[inline]
+pub(crate) fn write_block_fast(buf: &mut [u8], parent: &[u8], tokens: &[u32]) -> usize {
+    buf[0] = (ARRAY << 5) | 3;
+    let mut pos = put_head(buf, 1, BYTES, parent.len() as u64);
+    buf[pos..pos + parent.len()].copy_from_slice(parent);
+    pos = put_head(buf, pos + parent.len(), ARRAY, tokens.len() as u64);
+    for &t in tokens {
+        let (word, len) = token_word(t);
+        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+        pos += len;
+    }
+    buf[pos] = NULL;
+    pos + 1
+}
+
 /// `cbor2.dumps((parent, tuple(tokens), extra), canonical=True)` into `out` (cleared
 /// first); `extra` `None` is CBOR null, `Some(keys)` the array of `keys`.
 pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Option<&[KeyValue]>) {
     out.clear();
-    out.push((ARRAY << 5) | 3);
-    head(out, BYTES, parent.len() as u64);
-    out.extend_from_slice(parent);
-    head(out, ARRAY, tokens.len() as u64);
-    for &t in tokens {
-        head(out, UINT, u64::from(t));
-    }
+    out.resize(fast_block_bound(parent.len(), tokens.len()), 0);
+    let len = write_block_fast(out, parent, tokens);
     match extra {
-        None => out.push(NULL),
+        None => out.truncate(len),
         Some(keys) => {
+            out.truncate(len - 1); // the trailing null becomes the array of keys
             head(out, ARRAY, keys.len() as u64);
             for k in keys {
                 encode(out, k);
@@ -154,16 +208,59 @@ mod tests {
     }
 
     #[test]
+    fn token_words_match_heads() {
+        for t in [
+            0u32,
+            1,
+            23,
+            24,
+            25,
+            255,
+            256,
+            4660,
+            65535,
+            65536,
+            0x0102_0304,
+            u32::MAX,
+        ] {
+            let (word, len) = token_word(t);
+            let mut expect = Vec::new();
+            head(&mut expect, UINT, u64::from(t));
+            assert_eq!(&word.to_le_bytes()[..len], &expect[..], "{t}");
+        }
+    }
+
+    #[test]
     fn block_matches_generic_encoding() {
         let parent = [9u8; 16];
-        let tokens = [0u32, 23, 24, 255, 256, 65535, 65536, u32::MAX];
-        let mut out = Vec::new();
-        dumps_block(&mut out, &parent, &tokens, None);
-        let generic = dumps(&KeyValue::tuple([
-            KeyValue::Bytes(parent.to_vec()),
-            KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
-            KeyValue::None,
-        ]));
-        assert_eq!(out, generic);
+        let all = [0u32, 23, 24, 255, 256, 65535, 65536, u32::MAX];
+        for n in [0usize, 1, 8, 23, 24, 300] {
+            let tokens: Vec<u32> = all.iter().copied().cycle().take(n).collect();
+            let mut out = Vec::new();
+            dumps_block(&mut out, &parent, &tokens, None);
+            let generic = dumps(&KeyValue::tuple([
+                KeyValue::Bytes(parent.to_vec()),
+                KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
+                KeyValue::None,
+            ]));
+            assert_eq!(out, generic, "{n} tokens");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fast_block_path_equals_the_general_encoder(
+            tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..200),
+            parent in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let mut fast = Vec::new();
+            dumps_block(&mut fast, &parent, &tokens, None);
+            let generic = dumps(&KeyValue::tuple([
+                KeyValue::Bytes(parent.clone()),
+                KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
+                KeyValue::None,
+            ]));
+            proptest::prop_assert_eq!(fast, generic);
+        }
     }
 }

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::value::KeyValue;
-use super::{cbor, pickle, BlockHash};
+use super::{cbor, pickle, sha256, BlockHash};
 use crate::error::{Error, Result};
 
 /// The seed vLLM hashes into `NONE_HASH` when `PYTHONHASHSEED` is unset (sha256 variants).
@@ -121,9 +121,38 @@ impl HashAlgo {
     }
 }
 
+/// Reusable buffers for the byte streams: 64-byte blocks for the fast path (so SHA-256 pads
+/// and compresses in place) and a byte vector for the general encoders.
+#[derive(Default)]
+struct Scratch {
+    blocks: Vec<[u8; 64]>,
+    bytes: Vec<u8>,
+}
+
+impl Scratch {
+    /// Give back buffers grown past 1 MiB by a huge block, so a thread does not keep them.
+    fn trim(&mut self) {
+        const KEEP: usize = 1 << 20;
+        if self.blocks.len() * 64 > KEEP {
+            self.blocks = Vec::new();
+        }
+        if self.bytes.capacity() > KEEP {
+            self.bytes = Vec::new();
+        }
+    }
+
+    /// Make room for a fast-path stream whose writer touches up to `bound` bytes.
+    fn reserve_fast(&mut self, bound: usize) {
+        let n = sha256::padded_blocks(bound);
+        if self.blocks.len() < n {
+            self.blocks.resize(n, [0u8; 64]);
+        }
+    }
+}
+
 thread_local! {
-    /// Scratch buffer for the byte streams, reused by every hash on this thread.
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
+    /// Scratch buffers reused by every hash on this thread (no allocation per block).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Computes vLLM's chained block hashes for one algorithm, block size and seed.
@@ -191,17 +220,62 @@ impl BlockHasher {
         }
     }
 
+    /// Whether `(parent, tokens, None)` takes the allocation-free fast path.
+    fn fast_bound(&self, parent_len: usize, n: usize) -> Option<usize> {
+        if self.algo.uses_cbor() {
+            Some(cbor::fast_block_bound(parent_len, n))
+        } else if pickle::fast_path_applies(parent_len, n) {
+            Some(pickle::fast_block_bound(parent_len, n))
+        } else {
+            None
+        }
+    }
+
     #[inline]
     fn hash_unchecked(
         &self,
-        buf: &mut Vec<u8>,
+        scratch: &mut Scratch,
         parent: &BlockHash,
         tokens: &[u32],
         extra: Option<&[KeyValue]>,
     ) -> BlockHash {
-        self.algo
-            .encode_block(buf, parent.as_bytes(), tokens, extra);
-        self.algo.digest(buf)
+        let parent = parent.as_bytes();
+        let bound = match extra {
+            None => self.fast_bound(parent.len(), tokens.len()),
+            Some(_) => None,
+        };
+        let sha = matches!(self.algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor);
+        let len = match bound {
+            Some(bound) => {
+                scratch.reserve_fast(bound);
+                let flat = scratch.blocks.as_flattened_mut();
+                if self.algo.uses_cbor() {
+                    cbor::write_block_fast(flat, parent, tokens)
+                } else {
+                    pickle::write_block_fast(flat, parent, tokens)
+                }
+            }
+            None => {
+                self.algo
+                    .encode_block(&mut scratch.bytes, parent, tokens, extra);
+                if !sha {
+                    return self.algo.digest(&scratch.bytes);
+                }
+                // SHA-256 pads in place: move the stream into the block buffer.
+                let len = scratch.bytes.len();
+                scratch.reserve_fast(len);
+                scratch.blocks.as_flattened_mut()[..len].copy_from_slice(&scratch.bytes);
+                len
+            }
+        };
+        if sha {
+            return BlockHash {
+                len: 32,
+                bytes: sha256::digest_padded(&mut scratch.blocks, len),
+            };
+        }
+        let flat = scratch.blocks.as_flattened();
+        self.algo.digest(&flat[..len])
     }
 
     /// The hash of one full block (`tokens.len() == block_size`); parent `None` = NONE_HASH;
@@ -230,7 +304,11 @@ impl BlockHasher {
         extra_keys: Option<&[KeyValue]>,
     ) -> Result<BlockHash> {
         let parent = self.check_parent(parent)?;
-        Ok(SCRATCH.with_borrow_mut(|buf| self.hash_unchecked(buf, &parent, tokens, extra_keys)))
+        Ok(SCRATCH.with_borrow_mut(|scratch| {
+            let h = self.hash_unchecked(scratch, &parent, tokens, extra_keys);
+            scratch.trim();
+            h
+        }))
     }
 
     /// The chained hashes of the full blocks of `tokens` (a partial tail is not hashed),
@@ -268,6 +346,7 @@ impl BlockHasher {
                 parent = self.hash_unchecked(buf, &parent, block, extra);
                 out.push(parent);
             }
+            buf.trim();
         });
         Ok(out)
     }
@@ -319,6 +398,19 @@ mod tests {
         assert_eq!(
             hex(&hashes[0]),
             "fe8fa5dda3210d0ca2031e37cbe3b001186773cd1c710beb2d45fcb51d434798"
+        );
+    }
+
+    #[test]
+    fn xxh3_64_values_are_pinned() {
+        // xxhash.xxh3_64_digest(cbor2.dumps(obj, canonical=True)) for the seed and for
+        // (none_hash, tuple(range(16)), None): prefixcache's own algorithm must not drift.
+        let h = BlockHasher::new(HashAlgo::Xxh3_64, 16, DEFAULT_SEED).unwrap();
+        assert_eq!(hex(&h.none_hash()), "2764cecfde686cb2");
+        let tokens: Vec<u32> = (0..16).collect();
+        assert_eq!(
+            hex(&h.hash_block(None, &tokens, None).unwrap()),
+            "e88d66096ee66a7f"
         );
     }
 

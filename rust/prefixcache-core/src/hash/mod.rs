@@ -8,6 +8,7 @@
 pub mod cbor;
 pub mod hasher;
 pub mod pickle;
+mod sha256;
 pub mod value;
 
 pub use hasher::{BlockHasher, HashAlgo, DEFAULT_SEED};

@@ -23,12 +23,18 @@
 //!   `"prompt_embeds"`) are one interned object, and so are CPython's singleton strings
 //!   (`""` and every one-character string below U+0100): a repeat within one pickle is a
 //!   `BINGET`;
-//! - `b""` and one-byte bytes are singletons in CPython too: a repeat is a `BINGET`;
+//! - `b""` and one-byte bytes are singletons too (as most CPython constructors return
+//!   them; `bytes(bytearray(...))` is an exception): a repeat is a `BINGET`;
 //! - every other str / bytes / tuple is a distinct object even when equal to an earlier
 //!   one (identifiers, names, paths, salts and digests are created per request / block).
 //!
-//! This differs from CPython only if a caller pickles one non-singleton object twice in
-//! the same key (or a runtime string that equals a tag); vLLM does neither.
+//! This differs from CPython only if one non-singleton object appears twice in the same
+//! key, or a runtime string equals a tag. vLLM's key builders create each value afresh;
+//! the one case we cannot see is two multimodal items of one block whose identifier
+//! strings are the same object (the same image twice, if vLLM reused the hash string):
+//! we treat them as two objects.
+
+use smallvec::SmallVec;
 
 use super::value::{BigInt, KeyValue};
 
@@ -89,7 +95,7 @@ struct Pickler<'v, 'o> {
     frame_start: Option<usize>,
     framing: bool,
     memo_len: u32,
-    shared: Vec<(Shared<'v>, u32)>,
+    shared: SmallVec<[(Shared<'v>, u32); 8]>,
 }
 
 impl<'v, 'o> Pickler<'v, 'o> {
@@ -101,7 +107,7 @@ impl<'v, 'o> Pickler<'v, 'o> {
             frame_start: None,
             framing: true,
             memo_len: 0,
-            shared: Vec::new(),
+            shared: SmallVec::new(),
         }
     }
 
@@ -205,6 +211,35 @@ impl<'v, 'o> Pickler<'v, 'o> {
                 }
                 self.end_tuple(items.len());
             }
+        }
+    }
+
+    /// The items of a token tuple (each an int saved with its own opcode boundary).
+    fn save_tokens(&mut self, tokens: &[u32]) {
+        let in_frame = self
+            .frame_start
+            .map_or(0, |start| self.out.len() - start - FRAME_HEADER_SIZE);
+        if self.frame_start.is_some()
+            && in_frame + MAX_TOKEN_BYTES * tokens.len() < FRAME_SIZE_TARGET
+        {
+            // No boundary inside the tuple can close the frame: write the ids in bulk.
+            let start = self.out.len();
+            self.out
+                .resize(start + MAX_TOKEN_BYTES * tokens.len() + 8, 0);
+            let mut pos = start;
+            for &t in tokens {
+                let (word, len) = token_word(t);
+                self.out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+                pos += len;
+            }
+            self.out.truncate(pos);
+            return;
+        }
+        let mut buf = [0u8; 8];
+        for &t in tokens {
+            self.opcode_boundary();
+            let n = encode_token(t, &mut buf);
+            self.write(&buf[..n]);
         }
     }
 
@@ -332,33 +367,79 @@ fn encode_long(x: &BigInt) -> Vec<u8> {
     data
 }
 
-/// One token id as pickle writes the Python int: `K`/`M`/`J`, or `LONG1` with 5 bytes for
-/// ids >= 2^31 (J is signed). Returns the number of bytes written.
+/// One token id as pickle writes the Python int, as (little-endian word, length):
+/// `K`/`M`/`J`, or `LONG1` with 5 bytes for ids >= 2^31 (J is signed). Branch-free.
 #[inline(always)]
-fn encode_token(t: u32, buf: &mut [u8; 7]) -> usize {
-    if t <= 0xff {
-        buf[0] = BININT1;
-        buf[1] = t as u8;
-        2
-    } else if t <= 0xffff {
-        buf[0] = BININT2;
-        buf[1..3].copy_from_slice(&(t as u16).to_le_bytes());
-        3
-    } else if t <= 0x7fff_ffff {
-        buf[0] = BININT;
-        buf[1..5].copy_from_slice(&t.to_le_bytes());
-        5
-    } else {
-        buf[0] = LONG1;
-        buf[1] = 5;
-        buf[2..6].copy_from_slice(&t.to_le_bytes());
-        buf[6] = 0;
-        7
-    }
+fn token_word(t: u32) -> (u64, usize) {
+    const HEAD: [u64; 4] = [
+        BININT1 as u64,
+        BININT2 as u64,
+        BININT as u64,
+        LONG1 as u64 | (5 << 8),
+    ];
+    const SHIFT: [u32; 4] = [8, 8, 8, 16];
+    const LEN: [usize; 4] = [2, 3, 5, 7];
+    let class =
+        (usize::from(t > 0xff) + usize::from(t > 0xffff) + usize::from(t > 0x7fff_ffff)) & 3;
+    ((u64::from(t) << SHIFT[class]) | HEAD[class], LEN[class])
+}
+
+/// One token id's pickle bytes into `buf`; returns the length.
+#[inline(always)]
+fn encode_token(t: u32, buf: &mut [u8; 8]) -> usize {
+    let (word, len) = token_word(t);
+    *buf = word.to_le_bytes();
+    len
 }
 
 /// Largest pickled size of one token id.
-pub(crate) const MAX_TOKEN_BYTES: usize = 7;
+const MAX_TOKEN_BYTES: usize = 7;
+
+/// Bytes [`write_block_fast`] may touch for a block of `n` tokens (8-byte stores included).
+pub(crate) fn fast_block_bound(parent_len: usize, n: usize) -> usize {
+    24 + parent_len + MAX_TOKEN_BYTES * n + 8
+}
+
+/// Whether a block takes the fast path: no extra keys, parent <= 255 bytes, and a stream
+/// far below the 64 KiB frame target (so exactly one frame and no memo lookups).
+pub(crate) fn fast_path_applies(parent_len: usize, n: usize) -> bool {
+    parent_len <= 255 && n <= 8192
+}
+
+/// The common block without the frame bookkeeping: `PROTO 5 FRAME <len> SHORT_BINBYTES
+/// parent MEMOIZE [MARK] tokens TUPLE* MEMOIZE NONE TUPLE3 MEMOIZE STOP`. The payload is
+/// always >= 4 bytes, so it is framed. `buf` must hold [`fast_block_bound`] bytes (bytes
+/// past the returned length may be overwritten); returns the stream length.
+#[inline]
+pub(crate) fn write_block_fast(buf: &mut [u8], parent: &[u8], tokens: &[u32]) -> usize {
+    let p = parent.len();
+    buf[..11].copy_from_slice(&[PROTO, 5, FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
+    buf[11] = SHORT_BINBYTES;
+    buf[12] = p as u8;
+    buf[13..13 + p].copy_from_slice(parent);
+    buf[13 + p] = MEMOIZE;
+    let mut pos = 14 + p;
+    if tokens.len() > 3 {
+        buf[pos] = MARK;
+        pos += 1;
+    }
+    for &t in tokens {
+        let (word, len) = token_word(t);
+        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+        pos += len;
+    }
+    let tail: &[u8] = match tokens.len() {
+        0 => &[EMPTY_TUPLE, NONE, TUPLE3, MEMOIZE, STOP],
+        1 => &[TUPLE1, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP],
+        2 => &[TUPLE2, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP],
+        3 => &[TUPLE3, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP],
+        _ => &[TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP],
+    };
+    buf[pos..pos + tail.len()].copy_from_slice(tail);
+    pos += tail.len();
+    buf[3..11].copy_from_slice(&((pos - 11) as u64).to_le_bytes());
+    pos
+}
 
 /// `pickle.dumps(value, protocol=5)`.
 pub fn dumps(value: &KeyValue) -> Vec<u8> {
@@ -377,9 +458,11 @@ pub fn dumps_into(out: &mut Vec<u8>, value: &KeyValue) {
 /// `pickle.dumps((parent, tuple(tokens), extra), protocol=5)` into `out` (cleared first),
 /// with `extra` `None` for a pickled `None` and `Some(keys)` for the tuple of `keys`.
 pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Option<&[KeyValue]>) {
-    // The whole stream fits in one frame well below 64 KiB: write it directly.
-    if extra.is_none() && parent.len() <= 255 && tokens.len() * MAX_TOKEN_BYTES < 60_000 {
-        dumps_block_fast(out, parent, tokens);
+    if extra.is_none() && fast_path_applies(parent.len(), tokens.len()) {
+        out.clear();
+        out.resize(fast_block_bound(parent.len(), tokens.len()), 0);
+        let len = write_block_fast(out, parent, tokens);
+        out.truncate(len);
         return;
     }
     let mut p = Pickler::start(out);
@@ -392,12 +475,7 @@ pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Opti
     p.save_bytes(parent);
     p.opcode_boundary(); // the token tuple
     p.begin_tuple(tokens.len());
-    let mut buf = [0u8; MAX_TOKEN_BYTES];
-    for &t in tokens {
-        p.opcode_boundary();
-        let n = encode_token(t, &mut buf);
-        p.write(&buf[..n]);
-    }
+    p.save_tokens(tokens);
     p.end_tuple(tokens.len());
     match extra {
         None => {
@@ -416,39 +494,6 @@ pub fn dumps_block(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32], extra: Opti
     p.write(&[TUPLE3]);
     p.memoize();
     p.finish();
-}
-
-/// The common case (no extra keys, short block, parent <= 255 bytes) without the frame
-/// bookkeeping: `PROTO 5 FRAME <len> SHORT_BINBYTES parent MEMOIZE [MARK] tokens TUPLE*
-/// MEMOIZE NONE TUPLE3 MEMOIZE STOP`. The payload is always >= 4 bytes, so it is framed.
-fn dumps_block_fast(out: &mut Vec<u8>, parent: &[u8], tokens: &[u32]) {
-    out.clear();
-    out.extend_from_slice(&[PROTO, 5, FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
-    out.extend_from_slice(&[SHORT_BINBYTES, parent.len() as u8]);
-    out.extend_from_slice(parent);
-    out.push(MEMOIZE);
-    if tokens.len() > 3 {
-        out.push(MARK);
-    }
-    let mut buf = [0u8; MAX_TOKEN_BYTES];
-    for &t in tokens {
-        let n = encode_token(t, &mut buf);
-        out.extend_from_slice(&buf[..n]);
-    }
-    let close = match tokens.len() {
-        0 => EMPTY_TUPLE,
-        1 => TUPLE1,
-        2 => TUPLE2,
-        3 => TUPLE3,
-        _ => TUPLE,
-    };
-    out.push(close);
-    if !tokens.is_empty() {
-        out.push(MEMOIZE);
-    }
-    out.extend_from_slice(&[NONE, TUPLE3, MEMOIZE, STOP]);
-    let frame_len = (out.len() - 11) as u64;
-    out[3..11].copy_from_slice(&frame_len.to_le_bytes());
 }
 
 #[cfg(test)]
@@ -517,8 +562,9 @@ mod tests {
             u32::MAX,
         ];
         for n in 0..tokens.len() {
-            let mut fast = Vec::new();
-            dumps_block_fast(&mut fast, &parent, &tokens[..n]);
+            let mut fast = vec![0u8; fast_block_bound(32, n)];
+            let len = write_block_fast(&mut fast, &parent, &tokens[..n]);
+            fast.truncate(len);
             let generic = dumps(&KeyValue::tuple([
                 KeyValue::Bytes(parent.to_vec()),
                 KeyValue::Tuple(tokens[..n].iter().map(|&t| KeyValue::from(t)).collect()),
@@ -545,5 +591,22 @@ mod tests {
         assert_eq!(hex(&out[..9]), "80054b015800000100");
         assert_eq!(out.len(), 2 + 2 + 5 + FRAME_SIZE_TARGET + 9 + 4);
         assert_eq!(hex(&out[out.len() - 13..]), "9504000000000000009486942e");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fast_block_path_equals_the_general_encoder(
+            tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..200),
+            parent in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let mut fast = Vec::new();
+            dumps_block(&mut fast, &parent, &tokens, None);
+            let generic = dumps(&KeyValue::tuple([
+                KeyValue::Bytes(parent.clone()),
+                KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
+                KeyValue::None,
+            ]));
+            proptest::prop_assert_eq!(fast, generic);
+        }
     }
 }
