@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import prefixcache
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-import prefixcache
 from prefixcache.reference import radix as reference
 from radix_ops import Lockstep, Op, op_sequences
 

@@ -42,9 +42,8 @@ _pkg = types.ModuleType("prefixcache")
 _pkg.__path__ = [str(REPO / "python" / "prefixcache")]
 sys.modules.setdefault("prefixcache", _pkg)
 
-import torch  # noqa: E402
-
 import sglang.srt.mem_cache.radix_cache as rc  # noqa: E402
+import torch  # noqa: E402
 from prefixcache.reference import radix as reference  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     EvictParams,
@@ -101,7 +100,7 @@ def sglang_dump(tree: Any) -> list[tuple[Any, ...]]:
                         c.priority, c.key.extra_key, c.key.cache_salt))
             visit(c, depth + 1)
 
-    visit(tree.root_node, 0)
+    visit(tree.root_node, 1)
     return out
 
 
@@ -249,7 +248,8 @@ def main() -> int:
                         shown += 1
                         print(f"  [{policy} page={page} seed={seed}] {problems[0]}")
             total_bad += bad
-            print(f"{policy:8s} page_size={page:<3d} {args.seeds - bad}/{args.seeds} sequences agree")
+            agree = args.seeds - bad
+            print(f"{policy:8s} page_size={page:<3d} {agree}/{args.seeds} sequences agree")
     print("ALL AGREE" if total_bad == 0 else f"{total_bad} sequences disagree")
     return 0 if total_bad == 0 else 1
 

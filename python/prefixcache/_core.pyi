@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
-__all__ = ["__version__", "InsertResult", "MatchResult", "Node", "RadixCache"]
+__all__ = ["InsertResult", "MatchResult", "Node", "RadixCache", "__version__"]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
 _Values = Sequence[int] | npt.NDArray[np.integer[Any]] | Any

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError, StaleHandleError
-from prefixcache.reference.int_args import token_list, value_list
+from prefixcache.reference.int_args import INT64_MIN, token_list, value_list
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 SLRU_PROTECTED_HITS = 2
@@ -142,10 +142,14 @@ class RadixCache:
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
         if not isinstance(eviction_policy, str):
-            raise InvalidTypeError(f"eviction_policy must be a str, got {type(eviction_policy).__name__}")
+            raise InvalidTypeError(
+                f"eviction_policy must be a str, got {type(eviction_policy).__name__}"
+            )
+        eviction_policy = eviction_policy.lower()
         if eviction_policy not in POLICIES:
             raise InvalidInputError(
-                f"unknown eviction_policy {eviction_policy!r}: expected one of {', '.join(POLICIES)}"
+                f"unknown eviction policy {eviction_policy!r}: "
+                f"expected one of {', '.join(POLICIES)}"
             )
         self._page_size = page_size
         self._policy = eviction_policy
@@ -157,7 +161,8 @@ class RadixCache:
         self._protected = 0
 
     def _new_root(self) -> Node:
-        root = Node(self, None, (), (), (None, None), self._clock, 0)
+        # Lowest possible priority (SGLang: -sys.maxsize) so any real priority overrides it.
+        root = Node(self, None, (), (), (None, None), self._clock, INT64_MIN)
         root.lock_ref = 1
         return root
 
@@ -216,7 +221,7 @@ class RadixCache:
 
     def _common_len(self, a: tuple[int, ...], b: tuple[int, ...]) -> int:
         n = 0
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=False):
             if x != y:
                 break
             n += 1
@@ -249,8 +254,10 @@ class RadixCache:
         self._clock += 1
         now = self._clock
         node = self._root
-        node.last_access_time = now
         values: list[int] = []
+        if not key:  # SGLang returns before touching anything (the clock still ticks here)
+            return MatchResult(0, _array(values), node)
+        node.last_access_time = now
         while key:
             child = node.children.get(self._child_key(ns, key))
             if child is None:
@@ -332,7 +339,8 @@ class RadixCache:
         for n in path:
             if n.lock_ref <= 0:
                 raise LockRefError(
-                    "dec_lock_ref would make a lock count negative: a node on the path is not locked"
+                    "dec_lock_ref would make a lock count negative: "
+                    "a node on the path is not locked"
                 )
         delta = 0
         for n in path:
@@ -436,7 +444,7 @@ class RadixCache:
                 })
                 visit(c, depth + 1)
 
-        visit(self._root, 0)
+        visit(self._root, 1)  # the root has depth 0 and is not listed
         return out
 
     def pretty_print(self) -> str:
@@ -447,7 +455,7 @@ class RadixCache:
                 f" ns=({r['extra_key']!r}, {r['cache_salt']!r})"
             key = r["key"][:10]
             more = "..." if len(r["key"]) > 10 else ""
-            lines.append(f"{'  ' * (r['depth'] + 1)}{len(r['key'])} {key}{more} r={r['lock_ref']} "
+            lines.append(f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
                          f"hits={r['hit_count']} prio={r['priority']}{ns}")
         lines.append(f"#tokens: {self.total_size()} (evictable {self._evictable}, "
                      f"protected {self._protected})")
