@@ -53,11 +53,11 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
     if isinstance(obj, np.ndarray):
         if obj.ndim != 1:
             raise InvalidInputError(
-                f"{what} must be 1-dimensional, got an array of shape {tuple(obj.shape)}"
+                f"{what} must be 1-dimensional, got an array of shape {list(obj.shape)}"
             )
         if obj.dtype.kind not in "iu":
             raise InvalidTypeError(
-                f"{what} must hold integers, got an array of dtype {obj.dtype.str}"
+                f"{what} must hold integers, got an array of dtype {obj.dtype}"
             )
         items: list[int] = obj.tolist()
         for i, v in enumerate(items):

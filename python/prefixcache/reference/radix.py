@@ -24,13 +24,14 @@ correct, not fast.
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError, StaleHandleError
-from prefixcache.reference.int_args import INT64_MIN, token_list, value_list
+from prefixcache.reference.int_args import INT64_MAX, INT64_MIN, token_list, value_list
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 SLRU_PROTECTED_HITS = 2
@@ -119,10 +120,17 @@ def _namespace(extra_key: object, cache_salt: object) -> Namespace:
     return (extra_key, cache_salt or None)  # type: ignore[return-value]
 
 
-def _int_arg(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}")
-    return int(v)
+def _int_arg(name: str, v: object, default: int) -> int:
+    """An int argument (None = default); clamped to the int64 range like the bindings."""
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        raise InvalidTypeError(f"{name} must be an int, got bool")
+    try:
+        i = operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}") from None
+    return min(max(i, INT64_MIN), INT64_MAX)
 
 
 def _array(xs: list[int] | tuple[int, ...]) -> npt.NDArray[np.int64]:
@@ -138,21 +146,20 @@ class RadixCache:
     """SGLang's token-level compressed radix tree with its eviction policies."""
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru") -> None:
-        page_size = _int_arg("page_size", page_size)
+        page_size = _int_arg("page_size", page_size, 1)
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
         if not isinstance(eviction_policy, str):
             raise InvalidTypeError(
                 f"eviction_policy must be a str, got {type(eviction_policy).__name__}"
             )
-        eviction_policy = eviction_policy.lower()
-        if eviction_policy not in POLICIES:
+        if eviction_policy.lower() not in POLICIES:
             raise InvalidInputError(
-                f"unknown eviction policy {eviction_policy!r}: "
+                f'unknown eviction policy "{eviction_policy}": '
                 f"expected one of {', '.join(POLICIES)}"
             )
         self._page_size = page_size
-        self._policy = eviction_policy
+        self._policy = eviction_policy.lower()
         self._clock = 0
         self._serials = itertools.count(0)
         self._generation = 0
@@ -279,11 +286,12 @@ class RadixCache:
         vals = toks if values is None else value_list(values)
         if len(vals) != len(toks):
             raise InvalidInputError(
-                f"values has {len(vals)} entries but tokens has {len(toks)}: they must be equal"
+                f"values has length {len(vals)} but tokens has length {len(toks)}: "
+                "they must be equal"
             )
         ns = _namespace(extra_key, cache_salt)
-        priority = _int_arg("priority", priority)
-        inserted_len = _int_arg("inserted_len", inserted_len)
+        priority = _int_arg("priority", priority, 0)
+        inserted_len = _int_arg("inserted_len", inserted_len, 0)
         if inserted_len < 0:
             raise InvalidInputError(f"inserted_len must be >= 0, got {inserted_len}")
         n = self._aligned(len(toks))
@@ -377,7 +385,7 @@ class RadixCache:
         return n is not self._root and n.lock_ref == 0 and not n.children
 
     def evict(self, num_tokens: int) -> npt.NDArray[np.int64]:
-        num_tokens = _int_arg("num_tokens", num_tokens)
+        num_tokens = _int_arg("num_tokens", num_tokens, 0)
         if num_tokens < 0:
             raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
         candidates = [n for n in self._walk() if self._is_evictable_leaf(n)]
