@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
-
 import prefixcache
+import pytest
 from prefixcache.errors import (
     InvalidInputError,
     InvalidTypeError,
