@@ -8,7 +8,14 @@
 from __future__ import annotations
 
 from prefixcache import _core
-from prefixcache._core import InsertResult, MatchResult, Node, RadixCache
+from prefixcache._core import (
+    BlockHasher,
+    InsertResult,
+    MatchResult,
+    Node,
+    RadixCache,
+    hash_block_tokens,
+)
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
@@ -20,16 +27,20 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
+from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "BlockHasher",
     "BlockStateError",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "LoRAKey",
     "LockRefError",
     "MatchResult",
+    "MultiModalItem",
     "Node",
     "OutOfBlocksError",
     "PrefixCacheError",
@@ -38,4 +49,6 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedHashInputError",
     "__version__",
+    "block_extra_keys",
+    "hash_block_tokens",
 ]

@@ -7,7 +7,15 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
-__all__ = ["InsertResult", "MatchResult", "Node", "RadixCache", "__version__"]
+__all__ = [
+    "BlockHasher",
+    "InsertResult",
+    "MatchResult",
+    "Node",
+    "RadixCache",
+    "__version__",
+    "hash_block_tokens",
+]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
 _Values = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
@@ -74,3 +82,39 @@ class RadixCache:
     def check_invariants(self) -> None: ...
     def reset(self) -> None: ...
     def pretty_print(self) -> str: ...
+
+_ExtraKey = str | bytes | int | bool | None | tuple[Any, ...]
+_BlockKeys = tuple[_ExtraKey, ...] | None
+
+@final
+class BlockHasher:
+    """vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed."""
+
+    def __new__(
+        cls, block_size: int = 16, algo: str = "sha256", seed: str | None = None
+    ) -> BlockHasher: ...
+    @property
+    def none_hash(self) -> bytes: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def algo(self) -> str: ...
+    @property
+    def seed(self) -> str: ...
+    def hash_blocks(
+        self,
+        tokens: _Tokens,
+        extra_keys: Sequence[_BlockKeys] | None = None,
+        parent: bytes | None = None,
+    ) -> list[bytes]: ...
+    def hash_block(
+        self, parent: bytes | None, tokens: _Tokens, extra_keys: _BlockKeys = None
+    ) -> bytes: ...
+
+def hash_block_tokens(
+    algo: str,
+    parent: bytes | None,
+    tokens: _Tokens,
+    extra_keys: _BlockKeys = None,
+    seed: str | None = None,
+) -> bytes: ...

@@ -5,8 +5,14 @@
 
 use pyo3::prelude::*;
 
+/// mimalloc keeps freed pages for reuse: returning a large array of freed KV indices then
+/// costs no fresh page faults on the next call (see docs/BENCHMARKS.md, evict-all).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod convert;
 mod errors;
+mod hasher;
 mod radix;
 
 #[pymodule]
@@ -16,5 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
+    m.add_class::<hasher::PyBlockHasher>()?;
+    m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     Ok(())
 }

@@ -1,4 +1,18 @@
 //! vLLM v1 chained block hashing (see SEMANTICS.md section 2.1).
+//!
+//! - [`value`]: the extra-key value model ([`KeyValue`]).
+//! - [`pickle`]: CPython's `pickle.dumps(obj, protocol=5)` bytes.
+//! - [`cbor`]: `cbor2.dumps(obj, canonical=True)` bytes.
+//! - [`hasher`]: [`HashAlgo`] and [`BlockHasher`] (NONE_HASH, chained block hashes).
+
+pub mod cbor;
+pub mod hasher;
+pub mod pickle;
+mod sha256;
+pub mod value;
+
+pub use hasher::{BlockHasher, HashAlgo, DEFAULT_SEED};
+pub use value::{BigInt, KeyValue};
 
 /// A block hash: up to 32 bytes (SHA-256 = 32, XXH3-128 = 16, XXH3-64 = 8).
 /// `Copy`, comparable and hashable, so the block pool can key tables by it directly.

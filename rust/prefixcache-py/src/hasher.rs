@@ -1,0 +1,317 @@
+//! `BlockHasher` and `hash_block_tokens`: vLLM v1 chained block hashes
+//! (prefixcache_core::hash). Argument and error mapping only.
+
+use prefixcache_core::hash::{BigInt, BlockHash, BlockHasher, HashAlgo, KeyValue};
+use prefixcache_core::Error;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+
+use crate::convert;
+use crate::errors::{invalid_input, invalid_type, to_py, IntoPyResult};
+
+/// Nesting deeper than this is refused (vLLM's keys are at most two levels deep).
+const MAX_DEPTH: usize = 64;
+
+/// Token counts from which the hash runs with the GIL released.
+const DETACH_MIN_TOKENS: usize = 4096;
+
+fn unsupported(msg: String) -> PyErr {
+    to_py(Error::UnsupportedHashInput(msg))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// Where a value sits, for messages: a root name and the indices below it. Formatted
+/// only when an error is raised.
+struct At<'a> {
+    root: &'a str,
+    path: Vec<usize>,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.root)?;
+        for i in &self.path {
+            write!(f, "[{i}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// One extra-key value.
+fn key_value(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<KeyValue> {
+    if obj.is_none() {
+        return Ok(KeyValue::None);
+    }
+    if obj.is_exact_instance_of::<PyString>() {
+        let s = obj.cast::<PyString>()?;
+        return match s.to_str() {
+            Ok(v) => Ok(KeyValue::Str(v.to_owned())),
+            Err(_) => Err(unsupported(format!(
+                "{at}: str with lone surrogates cannot be hashed (not valid UTF-8)"
+            ))),
+        };
+    }
+    if obj.is_exact_instance_of::<PyTuple>() {
+        if at.path.len() >= MAX_DEPTH {
+            return Err(unsupported(format!(
+                "{at}: tuples nested more than {MAX_DEPTH} deep"
+            )));
+        }
+        let t = obj.cast::<PyTuple>()?;
+        let mut items = Vec::with_capacity(t.len());
+        at.path.push(0);
+        for (i, item) in t.iter().enumerate() {
+            if let Some(last) = at.path.last_mut() {
+                *last = i;
+            }
+            items.push(key_value(&item, at)?);
+        }
+        at.path.pop();
+        return Ok(KeyValue::Tuple(items));
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        return Ok(KeyValue::Bool(obj.is_truthy()?));
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(KeyValue::Int(v));
+        }
+        // Any size: two's-complement little-endian bytes from int.to_bytes.
+        let bits: usize = obj.call_method0("bit_length")?.extract()?;
+        let kwargs = PyDict::new(obj.py());
+        kwargs.set_item("signed", true)?;
+        let data = obj.call_method("to_bytes", (bits / 8 + 1, "little"), Some(&kwargs))?;
+        let bytes: Vec<u8> = data.extract()?;
+        return Ok(KeyValue::BigInt(BigInt::from_signed_le(&bytes)));
+    }
+    if obj.is_exact_instance_of::<PyBytes>() {
+        return Ok(KeyValue::Bytes(obj.cast::<PyBytes>()?.as_bytes().to_vec()));
+    }
+    Err(unsupported(format!(
+        "{at}: unsupported type {} (extra keys hold None, bool, int, str, bytes and \
+         tuples of them; lists must be converted to tuples)",
+        type_name(obj)
+    )))
+}
+
+/// One block's extra keys: None, or a tuple of key values; `root` names the argument in
+/// error messages. (Also used by the block-pool bindings.)
+pub(crate) fn block_keys(obj: &Bound<'_, PyAny>, root: &str) -> PyResult<Option<Vec<KeyValue>>> {
+    block_keys_at(
+        obj,
+        &mut At {
+            root,
+            path: Vec::new(),
+        },
+    )
+}
+
+fn block_keys_at(obj: &Bound<'_, PyAny>, at: &mut At<'_>) -> PyResult<Option<Vec<KeyValue>>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    if !obj.is_exact_instance_of::<PyTuple>() {
+        return Err(unsupported(format!(
+            "{at}: a block's extra keys must be None or a tuple, not {}",
+            type_name(obj)
+        )));
+    }
+    match key_value(obj, at)? {
+        KeyValue::Tuple(items) => Ok(Some(items)),
+        _ => Ok(None), // unreachable: a tuple converts to a tuple
+    }
+}
+
+/// One block's extra keys given as the `extra_keys` argument.
+fn single_block_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<KeyValue>>> {
+    match obj {
+        Some(obj) => block_keys(obj, "extra_keys"),
+        None => Ok(None),
+    }
+}
+
+/// Per-block extra keys: None, or a sequence (list/tuple) with one entry per block.
+/// (Also used by the block-pool bindings.)
+pub(crate) fn all_block_keys(
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+        return Err(invalid_type(format!(
+            "extra_keys must be None or a list with one entry per block, not {}",
+            type_name(obj)
+        )));
+    }
+    let mut out = Vec::with_capacity(obj.len()?);
+    let mut at = At {
+        root: "extra_keys",
+        path: vec![0],
+    };
+    for (i, item) in obj.try_iter()?.enumerate() {
+        at.path.truncate(1);
+        if let Some(first) = at.path.first_mut() {
+            *first = i;
+        }
+        out.push(block_keys_at(&item?, &mut at)?);
+    }
+    Ok(Some(out))
+}
+
+fn parent_hash(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<BlockHash>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let Ok(b) = obj.cast::<PyBytes>() else {
+        return Err(invalid_type(format!(
+            "parent must be bytes or None, not {}",
+            type_name(obj)
+        )));
+    };
+    BlockHash::from_bytes(b.as_bytes())
+        .map(Some)
+        .ok_or_else(|| {
+            invalid_input(format!(
+                "parent hash has {} bytes (at most 32)",
+                b.as_bytes().len()
+            ))
+        })
+}
+
+fn algo(name: &str) -> PyResult<HashAlgo> {
+    HashAlgo::from_name(name).py_err()
+}
+
+fn seed_or_default(seed: Option<&str>) -> String {
+    match seed {
+        Some(s) => s.to_owned(),
+        None => {
+            let env = std::env::var_os("PYTHONHASHSEED").map(|v| v.to_string_lossy().into_owned());
+            BlockHasher::default_seed(env.as_deref())
+        }
+    }
+}
+
+/// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
+#[pyclass(frozen, name = "BlockHasher", module = "prefixcache._core")]
+pub struct PyBlockHasher {
+    inner: BlockHasher,
+}
+
+#[pymethods]
+impl PyBlockHasher {
+    #[new]
+    #[pyo3(signature = (block_size=16, algo="sha256", seed=None))]
+    fn new(block_size: i64, algo: &str, seed: Option<&str>) -> PyResult<Self> {
+        let algo = self::algo(algo)?;
+        let bs = usize::try_from(block_size)
+            .ok()
+            .filter(|&b| b >= 1)
+            .ok_or_else(|| invalid_input(format!("block_size must be >= 1, got {block_size}")))?;
+        let inner = BlockHasher::new(algo, bs, &seed_or_default(seed)).py_err()?;
+        Ok(PyBlockHasher { inner })
+    }
+
+    /// NONE_HASH: the parent of the first block.
+    #[getter]
+    fn none_hash<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.none_hash().as_bytes())
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.inner.algo().name()
+    }
+
+    #[getter]
+    fn seed(&self) -> &str {
+        self.inner.seed()
+    }
+
+    /// Hashes of the full blocks of `tokens` (a partial tail is not hashed).
+    #[pyo3(signature = (tokens, extra_keys=None, parent=None))]
+    fn hash_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        extra_keys: Option<&Bound<'py, PyAny>>,
+        parent: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let extra = all_block_keys(extra_keys)?;
+        let parent = parent_hash(parent)?;
+        let toks = tokens.as_slice();
+        let inner = &self.inner;
+        let run = || inner.hash_blocks(toks, extra.as_deref(), parent.as_ref());
+        let hashes = if toks.len() >= DETACH_MIN_TOKENS {
+            py.detach(run)
+        } else {
+            run()
+        }
+        .py_err()?;
+        PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    /// The hash of one full block (exactly `block_size` tokens).
+    #[pyo3(signature = (parent, tokens, extra_keys=None))]
+    fn hash_block<'py>(
+        &self,
+        py: Python<'py>,
+        parent: Option<&Bound<'py, PyAny>>,
+        tokens: &Bound<'py, PyAny>,
+        extra_keys: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let parent = parent_hash(parent)?;
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let extra = single_block_keys(extra_keys)?;
+        let h = self
+            .inner
+            .hash_block(parent.as_ref(), tokens.as_slice(), extra.as_deref())
+            .py_err()?;
+        Ok(PyBytes::new(py, h.as_bytes()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHasher(block_size={}, algo={:?}, seed={:?})",
+            self.inner.block_size(),
+            self.inner.algo().name(),
+            self.inner.seed()
+        )
+    }
+}
+
+/// vLLM's `hash_block_tokens(hash_fn, parent, tokens, extra_keys)` for any token count;
+/// parent None = NONE_HASH of `algo` and `seed` (default as `BlockHasher`).
+#[pyfunction]
+#[pyo3(signature = (algo, parent, tokens, extra_keys=None, seed=None))]
+pub fn hash_block_tokens<'py>(
+    py: Python<'py>,
+    algo: &str,
+    parent: Option<&Bound<'py, PyAny>>,
+    tokens: &Bound<'py, PyAny>,
+    extra_keys: Option<&Bound<'py, PyAny>>,
+    seed: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = self::algo(algo)?;
+    let parent = parent_hash(parent)?;
+    let tokens = convert::tokens(tokens, "tokens")?;
+    let extra = single_block_keys(extra_keys)?;
+    let hasher = BlockHasher::new(algo, 1, &seed_or_default(seed)).py_err()?;
+    let h = hasher
+        .hash_block_tokens(parent.as_ref(), tokens.as_slice(), extra.as_deref())
+        .py_err()?;
+    Ok(PyBytes::new(py, h.as_bytes()))
+}
