@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
+
 from prefixcache.errors import LockRefError, PrefixCacheError, StaleHandleError
 
 NAMESPACES: list[tuple[str | None, str | None]] = [

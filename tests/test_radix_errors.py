@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import prefixcache
 import pytest
+
+import prefixcache
 from prefixcache.errors import (
     InvalidInputError,
     InvalidTypeError,

@@ -8,8 +8,9 @@ import array
 
 import numpy as np
 import pytest
-from prefixcache.reference.radix import RadixCache
 from radix_ops import check_invariants
+
+from prefixcache.reference.radix import RadixCache
 
 
 def keys(c: RadixCache) -> list[tuple[int, list[int]]]:
