@@ -66,7 +66,7 @@ def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
 
 def check_invariants(cache: Any, unique_values: bool = True) -> list[dict[str, Any]]:
     """Assert the structural invariants of a RadixCache; returns its dump()."""
-    dump = cache.dump()
+    dump: list[dict[str, Any]] = cache.dump()
     page = cache.page_size
     total = cache.total_size()
     assert cache.evictable_size() + cache.protected_size() == total, "sizes do not add up"

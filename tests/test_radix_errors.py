@@ -215,10 +215,9 @@ def test_handle_from_before_reset_is_stale(impl: Any, op: str, which: str) -> No
     expect(world, lambda c: getattr(c, op)(old), StaleHandleError, "")
 
 
-def test_handle_of_wrong_type(impl: Any) -> None:
-    world = World(impl)
-    for op in HANDLE_OPS:
-        expect(world, lambda c, op=op: getattr(c, op)(5), TypeError, "")
+@pytest.mark.parametrize("op", HANDLE_OPS)
+def test_handle_of_wrong_type(impl: Any, op: str) -> None:
+    expect(World(impl), lambda c: getattr(c, op)(5), TypeError, "")
 
 
 def test_unlock_an_unlocked_node(impl: Any) -> None:
