@@ -11,6 +11,7 @@ An operation is plain data so the same sequence can drive the core and the refer
 
 from __future__ import annotations
 
+import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,19 @@ PRIORITIES = [-2, 0, 0, 1, 3]
 Op = tuple[Any, ...]
 
 
+def as_container(tokens: list[int], k: int) -> Any:
+    """The same token ids in one of the accepted containers (chosen by k)."""
+    kinds = [
+        lambda: tokens,
+        lambda: np.array(tokens, dtype=np.uint32),
+        lambda: np.array(tokens, dtype=np.int64),
+        lambda: np.array(tokens + tokens, dtype=np.uint32)[::2],   # not contiguous
+        lambda: array.array("Q", tokens),
+        lambda: tuple(tokens),
+    ]
+    return kinds[k % len(kinds)]()
+
+
 KINDS = ["insert"] * 4 + ["match"] * 3 + ["evict"] * 2 + ["lock", "unlock", "info"]
 
 
@@ -36,7 +50,7 @@ def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
                  namespaces: bool = True) -> list[Op]:
     """A sequence of operations whose token lists share prefixes often (built from a small
     pool of chunks whose lengths are not multiples of the page size)."""
-    alphabet = st.integers(0, 3)
+    alphabet = st.sampled_from([0, 1, 2**31, 2**32 - 1])  # the extremes of the token range
     chunk = st.lists(alphabet, min_size=1, max_size=2 * page_size + 1)
     pool = draw(st.lists(chunk, min_size=2, max_size=4))
     tokens = st.builds(
@@ -112,6 +126,7 @@ class Lockstep:
     caches: list[Any]
     unique_values: bool = True
     next_value: int = 1_000_000
+    steps: int = 0
     handles: list[list[Any]] = field(default_factory=list)   # per step: one handle per cache
     locked: list[int] = field(default_factory=list)          # indexes into handles
 
@@ -137,17 +152,23 @@ class Lockstep:
 
     def apply(self, op: Op) -> None:
         kind = op[0]
+        self.steps += 1
         if kind == "insert":
-            _, tokens, (ek, salt), priority, inserted_len = op
-            values = np.arange(self.next_value, self.next_value + len(tokens), dtype=np.int64)
-            self.next_value += len(tokens)
+            _, token_list, (ek, salt), priority, inserted_len = op
+            tokens = as_container(token_list, self.steps)
+            values: Any = np.arange(self.next_value, self.next_value + len(token_list),
+                                    dtype=np.int64)
+            if self.steps % 3 == 0:
+                values = values.tolist()
+            self.next_value += len(token_list)
             res = self._each(lambda _i, c: c.insert(tokens, values, extra_key=ek, cache_salt=salt,
                                                     priority=priority, inserted_len=inserted_len))
             assert all(s == "ok" for s, _ in res), res
             self._same("insert prefix_len", [r.prefix_len for _, r in res])
             self._remember([r.node for _, r in res])
         elif kind == "match":
-            _, tokens, (ek, salt) = op
+            _, token_list, (ek, salt) = op
+            tokens = as_container(token_list, self.steps)
             res = self._each(lambda _i, c: c.match_prefix(tokens, extra_key=ek, cache_salt=salt))
             assert all(s == "ok" for s, _ in res), res
             self._same("match length", [r.length for _, r in res])
@@ -163,6 +184,13 @@ class Lockstep:
                 return
             nodes = self.handles[h]
             if kind == "info":
+                # handles compare equal exactly when they name the same tree node
+                same = [[nodes[i] == other[i] for other in self.handles]
+                        for i in range(len(self.caches))]
+                self._same("handle equality", same)
+                for i in range(len(self.caches)):
+                    assert all(hash(nodes[i]) == hash(other[i])
+                               for other, eq in zip(self.handles, same[i], strict=True) if eq)
                 res = self._each(lambda i, c: (c.node_info(nodes[i]), c.path_indices(nodes[i])))
                 self._same("info status", [s for s, _ in res])
                 if res[0][0] == "ok":
