@@ -11,6 +11,7 @@ An operation is plain data so the same sequence can drive the core and the refer
 
 from __future__ import annotations
 
+import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,33 +29,50 @@ PRIORITIES = [-2, 0, 0, 1, 3]
 Op = tuple[Any, ...]
 
 
+def as_container(tokens: list[int], k: int) -> Any:
+    """The same token ids in one of the accepted containers (chosen by k)."""
+    kinds = [
+        lambda: tokens,
+        lambda: np.array(tokens, dtype=np.uint32),
+        lambda: np.array(tokens, dtype=np.int64),
+        lambda: np.array(tokens + tokens, dtype=np.uint32)[::2],   # not contiguous
+        lambda: array.array("Q", tokens),
+        lambda: tuple(tokens),
+    ]
+    return kinds[k % len(kinds)]()
+
+
+KINDS = ["insert"] * 4 + ["match"] * 3 + ["evict"] * 2 + ["lock", "unlock", "info"]
+
+
 @st.composite
 def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
                  namespaces: bool = True) -> list[Op]:
     """A sequence of operations whose token lists share prefixes often (built from a small
     pool of chunks whose lengths are not multiples of the page size)."""
-    alphabet = st.integers(0, 3)
+    alphabet = st.sampled_from([0, 1, 2**31, 2**32 - 1])  # the extremes of the token range
     chunk = st.lists(alphabet, min_size=1, max_size=2 * page_size + 1)
-    pool = draw(st.lists(chunk, min_size=2, max_size=5))
+    pool = draw(st.lists(chunk, min_size=2, max_size=4))
     tokens = st.builds(
         lambda parts, tail: [t for p in parts for t in p] + tail,
-        st.lists(st.sampled_from(pool), max_size=4),
+        st.lists(st.sampled_from(pool), min_size=1, max_size=4),
         st.lists(alphabet, max_size=page_size + 1),
-    )
-    ns = st.sampled_from(NAMESPACES if namespaces else NAMESPACES[:1])
-    handle = st.integers(0, 1_000)
-    insert = st.tuples(st.just("insert"), tokens, ns, st.sampled_from(PRIORITIES),
-                       st.one_of(st.just(0), st.integers(0, 6 * page_size)))
-    op = st.one_of(
-        insert, insert, insert,
-        st.tuples(st.just("match"), tokens, ns),
-        st.tuples(st.just("match"), tokens, ns),
-        st.tuples(st.just("lock"), handle),
-        st.tuples(st.just("unlock"), handle),
-        st.tuples(st.just("info"), handle),
-        st.tuples(st.just("evict"), st.one_of(st.integers(0, 4 * page_size), st.just(10**6))),
-    )
-    ops = draw(st.lists(op, max_size=max_ops))
+    ) | st.lists(alphabet, max_size=3 * page_size)
+    default_ns = st.just(NAMESPACES[0])
+    ns = default_ns | st.sampled_from(NAMESPACES) if namespaces else default_ns
+    ops: list[Op] = []
+    for _ in range(draw(st.integers(max_ops // 2, max_ops))):
+        kind = draw(st.sampled_from(KINDS))
+        if kind == "insert":
+            inserted_len = draw(st.just(0) | st.integers(0, 6 * page_size))
+            ops.append((kind, draw(tokens), draw(ns), draw(st.sampled_from(PRIORITIES)),
+                        inserted_len))
+        elif kind == "match":
+            ops.append((kind, draw(tokens), draw(ns)))
+        elif kind == "evict":
+            ops.append((kind, draw(st.integers(0, 4 * page_size) | st.just(10**6))))
+        else:
+            ops.append((kind, draw(st.integers(0, 1_000))))
     if draw(st.integers(0, 9)) == 0 and ops:  # reset rarely
         ops.insert(draw(st.integers(0, len(ops))), ("reset",))
     return ops
@@ -62,31 +80,33 @@ def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
 
 def check_invariants(cache: Any, unique_values: bool = True) -> list[dict[str, Any]]:
     """Assert the structural invariants of a RadixCache; returns its dump()."""
-    dump = cache.dump()
+    dump: list[dict[str, Any]] = cache.dump()
     page = cache.page_size
     total = cache.total_size()
-    assert cache.evictable_size() + cache.protected_size() == total
-    assert total == sum(len(r["key"]) for r in dump)
-    assert cache.num_nodes == len(dump)
-    assert cache.evictable_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] == 0)
-    assert cache.protected_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] > 0)
+    assert cache.evictable_size() + cache.protected_size() == total, "sizes do not add up"
+    assert total == sum(len(r["key"]) for r in dump), "total_size is not the dumped tokens"
+    assert cache.num_nodes == len(dump), "num_nodes is not the dumped nodes"
+    assert cache.evictable_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] == 0), \
+        "evictable_size is not the unlocked tokens"
+    assert cache.protected_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] > 0), \
+        "protected_size is not the locked tokens"
     if unique_values:
         counts = Counter(v for r in dump for v in r["value"])
         assert not counts or max(counts.values()) == 1, "a KV index is cached twice"
     stack: list[dict[str, Any]] = []  # ancestors of the current record
     siblings: list[set[Any]] = [set()]
     for r in dump:
-        assert r["lock_ref"] >= 0
+        assert r["lock_ref"] >= 0, r
         assert len(r["key"]) > 0 and len(r["key"]) % page == 0, "node key not page aligned"
-        assert len(r["key"]) == len(r["value"])
-        assert r["hit_count"] >= 0
-        assert r["creation_time"] <= r["last_access_time"] <= cache.clock
-        depth = r["depth"]
-        assert depth <= len(stack)
+        assert len(r["key"]) == len(r["value"]), r
+        assert r["hit_count"] >= 0, r
+        assert r["creation_time"] <= r["last_access_time"] <= cache.clock, r
+        depth = r["depth"] - 1  # the root's children have depth 1
+        assert 0 <= depth <= len(stack), "dump depth jumps"
         del stack[depth:]
         del siblings[depth + 1:]
         ns = (r["extra_key"], r["cache_salt"])
-        assert r["cache_salt"] != ""
+        assert r["cache_salt"] != "", r
         if stack:
             parent = stack[-1]
             assert (parent["extra_key"], parent["cache_salt"]) == ns, "namespace changes on a path"
@@ -106,6 +126,7 @@ class Lockstep:
     caches: list[Any]
     unique_values: bool = True
     next_value: int = 1_000_000
+    steps: int = 0
     handles: list[list[Any]] = field(default_factory=list)   # per step: one handle per cache
     locked: list[int] = field(default_factory=list)          # indexes into handles
 
@@ -131,17 +152,23 @@ class Lockstep:
 
     def apply(self, op: Op) -> None:
         kind = op[0]
+        self.steps += 1
         if kind == "insert":
-            _, tokens, (ek, salt), priority, inserted_len = op
-            values = np.arange(self.next_value, self.next_value + len(tokens), dtype=np.int64)
-            self.next_value += len(tokens)
+            _, token_list, (ek, salt), priority, inserted_len = op
+            tokens = as_container(token_list, self.steps)
+            values: Any = np.arange(self.next_value, self.next_value + len(token_list),
+                                    dtype=np.int64)
+            if self.steps % 3 == 0:
+                values = values.tolist()
+            self.next_value += len(token_list)
             res = self._each(lambda _i, c: c.insert(tokens, values, extra_key=ek, cache_salt=salt,
                                                     priority=priority, inserted_len=inserted_len))
             assert all(s == "ok" for s, _ in res), res
             self._same("insert prefix_len", [r.prefix_len for _, r in res])
             self._remember([r.node for _, r in res])
         elif kind == "match":
-            _, tokens, (ek, salt) = op
+            _, token_list, (ek, salt) = op
+            tokens = as_container(token_list, self.steps)
             res = self._each(lambda _i, c: c.match_prefix(tokens, extra_key=ek, cache_salt=salt))
             assert all(s == "ok" for s, _ in res), res
             self._same("match length", [r.length for _, r in res])
@@ -157,6 +184,13 @@ class Lockstep:
                 return
             nodes = self.handles[h]
             if kind == "info":
+                # handles compare equal exactly when they name the same tree node
+                same = [[nodes[i] == other[i] for other in self.handles]
+                        for i in range(len(self.caches))]
+                self._same("handle equality", same)
+                for i in range(len(self.caches)):
+                    assert all(hash(nodes[i]) == hash(other[i])
+                               for other, eq in zip(self.handles, same[i], strict=True) if eq)
                 res = self._each(lambda i, c: (c.node_info(nodes[i]), c.path_indices(nodes[i])))
                 self._same("info status", [s for s, _ in res])
                 if res[0][0] == "ok":
@@ -206,7 +240,7 @@ def _eq(a: Any, b: Any) -> bool:
         return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
                 and a.dtype == b.dtype and np.array_equal(a, b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_eq(a[k], b[k]) for k in a)
     return bool(a == b)

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from radix_ops import Lockstep, Op, op_sequences
 
 import prefixcache
 from prefixcache.reference import radix as reference
-from radix_ops import Lockstep, Op, op_sequences
 
 POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 PAGE_SIZES = [1, 2, 4, 16]
@@ -53,3 +53,15 @@ def test_harness_reference_against_itself(policy: str) -> None:
         run(ops, 2, policy, reference.RadixCache)
 
     check()
+
+
+@needs_core
+@pytest.mark.parametrize("policy", POLICIES)
+def test_tie_between_split_tail_and_new_leaf(policy: str) -> None:
+    """One insert splits [1,2,3] and puts [4] beside the tail [3]: both have the same
+    logical time. SGLang 0.5.23 (checked, docs/ANCHORS.md) frees the tail first under lru,
+    the new leaf first under mru; the serial tie-break must reproduce both."""
+    ops: list[Op] = [("insert", [1, 2, 3], (None, None), 0, 0),
+                     ("insert", [1, 2, 4], (None, None), 0, 0),
+                     ("evict", 1), ("evict", 1), ("evict", 1)]
+    run(ops, 1, policy, Core)

@@ -6,6 +6,7 @@ Run it with the anchors venv (see docs/ANCHORS.md), never from the tests or CI:
 
     bash /work/shared/anchors/setup.sh /work/anchors          # once, ~10 GB
     /work/anchors/bin/python tools/check_radix_against_sglang.py [--seeds 200] [--steps 60]
+    /work/anchors/bin/python tools/check_radix_against_sglang.py --impl core   # the Rust core
 
 Compared after every step: match lengths and indices (SGLang: path_device_indices of the
 matched node), insert prefix_len, lock/unlock deltas, the KV indices each evict call frees
@@ -42,16 +43,17 @@ _pkg = types.ModuleType("prefixcache")
 _pkg.__path__ = [str(REPO / "python" / "prefixcache")]
 sys.modules.setdefault("prefixcache", _pkg)
 
-import torch  # noqa: E402
-
 import sglang.srt.mem_cache.radix_cache as rc  # noqa: E402
-from prefixcache.reference import radix as reference  # noqa: E402
+import torch  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     EvictParams,
     InsertParams,
     MatchPrefixParams,
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+
+from prefixcache.errors import StaleHandleError  # noqa: E402
+from prefixcache.reference import radix as reference  # noqa: E402
 
 SGLANG_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 NAMESPACES: list[tuple[str | None, str | None]] = [
@@ -101,11 +103,11 @@ def sglang_dump(tree: Any) -> list[tuple[Any, ...]]:
                         c.priority, c.key.extra_key, c.key.cache_salt))
             visit(c, depth + 1)
 
-    visit(tree.root_node, 0)
+    visit(tree.root_node, 1)
     return out
 
 
-def reference_dump(cache: reference.RadixCache) -> list[tuple[Any, ...]]:
+def reference_dump(cache: Any) -> list[tuple[Any, ...]]:
     return [(r["depth"], r["key"], r["value"], r["lock_ref"], r["hit_count"], r["priority"],
              r["extra_key"], r["cache_salt"]) for r in cache.dump()]
 
@@ -142,13 +144,22 @@ class Mismatch(Exception):
     pass
 
 
-def run(ops: list[tuple[Any, ...]], page: int, policy: str) -> list[str]:
+def alive(cache: Any, node: Any) -> bool:
+    """Whether a handle still names a node of the cache (works for both implementations)."""
+    try:
+        cache.node_info(node)
+    except StaleHandleError:
+        return False
+    return True
+
+
+def run(ops: list[tuple[Any, ...]], page: int, policy: str, impl: Any) -> list[str]:
     """Run one sequence on both; returns the disagreements (stops at the first structural one)."""
     alloc = Alloc()
     tree = rc.RadixCache(CacheInitParams(disable=False, req_to_token_pool=None,
                                          token_to_kv_pool_allocator=alloc, page_size=page,
                                          eviction_policy=policy))
-    ref = reference.RadixCache(page, policy)
+    ref = impl(page, policy)
     handles: list[tuple[Any, Any]] = []
     locked: list[int] = []
     next_value = 1_000_000
@@ -156,7 +167,8 @@ def run(ops: list[tuple[Any, ...]], page: int, policy: str) -> list[str]:
 
     def expect(what: str, ours: Any, theirs: Any, step: int, op: Any) -> None:
         if ours != theirs:
-            problems.append(f"step {step} {op!r}: {what}: reference {ours!r} != sglang {theirs!r}")
+            problems.append(f"step {step} {op!r}: {what}: "
+                            f"prefixcache {ours!r} != sglang {theirs!r}")
             raise Mismatch
 
     def key(tokens: list[int], ns: tuple[str | None, str | None]) -> Any:
@@ -187,8 +199,7 @@ def run(ops: list[tuple[Any, ...]], page: int, policy: str) -> list[str]:
                        tree.path_device_indices(theirs.last_device_node).tolist(), step, op)
                 handles.append((ours.node, theirs.last_device_node))
             elif kind == "lock":
-                live = [i for i, (n, _) in enumerate(handles)
-                        if not n.removed and n.generation == ref._generation]
+                live = [i for i, (n, _) in enumerate(handles) if alive(ref, n)]
                 if not live:
                     continue
                 h = live[op[1] % len(live)]
@@ -232,7 +243,15 @@ def main() -> int:
     ap.add_argument("--split-creation", choices=["inherit", "fresh"], default="inherit",
                     help="patch SGLang's split to inherit creation_time (default) or not")
     ap.add_argument("--show", type=int, default=3, help="disagreements to print per config")
+    ap.add_argument("--impl", choices=["reference", "core"], default="reference",
+                    help="what to compare with SGLang: the plain-Python reference (default) or "
+                         "the compiled core (needs `maturin develop` in this checkout for the "
+                         "same Python version)")
     args = ap.parse_args()
+    if args.impl == "core":
+        from prefixcache._core import RadixCache as impl
+    else:
+        impl = reference.RadixCache
     rc.RadixCache._split_node = (_inheriting_split if args.split_creation == "inherit"  # type: ignore[method-assign]
                                  else _original_split)
     total_bad = 0
@@ -242,14 +261,15 @@ def main() -> int:
             shown = 0
             for seed in range(args.seeds):
                 rng = random.Random(f"{policy}-{page}-{seed}")
-                problems = run(random_ops(rng, page, args.steps), page, policy)
+                problems = run(random_ops(rng, page, args.steps), page, policy, impl)
                 if problems:
                     bad += 1
                     if shown < args.show:
                         shown += 1
                         print(f"  [{policy} page={page} seed={seed}] {problems[0]}")
             total_bad += bad
-            print(f"{policy:8s} page_size={page:<3d} {args.seeds - bad}/{args.seeds} sequences agree")
+            agree = args.seeds - bad
+            print(f"{policy:8s} page_size={page:<3d} {agree}/{args.seeds} sequences agree")
     print("ALL AGREE" if total_bad == 0 else f"{total_bad} sequences disagree")
     return 0 if total_bad == 0 else 1
 

@@ -53,10 +53,12 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
     if isinstance(obj, np.ndarray):
         if obj.ndim != 1:
             raise InvalidInputError(
-                f"{what} must be 1-dimensional, got an array of shape {tuple(obj.shape)}"
+                f"{what} must be 1-dimensional, got an array of shape {list(obj.shape)}"
             )
         if obj.dtype.kind not in "iu":
-            raise InvalidTypeError(f"{what} must hold integers, got an array of dtype {obj.dtype.str}")
+            raise InvalidTypeError(
+                f"{what} must hold integers, got an array of dtype {obj.dtype}"
+            )
         items: list[int] = obj.tolist()
         for i, v in enumerate(items):
             check(what, i, v)
@@ -82,7 +84,8 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
         try:
             v = operator.index(item)
         except TypeError:
-            raise InvalidTypeError(f"{what}[{i}] must be an int, got {type(item).__name__}") from None
+            name = type(item).__name__
+            raise InvalidTypeError(f"{what}[{i}] must be an int, got {name}") from None
         check(what, i, v)
         out.append(v)
     return out

@@ -24,13 +24,14 @@ correct, not fast.
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError, StaleHandleError
-from prefixcache.reference.int_args import token_list, value_list
+from prefixcache.reference.int_args import INT64_MAX, INT64_MIN, token_list, value_list
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 SLRU_PROTECTED_HITS = 2
@@ -119,10 +120,17 @@ def _namespace(extra_key: object, cache_salt: object) -> Namespace:
     return (extra_key, cache_salt or None)  # type: ignore[return-value]
 
 
-def _int_arg(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}")
-    return int(v)
+def _int_arg(name: str, v: object, default: int) -> int:
+    """An int argument (None = default); clamped to the int64 range like the bindings."""
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        raise InvalidTypeError(f"{name} must be an int, got bool")
+    try:
+        i = operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}") from None
+    return min(max(i, INT64_MIN), INT64_MAX)
 
 
 def _array(xs: list[int] | tuple[int, ...]) -> npt.NDArray[np.int64]:
@@ -138,17 +146,20 @@ class RadixCache:
     """SGLang's token-level compressed radix tree with its eviction policies."""
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru") -> None:
-        page_size = _int_arg("page_size", page_size)
+        page_size = _int_arg("page_size", page_size, 1)
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
         if not isinstance(eviction_policy, str):
-            raise InvalidTypeError(f"eviction_policy must be a str, got {type(eviction_policy).__name__}")
-        if eviction_policy not in POLICIES:
+            raise InvalidTypeError(
+                f"eviction_policy must be a str, got {type(eviction_policy).__name__}"
+            )
+        if eviction_policy.lower() not in POLICIES:
             raise InvalidInputError(
-                f"unknown eviction_policy {eviction_policy!r}: expected one of {', '.join(POLICIES)}"
+                f'unknown eviction policy "{eviction_policy}": '
+                f"expected one of {', '.join(POLICIES)}"
             )
         self._page_size = page_size
-        self._policy = eviction_policy
+        self._policy = eviction_policy.lower()
         self._clock = 0
         self._serials = itertools.count(0)
         self._generation = 0
@@ -157,7 +168,8 @@ class RadixCache:
         self._protected = 0
 
     def _new_root(self) -> Node:
-        root = Node(self, None, (), (), (None, None), self._clock, 0)
+        # Lowest possible priority (SGLang: -sys.maxsize) so any real priority overrides it.
+        root = Node(self, None, (), (), (None, None), self._clock, INT64_MIN)
         root.lock_ref = 1
         return root
 
@@ -216,7 +228,7 @@ class RadixCache:
 
     def _common_len(self, a: tuple[int, ...], b: tuple[int, ...]) -> int:
         n = 0
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=False):
             if x != y:
                 break
             n += 1
@@ -249,8 +261,10 @@ class RadixCache:
         self._clock += 1
         now = self._clock
         node = self._root
-        node.last_access_time = now
         values: list[int] = []
+        if not key:  # SGLang returns before touching anything (the clock still ticks here)
+            return MatchResult(0, _array(values), node)
+        node.last_access_time = now
         while key:
             child = node.children.get(self._child_key(ns, key))
             if child is None:
@@ -272,11 +286,12 @@ class RadixCache:
         vals = toks if values is None else value_list(values)
         if len(vals) != len(toks):
             raise InvalidInputError(
-                f"values has {len(vals)} entries but tokens has {len(toks)}: they must be equal"
+                f"values has length {len(vals)} but tokens has length {len(toks)}: "
+                "they must be equal"
             )
         ns = _namespace(extra_key, cache_salt)
-        priority = _int_arg("priority", priority)
-        inserted_len = _int_arg("inserted_len", inserted_len)
+        priority = _int_arg("priority", priority, 0)
+        inserted_len = _int_arg("inserted_len", inserted_len, 0)
         if inserted_len < 0:
             raise InvalidInputError(f"inserted_len must be >= 0, got {inserted_len}")
         n = self._aligned(len(toks))
@@ -332,7 +347,8 @@ class RadixCache:
         for n in path:
             if n.lock_ref <= 0:
                 raise LockRefError(
-                    "dec_lock_ref would make a lock count negative: a node on the path is not locked"
+                    "dec_lock_ref would make a lock count negative: "
+                    "a node on the path is not locked"
                 )
         delta = 0
         for n in path:
@@ -369,7 +385,7 @@ class RadixCache:
         return n is not self._root and n.lock_ref == 0 and not n.children
 
     def evict(self, num_tokens: int) -> npt.NDArray[np.int64]:
-        num_tokens = _int_arg("num_tokens", num_tokens)
+        num_tokens = _int_arg("num_tokens", num_tokens, 0)
         if num_tokens < 0:
             raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
         candidates = [n for n in self._walk() if self._is_evictable_leaf(n)]
@@ -436,7 +452,7 @@ class RadixCache:
                 })
                 visit(c, depth + 1)
 
-        visit(self._root, 0)
+        visit(self._root, 1)  # the root has depth 0 and is not listed
         return out
 
     def pretty_print(self) -> str:
@@ -447,7 +463,7 @@ class RadixCache:
                 f" ns=({r['extra_key']!r}, {r['cache_salt']!r})"
             key = r["key"][:10]
             more = "..." if len(r["key"]) > 10 else ""
-            lines.append(f"{'  ' * (r['depth'] + 1)}{len(r['key'])} {key}{more} r={r['lock_ref']} "
+            lines.append(f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
                          f"hits={r['hit_count']} prio={r['priority']}{ns}")
         lines.append(f"#tokens: {self.total_size()} (evictable {self._evictable}, "
                      f"protected {self._protected})")
