@@ -64,3 +64,20 @@ def test_seed_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
 
     benchmark.pedantic(run, rounds=1 if benchmark.disabled or impl == "reference" else 5,
                        iterations=1)
+
+
+@pytest.mark.skipif(not blocks_available(), reason="KVCacheManager not built")
+@pytest.mark.parametrize("impl", ["core", "reference"])
+def test_seed_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) -> None:
+    benchmark.group = "replay: workload F, vllm-blocks, seed model"
+    from prefixcache.policies import BlocksPolicy
+    from prefixcache.reference.blocks import KVCacheManager as Reference
+
+    w = seed_workload("F", 0)
+    cls = None if impl == "core" else Reference
+
+    def run() -> Any:
+        return replay(w.requests, [BlocksPolicy(w.capacity or 0, manager_cls=cls)])
+
+    benchmark.pedantic(run, rounds=1 if benchmark.disabled or impl == "reference" else 5,
+                       iterations=1)

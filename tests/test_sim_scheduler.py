@@ -297,3 +297,20 @@ def test_namespaces_never_share(policy: str) -> None:
     page = 4 if policy == "radix-page4" else 16 if policy != "radix" else 1
     again = 63 // page * page
     assert [r.hit_tokens for r in res.records] == [0, 0, 0, 0, again, again, 0]
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@pytest.mark.parametrize("workload", ["C", "F"])
+def test_core_and_reference_block_manager_replay_identically(workload: str) -> None:
+    from prefixcache.policies import BlocksPolicy
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    w = seed_workload(workload, 2)
+    reqs = list(w.requests)[:100]
+    cap = w.capacity or default_capacity(reqs)
+    for model in ("seed", "time"):
+        core = BlocksPolicy(cap)
+        ref = BlocksPolicy(cap, manager_cls=RefManager)
+        a, b = replay(reqs, [core, ref], model=model, check=True)
+        assert [repr(r) for r in a.records] == [repr(r) for r in b.records]
+        assert a.stats == b.stats
