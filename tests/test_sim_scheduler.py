@@ -233,7 +233,12 @@ def test_core_and_reference_tree_replay_identically(workload: str, page: int) ->
 def test_slot_pool() -> None:
     p = SlotPool(5)
     a = p.alloc(3)
-    assert p.free == 2 and sorted(a.tolist()) == [2, 3, 4]
+    assert p.free == 2 and sorted(a.tolist()) == [0, 1, 2]
+    b = p.alloc(2)
+    p.release(b[:1])
+    c = p.alloc(1)
+    assert c.tolist() == b[:1].tolist() and p.free == 0
+    p.release(np.concatenate([b[1:], c]))
     with pytest.raises(InvalidInputError):
         p.alloc(3)
     p.release(a)

@@ -108,33 +108,50 @@ def _max_k(needed: Callable[[int], int], available: int) -> int:
 
 
 class SlotPool:
-    """A pool of ``capacity`` KV slot indices (int64), allocated and freed as arrays."""
+    """A pool of ``capacity`` KV slot indices (int64), allocated and freed as arrays.
+
+    Memory grows with the slots in use, not with the capacity: never-used slots are
+    handed out from a counter, released ones from a stack (so a huge or "unlimited"
+    budget costs nothing up front).
+    """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise InvalidInputError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._buf = np.arange(capacity, dtype=np.int64)
-        self._top = capacity  # _buf[:_top] are free
+        self._fresh = 0  # slots [_fresh, capacity) were never handed out
+        self._stack = np.empty(1024, dtype=np.int64)  # released slots: _stack[:_top]
+        self._top = 0
 
     @property
     def free(self) -> int:
-        return self._top
+        return self.capacity - self._fresh + self._top
 
     def alloc(self, n: int) -> IndexArray:
-        if n > self._top:
-            raise InvalidInputError(f"slot pool: {n} slots requested, {self._top} free")
-        self._top -= n
-        return self._buf[self._top : self._top + n].copy()
+        if n > self.free:
+            raise InvalidInputError(f"slot pool: {n} slots requested, {self.free} free")
+        k = min(n, self._top)
+        self._top -= k
+        out = self._stack[self._top : self._top + k]
+        if k == n:
+            return out.copy()
+        fresh = np.arange(self._fresh, self._fresh + n - k, dtype=np.int64)
+        self._fresh += n - k
+        return np.concatenate([out, fresh]) if k else fresh
 
     def release(self, idx: IndexArray) -> None:
         n = len(idx)
         if n == 0:
             return
-        if self._top + n > self.capacity:
+        if self.free + n > self.capacity:
             raise InvalidInputError("slot pool: more slots freed than allocated")
-        self._buf[self._top : self._top + n] = idx
-        self._top += n
+        need = self._top + n
+        if need > len(self._stack):
+            grown = np.empty(max(need, 2 * len(self._stack)), dtype=np.int64)
+            grown[: self._top] = self._stack[: self._top]
+            self._stack = grown
+        self._stack[self._top : need] = idx
+        self._top = need
 
 
 class _TreeSeq:
