@@ -428,6 +428,7 @@ class BlocksPolicy:
         self.allocated: dict[RequestId, int] = {}  # tokens of KV each request holds
         self.tokens: dict[RequestId, int] = {}  # tokens the manager knows per request
         self.blocks: dict[RequestId, npt.NDArray[np.int64]] = {}  # each request's blocks
+        self.flagged: dict[RequestId, int] = {}  # leading blocks already flagged cached
         self._cached = np.zeros(self.usable_blocks + 1, dtype=bool)  # block holds a hash
         self._evicted_blocks = 0
         self._peak = 0
@@ -441,7 +442,10 @@ class BlocksPolicy:
     def _cache_full(self, rid: RequestId, n_tokens: int) -> None:
         """The request's blocks full at ``n_tokens`` tokens now hold their hashes."""
         if not self._use_events:
-            self._cached[self.blocks[rid][: n_tokens // self.block_size]] = True
+            done, full = self.flagged.get(rid, 0), n_tokens // self.block_size
+            if full > done:
+                self._cached[self.blocks[rid][done:full]] = True
+                self.flagged[rid] = full
 
     def _drain_events(self) -> None:
         if not self._use_events:
@@ -524,6 +528,7 @@ class BlocksPolicy:
         del self.allocated[rid]
         del self.tokens[rid]
         del self.blocks[rid]
+        self.flagged.pop(rid, None)
 
     def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
         if not rids:
