@@ -1,0 +1,470 @@
+"""Plain-Python reference of SGLang's RadixCache (SEMANTICS.md section 1): the executable
+specification that ``prefixcache.RadixCache`` (the Rust core) is tested against.
+
+Read off SGLang 0.5.23 (``sglang/srt/mem_cache/radix_cache.py``, ``evict_policy.py``);
+where prefixcache deliberately differs it says so (docs/ANCHORS.md lists the differences):
+
+- Time is a logical clock: every ``match_prefix`` and ``insert`` call first does
+  ``clock += 1`` and stamps everything it touches with that one value. SGLang reads
+  ``time.monotonic()`` several times per call; the orders the policies see agree.
+- A split node inherits the creation time of the node it was split from (SGLang's classic
+  class gives it a fresh one, its Rust TreeCore inherits it).
+- Namespaces are the structured pair ``(extra_key, cache_salt)``; an empty salt is None.
+- Unlocking below zero raises ``LockRefError`` (SGLang lets lock_ref go negative).
+- Ties in the eviction order are broken by a node serial number (creation order, split
+  nodes included): ascending for lru lfu fifo priority slru, descending for mru and filo
+  (their exact reverses). The only tie two candidates can have under a per-call clock is
+  the lower half of a node split by an insert and the new leaf beside it (same
+  last_access_time); SGLang stamps the leaf later, and the serial order reproduces that.
+
+Eviction is O(leaves) per evicted node (``min`` over the candidates): short and obviously
+correct, not fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError, StaleHandleError
+from prefixcache.reference.int_args import INT64_MAX, INT64_MIN, token_list, value_list
+
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+SLRU_PROTECTED_HITS = 2
+
+Namespace = tuple[str | None, str | None]
+ChildKey = tuple[Namespace, tuple[int, ...]]
+
+
+class Node:
+    """A tree node; the node object itself is the handle given to callers."""
+
+    __slots__ = (
+        "cache",
+        "cache_salt",
+        "children",
+        "creation_time",
+        "extra_key",
+        "generation",
+        "hit_count",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "parent",
+        "priority",
+        "removed",
+        "serial",
+        "value",
+    )
+
+    def __init__(self, cache: RadixCache, parent: Node | None, key: tuple[int, ...],
+                 value: tuple[int, ...], namespace: Namespace, now: int, priority: int) -> None:
+        self.cache = cache
+        self.generation = cache._generation
+        self.serial = next(cache._serials)
+        self.parent = parent
+        self.children: dict[ChildKey, Node] = {}
+        self.key = key
+        self.value = value
+        self.extra_key, self.cache_salt = namespace
+        self.lock_ref = 0
+        self.hit_count = 0
+        self.priority = priority
+        self.creation_time = now
+        self.last_access_time = now
+        self.removed = False
+
+    @property
+    def namespace(self) -> Namespace:
+        return (self.extra_key, self.cache_salt)
+
+    def __repr__(self) -> str:
+        return f"<reference RadixCache node #{self.serial} len={len(self.key)}>"
+
+
+class MatchResult:
+    """Result of ``match_prefix``: matched length, the KV indices, the last matched node."""
+
+    __slots__ = ("indices", "length", "node")
+
+    def __init__(self, length: int, indices: npt.NDArray[np.int64], node: Node) -> None:
+        self.length = length
+        self.indices = indices
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"MatchResult(length={self.length}, node={self.node!r})"
+
+
+class InsertResult:
+    """Result of ``insert``: tokens already cached, and the last node of the inserted key."""
+
+    __slots__ = ("node", "prefix_len")
+
+    def __init__(self, prefix_len: int, node: Node) -> None:
+        self.prefix_len = prefix_len
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"InsertResult(prefix_len={self.prefix_len}, node={self.node!r})"
+
+
+def _namespace(extra_key: object, cache_salt: object) -> Namespace:
+    for name, v in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if v is not None and not isinstance(v, str):
+            raise InvalidTypeError(f"{name} must be a str or None, got {type(v).__name__}")
+    return (extra_key, cache_salt or None)  # type: ignore[return-value]
+
+
+def _int_arg(name: str, v: object, default: int) -> int:
+    """An int argument (None = default); clamped to the int64 range like the bindings."""
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        raise InvalidTypeError(f"{name} must be an int, got bool")
+    try:
+        i = operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}") from None
+    return min(max(i, INT64_MIN), INT64_MAX)
+
+
+def _array(xs: list[int] | tuple[int, ...]) -> npt.NDArray[np.int64]:
+    return np.array(xs, dtype=np.int64)
+
+
+def _namespace_sort_key(ns: Namespace) -> tuple[bool, str, bool, str]:
+    extra_key, cache_salt = ns
+    return (extra_key is not None, extra_key or "", cache_salt is not None, cache_salt or "")
+
+
+class RadixCache:
+    """SGLang's token-level compressed radix tree with its eviction policies."""
+
+    def __init__(self, page_size: int = 1, eviction_policy: str = "lru") -> None:
+        page_size = _int_arg("page_size", page_size, 1)
+        if page_size < 1:
+            raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
+        if not isinstance(eviction_policy, str):
+            raise InvalidTypeError(
+                f"eviction_policy must be a str, got {type(eviction_policy).__name__}"
+            )
+        if eviction_policy.lower() not in POLICIES:
+            raise InvalidInputError(
+                f'unknown eviction policy "{eviction_policy}": '
+                f"expected one of {', '.join(POLICIES)}"
+            )
+        self._page_size = page_size
+        self._policy = eviction_policy.lower()
+        self._clock = 0
+        self._serials = itertools.count(0)
+        self._generation = 0
+        self._root = self._new_root()
+        self._evictable = 0
+        self._protected = 0
+
+    def _new_root(self) -> Node:
+        # Lowest possible priority (SGLang: -sys.maxsize) so any real priority overrides it.
+        root = Node(self, None, (), (), (None, None), self._clock, INT64_MIN)
+        root.lock_ref = 1
+        return root
+
+    # ---- read-only properties ----
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def eviction_policy(self) -> str:
+        return self._policy
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    @property
+    def root(self) -> Node:
+        return self._root
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(1 for _ in self._walk()) - 1
+
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    def protected_size(self) -> int:
+        return self._protected
+
+    def total_size(self) -> int:
+        return sum(len(n.key) for n in self._walk())
+
+    # ---- helpers ----
+    def _walk(self) -> list[Node]:
+        out, stack = [], [self._root]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def _check_handle(self, node: object) -> Node:
+        if not isinstance(node, Node):
+            raise InvalidTypeError(f"expected a RadixCache node handle, got {type(node).__name__}")
+        if node.cache is not self:
+            raise StaleHandleError("the node handle belongs to another RadixCache")
+        if node.generation != self._generation:
+            raise StaleHandleError("the node handle is from before reset()")
+        if node.removed:
+            raise StaleHandleError("the node handle refers to an evicted node")
+        return node
+
+    def _child_key(self, ns: Namespace, key: tuple[int, ...]) -> ChildKey:
+        return (ns, key[: self._page_size])
+
+    def _common_len(self, a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        n = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n // self._page_size * self._page_size
+
+    def _split(self, child: Node, p: int, now: int) -> Node:
+        """Put a new node holding child.key[:p] between child and its parent."""
+        parent = child.parent
+        assert parent is not None and 0 < p < len(child.key)
+        new = Node(self, parent, child.key[:p], child.value[:p], child.namespace, now,
+                   child.priority)
+        new.lock_ref = child.lock_ref
+        new.hit_count = child.hit_count
+        new.creation_time = child.creation_time  # inherited (a documented choice)
+        parent.children[self._child_key(child.namespace, child.key)] = new
+        child.key, child.value = child.key[p:], child.value[p:]
+        child.parent = new
+        new.children[self._child_key(child.namespace, child.key)] = child
+        return new
+
+    def _aligned(self, n: int) -> int:
+        return n // self._page_size * self._page_size
+
+    # ---- match / insert ----
+    def match_prefix(self, tokens: Any, extra_key: str | None = None,
+                     cache_salt: str | None = None) -> MatchResult:
+        toks = token_list(tokens)
+        ns = _namespace(extra_key, cache_salt)
+        key = tuple(toks[: self._aligned(len(toks))])
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        values: list[int] = []
+        if not key:  # SGLang returns before touching anything (the clock still ticks here)
+            return MatchResult(0, _array(values), node)
+        node.last_access_time = now
+        while key:
+            child = node.children.get(self._child_key(ns, key))
+            if child is None:
+                break
+            child.last_access_time = now
+            p = self._common_len(child.key, key)
+            if p < len(child.key):
+                node = self._split(child, p, now)
+                values.extend(node.value)
+                break
+            values.extend(child.value)
+            node, key = child, key[p:]
+        return MatchResult(len(values), _array(values), node)
+
+    def insert(self, tokens: Any, values: Any = None, extra_key: str | None = None,
+               cache_salt: str | None = None, priority: int = 0,
+               inserted_len: int = 0) -> InsertResult:
+        toks = token_list(tokens)
+        vals = toks if values is None else value_list(values)
+        if len(vals) != len(toks):
+            raise InvalidInputError(
+                f"values has length {len(vals)} but tokens has length {len(toks)}: "
+                "they must be equal"
+            )
+        ns = _namespace(extra_key, cache_salt)
+        priority = _int_arg("priority", priority, 0)
+        inserted_len = _int_arg("inserted_len", inserted_len, 0)
+        if inserted_len < 0:
+            raise InvalidInputError(f"inserted_len must be >= 0, got {inserted_len}")
+        n = self._aligned(len(toks))
+        key, val = tuple(toks[:n]), tuple(vals[:n])
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        node.last_access_time = now
+        node.priority = max(node.priority, priority)
+        matched = 0
+        while key:
+            child = node.children.get(self._child_key(ns, key))
+            if child is None:
+                break
+            child.last_access_time = now
+            p = self._common_len(child.key, key)
+            matched += p
+            key, val = key[p:], val[p:]
+            node = self._split(child, p, now) if p < len(child.key) else child
+            node.priority = max(node.priority, priority)
+            if matched > inserted_len:  # a request never counts its own earlier insert
+                node.hit_count += 1
+        if key:
+            leaf = Node(self, node, key, val, ns, now, priority)
+            if matched + len(key) > inserted_len:
+                leaf.hit_count = 1
+            node.children[self._child_key(ns, key)] = leaf
+            self._evictable += len(key)
+            node = leaf
+        return InsertResult(matched, node)
+
+    # ---- locks ----
+    def _path(self, node: Node) -> list[Node]:
+        out = []
+        while node is not self._root:
+            out.append(node)
+            assert node.parent is not None
+            node = node.parent
+        return out
+
+    def inc_lock_ref(self, node: Node) -> int:
+        delta = 0
+        for n in self._path(self._check_handle(node)):
+            if n.lock_ref == 0:
+                delta -= len(n.key)
+            n.lock_ref += 1
+        self._evictable += delta
+        self._protected -= delta
+        return delta
+
+    def dec_lock_ref(self, node: Node) -> int:
+        path = self._path(self._check_handle(node))
+        for n in path:
+            if n.lock_ref <= 0:
+                raise LockRefError(
+                    "dec_lock_ref would make a lock count negative: "
+                    "a node on the path is not locked"
+                )
+        delta = 0
+        for n in path:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                delta += len(n.key)
+        self._evictable += delta
+        self._protected -= delta
+        return delta
+
+    # ---- eviction ----
+    def _order_key(self, n: Node) -> tuple[int, ...]:
+        """Eviction order, smallest first. mru and filo are the exact reverse of lru and fifo,
+        serial included: one insert call stamps the tail of a split node and the new leaf
+        beside it with the same time, and SGLang (which reads the clock again for the new
+        leaf) sees the leaf as the more recent of the two."""
+        p = self._policy
+        if p == "lru":
+            return (n.last_access_time, n.serial)
+        if p == "lfu":
+            return (n.hit_count, n.last_access_time, n.serial)
+        if p == "fifo":
+            return (n.creation_time, n.serial)
+        if p == "mru":
+            return (-n.last_access_time, -n.serial)
+        if p == "filo":
+            return (-n.creation_time, -n.serial)
+        if p == "priority":
+            return (n.priority, n.last_access_time, n.serial)
+        # slru
+        return (int(n.hit_count >= SLRU_PROTECTED_HITS), n.last_access_time, n.serial)
+
+    def _is_evictable_leaf(self, n: Node) -> bool:
+        return n is not self._root and n.lock_ref == 0 and not n.children
+
+    def evict(self, num_tokens: int) -> npt.NDArray[np.int64]:
+        num_tokens = _int_arg("num_tokens", num_tokens, 0)
+        if num_tokens < 0:
+            raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        candidates = [n for n in self._walk() if self._is_evictable_leaf(n)]
+        freed: list[int] = []
+        while len(freed) < num_tokens and candidates:
+            victim = min(candidates, key=self._order_key)
+            candidates.remove(victim)
+            freed.extend(victim.value)
+            parent = victim.parent
+            assert parent is not None
+            del parent.children[self._child_key(victim.namespace, victim.key)]
+            victim.removed = True
+            self._evictable -= len(victim.key)
+            if self._is_evictable_leaf(parent):
+                candidates.append(parent)
+        return _array(freed)
+
+    # ---- inspection ----
+    def path_indices(self, node: Node) -> npt.NDArray[np.int64]:
+        path = self._path(self._check_handle(node))
+        return _array([v for n in reversed(path) for v in n.value])
+
+    def node_info(self, node: Node) -> dict[str, Any]:
+        n = self._check_handle(node)
+        return {
+            "length": len(n.key),
+            "lock_ref": n.lock_ref,
+            "hit_count": n.hit_count,
+            "priority": n.priority,
+            "last_access_time": n.last_access_time,
+            "creation_time": n.creation_time,
+            "num_children": len(n.children),
+            "is_root": n is self._root,
+            "extra_key": n.extra_key,
+            "cache_salt": n.cache_salt,
+        }
+
+    def reset(self) -> None:
+        self._generation += 1
+        self._root = self._new_root()
+        self._evictable = 0
+        self._protected = 0
+
+    def _sorted_children(self, n: Node) -> list[Node]:
+        return sorted(n.children.values(),
+                      key=lambda c: (_namespace_sort_key(c.namespace), c.key))
+
+    def dump(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+
+        def visit(n: Node, depth: int) -> None:
+            for c in self._sorted_children(n):
+                out.append({
+                    "depth": depth,
+                    "key": list(c.key),
+                    "value": list(c.value),
+                    "lock_ref": c.lock_ref,
+                    "hit_count": c.hit_count,
+                    "priority": c.priority,
+                    "last_access_time": c.last_access_time,
+                    "creation_time": c.creation_time,
+                    "extra_key": c.extra_key,
+                    "cache_salt": c.cache_salt,
+                })
+                visit(c, depth + 1)
+
+        visit(self._root, 1)  # the root has depth 0 and is not listed
+        return out
+
+    def pretty_print(self) -> str:
+        lines = [f"RadixCache(page_size={self._page_size}, eviction_policy={self._policy!r}, "
+                 f"clock={self._clock})"]
+        for r in self.dump():
+            ns = "" if (r["extra_key"], r["cache_salt"]) == (None, None) else \
+                f" ns=({r['extra_key']!r}, {r['cache_salt']!r})"
+            key = r["key"][:10]
+            more = "..." if len(r["key"]) > 10 else ""
+            lines.append(f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
+                         f"hits={r['hit_count']} prio={r['priority']}{ns}")
+        lines.append(f"#tokens: {self.total_size()} (evictable {self._evictable}, "
+                     f"protected {self._protected})")
+        return "\n".join(lines)
