@@ -65,7 +65,8 @@ def _policies(values: Sequence[str]) -> list[str]:
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
     p.add_argument("--policies", nargs="+", default=[], metavar="NAME",
                    help="policies, space or comma separated: radix, radix-page<N>, "
-                   "vllm-blocks, vllm-blocks<N> (default: {})".format(", ".join(POLICY_NAMES)))
+                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] "
+                   "(default: {})".format(", ".join(POLICY_NAMES)))
     if capacity:
         p.add_argument("--capacity", type=_capacity, default=None,
                        help="KV budget in tokens, the same for every policy "

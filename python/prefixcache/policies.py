@@ -24,7 +24,7 @@ usable blocks plus vLLM's null block.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,6 +57,9 @@ class PolicyStats:
     evictions: int = 0  # nodes or blocks evicted
     cached_tokens: int = 0  # tokens held by the cache at the end
     peak_used_tokens: int = 0  # KV in use by requests or the cache, maximum over time
+    # Policy-specific counters reported beside the common ones (trtllm: partial_hits,
+    # partial_tokens, copies, copied_tokens).
+    extra: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -566,7 +569,8 @@ POLICY_NAMES = ("radix", "radix-page16", "vllm-blocks")
 
 def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
                 hash_algo: str = "sha256") -> CachePolicy:
-    """Build a policy by name: radix, radix-page<N>, vllm-blocks or vllm-blocks<N>."""
+    """Build a policy by name: radix, radix-page<N>, vllm-blocks, vllm-blocks<N>, trtllm,
+    trtllm<N>, trtllm-nopartial or trtllm-nopartial<N> (policy_trtllm.py)."""
     if name == "radix":
         return RadixPolicy(capacity, eviction_policy=eviction_policy)
     if name.startswith("radix-page") and name[len("radix-page"):].isdigit():
@@ -577,7 +581,13 @@ def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
     ):
         bs = int(name[len("vllm-blocks"):] or 16)
         return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name)
+    from prefixcache.policy_trtllm import TrtllmPolicy, parse_trtllm_name
+
+    trt = parse_trtllm_name(name)
+    if trt is not None:
+        return TrtllmPolicy(capacity, tokens_per_block=trt[0], partial_reuse=trt[1], name=name)
     raise InvalidInputError(
-        f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks or vllm-blocks<N>"
+        f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks, "
+        "vllm-blocks<N>, trtllm[<N>] or trtllm-nopartial[<N>]"
     )
 

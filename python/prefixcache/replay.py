@@ -123,6 +123,7 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
         "eviction_unit": s.eviction_unit,
         "peak_used_tokens": s.peak_used_tokens,
         "seconds": res.seconds,
+        **s.extra,
     }
     if res.model == "time":
         ttft = [r.ttft for r in served]

@@ -59,6 +59,8 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     ]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
+    if any("partial_hits" in s for s in summaries):
+        cols += [("partial hits", "partial_hits"), ("copies", "copies")]
     for label, _ in cols:
         t.add_column(label, justify="left" if label == "policy" else "right",
                      no_wrap=label == "policy")
@@ -71,7 +73,7 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
             elif key == "evictions":
                 row.append(f"{_fmt(v)} {s['eviction_unit']}")
             else:
-                row.append(_fmt(v))
+                row.append("-" if v is None else _fmt(v))
         t.add_row(*row)
     return t
 
