@@ -74,7 +74,8 @@ def test_bad_tokens_and_request_ids() -> None:
     with pytest.raises(InvalidInputError):
         t.claim(1, [1, 2])  # already holds blocks
     with pytest.raises(InvalidInputError):
-        t.store(1, [9, 9, 9])  # does not extend the claimed prompt
+        t.store(1, [0, 1, 9])  # disagrees with the claimed prompt
+    assert t.store(1, [0, 1, 2]) == 1  # a prefix is fine: block 0 under the key [0, 1]
     with pytest.raises(InvalidInputError):
         t.store(1, list(range(6)) + list(range(20)))  # more blocks than held
     with pytest.raises(InvalidInputError):

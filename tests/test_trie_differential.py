@@ -40,6 +40,7 @@ op_st = st.one_of(
         st.integers(0, 5),
     ),
     st.tuples(st.just("store"), rid_st, st.lists(st.integers(0, 2), max_size=6)),
+    st.tuples(st.just("store_prefix"), rid_st, st.integers(0, 16)),
     st.tuples(st.just("extend"), rid_st, st.integers(0, 24)),
     st.tuples(st.just("complete"), rid_st),
     st.tuples(st.just("release"), rid_st),
@@ -68,6 +69,9 @@ def run(impl: Any, op: tuple[Any, ...], prompts: dict[int, list[int]]) -> Any:
         _, rid, more = op
         base = prompts.get(rid, [0])
         return impl.store(rid, base + more)
+    if kind == "store_prefix":
+        _, rid, k = op
+        return impl.store(rid, prompts.get(rid, [0])[:k])
     if kind == "extend":
         return impl.extend(op[1], op[2])
     if kind == "complete":

@@ -21,7 +21,8 @@ Read off TensorRT-LLM (``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``,
 - Retention: a block freed with a duration and a non-default priority drops to priority 35
   (at the back of the queue) once the logical clock reaches release time + duration.
 - store files the request's blocks under their keys from the root, stopping at the first
-  key held by another block.
+  key held by another block; its tokens must extend, or be a prefix of, what the request
+  claimed or stored.
 
 Everything is a dict or a list scan: short and obviously correct, not fast.
 """
@@ -493,8 +494,9 @@ class BlockTrie:
     def store(self, request_id: int, tokens: Any) -> int:
         r = self._request(request_id)
         toks = _tokens(tokens)
-        if toks[: len(r.tokens)] != r.tokens:
-            raise InvalidInputError("tokens must extend the tokens claimed or stored before")
+        common = min(len(toks), len(r.tokens))
+        if toks[:common] != r.tokens[:common]:
+            raise InvalidInputError("tokens must agree with the tokens claimed or stored before")
         keys = self._keys(toks, r.scope, r.mm)
         if len(keys) > len(r.blocks):
             raise InvalidInputError("the request holds too few blocks: call extend first")
@@ -516,7 +518,8 @@ class BlockTrie:
             self._attach(b, cur, key)
             new.append(b)
             cur = b
-        r.tokens = toks
+        if len(toks) > len(r.tokens):
+            r.tokens = toks
         if new:
             first_parent = self.blocks[new[0]].parent
             parent_hash = None if first_parent is None else self.blocks[first_parent].hash

@@ -875,14 +875,17 @@ impl BlockTrie {
     }
 
     /// Caches the request's blocks under the keys of `tokens` (the prompt, or the prompt
-    /// plus generated tokens; must start with what the request stored or claimed). Stops
+    /// plus generated tokens; must agree with what the request claimed or stored: extend
+    /// it or be a prefix of it). Stops
     /// at the first key another block already holds. Returns the number of blocks newly
     /// cached.
     pub fn store(&mut self, request_id: u64, tokens: &[u32]) -> Result<usize> {
         let r = self.request(request_id)?;
-        if tokens.len() < r.tokens.len() || tokens[..r.tokens.len()] != r.tokens[..] {
+        let common = tokens.len().min(r.tokens.len());
+        if tokens[..common] != r.tokens[..common] {
             return Err(invalid(format!(
-                "request {request_id}: tokens must extend the {} tokens claimed or stored before",
+                "request {request_id}: tokens must agree with the {} tokens claimed or stored \
+                 before (extend them or be a prefix of them)",
                 r.tokens.len()
             )));
         }
@@ -923,7 +926,9 @@ impl BlockTrie {
             cur = b;
         }
         if let Some(r) = self.requests.get_mut(&request_id) {
-            r.tokens = tokens.to_vec();
+            if tokens.len() > r.tokens.len() {
+                r.tokens = tokens.to_vec();
+            }
         }
         if !new_ids.is_empty() {
             let first_parent = self.blocks[new_ids[0] as usize].parent;
