@@ -113,3 +113,37 @@ def test_copy_source_stays_pinned_until_complete() -> None:
     assert t.num_free_blocks == 6 - 3
     t.release(2)
     t.check_invariants()
+
+
+def race_for_one_leaf() -> list[str | None]:
+    t = BlockTrie(64, 4)
+    p = [1, 2, 3, 4, 5, 6, 7]  # keys [1-4] [5, 6]: block 1 is a non-full leaf
+    t.claim(0, p)
+    t.store(0, p)
+    t.release(0)
+    barrier = threading.Barrier(8)
+    kinds: list[str | None] = []
+    lock = threading.Lock()
+
+    def race(rid: int) -> None:
+        barrier.wait()
+        c = t.claim(rid, [1, 2, 3, 4, 5, 9, 9, 9])
+        with lock:
+            kinds.append(c.partial_kind)
+
+    threads = [threading.Thread(target=race, args=(r,)) for r in range(1, 9)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    t.check_invariants()
+    return kinds
+
+
+def test_a_free_leaf_is_taken_over_by_exactly_one_of_many_racing_claims() -> None:
+    """Lookup and reference are one step: of 8 threads racing for one unreferenced
+    partial leaf, exactly one takes it over; the others find it gone (no partial hit)."""
+    for _ in range(20):
+        kinds = race_for_one_leaf()
+        assert kinds.count("taken_over") == 1
+        assert kinds.count(None) == 7
