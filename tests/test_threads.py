@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
 from prefixcache import (
     BlockHasher,
@@ -43,7 +44,6 @@ from prefixcache import (
 )
 from prefixcache.errors import (
     InvalidInputError,
-    LockRefError,
     OutOfBlocksError,
     PrefixCacheError,
     StaleHandleError,
@@ -491,24 +491,31 @@ def progress_during(call: Callable[[], object]) -> float:
 
 def gil_holding_call() -> None:
     """A C-level loop that keeps the GIL for its whole duration (the baseline)."""
-    sum(range(3_000_000))
+    sum(range(5_000_000))
+
+
+def filled_cache() -> RadixCache:
+    c = RadixCache()
+    rng = np.random.default_rng(0)
+    for key in rng.integers(0, 1 << 31, (40_000, 24)).astype(np.uint32):
+        c.insert(key)  # 40k leaves: evicting them all is one long call (~50 ms)
+    return c
 
 
 def test_long_core_calls_let_other_python_threads_run() -> None:
+    """Progress rates of a counting thread: during a GIL-holding call it only moves at
+    the call's edges; during a call that released the GIL it runs alongside. Best of a
+    few trials (the 2-core machine is shared), compared as a ratio with a wide margin."""
     h = BlockHasher(16, "sha256")
-    big = np.arange(600_000, dtype=np.uint32)  # one hash_blocks call, GIL released
+    big = np.arange(1_200_000, dtype=np.uint32)  # one hash_blocks call, GIL released
 
-    c = RadixCache()
-    rng = np.random.default_rng(0)
-    for _ in range(400):  # many long leaves: evicting them all is one long call
-        c.insert(rng.integers(0, 1 << 31, 2_000).astype(np.uint32))
-
-    held = progress_during(gil_holding_call)
-    hashing = progress_during(lambda: h.hash_blocks(big))
-    evicting = progress_during(lambda: c.evict(1 << 40))
-    assert c.total_size() == 0
-    # With the GIL held the counter barely moves (only around the call's start and end);
-    # with it released it runs alongside. A generous margin for a loaded machine.
+    held = max(progress_during(gil_holding_call) for _ in range(3))
+    hashing = max(progress_during(lambda: h.hash_blocks(big)) for _ in range(4))
+    evicting = 0.0
+    for _ in range(3):
+        c = filled_cache()
+        evicting = max(evicting, progress_during(lambda c=c: c.evict(1 << 40)))
+        assert c.total_size() == 0
     assert hashing > 3 * held, (hashing, held)
     assert evicting > 3 * held, (evicting, held)
 
@@ -525,6 +532,7 @@ def test_error_paths_under_contention_do_not_deadlock() -> None:
     while a GIL-holding thread waits for the lock: run_threads would time out."""
     m = KVCacheManager(400, BLOCK, hash_algo="xxh3_64")
     c = RadixCache()
+    foreign = RadixCache().insert([1, 2, 3]).node  # a handle from another tree: stale
     long_key = np.arange(20_000, dtype=np.uint32)
     m.add_request(1, LONG_PROMPT)
 
@@ -532,26 +540,18 @@ def test_error_paths_under_contention_do_not_deadlock() -> None:
         rng = random.Random(t)
         for k in range(300):
             if t % 2 == 0:  # error paths, long (GIL released) and short
-                try:
+                with pytest.raises(InvalidInputError):
                     m.add_request(1, LONG_PROMPT)  # duplicate id, long prompt
-                except InvalidInputError:
-                    pass
-                try:
+                with pytest.raises(InvalidInputError):
                     m.admit(1, LONG_PROMPT)
-                except InvalidInputError:
-                    pass
-                try:
+                with pytest.raises(UnknownRequestError):
                     m.free(10**12 + k)
-                except UnknownRequestError:
-                    pass
-                try:
+                with pytest.raises(InvalidInputError):
                     c.insert(long_key, np.arange(5, dtype=np.int64))  # length mismatch
-                except InvalidInputError:
-                    pass
-                try:
-                    c.dec_lock_ref(c.root)
-                except LockRefError:
-                    pass
+                with pytest.raises(StaleHandleError):
+                    c.inc_lock_ref(foreign)
+                with pytest.raises(StaleHandleError):
+                    c.path_indices(foreign)  # runs with the GIL released
             else:  # normal paths, GIL held and released
                 rid = 1000 * t + k
                 if m.admit(rid, PROMPTS[rng.randrange(5)]) is not None:
@@ -570,18 +570,12 @@ def test_error_paths_under_contention_do_not_deadlock() -> None:
 def test_errors_still_map_to_their_classes_from_released_calls() -> None:
     m = KVCacheManager(50, BLOCK)
     m.add_request(7, LONG_PROMPT)
-    try:
+    with pytest.raises(InvalidInputError, match="already known"):
         m.add_request(7, LONG_PROMPT)
-    except PrefixCacheError as e:
-        assert isinstance(e, InvalidInputError)
-    else:
-        raise AssertionError("duplicate request id accepted")
     c = RadixCache()
     r = c.insert(np.arange(20_000, dtype=np.uint32))
     c.evict(1 << 40)
-    try:
+    with pytest.raises(StaleHandleError):
         c.inc_lock_ref(r.node)
-    except StaleHandleError:
-        pass
-    else:
-        raise AssertionError("stale handle accepted")
+    with pytest.raises(PrefixCacheError):
+        c.path_indices(r.node)
