@@ -24,12 +24,14 @@ paths raised from GIL-released calls do not deadlock against GIL-holding callers
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,18 +53,21 @@ from prefixcache.errors import (
 )
 
 THREADS = 8
-JOIN_TIMEOUT = 120.0  # a deadlock detector only: a healthy run takes a few seconds
+JOIN_TIMEOUT = 60.0  # a deadlock detector only: a healthy run takes a few seconds
 
 Op = tuple[Any, ...]
 
 
-def run_threads(target: Callable[[int], None], n: int = THREADS) -> None:
+def run_threads(
+    target: Callable[[int], None], n: int = THREADS, switch_interval: float = 1e-5
+) -> None:
     """Runs target(0..n-1) in n threads started together; re-raises the first error and
-    fails if a thread does not finish (a deadlock)."""
+    fails if a thread does not finish (a deadlock). A short switch interval makes the
+    threads interleave often."""
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []
     old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often: more interleavings
+    sys.setswitchinterval(switch_interval)
 
     def body(t: int) -> None:
         try:
@@ -114,8 +119,12 @@ def radix_log(t: int, n: int) -> list[Op]:
     rng = random.Random(1000 + t)
     ops: list[Op] = []
     for _ in range(n):
-        base = LONG_SYSTEM if rng.random() < 0.04 else rng.choice(SYSTEMS)
-        key = base[: rng.randrange(1, len(base) + 1)] + [
+        if rng.random() < 0.04:  # past the threshold: runs with the GIL released
+            base = LONG_SYSTEM[: rng.randrange(16_400, len(LONG_SYSTEM) + 1)]
+        else:
+            base = rng.choice(SYSTEMS)
+            base = base[: rng.randrange(1, len(base) + 1)]
+        key = base + [
             rng.randrange(4) for _ in range(rng.randrange(0, 30))
         ]
         r = rng.random()
@@ -227,7 +236,7 @@ def check_radix_totals(c: RadixCache, states: list[RadixThread]) -> None:
 
 
 def test_radix_cache_free_running_threads_keep_every_index() -> None:
-    logs = [radix_log(t, 250) for t in range(THREADS)]
+    logs = [radix_log(t, 500) for t in range(THREADS)]
     c, (states, _) = radix_run(logs, None)
     check_radix_totals(c, states)
     assert any(s.evicted for s in states) and any(s.duplicates for s in states)
@@ -237,7 +246,7 @@ def test_radix_cache_free_running_threads_keep_every_index() -> None:
 
 
 def test_radix_cache_recorded_interleaving_replays_exactly() -> None:
-    logs = [radix_log(t, 150) for t in range(THREADS)]
+    logs = [radix_log(t, 300) for t in range(THREADS)]
     rec = Recorder()
     c, (states, results) = radix_run(logs, rec)
     check_radix_totals(c, states)
@@ -356,7 +365,7 @@ def check_manager_totals(m: KVCacheManager, states: list[ManagerThread]) -> None
 
 
 def test_manager_free_running_threads_return_every_block() -> None:
-    logs = [manager_log(t, 250) for t in range(THREADS)]
+    logs = [manager_log(t, 600) for t in range(THREADS)]
     m, states, results = manager_run(logs, None)
     check_manager_totals(m, states)
     flat = [r for rs in results for r in rs]
@@ -365,7 +374,7 @@ def test_manager_free_running_threads_return_every_block() -> None:
 
 
 def test_manager_recorded_interleaving_replays_exactly() -> None:
-    logs = [manager_log(t, 150) for t in range(THREADS)]
+    logs = [manager_log(t, 300) for t in range(THREADS)]
     rec = Recorder()
     m, states, results = manager_run(logs, rec)
     check_manager_totals(m, states)
@@ -524,26 +533,30 @@ def test_long_core_calls_let_other_python_threads_run() -> None:
 # Errors raised from GIL-released calls do not deadlock (regression)
 
 
-def test_error_paths_under_contention_do_not_deadlock() -> None:
+def hammer_error_paths() -> None:
     """Errors from calls that run with the GIL released (duplicate request ids with long
     prompts, stale handles, long keys with bad arguments) are raised while other threads
     hammer the same objects with GIL-holding calls. A binding that built the Python
     exception while still holding the core lock would wait for the GIL inside the lock
-    while a GIL-holding thread waits for the lock: run_threads would time out."""
+    while a GIL-holding thread waits for the lock: run_threads would time out. The
+    default switch interval (5 ms) keeps each GIL holder running long enough to reach the
+    lock while an erroring thread waits for the GIL. (Run in a child process by the test:
+    a thread that deadlocks holding the GIL would hang the test process itself.)"""
     m = KVCacheManager(400, BLOCK, hash_algo="xxh3_64")
     c = RadixCache()
     foreign = RadixCache().insert([1, 2, 3]).node  # a handle from another tree: stale
     long_key = np.arange(20_000, dtype=np.uint32)
-    m.add_request(1, LONG_PROMPT)
+    long_prompt = long_key[:1500]  # hashed with the GIL released (any threshold <= 1500)
+    m.add_request(1, long_prompt)
 
     def body(t: int) -> None:
         rng = random.Random(t)
         for k in range(300):
             if t % 2 == 0:  # error paths, long (GIL released) and short
                 with pytest.raises(InvalidInputError):
-                    m.add_request(1, LONG_PROMPT)  # duplicate id, long prompt
+                    m.add_request(1, long_prompt)  # duplicate id, long prompt
                 with pytest.raises(InvalidInputError):
-                    m.admit(1, LONG_PROMPT)
+                    m.admit(1, long_prompt)
                 with pytest.raises(UnknownRequestError):
                     m.free(10**12 + k)
                 with pytest.raises(InvalidInputError):
@@ -556,15 +569,32 @@ def test_error_paths_under_contention_do_not_deadlock() -> None:
                 rid = 1000 * t + k
                 if m.admit(rid, PROMPTS[rng.randrange(5)]) is not None:
                     m.free(rid)
-                _ = m.num_free_blocks, len(m), c.total_size()
+                for _ in range(20):  # short calls that take the lock with the GIL held
+                    _ = m.num_free_blocks, len(m), c.total_size(), c.evictable_size()
                 c.insert(long_key[: rng.randrange(1, 20_000)])
                 c.match_prefix(long_key)
                 c.evict(rng.choice([1, 5000]))
 
-    run_threads(body)
+    run_threads(body, switch_interval=0.005)
     m.check_invariants()
     c.check_invariants()
     assert len(m) == 1
+
+
+def test_error_paths_under_contention_do_not_deadlock() -> None:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        f"import faulthandler; faulthandler.dump_traceback_later({JOIN_TIMEOUT!r}, exit=True); "
+        "import test_threads; test_threads.hammer_error_paths()"
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(Path(__file__).parent)],
+            capture_output=True, text=True, timeout=JOIN_TIMEOUT + 30,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError("deadlock: the child process did not finish") from e
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_errors_still_map_to_their_classes_from_released_calls() -> None:
