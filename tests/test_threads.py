@@ -111,7 +111,7 @@ def guard(rec: Recorder | None, t: int, i: int) -> AbstractContextManager[None]:
 # RadixCache
 
 SYSTEMS = [[1000 * s + j for j in range(20 + 40 * s)] for s in range(6)]
-LONG_SYSTEM = [7_000_000 + j for j in range(16_500)]  # keys past the GIL-release threshold
+LONG_SYSTEM = [7_000_000 + j for j in range(66_000)]  # past the GIL-release thresholds
 VALUE_STRIDE = 10**9  # thread t's KV indices are t * VALUE_STRIDE + a counter
 
 
@@ -120,7 +120,7 @@ def radix_log(t: int, n: int) -> list[Op]:
     ops: list[Op] = []
     for _ in range(n):
         if rng.random() < 0.04:  # past the threshold: runs with the GIL released
-            base = LONG_SYSTEM[: rng.randrange(16_400, len(LONG_SYSTEM) + 1)]
+            base = LONG_SYSTEM[: rng.randrange(65_600, len(LONG_SYSTEM) + 1)]
         else:
             base = rng.choice(SYSTEMS)
             base = base[: rng.randrange(1, len(base) + 1)]
@@ -264,7 +264,7 @@ def test_radix_cache_recorded_interleaving_replays_exactly() -> None:
 
 BLOCK = 16
 PROMPTS = [[50_000 * p + j for j in range(40 + 90 * p)] for p in range(5)]  # up to 400
-LONG_PROMPT = [9_000_000 + j for j in range(700)]  # hashed with the GIL released
+LONG_PROMPT = [9_000_000 + j for j in range(1100)]  # hashed with the GIL released
 
 
 def manager_log(t: int, n: int) -> list[Op]:

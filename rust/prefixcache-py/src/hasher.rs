@@ -13,10 +13,10 @@ use crate::errors::{invalid_input, invalid_type, to_py, IntoPyResult};
 const MAX_DEPTH: usize = 64;
 
 /// Token counts from which hashing runs with the GIL released: hashing costs ~3 (xxh3)
-/// to ~7 (sha256) ns per token, releasing the GIL ~120 ns, copying the tokens out of a
-/// numpy array (needed once the GIL is released) ~0.1 ns per token
-/// (docs/BENCHMARKS.md, "Threads and the GIL").
-const DETACH_MIN_TOKENS: usize = 512;
+/// to ~7 (sha256) ns per token (>= ~3-7 us from 1024 tokens), releasing the GIL ~35 ns,
+/// copying the tokens out of a numpy array (needed once the GIL is released) ~0.05 ns per
+/// token (docs/BENCHMARKS.md, "Threads and the GIL").
+const DETACH_MIN_TOKENS: usize = 1024;
 
 fn unsupported(msg: String) -> PyErr {
     to_py(Error::UnsupportedHashInput(msg))

@@ -14,9 +14,10 @@ use crate::pool::{block_ids, events_to_py, ids_array, HashFormat, DETACH_MIN_BLO
 use crate::shared::Shared;
 
 /// Token counts from which `add_request`, `admit`, `append_tokens` and `finish` run with
-/// the GIL released: hashing costs ~3 (xxh3) to ~7 (sha256) ns per token, releasing the
-/// GIL ~120 ns (docs/BENCHMARKS.md, "Threads and the GIL").
-const DETACH_MIN_TOKENS: usize = 512;
+/// the GIL released: hashing costs ~3 (xxh3) to ~7 (sha256) ns per token, so from 1024
+/// tokens the call does >= ~3-7 us of work, against ~35 ns for releasing the GIL and
+/// ~0.05 ns per token for copying the prompt (docs/BENCHMARKS.md, "Threads and the GIL").
+const DETACH_MIN_TOKENS: usize = 1024;
 
 /// A request id: an int in [0, 2**64).
 fn rid(obj: &Bound<'_, PyAny>) -> PyResult<u64> {

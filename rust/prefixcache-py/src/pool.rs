@@ -15,8 +15,9 @@ use crate::hasher::all_block_keys;
 use crate::shared::Shared;
 
 /// Block counts from which block-level calls (`get_new_blocks`, `free_blocks`, `touch`,
-/// `evict_blocks`, `cache_full_blocks`) run with the GIL released (~20 ns per block in the
-/// core against ~120 ns for releasing the GIL; docs/BENCHMARKS.md).
+/// `evict_blocks`, `cache_full_blocks`, `allocate_slots`) run with the GIL released:
+/// from 256 blocks (~20 ns each) a call does >= ~5 us of work (docs/BENCHMARKS.md,
+/// "Threads and the GIL").
 pub const DETACH_MIN_BLOCKS: usize = 256;
 
 /// How KV events report block hashes.

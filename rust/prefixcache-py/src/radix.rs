@@ -10,15 +10,22 @@ use crate::convert;
 use crate::errors::IntoPyResult;
 use crate::shared::Shared;
 
-/// Keys (and matched lengths) from which `match_prefix`, `insert` and
-/// `MatchResult.indices` run with the GIL released. Releasing and retaking the GIL costs
-/// ~120 ns and a long key must first be copied out of its numpy array; a match walks
-/// ~10 tokens/ns, so below this the call is over before the GIL would pay off
-/// (docs/BENCHMARKS.md, "Threads and the GIL").
-const DETACH_MIN_TOKENS: usize = 16384;
+/// GIL release thresholds (docs/BENCHMARKS.md, "Threads and the GIL"). Releasing and
+/// retaking the GIL costs ~35 ns uncontended, but a thread that released it may have to
+/// wait a switch interval (5 ms) to get it back while other threads run Python, and a
+/// GIL-released call must first copy its numpy key. So only calls doing >= ~5 us of core
+/// work release it: shorter ones are invisible to other threads.
+///
+/// `match_prefix` of a cached key compares ~20 tokens/ns (65536 tokens: ~6 us; the copy
+/// alone costs about as much as the match).
+const DETACH_MIN_MATCH: usize = 65536;
 
-/// `evict(num_tokens)` releases the GIL from this many tokens.
-const DETACH_MIN_EVICT: i64 = 2048;
+/// `insert` and `MatchResult.indices` allocate and copy per token (4096 new tokens:
+/// ~3.4 us; 16384: ~170 us, page faults included).
+const DETACH_MIN_ALLOC: usize = 8192;
+
+/// `evict(num_tokens)`: ~0.3-1 us per evicted leaf plus the freed indices' array.
+const DETACH_MIN_EVICT: i64 = 1024;
 
 /// A handle to a tree node. Valid while the node exists; using it after the node was
 /// evicted (or after `reset()`) raises `StaleHandleError`.
@@ -59,7 +66,7 @@ impl MatchResult {
                 .cache
                 .get()
                 .inner
-                .run(py, self.length >= DETACH_MIN_TOKENS, |t| t.path_indices(r))?
+                .run(py, self.length >= DETACH_MIN_ALLOC, |t| t.path_indices(r))?
                 .py_err()?;
             Ok(convert::i64_array(py, v).unbind())
         })?;
@@ -161,7 +168,7 @@ impl RadixCache {
         let tokens = convert::tokens(tokens, "tokens")?;
         let ns = namespace(extra_key, cache_salt);
         let this = slf.get();
-        let m = if tokens.len() >= DETACH_MIN_TOKENS {
+        let m = if tokens.len() >= DETACH_MIN_MATCH {
             let key = tokens.into_vec();
             this.inner.detached(py, |t| t.match_prefix(&key, &ns))?
         } else {
@@ -198,7 +205,7 @@ impl RadixCache {
             crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}"))
         })?;
         let ns = namespace(extra_key, cache_salt);
-        let r = if tokens.len() >= DETACH_MIN_TOKENS {
+        let r = if tokens.len() >= DETACH_MIN_ALLOC {
             let key = tokens.into_vec();
             let values = values.map(convert::Values::into_vec);
             self.inner.detached(py, |t| {
