@@ -128,3 +128,37 @@ impl<T: Send> Shared<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(py: Python<'_>, e: &PyErr) -> String {
+        assert!(e.is_instance_of::<PyRuntimeError>(py));
+        e.value(py).to_string()
+    }
+
+    #[test]
+    fn a_panic_raises_and_poisons_for_later_calls() {
+        Python::initialize();
+        Python::attach(|py| {
+            for detach in [false, true] {
+                let s = Shared::new("Thing", vec![1u32]);
+                assert_eq!(s.run(py, detach, |v| v.len()).ok(), Some(1));
+                let err = s
+                    .run(py, detach, |v: &mut Vec<u32>| -> usize {
+                        v.push(2);
+                        panic!("boom")
+                    })
+                    .err();
+                let err = err.map(|e| message(py, &e)).unwrap_or_default();
+                assert!(err.contains("internal error in Thing") && err.contains("boom"));
+                for again in [false, true] {
+                    let e = s.run(py, again, |v| v.len()).err();
+                    let e = e.map(|e| message(py, &e)).unwrap_or_default();
+                    assert!(e.contains("Thing is unusable"), "{e}");
+                }
+            }
+        });
+    }
+}
