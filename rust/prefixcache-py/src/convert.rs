@@ -4,6 +4,11 @@
 //! copy when contiguous), objects exposing the buffer protocol (`array.array`), and
 //! sequences of Python ints. Floats, bools arrays, strings and other dtypes raise
 //! `InvalidTypeError`; out-of-range values raise `InvalidInputError` naming the position.
+//!
+//! Borrowed arrays may be read only with the GIL held, in one stretch (no Python code in
+//! between): another Python thread may write into (or resize) the array as soon as the
+//! GIL is released. Code that runs with the GIL released takes `into_vec()` first. On
+//! free-threaded CPython (no GIL at all) nothing is borrowed: every input is copied.
 
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::buffer::PyBuffer;
@@ -19,13 +24,29 @@ pub enum Tokens<'py> {
     Owned(Vec<u32>),
 }
 
+/// Whether contiguous numpy arrays may be borrowed instead of copied: only with a GIL.
+const BORROW: bool = !cfg!(Py_GIL_DISABLED);
+
 impl Tokens<'_> {
+    /// The token ids. Borrowed: call with the GIL held and use before releasing it.
     pub fn as_slice(&self) -> &[u32] {
         match self {
             // Both arms are only constructed from contiguous arrays (checked in `extract`).
             Tokens::U32(a) => a.as_slice().unwrap_or(&[]),
             Tokens::I32(a) => bytemuck::cast_slice(a.as_slice().unwrap_or(&[])),
             Tokens::Owned(v) => v,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Owned token ids (a copy of a borrowed array), for use with the GIL released.
+    pub fn into_vec(self) -> Vec<u32> {
+        match self {
+            Tokens::Owned(v) => v,
+            t => t.as_slice().to_vec(),
         }
     }
 }
@@ -41,6 +62,14 @@ impl Values<'_> {
         match self {
             Values::I64(a) => a.as_slice().unwrap_or(&[]),
             Values::Owned(v) => v,
+        }
+    }
+
+    /// Owned values (a copy of a borrowed array), for use with the GIL released.
+    pub fn into_vec(self) -> Vec<i64> {
+        match self {
+            Values::Owned(v) => v,
+            v => v.as_slice().to_vec(),
         }
     }
 }
@@ -105,7 +134,7 @@ pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Tokens<'py>>
     reject_non_sequence(obj, what)?;
     if let Some(arr) = numpy_array(obj, what)? {
         let dt = arr.dtype();
-        let contiguous = arr.is_c_contiguous();
+        let contiguous = BORROW && arr.is_c_contiguous();
         if let Ok(a) = arr.cast::<PyArray1<u32>>() {
             let ro = a.try_readonly().map_err(|e| invalid_input(e.to_string()))?;
             return Ok(if contiguous {
@@ -194,7 +223,7 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
         let dt = arr.dtype();
         if let Ok(a) = arr.cast::<PyArray1<i64>>() {
             let ro = a.try_readonly().map_err(|e| invalid_input(e.to_string()))?;
-            return Ok(if arr.is_c_contiguous() {
+            return Ok(if BORROW && arr.is_c_contiguous() {
                 Values::I64(ro)
             } else {
                 Values::Owned(ro.as_array().to_vec())

@@ -12,8 +12,11 @@ use crate::errors::{invalid_input, invalid_type, to_py, IntoPyResult};
 /// Nesting deeper than this is refused (vLLM's keys are at most two levels deep).
 const MAX_DEPTH: usize = 64;
 
-/// Token counts from which the hash runs with the GIL released.
-const DETACH_MIN_TOKENS: usize = 4096;
+/// Token counts from which hashing runs with the GIL released: hashing costs ~3 (xxh3)
+/// to ~7 (sha256) ns per token (>= ~3-7 us from 1024 tokens), releasing the GIL ~35 ns,
+/// copying the tokens out of a numpy array (needed once the GIL is released) ~0.05 ns per
+/// token (docs/BENCHMARKS.md, "Threads and the GIL").
+const DETACH_MIN_TOKENS: usize = 1024;
 
 fn unsupported(msg: String) -> PyErr {
     to_py(Error::UnsupportedHashInput(msg))
@@ -252,13 +255,15 @@ impl PyBlockHasher {
         let tokens = convert::tokens(tokens, "tokens")?;
         let extra = all_block_keys(extra_keys)?;
         let parent = parent_hash(parent)?;
-        let toks = tokens.as_slice();
         let inner = &self.inner;
-        let run = || inner.hash_blocks(toks, extra.as_deref(), parent.as_ref());
-        let hashes = if toks.len() >= DETACH_MIN_TOKENS {
-            py.detach(run)
+        let extra = extra.as_deref();
+        let parent = parent.as_ref();
+        let hashes = if tokens.len() >= DETACH_MIN_TOKENS {
+            // Owned: Python code may write into a borrowed array once the GIL is released.
+            let toks = tokens.into_vec();
+            py.detach(|| inner.hash_blocks(&toks, extra, parent))
         } else {
-            run()
+            inner.hash_blocks(tokens.as_slice(), extra, parent)
         }
         .py_err()?;
         PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
@@ -310,8 +315,13 @@ pub fn hash_block_tokens<'py>(
     let tokens = convert::tokens(tokens, "tokens")?;
     let extra = single_block_keys(extra_keys)?;
     let hasher = BlockHasher::new(algo, 1, &seed_or_default(seed)).py_err()?;
-    let h = hasher
-        .hash_block_tokens(parent.as_ref(), tokens.as_slice(), extra.as_deref())
-        .py_err()?;
+    let (parent, extra) = (parent.as_ref(), extra.as_deref());
+    let h = if tokens.len() >= DETACH_MIN_TOKENS {
+        let toks = tokens.into_vec();
+        py.detach(|| hasher.hash_block_tokens(parent, &toks, extra))
+    } else {
+        hasher.hash_block_tokens(parent, tokens.as_slice(), extra)
+    }
+    .py_err()?;
     Ok(PyBytes::new(py, h.as_bytes()))
 }

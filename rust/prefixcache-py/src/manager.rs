@@ -1,8 +1,6 @@
 //! `KVCacheManager`: vLLM v1's request-level KV-cache manager
 //! (prefixcache_core::blocks::manager). Argument and error mapping only.
 
-use std::sync::Mutex;
-
 use numpy::PyArray1;
 use prefixcache_core::blocks::{KVCacheManager, PrefixCacheStats, RequestOptions};
 use prefixcache_core::hash::{BlockHasher, HashAlgo, KeyValue};
@@ -12,9 +10,13 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
 use crate::convert;
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::hasher::{all_block_keys, block_keys};
-use crate::pool::{block_ids, events_to_py, ids_array, lock, HashFormat};
+use crate::pool::{block_ids, events_to_py, ids_array, HashFormat, DETACH_MIN_BLOCKS};
+use crate::shared::Shared;
 
-/// Token counts from which hashing runs with the GIL released.
+/// Token counts from which `add_request`, `admit`, `append_tokens` and `finish` run with
+/// the GIL released: hashing costs ~3 (xxh3) to ~7 (sha256) ns per token, so from 1024
+/// tokens the call does >= ~3-7 us of work, against ~35 ns for releasing the GIL and
+/// ~0.05 ns per token for copying the prompt (docs/BENCHMARKS.md, "Threads and the GIL").
 const DETACH_MIN_TOKENS: usize = 1024;
 
 /// A request id: an int in [0, 2**64).
@@ -80,8 +82,10 @@ fn options(
 /// full attention or sliding window). Request ids are ints in [0, 2**64).
 #[pyclass(frozen, module = "prefixcache._core", name = "KVCacheManager")]
 pub struct PyKVCacheManager {
-    inner: Mutex<KVCacheManager>,
+    inner: Shared<KVCacheManager>,
     fmt: HashFormat,
+    /// Immutable after construction: read without the lock.
+    block_size: usize,
 }
 
 #[pymethods]
@@ -105,7 +109,8 @@ impl PyKVCacheManager {
             Some(s) => s.to_owned(),
             None => BlockHasher::default_seed(std::env::var("PYTHONHASHSEED").ok().as_deref()),
         };
-        let hasher = BlockHasher::new(algo, count(block_size, "block_size")?, &seed).py_err()?;
+        let block_size = count(block_size, "block_size")?;
+        let hasher = BlockHasher::new(algo, block_size, &seed).py_err()?;
         let window = sliding_window
             .map(|w| count(w, "sliding_window"))
             .transpose()?;
@@ -118,51 +123,52 @@ impl PyKVCacheManager {
         )
         .py_err()?;
         Ok(PyKVCacheManager {
-            inner: Mutex::new(mgr),
+            inner: Shared::new("KVCacheManager", mgr),
             fmt,
+            block_size,
         })
     }
 
     #[getter]
-    fn num_blocks(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.pool().num_blocks())
+    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.pool().num_blocks())
     }
 
     #[getter]
-    fn block_size(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.block_size())
+    fn block_size(&self) -> usize {
+        self.block_size
     }
 
     #[getter]
-    fn sliding_window(&self) -> PyResult<Option<usize>> {
-        Ok(lock(&self.inner)?.sliding_window())
+    fn sliding_window(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        self.inner.with(py, |m| m.sliding_window())
     }
 
     #[getter]
-    fn enable_caching(&self) -> PyResult<bool> {
-        Ok(lock(&self.inner)?.enable_caching())
+    fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.with(py, |m| m.enable_caching())
     }
 
     #[getter]
-    fn num_free_blocks(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.pool().num_free_blocks())
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.pool().num_free_blocks())
     }
 
     #[getter]
-    fn usage(&self) -> PyResult<f64> {
-        Ok(lock(&self.inner)?.usage())
+    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.inner.with(py, |m| m.usage())
     }
 
     /// Cumulative prefix-cache stats (vLLM's PrefixCacheStats fields) as a dict.
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = lock(&self.inner)?.stats();
+        let s = self.inner.with(py, |m| m.stats())?;
         stats_dict(py, s)
     }
 
     /// The stats since the last call, resetting them (vLLM's make_prefix_cache_stats).
     fn take_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = lock(&self.inner)?.take_stats();
+        let s = self.inner.with(py, |m| m.take_stats())?;
         stats_dict(py, s)
     }
 
@@ -181,24 +187,34 @@ impl PyKVCacheManager {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
-        let t = tokens.as_slice();
-        if t.len() >= DETACH_MIN_TOKENS {
-            py.detach(|| lock(&self.inner)?.add_request(request_id, t, opts).py_err())
+        if tokens.len() >= DETACH_MIN_TOKENS {
+            let t = tokens.into_vec();
+            self.inner
+                .detached(py, |m| m.add_request(request_id, &t, opts))?
         } else {
-            lock(&self.inner)?.add_request(request_id, t, opts).py_err()
+            self.inner
+                .with(py, |m| m.add_request(request_id, tokens.as_slice(), opts))?
         }
+        .py_err()
     }
 
     fn append_tokens(
         &self,
+        py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(tokens, "tokens")?;
-        lock(&self.inner)?
-            .append_tokens(request_id, tokens.as_slice())
-            .py_err()
+        if tokens.len() >= DETACH_MIN_TOKENS {
+            let t = tokens.into_vec();
+            self.inner
+                .detached(py, |m| m.append_tokens(request_id, &t))?
+        } else {
+            self.inner
+                .with(py, |m| m.append_tokens(request_id, tokens.as_slice()))?
+        }
+        .py_err()
     }
 
     /// (hit block ids, hit length in tokens); null blocks (0) mark skipped window blocks.
@@ -208,8 +224,9 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
         let request_id = rid(request_id)?;
-        let (blocks, hit) = lock(&self.inner)?
-            .get_computed_blocks(request_id)
+        let (blocks, hit) = self
+            .inner
+            .with(py, |m| m.get_computed_blocks(request_id))?
             .py_err()?;
         Ok((ids_array(py, &blocks), hit))
     }
@@ -229,26 +246,28 @@ impl PyKVCacheManager {
             Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
             _ => Vec::new(),
         };
-        let got = lock(&self.inner)?
-            .allocate_slots(
-                request_id,
-                count(num_new_tokens, "num_new_tokens")?,
-                count(num_new_computed_tokens, "num_new_computed_tokens")?,
-                &hit_blocks,
-                count(num_lookahead_tokens, "num_lookahead_tokens")?,
-            )
+        let new = count(num_new_tokens, "num_new_tokens")?;
+        let computed = count(num_new_computed_tokens, "num_new_computed_tokens")?;
+        let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let blocks = new.saturating_add(lookahead) / self.block_size.max(1);
+        let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
+        let got = self
+            .inner
+            .run(py, long, |m| {
+                m.allocate_slots(request_id, new, computed, &hit_blocks, lookahead)
+            })?
             .py_err()?;
         Ok(got.map(|ids| ids_array(py, &ids)))
     }
 
-    fn free(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let request_id = rid(request_id)?;
-        lock(&self.inner)?.free(request_id).py_err()
+        self.inner.with(py, |m| m.free(request_id))?.py_err()
     }
 
-    fn preempt(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let request_id = rid(request_id)?;
-        lock(&self.inner)?.preempt(request_id).py_err()
+        self.inner.with(py, |m| m.preempt(request_id))?.py_err()
     }
 
     /// add_request + get_computed_blocks + allocate_slots(prompt remainder, lookahead):
@@ -270,18 +289,16 @@ impl PyKVCacheManager {
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let t = tokens.as_slice();
-        let got = if t.len() >= DETACH_MIN_TOKENS {
-            py.detach(|| {
-                lock(&self.inner)?
-                    .admit(request_id, t, opts, lookahead)
-                    .py_err()
-            })?
+        let got = if tokens.len() >= DETACH_MIN_TOKENS {
+            let t = tokens.into_vec();
+            self.inner
+                .detached(py, |m| m.admit(request_id, &t, opts, lookahead))?
         } else {
-            lock(&self.inner)?
-                .admit(request_id, t, opts, lookahead)
-                .py_err()?
-        };
+            self.inner.with(py, |m| {
+                m.admit(request_id, tokens.as_slice(), opts, lookahead)
+            })?
+        }
+        .py_err()?;
         Ok(got.map(|a| (a.num_hit_tokens, ids_array(py, &a.block_ids))))
     }
 
@@ -290,6 +307,7 @@ impl PyKVCacheManager {
     #[pyo3(signature = (request_id, output_tokens = None))]
     fn finish(
         &self,
+        py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         output_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
@@ -298,8 +316,17 @@ impl PyKVCacheManager {
             Some(o) if !o.is_none() => Some(convert::tokens(o, "output_tokens")?),
             _ => None,
         };
-        let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
-        lock(&self.inner)?.finish(request_id, out).py_err()
+        match out {
+            Some(t) if t.len() >= DETACH_MIN_TOKENS => {
+                let t = t.into_vec();
+                self.inner.detached(py, |m| m.finish(request_id, &t))?
+            }
+            out => self.inner.with(py, |m| {
+                let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
+                m.finish(request_id, out)
+            })?,
+        }
+        .py_err()
     }
 
     fn block_ids<'py>(
@@ -308,18 +335,27 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let request_id = rid(request_id)?;
-        let g = lock(&self.inner)?;
-        Ok(ids_array(py, g.block_ids(request_id).py_err()?))
+        let ids = self
+            .inner
+            .with(py, |m| m.block_ids(request_id).map(<[u32]>::to_vec))?
+            .py_err()?;
+        Ok(ids_array(py, &ids))
     }
 
-    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let request_id = rid(request_id)?;
-        lock(&self.inner)?.num_tokens(request_id).py_err()
+        self.inner.with(py, |m| m.num_tokens(request_id))?.py_err()
     }
 
-    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn num_computed_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
         let request_id = rid(request_id)?;
-        lock(&self.inner)?.num_computed_tokens(request_id).py_err()
+        self.inner
+            .with(py, |m| m.num_computed_tokens(request_id))?
+            .py_err()
     }
 
     fn block_hashes<'py>(
@@ -328,36 +364,39 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let request_id = rid(request_id)?;
-        let g = lock(&self.inner)?;
-        let hashes = g.block_hashes(request_id).py_err()?;
+        let hashes = self
+            .inner
+            .with(py, |m| m.block_hashes(request_id).map(<[_]>::to_vec))?
+            .py_err()?;
         PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
     }
 
-    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn __contains__(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let Ok(request_id) = rid(request_id) else {
             return Ok(false);
         };
-        Ok(lock(&self.inner)?.contains(request_id))
+        self.inner.with(py, |m| m.contains(request_id))
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.num_requests())
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.num_requests())
     }
 
-    fn reset_prefix_cache(&self) -> PyResult<bool> {
-        Ok(lock(&self.inner)?.reset_prefix_cache())
+    /// O(num_blocks): runs with the GIL released.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.detached(py, |m| m.reset_prefix_cache())
     }
 
-    fn evict_blocks(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
-        lock(&self.inner)?.evict_blocks(&ids).py_err()
+        let long = ids.len() >= DETACH_MIN_BLOCKS;
+        self.inner.run(py, long, |m| m.evict_blocks(&ids))?.py_err()
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let (events, window) = {
-            let mut g = lock(&self.inner)?;
-            (g.take_events(), g.sliding_window())
-        };
+        let (events, window) = self
+            .inner
+            .with(py, |m| (m.take_events(), m.sliding_window()))?;
         let spec = match window {
             None => ("full_attention", None),
             Some(w) => ("sliding_window", Some(w)),
@@ -366,14 +405,14 @@ impl PyKVCacheManager {
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = lock(&self.inner)?.pool().free_block_ids();
+        let ids = self.inner.detached(py, |m| m.pool().free_block_ids())?;
         Ok(ids_array(py, &ids))
     }
 
-    fn ref_cnt(&self, block_id: i64) -> PyResult<u32> {
+    fn ref_cnt(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
-        lock(&self.inner)?.pool().ref_cnt(id).py_err()
+        self.inner.with(py, |m| m.pool().ref_cnt(id))?.py_err()
     }
 
     fn block_hash<'py>(
@@ -383,26 +422,27 @@ impl PyKVCacheManager {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
-        let key = lock(&self.inner)?.pool().block_key(id).py_err()?;
+        let key = self.inner.with(py, |m| m.pool().block_key(id))?.py_err()?;
         Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).
-    fn check_invariants(&self) -> PyResult<()> {
-        lock(&self.inner)?
-            .check_invariants()
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .detached(py, |m| m.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        let g = lock(&self.inner)?;
-        Ok(format!(
-            "KVCacheManager(num_blocks={}, block_size={}, sliding_window={:?}, requests={}, num_free_blocks={})",
-            g.pool().num_blocks(),
-            g.block_size(),
-            g.sliding_window(),
-            g.num_requests(),
-            g.pool().num_free_blocks()
-        ))
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.with(py, |g| {
+            format!(
+                "KVCacheManager(num_blocks={}, block_size={}, sliding_window={:?}, requests={}, num_free_blocks={})",
+                g.pool().num_blocks(),
+                g.block_size(),
+                g.sliding_window(),
+                g.num_requests(),
+                g.pool().num_free_blocks()
+            )
+        })
     }
 }

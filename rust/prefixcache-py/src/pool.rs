@@ -1,8 +1,6 @@
 //! `BlockPool`: vLLM v1's block pool (prefixcache_core::blocks::pool) and the KV-event
 //! conversion shared with `KVCacheManager`. Argument and error mapping only.
 
-use std::sync::{Mutex, MutexGuard};
-
 use numpy::PyArray1;
 use prefixcache_core::blocks::{BlockPool, StoreInfo};
 use prefixcache_core::events::{KvEvent, MEDIUM_GPU};
@@ -14,6 +12,13 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 use crate::convert;
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::hasher::all_block_keys;
+use crate::shared::Shared;
+
+/// Block counts from which block-level calls (`get_new_blocks`, `free_blocks`, `touch`,
+/// `evict_blocks`, `cache_full_blocks`, `allocate_slots`) run with the GIL released:
+/// from 256 blocks (~20 ns each) a call does >= ~5 us of work (docs/BENCHMARKS.md,
+/// "Threads and the GIL").
+pub const DETACH_MIN_BLOCKS: usize = 256;
 
 /// How KV events report block hashes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,17 +226,11 @@ fn count(n: i64, what: &str) -> PyResult<usize> {
     usize::try_from(n).map_err(|_| invalid_input(format!("{what} must be >= 0, got {n}")))
 }
 
-/// Lock a core structure; a poisoned lock (a panic elsewhere) becomes a RuntimeError.
-pub fn lock<'a, T>(m: &'a Mutex<T>) -> PyResult<MutexGuard<'a, T>> {
-    m.lock()
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("internal lock poisoned"))
-}
-
 /// vLLM v1's block pool: N blocks, block 0 reserved as the null block, an LRU free queue
 /// and a prefix-cache table from (hash, group) to blocks.
 #[pyclass(frozen, module = "prefixcache._core", name = "BlockPool")]
 pub struct PyBlockPool {
-    inner: Mutex<BlockPool>,
+    inner: Shared<BlockPool>,
     fmt: HashFormat,
 }
 
@@ -248,29 +247,32 @@ impl PyBlockPool {
         let fmt = HashFormat::parse(event_hash_format)?;
         let n = count(num_blocks, "num_blocks")?;
         Ok(PyBlockPool {
-            inner: Mutex::new(BlockPool::new(n, enable_caching, enable_kv_cache_events).py_err()?),
+            inner: Shared::new(
+                "BlockPool",
+                BlockPool::new(n, enable_caching, enable_kv_cache_events).py_err()?,
+            ),
             fmt,
         })
     }
 
     #[getter]
-    fn num_blocks(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.num_blocks())
+    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |p| p.num_blocks())
     }
 
     #[getter]
-    fn num_free_blocks(&self) -> PyResult<usize> {
-        Ok(lock(&self.inner)?.num_free_blocks())
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |p| p.num_free_blocks())
     }
 
     #[getter]
-    fn usage(&self) -> PyResult<f64> {
-        Ok(lock(&self.inner)?.usage())
+    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.inner.with(py, |p| p.usage())
     }
 
     #[getter]
-    fn enable_caching(&self) -> PyResult<bool> {
-        Ok(lock(&self.inner)?.enable_caching())
+    fn enable_caching(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.with(py, |p| p.enable_caching())
     }
 
     fn get_new_blocks<'py>(
@@ -279,24 +281,30 @@ impl PyBlockPool {
         num_blocks: i64,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = count(num_blocks, "num_blocks")?;
-        let ids = lock(&self.inner)?.get_new_blocks(n).py_err()?;
+        let ids = self
+            .inner
+            .run(py, n >= DETACH_MIN_BLOCKS, |p| p.get_new_blocks(n))?
+            .py_err()?;
         Ok(ids_array(py, &ids))
     }
 
-    fn touch(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
-        lock(&self.inner)?.touch(&ids).py_err()
+        let long = ids.len() >= DETACH_MIN_BLOCKS;
+        self.inner.run(py, long, |p| p.touch(&ids))?.py_err()
     }
 
-    fn free_blocks(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
-        lock(&self.inner)?.free_blocks(&ids).py_err()
+        let long = ids.len() >= DETACH_MIN_BLOCKS;
+        self.inner.run(py, long, |p| p.free_blocks(&ids))?.py_err()
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, block_size, group_id = 0, token_ids = None, lora_id = None, lora_name = None, extra_keys = None))]
     #[allow(clippy::too_many_arguments)]
     fn cache_full_blocks(
         &self,
+        py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
         num_cached_blocks: i64,
@@ -314,58 +322,64 @@ impl PyBlockPool {
         for (i, h) in block_hashes.try_iter()?.enumerate() {
             hashes.push(block_hash(&h?, &format!("block_hashes[{i}]"))?);
         }
+        // Copied (not borrowed): the call may run with the GIL released.
         let tokens = match token_ids {
-            Some(t) if !t.is_none() => Some(convert::tokens(t, "token_ids")?),
+            Some(t) if !t.is_none() => Some(convert::tokens(t, "token_ids")?.into_vec()),
             _ => None,
         };
-        let info = StoreInfo {
-            token_ids: tokens.as_ref().map(|t| t.as_slice()),
-            lora_id,
-            lora_name: lora_name.as_deref(),
-            block_extra_keys: &keys,
-            default_extra_keys: None,
-        };
-        lock(&self.inner)?
-            .cache_full_blocks(
-                &ids,
-                &hashes,
-                count(num_cached_blocks, "num_cached_blocks")?,
-                count(num_full_blocks, "num_full_blocks")?,
-                count(block_size, "block_size")?,
-                group_id,
-                info,
-            )
+        let num_cached = count(num_cached_blocks, "num_cached_blocks")?;
+        let num_full = count(num_full_blocks, "num_full_blocks")?;
+        let block_size = count(block_size, "block_size")?;
+        let long = num_full.saturating_sub(num_cached) >= DETACH_MIN_BLOCKS;
+        self.inner
+            .run(py, long, |p| {
+                let info = StoreInfo {
+                    token_ids: tokens.as_deref(),
+                    lora_id,
+                    lora_name: lora_name.as_deref(),
+                    block_extra_keys: &keys,
+                    default_extra_keys: None,
+                };
+                p.cache_full_blocks(
+                    &ids, &hashes, num_cached, num_full, block_size, group_id, info,
+                )
+            })?
             .py_err()
     }
 
     #[pyo3(signature = (block_hash, group_ids = vec![0]))]
     fn get_cached_block(
         &self,
+        py: Python<'_>,
         block_hash: &Bound<'_, PyAny>,
         group_ids: Vec<u32>,
     ) -> PyResult<Option<Vec<u32>>> {
         let h = self::block_hash(block_hash, "block_hash")?;
-        lock(&self.inner)?.get_cached_block(&h, &group_ids).py_err()
+        self.inner
+            .with(py, |p| p.get_cached_block(&h, &group_ids))?
+            .py_err()
     }
 
-    fn evict_blocks(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
-        lock(&self.inner)?.evict_blocks(&ids).py_err()
+        let long = ids.len() >= DETACH_MIN_BLOCKS;
+        self.inner.run(py, long, |p| p.evict_blocks(&ids))?.py_err()
     }
 
-    fn reset_prefix_cache(&self) -> PyResult<bool> {
-        Ok(lock(&self.inner)?.reset_prefix_cache())
+    /// O(num_blocks): runs with the GIL released.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.detached(py, |p| p.reset_prefix_cache())
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = lock(&self.inner)?.take_events();
+        let events = self.inner.with(py, |p| p.take_events())?;
         events_to_py(py, events, self.fmt, None)
     }
 
-    fn ref_cnt(&self, block_id: i64) -> PyResult<u32> {
+    fn ref_cnt(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
-        lock(&self.inner)?.ref_cnt(id).py_err()
+        self.inner.with(py, |p| p.ref_cnt(id))?.py_err()
     }
 
     fn block_hash<'py>(
@@ -375,29 +389,30 @@ impl PyBlockPool {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
-        let key = lock(&self.inner)?.block_key(id).py_err()?;
+        let key = self.inner.with(py, |p| p.block_key(id))?.py_err()?;
         Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = lock(&self.inner)?.free_block_ids();
+        let ids = self.inner.detached(py, |p| p.free_block_ids())?;
         Ok(ids_array(py, &ids))
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).
-    fn check_invariants(&self) -> PyResult<()> {
-        lock(&self.inner)?
-            .check_invariants()
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .detached(py, |p| p.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        let p = lock(&self.inner)?;
-        Ok(format!(
-            "BlockPool(num_blocks={}, num_free_blocks={}, cached_keys={})",
-            p.num_blocks(),
-            p.num_free_blocks(),
-            p.num_cached_keys()
-        ))
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.with(py, |p| {
+            format!(
+                "BlockPool(num_blocks={}, num_free_blocks={}, cached_keys={})",
+                p.num_blocks(),
+                p.num_free_blocks(),
+                p.num_cached_keys()
+            )
+        })
     }
 }

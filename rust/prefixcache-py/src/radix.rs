@@ -1,16 +1,31 @@
 //! `RadixCache`, `Node`, `MatchResult`, `InsertResult`: bindings of `radix::RadixTree`.
 
-use std::sync::{Mutex, MutexGuard};
-
 use numpy::PyArray1;
 use prefixcache_core::radix::{EvictionPolicy, Namespace, NodeRef, RadixTree};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 
 use crate::convert;
 use crate::errors::IntoPyResult;
+use crate::shared::Shared;
+
+/// GIL release thresholds (docs/BENCHMARKS.md, "Threads and the GIL"). Releasing and
+/// retaking the GIL costs ~35 ns uncontended, but a thread that released it may have to
+/// wait a switch interval (5 ms) to get it back while other threads run Python, and a
+/// GIL-released call must first copy its numpy key. So only calls doing >= ~5 us of core
+/// work release it: shorter ones are invisible to other threads.
+///
+/// `match_prefix` of a cached key compares ~20 tokens/ns (65536 tokens: ~6 us; the copy
+/// alone costs about as much as the match).
+const DETACH_MIN_MATCH: usize = 65536;
+
+/// `insert` and `MatchResult.indices` allocate and copy per token (4096 new tokens:
+/// ~3.4 us; 16384: ~170 us, page faults included).
+const DETACH_MIN_ALLOC: usize = 8192;
+
+/// `evict(num_tokens)`: ~0.3-1 us per evicted leaf plus the freed indices' array.
+const DETACH_MIN_EVICT: i64 = 1024;
 
 /// A handle to a tree node. Valid while the node exists; using it after the node was
 /// evicted (or after `reset()`) raises `StaleHandleError`.
@@ -46,11 +61,12 @@ impl MatchResult {
     #[getter]
     fn indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let arr = self.indices.get_or_try_init(py, || -> PyResult<_> {
+            let r = self.node.get().r;
             let v = self
                 .cache
                 .get()
-                .tree()?
-                .path_indices(self.node.get().r)
+                .inner
+                .run(py, self.length >= DETACH_MIN_ALLOC, |t| t.path_indices(r))?
                 .py_err()?;
             Ok(convert::i64_array(py, v).unbind())
         })?;
@@ -91,16 +107,10 @@ impl InsertResult {
 /// SGLang's RadixCache: a token-level radix tree of KV indices.
 #[pyclass(frozen, module = "prefixcache._core")]
 pub struct RadixCache {
-    inner: Mutex<RadixTree>,
+    inner: Shared<RadixTree>,
 }
 
 impl RadixCache {
-    fn tree(&self) -> PyResult<MutexGuard<'_, RadixTree>> {
-        self.inner.lock().map_err(|_| {
-            PyRuntimeError::new_err("RadixCache is unusable: an earlier call panicked")
-        })
-    }
-
     fn node(&self, py: Python<'_>, r: NodeRef) -> PyResult<Py<Node>> {
         Py::new(py, Node { r })
     }
@@ -126,24 +136,24 @@ impl RadixCache {
         })?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
         Ok(RadixCache {
-            inner: Mutex::new(RadixTree::new(page_size, policy).py_err()?),
+            inner: Shared::new("RadixCache", RadixTree::new(page_size, policy).py_err()?),
         })
     }
 
     #[getter]
-    fn page_size(&self) -> PyResult<usize> {
-        Ok(self.tree()?.page_size())
+    fn page_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.page_size())
     }
 
     #[getter]
-    fn eviction_policy(&self) -> PyResult<&'static str> {
-        Ok(self.tree()?.policy().name())
+    fn eviction_policy(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.inner.with(py, |t| t.policy().name())
     }
 
     /// The logical clock: advanced by one by every `match_prefix` and `insert` call.
     #[getter]
-    fn clock(&self) -> PyResult<u64> {
-        Ok(self.tree()?.clock())
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |t| t.clock())
     }
 
     /// Longest cached prefix of `tokens` (page-aligned). May split a node.
@@ -156,10 +166,15 @@ impl RadixCache {
     ) -> PyResult<MatchResult> {
         let py = slf.py();
         let tokens = convert::tokens(tokens, "tokens")?;
+        let ns = namespace(extra_key, cache_salt);
         let this = slf.get();
-        let m = this
-            .tree()?
-            .match_prefix(tokens.as_slice(), &namespace(extra_key, cache_salt));
+        let m = if tokens.len() >= DETACH_MIN_MATCH {
+            let key = tokens.into_vec();
+            this.inner.detached(py, |t| t.match_prefix(&key, &ns))?
+        } else {
+            this.inner
+                .with(py, |t| t.match_prefix(tokens.as_slice(), &ns))?
+        };
         Ok(MatchResult {
             length: m.length,
             node: this.node(py, m.node)?,
@@ -189,16 +204,20 @@ impl RadixCache {
         let inserted_len = usize::try_from(inserted_len).map_err(|_| {
             crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}"))
         })?;
-        let r = self
-            .tree()?
-            .insert(
-                tokens.as_slice(),
-                values.as_ref().map(|v| v.as_slice()),
-                &namespace(extra_key, cache_salt),
-                priority,
-                inserted_len,
-            )
-            .py_err()?;
+        let ns = namespace(extra_key, cache_salt);
+        let r = if tokens.len() >= DETACH_MIN_ALLOC {
+            let key = tokens.into_vec();
+            let values = values.map(convert::Values::into_vec);
+            self.inner.detached(py, |t| {
+                t.insert(&key, values.as_deref(), &ns, priority, inserted_len)
+            })?
+        } else {
+            self.inner.with(py, |t| {
+                let values = values.as_ref().map(|v| v.as_slice());
+                t.insert(tokens.as_slice(), values, &ns, priority, inserted_len)
+            })?
+        }
+        .py_err()?;
         Ok(InsertResult {
             prefix_len: r.prefix_len,
             node: self.node(py, r.node)?,
@@ -206,13 +225,15 @@ impl RadixCache {
     }
 
     /// Locks the path from `node` to the root; returns the change of the evictable size.
-    fn inc_lock_ref(&self, node: &Bound<'_, Node>) -> PyResult<i64> {
-        self.tree()?.inc_lock_ref(node.get().r).py_err()
+    fn inc_lock_ref(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<i64> {
+        let r = node.get().r;
+        self.inner.with(py, |t| t.inc_lock_ref(r))?.py_err()
     }
 
     /// Unlocks the path from `node` to the root; returns the change of the evictable size.
-    fn dec_lock_ref(&self, node: &Bound<'_, Node>) -> PyResult<i64> {
-        self.tree()?.dec_lock_ref(node.get().r).py_err()
+    fn dec_lock_ref(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<i64> {
+        let r = node.get().r;
+        self.inner.with(py, |t| t.dec_lock_ref(r))?.py_err()
     }
 
     /// Evicts whole leaves until at least `num_tokens` are freed (or nothing is
@@ -223,31 +244,34 @@ impl RadixCache {
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = convert::count(num_tokens, "num_tokens")?;
-        let freed = self.tree()?.evict(n).py_err()?;
+        let freed = self
+            .inner
+            .run(py, n >= DETACH_MIN_EVICT, |t| t.evict(n))?
+            .py_err()?;
         Ok(convert::i64_array(py, freed))
     }
 
-    fn evictable_size(&self) -> PyResult<usize> {
-        Ok(self.tree()?.evictable_size())
+    fn evictable_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.evictable_size())
     }
 
-    fn protected_size(&self) -> PyResult<usize> {
-        Ok(self.tree()?.protected_size())
+    fn protected_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.protected_size())
     }
 
-    fn total_size(&self) -> PyResult<usize> {
-        Ok(self.tree()?.total_size())
+    fn total_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.total_size())
     }
 
     /// Nodes in the tree, the root excluded.
     #[getter]
-    fn num_nodes(&self) -> PyResult<usize> {
-        Ok(self.tree()?.num_nodes())
+    fn num_nodes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.num_nodes())
     }
 
     #[getter]
     fn root(&self, py: Python<'_>) -> PyResult<Py<Node>> {
-        let r = self.tree()?.root();
+        let r = self.inner.with(py, |t| t.root())?;
         self.node(py, r)
     }
 
@@ -257,13 +281,16 @@ impl RadixCache {
         py: Python<'py>,
         node: &Bound<'py, Node>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.tree()?.path_indices(node.get().r).py_err()?;
+        // The length is unknown before the walk: released always (a rare call).
+        let r = node.get().r;
+        let v = self.inner.detached(py, |t| t.path_indices(r))?.py_err()?;
         Ok(convert::i64_array(py, v))
     }
 
     /// The parent of `node` (None for the root).
     fn parent(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<Option<Py<Node>>> {
-        let p = self.tree()?.parent(node.get().r).py_err()?;
+        let r = node.get().r;
+        let p = self.inner.with(py, |t| t.parent(r))?.py_err()?;
         p.map(|r| self.node(py, r)).transpose()
     }
 
@@ -274,7 +301,8 @@ impl RadixCache {
         py: Python<'py>,
         node: &Bound<'py, Node>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let i = self.tree()?.node_info(node.get().r).py_err()?;
+        let r = node.get().r;
+        let i = self.inner.with(py, |t| t.node_info(r))?.py_err()?;
         let d = PyDict::new(py);
         d.set_item("length", i.length)?;
         d.set_item("lock_ref", i.lock_ref)?;
@@ -291,7 +319,7 @@ impl RadixCache {
 
     /// Every non-root node, depth first, children ordered by (namespace, key tokens).
     fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let nodes = self.tree()?.dump();
+        let nodes = self.inner.detached(py, |t| t.dump())?;
         let out = PyList::empty(py);
         for n in nodes {
             let d = PyDict::new(py);
@@ -311,31 +339,32 @@ impl RadixCache {
     }
 
     /// Checks every structural invariant of the tree; raises AssertionError on a violation.
-    fn check_invariants(&self) -> PyResult<()> {
-        self.tree()?
-            .check_invariants()
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .detached(py, |t| t.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     /// Empties the tree; every node handle issued before becomes stale.
-    fn reset(&self) -> PyResult<()> {
-        self.tree()?.reset();
-        Ok(())
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        // Frees every node: released always (a rare call, as long as the tree is large).
+        self.inner.detached(py, |t| t.reset())
     }
 
     /// A human-readable rendering of the tree.
-    fn pretty_print(&self) -> PyResult<String> {
-        Ok(self.tree()?.pretty())
+    fn pretty_print(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.detached(py, |t| t.pretty())
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        let t = self.tree()?;
-        Ok(format!(
-            "RadixCache(page_size={}, eviction_policy={:?}, nodes={}, total_size={})",
-            t.page_size(),
-            t.policy().name(),
-            t.num_nodes(),
-            t.total_size()
-        ))
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.with(py, |t| {
+            format!(
+                "RadixCache(page_size={}, eviction_policy={:?}, nodes={}, total_size={})",
+                t.page_size(),
+                t.policy().name(),
+                t.num_nodes(),
+                t.total_size()
+            )
+        })
     }
 }

@@ -1,19 +1,18 @@
 //! `BlockTrie`, `Claim`, `Lookup`: bindings of `trie::BlockTrie` (TensorRT-LLM's block
-//! reuse). Every call that does core work releases the GIL (`py.detach`) and takes the
-//! trie's lock inside; the lock is never held while the GIL is acquired.
-
-use std::sync::Mutex;
+//! reuse). Every call that does core work releases the GIL (`Shared::detached`) and takes
+//! the trie's lock inside; the lock is never held while the GIL is acquired.
 
 use prefixcache_core::trie::{
     BlockTrie as CoreTrie, ClaimParams, MmSpan, PartialReuse, TrieEvent, TrieStats,
 };
-use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
+use pyo3::exceptions::PyAssertionError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::convert;
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::shared::Shared;
 
 /// The result of `BlockTrie.claim`.
 #[pyclass(frozen, module = "prefixcache._core")]
@@ -117,27 +116,23 @@ impl Lookup {
 /// keys, cache salt) with partial reuse of the last block and priority-LRU eviction.
 #[pyclass(frozen, module = "prefixcache._core")]
 pub struct BlockTrie {
-    inner: Mutex<CoreTrie>,
-}
-
-fn poisoned() -> PyErr {
-    PyRuntimeError::new_err("BlockTrie is unusable: an earlier call panicked")
+    inner: Shared<CoreTrie>,
 }
 
 impl BlockTrie {
-    /// Runs `f` on the trie with the GIL released.
+    /// Runs `f` on the trie with the GIL released (its inputs are owned copies).
     fn with<R: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut CoreTrie) -> R + Send,
     ) -> PyResult<R> {
-        py.detach(|| self.inner.lock().map(|mut g| f(&mut g)).map_err(|_| ()))
-            .map_err(|_| poisoned())
+        self.inner.detached(py, f)
     }
 
-    /// Short reads: lock without releasing the GIL (nothing else waits on it).
-    fn read<R>(&self, f: impl FnOnce(&CoreTrie) -> R) -> PyResult<R> {
-        self.inner.lock().map(|g| f(&g)).map_err(|_| poisoned())
+    /// Short reads: with the GIL held (when another thread holds the trie, waits for it
+    /// with the GIL released).
+    fn read<R>(&self, py: Python<'_>, f: impl FnOnce(&CoreTrie) -> R) -> PyResult<R> {
+        self.inner.with(py, |t| f(t))
     }
 }
 
@@ -248,57 +243,57 @@ impl BlockTrie {
             usize::try_from(tpb).map_err(|_| invalid_input("tokens_per_block is too large"))?;
         let t = CoreTrie::new(n, tpb, enable_partial_reuse, copy_on_partial_reuse).py_err()?;
         Ok(BlockTrie {
-            inner: Mutex::new(t),
+            inner: Shared::new("BlockTrie", t),
         })
     }
 
     #[getter]
-    fn num_blocks(&self) -> PyResult<usize> {
-        self.read(|t| t.num_blocks())
+    fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_blocks())
     }
     #[getter]
-    fn tokens_per_block(&self) -> PyResult<usize> {
-        self.read(|t| t.tokens_per_block())
+    fn tokens_per_block(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.tokens_per_block())
     }
     #[getter]
-    fn enable_partial_reuse(&self) -> PyResult<bool> {
-        self.read(|t| t.enable_partial_reuse())
+    fn enable_partial_reuse(&self, py: Python<'_>) -> PyResult<bool> {
+        self.read(py, |t| t.enable_partial_reuse())
     }
     #[getter]
-    fn copy_on_partial_reuse(&self) -> PyResult<bool> {
-        self.read(|t| t.copy_on_partial_reuse())
+    fn copy_on_partial_reuse(&self, py: Python<'_>) -> PyResult<bool> {
+        self.read(py, |t| t.copy_on_partial_reuse())
     }
     /// Unreferenced blocks, cached or not: what `claim` can allocate.
     #[getter]
-    fn num_free_blocks(&self) -> PyResult<usize> {
-        self.read(|t| t.num_free_blocks())
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_free_blocks())
     }
     /// Blocks cached in the trie.
     #[getter]
-    fn num_cached_blocks(&self) -> PyResult<usize> {
-        self.read(|t| t.num_cached_blocks())
+    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_cached_blocks())
     }
     /// Tokens in the cached blocks' keys.
     #[getter]
-    fn num_cached_tokens(&self) -> PyResult<usize> {
-        self.read(|t| t.num_cached_tokens())
+    fn num_cached_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_cached_tokens())
     }
     /// Requests holding blocks.
     #[getter]
-    fn num_requests(&self) -> PyResult<usize> {
-        self.read(|t| t.num_requests())
+    fn num_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_requests())
     }
     /// The logical clock: +1 per claim, +ticks per advance_clock.
     #[getter]
-    fn clock(&self) -> PyResult<u64> {
-        self.read(|t| t.clock())
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, |t| t.clock())
     }
     /// Counters since construction (claims, query_tokens, matched_tokens, reused_blocks,
     /// partial_hits, partial_tokens, taken_over_blocks, copies, copied_tokens,
     /// allocated_blocks, evicted_blocks, evicted_tokens, stored_blocks).
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.read(|t| t.stats())?;
+        let s = self.read(py, |t| t.stats())?;
         stats_dict(py, &s)
     }
 
@@ -501,8 +496,8 @@ impl BlockTrie {
             .map_err(PyAssertionError::new_err)
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        self.read(|t| {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.read(py, |t| {
             format!(
                 "BlockTrie(num_blocks={}, tokens_per_block={}, free={}, cached={}, requests={})",
                 t.num_blocks(),
