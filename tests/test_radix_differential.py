@@ -3,10 +3,11 @@ the whole canonical dump must agree after every operation of random sequences.""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from radix_ops import Lockstep, Op, op_sequences
 
 import prefixcache
@@ -14,6 +15,10 @@ from prefixcache.reference import radix as reference
 
 POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 PAGE_SIZES = [1, 2, 4, 16]
+
+# Shrinking a failing 40-step sequence takes minutes; by default a failure is reported as
+# found (the message names the step). RADIX_SHRINK=1 shrinks it to a minimal reproducer.
+PHASES = [p for p in Phase if os.environ.get("RADIX_SHRINK") == "1" or p is not Phase.shrink]
 
 Core: Any = getattr(prefixcache, "RadixCache", None)
 needs_core = pytest.mark.skipif(Core is None, reason="prefixcache.RadixCache (the core) not built")
@@ -33,7 +38,7 @@ def run(ops: list[Op], page_size: int, policy: str, core: Any) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_core_matches_reference(policy: str, page_size: int) -> None:
-    @settings(max_examples=60, deadline=None, database=None,
+    @settings(max_examples=60, deadline=None, database=None, phases=PHASES,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(ops=op_sequences(page_size))
     def check(ops: list[Op]) -> None:
@@ -46,7 +51,7 @@ def test_core_matches_reference(policy: str, page_size: int) -> None:
 def test_harness_reference_against_itself(policy: str) -> None:
     """The lockstep harness itself (reference vs reference), so it runs without the core."""
 
-    @settings(max_examples=20, deadline=None, database=None,
+    @settings(max_examples=20, deadline=None, database=None, phases=PHASES,
               suppress_health_check=[HealthCheck.too_slow])
     @given(ops=op_sequences(2))
     def check(ops: list[Op]) -> None:
