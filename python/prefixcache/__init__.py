@@ -3,6 +3,7 @@
 - ``RadixCache``: SGLang's token-level radix tree.
 - ``BlockPool`` / ``BlockHasher`` / ``KVCacheManager``: vLLM v1's chained block hashes and
   block pool.
+- ``BlockTrie``: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from __future__ import annotations
 from prefixcache import _core
 from prefixcache._core import (
     BlockHasher,
+    BlockPool,
+    BlockTrie,
+    Claim,
     InsertResult,
+    KVCacheManager,
+    Lookup,
     MatchResult,
     Node,
     RadixCache,
@@ -27,18 +33,28 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
+from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "AllBlocksCleared",
     "BlockHasher",
+    "BlockPool",
+    "BlockRemoved",
     "BlockStateError",
+    "BlockStored",
+    "BlockTrie",
+    "Claim",
     "InsertResult",
     "InvalidInputError",
     "InvalidTypeError",
+    "KVCacheManager",
     "LoRAKey",
     "LockRefError",
+    "Lookup",
     "MatchResult",
     "MultiModalItem",
     "Node",
@@ -46,6 +62,8 @@ __all__ = [
     "PrefixCacheError",
     "RadixCache",
     "StaleHandleError",
+    "TrieBlockRemoved",
+    "TrieBlockStored",
     "UnknownRequestError",
     "UnsupportedHashInputError",
     "__version__",

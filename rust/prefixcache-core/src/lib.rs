@@ -6,10 +6,13 @@
 //! - [`radix`]: SGLang's token-level radix tree (`RadixCache`) with its eviction policies.
 //! - [`hash`]: vLLM v1 chained block hashes (pickle / CBOR byte streams, SHA-256, XXH3).
 //! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
+//! - [`trie`]: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
 
 pub mod blocks;
 pub mod error;
+pub mod events;
 pub mod hash;
 pub mod radix;
+pub mod trie;
 
 pub use error::{Error, Result};

@@ -304,3 +304,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn split_tail_and_new_leaf_share_a_timestamp_and_the_leaf_counts_as_later() {
+    // insert [1,2,3] then [1,2,4]: the tail [3] and the new leaf [4] are both stamped by
+    // the second call; SGLang stamps the leaf later (it reads its clock again).
+    for (policy, first) in [
+        ("lru", 3),
+        ("mru", 4),
+        ("fifo", 3),
+        ("filo", 4),
+        ("lfu", 3),
+        ("slru", 3),
+        ("priority", 3),
+    ] {
+        let mut t = tree(1, policy);
+        t.insert(&[1, 2, 3], None, &none(), 0, 0).unwrap();
+        t.insert(&[1, 2, 4], None, &none(), 0, 0).unwrap();
+        assert_eq!(t.evict(1).unwrap(), vec![first], "policy {policy}");
+    }
+}

@@ -13,7 +13,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod convert;
 mod errors;
 mod hasher;
+mod manager;
+mod pool;
 mod radix;
+mod trie;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -22,7 +25,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
+    m.add_class::<trie::BlockTrie>()?;
+    m.add_class::<trie::Claim>()?;
+    m.add_class::<trie::Lookup>()?;
     m.add_class::<hasher::PyBlockHasher>()?;
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<manager::PyKVCacheManager>()?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! evicting k leaves costs O(k log L) instead of rebuilding a heap over all L leaves.
 
 use super::children::child_key;
+use super::policy::PolicyKey;
 use super::tree::{RadixTree, ROOT};
 use crate::{Error, Result};
 
@@ -11,12 +12,12 @@ impl RadixTree {
         slot != ROOT && n.lock_ref == 0 && n.children.is_empty()
     }
 
-    fn set_entry(&self, slot: u32) -> ((i64, i64), u64, u32) {
+    pub(crate) fn set_entry(&self, slot: u32) -> (PolicyKey, u32) {
         let n = &self.nodes[slot as usize];
         let key = self
             .policy
-            .key(n.last_access, n.creation, n.hit_count, n.priority);
-        (key, n.serial, slot)
+            .key(n.last_access, n.creation, n.hit_count, n.priority, n.serial);
+        (key, slot)
     }
 
     /// Takes `slot` out of the evictable set (before a change of its policy fields).
@@ -60,7 +61,7 @@ impl RadixTree {
             let Some(entry) = self.evictable.pop_first() else {
                 break;
             };
-            let slot = entry.2;
+            let slot = entry.1;
             let n = &mut self.nodes[slot as usize];
             n.listed = false;
             let parent = n.parent;

@@ -75,10 +75,7 @@ impl RadixTree {
             }
             if should_list {
                 leaves += 1;
-                let key = self
-                    .policy
-                    .key(n.last_access, n.creation, n.hit_count, n.priority);
-                if !self.evictable.contains(&(key, n.serial, slot)) {
+                if !self.evictable.contains(&self.set_entry(slot)) {
                     return Err(format!("node {slot} is listed under a stale key"));
                 }
             }

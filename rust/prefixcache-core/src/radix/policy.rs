@@ -4,8 +4,15 @@ use std::str::FromStr;
 
 use crate::Error;
 
-/// SGLang's eviction strategies. The leaf with the smallest key is evicted first;
-/// ties are broken by the node's creation serial (older first).
+/// A node's place in the eviction order: compared lexicographically, smallest first.
+pub(crate) type PolicyKey = [i64; 3];
+
+/// SGLang's eviction strategies. The leaf with the smallest key is evicted first.
+///
+/// Ties: one call stamps every node it touches with one clock value, so the tail of a
+/// node split by an insert and the new leaf beside it can share a timestamp. SGLang reads
+/// its clock again when it creates the leaf, so the leaf counts as later: the key ends
+/// with the node's creation serial, negated for the policies that reverse time (mru, filo).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvictionPolicy {
     /// Least recently used: `last_access_time`.
@@ -55,18 +62,20 @@ impl EvictionPolicy {
         creation: u64,
         hit_count: u64,
         priority: i64,
-    ) -> (i64, i64) {
-        // Logical times and hit counts stay far below 2^63 (one tick per call).
+        serial: u64,
+    ) -> PolicyKey {
+        // Logical times, hit counts and serials stay far below 2^63 (one tick per call).
         let la = last_access as i64;
         let cr = creation as i64;
+        let s = serial as i64;
         match self {
-            EvictionPolicy::Lru => (la, 0),
-            EvictionPolicy::Lfu => (hit_count as i64, la),
-            EvictionPolicy::Fifo => (cr, 0),
-            EvictionPolicy::Mru => (-la, 0),
-            EvictionPolicy::Filo => (-cr, 0),
-            EvictionPolicy::Priority => (priority, la),
-            EvictionPolicy::Slru => (i64::from(hit_count >= 2), la),
+            EvictionPolicy::Lru => [la, 0, s],
+            EvictionPolicy::Lfu => [hit_count as i64, la, s],
+            EvictionPolicy::Fifo => [cr, 0, s],
+            EvictionPolicy::Mru => [-la, 0, -s],
+            EvictionPolicy::Filo => [-cr, 0, -s],
+            EvictionPolicy::Priority => [priority, la, s],
+            EvictionPolicy::Slru => [i64::from(hit_count >= 2), la, s],
         }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Children};
-use super::policy::EvictionPolicy;
+use super::policy::{EvictionPolicy, PolicyKey};
 use crate::{Error, Result};
 
 pub(crate) const ROOT: u32 = 0;
@@ -151,8 +151,8 @@ pub struct RadixTree {
     pub(crate) evictable_size: usize,
     pub(crate) protected_size: usize,
     pub(crate) num_nodes: usize,
-    /// Evictable leaves ordered by (policy key, serial).
-    pub(crate) evictable: BTreeSet<((i64, i64), u64, u32)>,
+    /// Evictable leaves ordered by policy key (which ends with the serial: unique).
+    pub(crate) evictable: BTreeSet<(PolicyKey, u32)>,
     namespaces: Vec<Namespace>,
     namespace_ids: FxHashMap<Namespace, u32>,
 }

@@ -1,0 +1,196 @@
+"""TensorRT-LLM's block trie (``prefixcache.BlockTrie``) behind the simulator's
+:class:`~prefixcache.policies.CachePolicy` protocol: policies ``trtllm`` and
+``trtllm-nopartial`` (64-token blocks, TensorRT-LLM's default) and ``trtllm<N>`` /
+``trtllm-nopartial<N>`` for N-token blocks.
+
+Lifecycle (docs/TRTLLM.md): ``claim`` the prompt with the output reserved (the reuse
+covers at most ``len(prompt) - 1`` tokens and may end on a partially matched block that
+is taken over or copied; copies are completed at once), ``store`` the prompt when prefill
+is done (TensorRT-LLM caches context blocks after the context phase), ``extend`` as output
+grows, and at finish ``store`` prompt + output (the partial last block included) and
+``release`` the blocks in reverse order. Capacity ``C`` tokens = ``C // N`` blocks (no
+null block). Evicted tokens count the tokens of the cached blocks that were reused
+(a partial block counts its own tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from prefixcache.errors import InvalidInputError, OutOfBlocksError
+from prefixcache.policies import PolicyStats, _max_k
+from prefixcache.workloads import RequestId, TokenArray
+
+__all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
+
+TRTLLM_DEFAULT_BLOCK = 64
+
+
+def parse_trtllm_name(name: str) -> tuple[int, bool] | None:
+    """``trtllm[-nopartial][<N>]`` -> (block size, partial reuse), else None."""
+    for prefix, partial in (("trtllm-nopartial", False), ("trtllm", True)):
+        if name.startswith(prefix):
+            rest = name[len(prefix) :]
+            if rest == "":
+                return TRTLLM_DEFAULT_BLOCK, partial
+            if rest.isdigit() and int(rest) > 0:
+                return int(rest), partial
+            return None
+    return None
+
+
+class _Seq:
+    __slots__ = ("allocated", "appended", "iid", "known", "prompt")
+
+    def __init__(self, iid: int, prompt: TokenArray, allocated: int) -> None:
+        self.iid = iid
+        self.prompt = prompt
+        self.allocated = allocated  # tokens of KV reserved (prompt + output lookahead)
+        self.known = len(prompt)  # tokens whose KV exists
+        self.appended: list[TokenArray] = []
+
+
+class TrtllmPolicy:
+    """TensorRT-LLM's block reuse: per-block trie, partial reuse, priority LRU."""
+
+    eviction_unit = "blocks"
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        tokens_per_block: int = TRTLLM_DEFAULT_BLOCK,
+        partial_reuse: bool = True,
+        copy_on_partial_reuse: bool = True,
+        trie_cls: Callable[..., Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if tokens_per_block < 1:
+            raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
+        if capacity < tokens_per_block:
+            raise InvalidInputError(
+                f"capacity {capacity} is less than one {tokens_per_block}-token block"
+            )
+        if trie_cls is None:
+            from prefixcache import BlockTrie
+
+            trie_cls = BlockTrie
+        self.name = name or ("trtllm" if partial_reuse else "trtllm-nopartial")
+        self.capacity = capacity
+        self.block_size = tokens_per_block
+        self.num_blocks = capacity // tokens_per_block
+        self.trie = trie_cls(
+            self.num_blocks, tokens_per_block, partial_reuse, copy_on_partial_reuse
+        )
+        self.seqs: dict[RequestId, _Seq] = {}
+        self._ids: dict[RequestId, int] = {}
+        self._loras: dict[str, int] = {}
+        self._peak = 0
+
+    def _iid(self, rid: RequestId) -> int:
+        iid = self._ids.get(rid)
+        if iid is None:
+            iid = self._ids[rid] = len(self._ids)
+        return iid
+
+    def _note_usage(self) -> None:
+        used = (self.num_blocks - int(self.trie.num_free_blocks)) * self.block_size
+        self._peak = max(self._peak, used)
+
+    def admit(
+        self,
+        rid: RequestId,
+        prompt: TokenArray,
+        reserve: int,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int | None:
+        if rid in self.seqs:
+            raise InvalidInputError(f"request {rid!r} is already admitted")
+        lora = None
+        if extra_key is not None:
+            lora = self._loras.setdefault(extra_key, len(self._loras))
+        iid = self._iid(rid)
+        try:
+            c = self.trie.claim(
+                iid,
+                prompt,
+                lora_id=lora,
+                cache_salt=cache_salt or None,
+                reserve_tokens=reserve,
+            )
+        except OutOfBlocksError:
+            return None
+        if c.copies:
+            self.trie.complete(iid)  # the simulated copy is done at once
+        self.seqs[rid] = _Seq(iid, prompt, len(prompt) + reserve)
+        self._note_usage()
+        return int(c.num_matched_tokens)
+
+    def on_prefill_done(self, rid: RequestId) -> None:
+        seq = self.seqs[rid]
+        self.trie.store(seq.iid, seq.prompt)
+
+    def append(self, rid: RequestId, tokens: TokenArray) -> bool:
+        seq = self.seqs[rid]
+        n = len(tokens)
+        try:
+            self.trie.extend(seq.iid, seq.known + n)
+        except OutOfBlocksError:
+            return False
+        seq.known += n
+        seq.appended.append(tokens)
+        seq.allocated = max(seq.allocated, seq.known)
+        self._note_usage()
+        return True
+
+    def finish(self, rid: RequestId, tail: TokenArray) -> None:
+        seq = self.seqs[rid]
+        if seq.known + len(tail) > seq.allocated:
+            raise InvalidInputError(f"request {rid!r}: {len(tail)} more tokens exceed its KV")
+        del self.seqs[rid]
+        parts = [seq.prompt, *seq.appended]
+        if len(tail):
+            parts.append(tail)
+        tokens = np.concatenate(parts) if len(parts) > 1 else seq.prompt
+        self.trie.store(seq.iid, tokens)
+        self.trie.release(seq.iid)
+
+    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
+        if not rids:
+            return 0
+        have = np.array([self.seqs[r].allocated for r in rids], dtype=np.int64)
+        known = np.array([self.seqs[r].known for r in rids], dtype=np.int64)
+        bs = self.block_size
+
+        def blocks_needed(k: int) -> int:
+            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
+
+        return _max_k(blocks_needed, int(self.trie.num_free_blocks))
+
+    def evicted_tokens(self) -> int:
+        return int(self.trie.stats["evicted_tokens"])
+
+    def stats(self) -> PolicyStats:
+        s = self.trie.stats
+        extra = {
+            k: int(s[k]) for k in ("partial_hits", "partial_tokens", "copies", "copied_tokens")
+        }
+        return PolicyStats(
+            self.name,
+            self.capacity,
+            self.eviction_unit,
+            int(s["evicted_tokens"]),
+            int(s["evicted_blocks"]),
+            int(self.trie.num_cached_tokens),
+            self._peak,
+            extra,
+        )
+
+    def check(self) -> None:
+        self.trie.check_invariants()
+        if int(self.trie.num_requests) != len(self.seqs):
+            raise AssertionError(f"{self.name}: request count differs from the trie's")

@@ -1,0 +1,551 @@
+"""Plain-Python reference of TensorRT-LLM's block reuse (SEMANTICS.md section 3): the
+executable specification that ``prefixcache.BlockTrie`` (the Rust core) is tested against.
+
+Read off TensorRT-LLM (``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``,
+``evictionPolicy.cpp``); docs/TRTLLM.md lists where prefixcache differs. In short:
+
+- Block key = (LoRA id, cache salt, multimodal keys, tokens). Blocks match only when all
+  non-token parts are equal; multimodal blocks never match partially.
+- A prompt of n tokens takes ceil(n / tokens_per_block) context blocks; its first n - 1
+  tokens are cut into keys (the last key possibly shorter).
+- claim walks the trie from the root: a full block with the exact key is reused and the
+  walk goes on. Otherwise the walk ends with a *partial* match when either a non-full
+  block has the exact key (TensorRT-LLM treats that as partial too) or, with partial
+  reuse enabled and no multimodal key, a child shares a token prefix: the longest common
+  prefix wins, ties go to the smallest token sequence. Without copy-on-partial-reuse only
+  unreferenced leaves are candidates of that prefix search. The matched block is taken
+  over (it leaves the trie) when it is an unreferenced leaf, else copied into a fresh block
+  and pinned until ``complete``.
+- Fresh blocks are the first evictable block in (priority, release sequence, id) order;
+  evictable = unreferenced and childless. Evicting a cached block removes it from the trie.
+- Retention: a block freed with a duration and a non-default priority drops to priority 35
+  (at the back of the queue) once the logical clock reaches release time + duration.
+- store files the request's blocks under their keys from the root, stopping at the first
+  key held by another block; its tokens must extend, or be a prefix of, what the request
+  claimed or stored.
+
+Everything is a dict or a list scan: short and obviously correct, not fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prefixcache.errors import InvalidInputError, OutOfBlocksError, UnknownRequestError
+from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
+
+DEFAULT_PRIORITY = 35
+MAX_PRIORITY = 100
+STAT_NAMES = (
+    "claims",
+    "query_tokens",
+    "matched_tokens",
+    "reused_blocks",
+    "partial_hits",
+    "partial_tokens",
+    "taken_over_blocks",
+    "copies",
+    "copied_tokens",
+    "allocated_blocks",
+    "evicted_blocks",
+    "evicted_tokens",
+    "stored_blocks",
+)
+
+Scope = tuple[int | None, str | None]
+MmKey = tuple[bytes, int]
+Key = tuple[Scope, tuple[MmKey, ...], tuple[int, ...]]
+
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+MASK64 = (1 << 64) - 1
+
+
+def _fnv(h: int, data: bytes) -> int:
+    for x in data:
+        h = ((h ^ x) * FNV_PRIME) & MASK64
+    return h
+
+
+def chain_hash(parent: int | None, key: Key) -> int:
+    """The 64-bit block hash reported in events: FNV-1a over the parent hash (0 for a
+    first block), the LoRA id, the salt, the multimodal keys and the tokens."""
+    (lora, salt), mm, tokens = key
+    h = _fnv(FNV_OFFSET, (parent or 0).to_bytes(8, "little"))
+    h = _fnv(h, b"\0" if lora is None else b"\1" + lora.to_bytes(8, "little"))
+    if salt is None:
+        h = _fnv(h, b"\0")
+    else:
+        sb = salt.encode()
+        h = _fnv(h, b"\1" + len(sb).to_bytes(4, "little") + sb)
+    h = _fnv(h, len(mm).to_bytes(4, "little"))
+    for hb, off in mm:
+        h = _fnv(h, len(hb).to_bytes(4, "little") + hb + off.to_bytes(8, "little", signed=True))
+    h = _fnv(h, len(tokens).to_bytes(4, "little"))
+    for t in tokens:
+        h = _fnv(h, t.to_bytes(4, "little"))
+    return h
+
+
+def _tokens(obj: Any) -> list[int]:
+    if isinstance(obj, np.ndarray):
+        return [int(x) for x in obj.tolist()]
+    return [int(x) for x in obj]
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class _Block:
+    key: Key | None = None
+    parent: int | None = None  # None: root (or not cached)
+    children: dict[Key, int] = field(default_factory=dict)
+    ref_cnt: int = 0
+    priority: int = DEFAULT_PRIORITY
+    duration: int | None = None
+    expiry: int | None = None
+    seq: int = 0
+    hash: int = 0
+
+
+@dataclass
+class _Request:
+    blocks: list[int]
+    pins: list[int]
+    tokens: list[int]
+    scope: Scope
+    mm: list[tuple[bytes, int, int]]
+
+
+@dataclass(frozen=True)
+class Claim:
+    block_ids: list[int]
+    num_matched_tokens: int
+    num_reused_blocks: int
+    partial: bool
+    partial_tokens: int
+    partial_kind: str | None
+    partial_block: int | None
+    copies: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    num_matched_tokens: int
+    num_reused_blocks: int
+    partial: bool
+    partial_tokens: int
+    partial_kind: str | None
+    partial_block: int | None
+
+
+def _mm_items(items: Any, n: int) -> list[tuple[bytes, int, int]]:
+    out = []
+    for i, (h, start, length) in enumerate(items or ()):
+        hb = h.encode() if isinstance(h, str) else bytes(h)
+        if length <= 0 or start < 0 or start + length > n:
+            raise InvalidInputError(f"mm_items[{i}] is empty or outside the prompt")
+        out.append((hb, int(start), int(length)))
+    return out
+
+
+class BlockTrie:
+    """Same API as ``prefixcache.BlockTrie``."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        tokens_per_block: int | None = None,
+        enable_partial_reuse: bool = True,
+        copy_on_partial_reuse: bool = True,
+    ) -> None:
+        tpb = 64 if tokens_per_block is None else tokens_per_block
+        if num_blocks < 1 or tpb < 1:
+            raise InvalidInputError("num_blocks and tokens_per_block must be >= 1")
+        self.num_blocks = num_blocks
+        self.tokens_per_block = tpb
+        self.enable_partial_reuse = enable_partial_reuse
+        self.copy_on_partial_reuse = copy_on_partial_reuse
+        self.blocks = [_Block(seq=i) for i in range(num_blocks)]
+        self.root_children: dict[Key, int] = {}
+        self.requests: dict[int, _Request] = {}
+        self.clock = 0
+        self._seq = num_blocks
+        self.events: list[Any] = []
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
+
+    # ----- inspection -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return sum(b.ref_cnt == 0 for b in self.blocks)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(b.key is not None for b in self.blocks)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(len(b.key[2]) for b in self.blocks if b.key is not None)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    def take_events(self) -> list[Any]:
+        ev, self.events = self.events, []
+        return ev
+
+    def request_blocks(self, request_id: int) -> list[int]:
+        return list(self._request(request_id).blocks)
+
+    def dump(self) -> list[dict[str, Any]]:
+        out = []
+        for i, b in enumerate(self.blocks):
+            k = b.key
+            out.append(
+                {
+                    "block_id": i,
+                    "cached": k is not None,
+                    "parent": b.parent if k is not None else None,
+                    "tokens": list(k[2]) if k else [],
+                    "lora_id": k[0][0] if k else None,
+                    "cache_salt": k[0][1] if k else None,
+                    "mm_keys": list(k[1]) if k else [],
+                    "ref_cnt": b.ref_cnt,
+                    "priority": b.priority,
+                }
+            )
+        return out
+
+    def check_invariants(self) -> None:
+        return None
+
+    # ----- keys -------------------------------------------------------------------------
+    def _keys(self, tokens: list[int], scope: Scope, mm: list[tuple[bytes, int, int]]) -> list[Key]:
+        tpb = self.tokens_per_block
+        usable = tokens[: max(len(tokens) - 1, 0)]
+        keys = []
+        for b0 in range(0, len(usable), tpb):
+            chunk = tuple(usable[b0 : b0 + tpb])
+            b1 = b0 + len(chunk)
+            mmk = tuple((h, s - b0) for h, s, n in mm if s < b1 and s + n > b0)
+            keys.append((scope, mmk, chunk))
+        return keys
+
+    def _children(self, parent: int | None) -> dict[Key, int]:
+        return self.root_children if parent is None else self.blocks[parent].children
+
+    def _full(self, key: Key) -> bool:
+        return len(key[2]) == self.tokens_per_block
+
+    def _unref_leaf(self, b: int) -> bool:
+        return self.blocks[b].ref_cnt == 0 and not self.blocks[b].children
+
+    # ----- lookup -----------------------------------------------------------------------
+    def _best_partial(self, parent: int | None, key: Key) -> tuple[int, int] | None:
+        best: tuple[int, tuple[int, ...], int] | None = None  # (lcp, tokens, block)
+        for k, c in self._children(parent).items():
+            if k[0] != key[0] or k[1]:
+                continue
+            if not self.copy_on_partial_reuse and not self._unref_leaf(c):
+                continue
+            n = _lcp(k[2], key[2])
+            if n == 0:
+                continue
+            if best is None or n > best[0] or (n == best[0] and k[2] < best[1]):
+                best = (n, k[2], c)
+        return None if best is None else (best[2], best[0])
+
+    def _plan(self, keys: list[Key], n_ctx: int) -> tuple[list[tuple[str, int, int]], int, int]:
+        steps: list[tuple[str, int, int]] = []
+        matched = reused = 0
+        cur: int | None = None
+        walking = True
+        for i in range(n_ctx):
+            key = keys[i] if i < len(keys) else None
+            if not walking or key is None:
+                steps.append(("fresh", -1, 0))
+                walking = False
+                continue
+            walking = False
+            found = self._children(cur).get(key)
+            hit: tuple[int, int] | None = None
+            if found is not None and self._full(key):
+                steps.append(("reuse", found, 0))
+                matched += len(key[2])
+                reused += 1
+                cur, walking = found, True
+                continue
+            if found is not None:
+                hit = (found, len(key[2]))
+            elif self.enable_partial_reuse and not key[1]:
+                hit = self._best_partial(cur, key)
+            if hit is None:
+                steps.append(("fresh", -1, 0))
+            else:
+                b, n = hit
+                matched += n
+                steps.append(("takeover" if self._unref_leaf(b) else "copy", b, n))
+        return steps, matched, reused
+
+    @staticmethod
+    def _partial(steps: list[tuple[str, int, int]]) -> tuple[bool, int, str | None, int | None]:
+        for kind, b, n in steps:
+            if kind in ("takeover", "copy"):
+                return True, n, "taken_over" if kind == "takeover" else "copied", b
+        return False, 0, None, None
+
+    def lookup(
+        self,
+        tokens: Any,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_items: Any = None,
+    ) -> Lookup:
+        toks = _tokens(tokens)
+        mm = _mm_items(mm_items, len(toks))
+        keys = self._keys(toks, (lora_id, cache_salt), mm)
+        steps, matched, reused = self._plan(keys, _ceil_div(len(toks), self.tokens_per_block))
+        p, pt, pk, pb = self._partial(steps)
+        return Lookup(matched, reused, p, pt, pk, pb)
+
+    # ----- references -------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    def _ref_inc(self, b: int) -> None:
+        blk = self.blocks[b]
+        if blk.ref_cnt == 0:
+            blk.expiry = None
+        blk.ref_cnt += 1
+
+    def _ref_dec(self, b: int) -> None:
+        blk = self.blocks[b]
+        blk.ref_cnt -= 1
+        if blk.ref_cnt == 0:
+            blk.seq = self._next_seq()
+            if blk.duration is not None and blk.priority != DEFAULT_PRIORITY:
+                blk.expiry = self.clock + blk.duration
+
+    def _refresh(self) -> None:
+        expired = sorted(
+            (b.expiry, i)
+            for i, b in enumerate(self.blocks)
+            if b.expiry is not None and b.expiry <= self.clock
+        )
+        for _, i in expired:
+            blk = self.blocks[i]
+            blk.expiry = None
+            if blk.ref_cnt == 0:
+                blk.priority = DEFAULT_PRIORITY
+                blk.seq = self._next_seq()
+
+    def _detach(self, b: int) -> None:
+        blk = self.blocks[b]
+        if blk.key is None:
+            return
+        del self._children(blk.parent)[blk.key]
+        self.events.append(TrieBlockRemoved([b], [blk.hash]))
+        blk.key, blk.parent, blk.hash = None, None, 0
+
+    def _alloc(self, priority: int, duration: int | None) -> int:
+        cands = [
+            (blk.priority, blk.seq, i)
+            for i, blk in enumerate(self.blocks)
+            if blk.ref_cnt == 0 and not blk.children
+        ]
+        _, _, b = min(cands)
+        blk = self.blocks[b]
+        blk.expiry = None
+        if blk.key is not None:
+            self._stats["evicted_blocks"] += 1
+            self._stats["evicted_tokens"] += len(blk.key[2])
+            self._detach(b)
+        blk.ref_cnt, blk.priority, blk.duration = 1, priority, duration
+        self._stats["allocated_blocks"] += 1
+        return b
+
+    # ----- requests ---------------------------------------------------------------------
+    def claim(
+        self,
+        request_id: int,
+        tokens: Any,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_items: Any = None,
+        priority: int | None = None,
+        retention: int | None = None,
+        reserve_tokens: int | None = None,
+    ) -> Claim:
+        if priority is not None and not 0 <= priority <= MAX_PRIORITY:
+            raise InvalidInputError(f"priority must be in [0, {MAX_PRIORITY}], got {priority}")
+        if request_id in self.requests:
+            raise InvalidInputError(f"request {request_id} already holds blocks")
+        toks = _tokens(tokens)
+        if not toks:
+            raise InvalidInputError("tokens must not be empty")
+        mm = _mm_items(mm_items, len(toks))
+        tpb = self.tokens_per_block
+        scope: Scope = (lora_id, cache_salt)
+        keys = self._keys(toks, scope, mm)
+        n_ctx = _ceil_div(len(toks), tpb)
+        n_total = _ceil_div(len(toks) + (reserve_tokens or 0), tpb)
+        steps, matched, reused = self._plan(keys, n_ctx)
+        fresh = n_total - n_ctx
+        leaving = 0
+        for kind, b, _ in steps:
+            if kind != "fresh":
+                leaving += self.blocks[b].ref_cnt == 0
+            if kind in ("copy", "fresh"):
+                fresh += 1
+        if fresh + leaving > self.num_free_blocks:
+            raise OutOfBlocksError(f"cannot get {fresh} blocks")
+
+        self.clock += 1
+        self._refresh()
+        pins = []
+        for kind, b, _ in steps:
+            if kind in ("reuse", "takeover"):
+                self._ref_inc(b)
+                if priority is not None:
+                    self.blocks[b].priority = priority
+                self.blocks[b].duration = retention
+                if kind == "takeover":
+                    self._detach(b)
+                    self._stats["taken_over_blocks"] += 1
+            elif kind == "copy":
+                self._ref_inc(b)
+                pins.append(b)
+        block_ids, copies = [], []
+        for kind, b, n in steps:
+            if kind == "copy":
+                dst = self._alloc(self.blocks[b].priority, self.blocks[b].duration)
+                copies.append((b, dst, n))
+                self._stats["copies"] += 1
+                self._stats["copied_tokens"] += n
+                block_ids.append(dst)
+            elif kind == "fresh":
+                pr = DEFAULT_PRIORITY if priority is None else priority
+                block_ids.append(self._alloc(pr, retention))
+            else:
+                block_ids.append(b)
+        for _ in range(n_ctx, n_total):
+            block_ids.append(self._alloc(DEFAULT_PRIORITY, None))
+        p, pt, pk, pb = self._partial(steps)
+        s = self._stats
+        s["claims"] += 1
+        s["query_tokens"] += len(toks)
+        s["matched_tokens"] += matched
+        s["reused_blocks"] += reused
+        if p:
+            s["partial_hits"] += 1
+            s["partial_tokens"] += pt
+        self.requests[request_id] = _Request(list(block_ids), pins, toks, scope, mm)
+        return Claim(block_ids, matched, reused, p, pt, pk, pb, copies)
+
+    def _request(self, request_id: int) -> _Request:
+        r = self.requests.get(request_id)
+        if r is None:
+            raise UnknownRequestError(f"unknown request {request_id}")
+        return r
+
+    def complete(self, request_id: int) -> int:
+        r = self._request(request_id)
+        pins, r.pins = r.pins, []
+        for b in pins:
+            self._ref_dec(b)
+        return len(pins)
+
+    def extend(self, request_id: int, num_tokens: int) -> list[int]:
+        r = self._request(request_id)
+        need = max(_ceil_div(num_tokens, self.tokens_per_block) - len(r.blocks), 0)
+        if need > self.num_free_blocks:
+            raise OutOfBlocksError(f"cannot get {need} blocks")
+        new = [self._alloc(DEFAULT_PRIORITY, None) for _ in range(need)]
+        r.blocks.extend(new)
+        return new
+
+    def _attach(self, b: int, parent: int | None, key: Key) -> None:
+        parent_hash = None if parent is None else self.blocks[parent].hash
+        blk = self.blocks[b]
+        blk.key, blk.parent, blk.hash = key, parent, chain_hash(parent_hash, key)
+        self._children(parent)[key] = b
+
+    def store(self, request_id: int, tokens: Any) -> int:
+        r = self._request(request_id)
+        toks = _tokens(tokens)
+        common = min(len(toks), len(r.tokens))
+        if toks[:common] != r.tokens[:common]:
+            raise InvalidInputError("tokens must agree with the tokens claimed or stored before")
+        keys = self._keys(toks, r.scope, r.mm)
+        if len(keys) > len(r.blocks):
+            raise InvalidInputError("the request holds too few blocks: call extend first")
+        cur: int | None = None
+        new: list[int] = []
+        for key, b in zip(keys, r.blocks, strict=False):
+            blk = self.blocks[b]
+            if blk.key is not None:
+                if blk.parent != cur:
+                    break
+                if blk.key == key:
+                    cur = b
+                    continue
+                if self._full(blk.key) or blk.children or key in self._children(cur):
+                    break
+                self._detach(b)
+            elif key in self._children(cur):
+                break
+            self._attach(b, cur, key)
+            new.append(b)
+            cur = b
+        if len(toks) > len(r.tokens):
+            r.tokens = toks
+        if new:
+            first_parent = self.blocks[new[0]].parent
+            parent_hash = None if first_parent is None else self.blocks[first_parent].hash
+            token_ids = [t for b in new for t in self.blocks[b].key[2]]  # type: ignore[index]
+            lora = self.blocks[new[0]].key[0][0]  # type: ignore[index]
+            self.events.append(
+                TrieBlockStored(
+                    list(new),
+                    [self.blocks[b].hash for b in new],
+                    parent_hash,
+                    token_ids,
+                    self.tokens_per_block,
+                    lora,
+                )
+            )
+            self._stats["stored_blocks"] += len(new)
+        return len(new)
+
+    def release(self, request_id: int) -> None:
+        r = self._request(request_id)
+        del self.requests[request_id]
+        for b in r.pins:
+            self._ref_dec(b)
+        for b in reversed(r.blocks):
+            self._ref_dec(b)
+
+    def advance_clock(self, ticks: int) -> None:
+        self.clock += ticks
+        self._refresh()

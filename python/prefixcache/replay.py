@@ -1,0 +1,160 @@
+"""Replay: run the same requests through several policies under the same scheduler.
+
+:func:`replay` returns a :class:`ReplayResult` per policy: per-request records (hit
+tokens, prompt tokens, evicted tokens, TTFT estimate) plus the policy's counters and a
+summary. :func:`hit_difference` compares two policies request by request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.policies import CachePolicy, PolicyStats, make_policy
+from prefixcache.scheduler import PrefillCost, RequestRecord, SeedScheduler, TimeScheduler
+from prefixcache.workloads import Request
+
+__all__ = [
+    "ReplayResult",
+    "default_capacity",
+    "hit_difference",
+    "make_scheduler",
+    "replay",
+    "summarize",
+]
+
+Scheduler = SeedScheduler | TimeScheduler
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    model: str
+    capacity: int
+    records: list[RequestRecord]
+    stats: PolicyStats
+    seconds: float  # wall time of the replay
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self)
+
+
+def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
+    """A KV budget nothing is ever evicted from: every token of every request, padded."""
+    total = sum(r.prompt_len + r.output_len for r in requests)
+    pad = block_size * (len(requests) + 1)
+    return (total + pad + block_size - 1) // block_size * block_size
+
+
+def make_scheduler(model: str, *, max_running: int | None = None,
+                   cost: PrefillCost | None = None, preemption: bool = True) -> Scheduler:
+    if model == "seed":
+        return SeedScheduler(max_running or 8)
+    if model == "time":
+        return TimeScheduler(max_running or 256, cost, preemption)
+    raise InvalidInputError(f"unknown scheduler model {model!r}; expected seed or time")
+
+
+def replay(
+    requests: Sequence[Request],
+    policies: Sequence[str | CachePolicy],
+    capacity: int | None = None,
+    *,
+    model: str = "seed",
+    scheduler: Scheduler | None = None,
+    eviction_policy: str = "lru",
+    hash_algo: str = "sha256",
+    progress: ProgressFactory | None = None,
+    check: bool = False,
+) -> list[ReplayResult]:
+    """Run ``requests`` through each policy (names or built policies) with one scheduler.
+
+    ``capacity`` in tokens (None: :func:`default_capacity`, nothing evicted) is used for
+    policies given by name. ``check`` verifies the policy's invariants after every step.
+    """
+    if not policies:
+        raise InvalidInputError("no policies given")
+    cap = default_capacity(requests) if capacity is None else int(capacity)
+    if cap < 0:
+        raise InvalidInputError(f"capacity must be >= 0, got {cap}")
+    sched = scheduler or make_scheduler(model)
+    results = []
+    for p in policies:
+        pol = make_policy(p, cap, eviction_policy=eviction_policy, hash_algo=hash_algo) \
+            if isinstance(p, str) else p
+        tick = progress(pol.name, len(requests)) if progress is not None else None
+        t0 = time.perf_counter()
+        records = sched.run(requests, pol, tick, check)
+        dt = time.perf_counter() - t0
+        results.append(ReplayResult(pol.name, sched.model, pol.capacity, records, pol.stats(),
+                                    dt))
+    return results
+
+
+def _percentile(values: list[float], q: float) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return float(np.percentile(vals, q)) if vals else math.nan
+
+
+def summarize(res: ReplayResult) -> dict[str, Any]:
+    recs = res.records
+    served = [r for r in recs if not r.rejected]
+    prompt = sum(r.prompt_tokens for r in served)
+    hit = sum(r.hit_tokens for r in served)
+    s = res.stats
+    out: dict[str, Any] = {
+        "policy": res.policy,
+        "model": res.model,
+        "capacity": res.capacity,
+        "requests": len(recs),
+        "rejected": len(recs) - len(served),
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "hit_rate": hit / prompt if prompt else 0.0,
+        "evicted_tokens": s.evicted_tokens,
+        "evictions": s.evictions,
+        "eviction_unit": s.eviction_unit,
+        "peak_used_tokens": s.peak_used_tokens,
+        "seconds": res.seconds,
+        **s.extra,
+    }
+    if res.model == "time":
+        ttft = [r.ttft for r in served]
+        out.update(
+            preemptions=sum(r.preemptions for r in recs),
+            recompute_hit_tokens=sum(r.recompute_hit_tokens for r in recs),
+            recomputed_tokens=sum(r.recomputed_tokens for r in recs),
+            ttft_p50=_percentile(ttft, 50), ttft_p90=_percentile(ttft, 90),
+            ttft_p99=_percentile(ttft, 99),
+            makespan=max((r.finished for r in served if not math.isnan(r.finished)),
+                         default=0.0),
+        )
+    return out
+
+
+def hit_difference(a: ReplayResult, b: ReplayResult) -> dict[str, Any]:
+    """Per-request hit tokens of ``a`` minus ``b`` (requests served by both)."""
+    if len(a.records) != len(b.records):
+        raise InvalidInputError("the two results replayed different request lists")
+    d = np.array([ra.hit_tokens - rb.hit_tokens for ra, rb in zip(a.records, b.records,
+                  strict=True) if not (ra.rejected or rb.rejected)], dtype=np.int64)
+    n = int(d.size)
+    return {
+        "a": a.policy,
+        "b": b.policy,
+        "requests": n,
+        "a_more": int((d > 0).sum()),
+        "equal": int((d == 0).sum()),
+        "b_more": int((d < 0).sum()),
+        "total_diff": int(d.sum()),
+        "mean_diff": float(d.mean()) if n else 0.0,
+        "min_diff": int(d.min()) if n else 0,
+        "max_diff": int(d.max()) if n else 0,
+    }

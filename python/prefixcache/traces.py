@@ -1,0 +1,321 @@
+"""Trace readers: Mooncake JSONL and a JSONL of token ids.
+
+Mooncake (kvcache-ai/Mooncake FAST'25 traces), one object per line::
+
+    {"timestamp": <ms>, "input_length": <int>, "output_length": <int>, "hash_ids": [int, ...]}
+
+Each hash id stands for one 512-token block; equal ids mean equal content. The reader
+expands id ``h`` into the 512 tokens ``h * 512 + 0 .. h * 512 + 511`` (distinct for distinct
+ids, depending only on the id), truncates the last block to ``input_length``, and gives
+each request ``output_length`` fresh output tokens from a range no prompt token uses
+(``2**31`` and up). Prompts are expanded lazily (numpy, no per-token Python loop).
+
+Token JSONL (prefixcache's own format), one object per line::
+
+    {"id": str|int, "arrival": seconds, "prompt": [int, ...],
+     "output_len": int  |  "output": [int, ...],
+     "session": str|int (optional), "extra_key": str (optional), "cache_salt": str (optional)}
+
+With ``output_len`` the outputs get fresh unique tokens (``2**31`` and up).
+
+A malformed line raises :class:`TraceFormatError` naming the file and line number; with
+``skip_bad_lines=True`` bad lines are skipped and counted (``Trace.skipped``) instead.
+Blank lines are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.workloads import Request, TokenArray
+
+__all__ = [
+    "MOONCAKE_BLOCK",
+    "Trace",
+    "TraceFormatError",
+    "detect_format",
+    "expand_hash_ids",
+    "read_mooncake",
+    "read_token_jsonl",
+    "read_trace",
+]
+
+MOONCAKE_BLOCK = 512
+_MAX_HASH_ID = (2**31) // MOONCAKE_BLOCK - 1  # prompt tokens stay below 2**31
+_OUTPUT_BASE = 2**31  # fresh output tokens live in [2**31, 2**32)
+_MAX_TOKEN = 2**32 - 1
+
+
+class TraceFormatError(InvalidInputError):
+    """A trace line is malformed. ``path`` and ``line`` (1-based) say where."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = path
+        self.line = line
+
+
+@dataclass
+class Trace:
+    """Requests read from a trace file, in file order, plus how many lines were skipped."""
+
+    path: str
+    format: str
+    requests: list[Request]
+    skipped: int = 0
+    skipped_lines: list[int] = field(default_factory=list)
+    hash_ids: list[TokenArray] | None = None  # Mooncake: each request's block ids
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+_BLOCK_OFFSETS = np.arange(MOONCAKE_BLOCK, dtype=np.uint32)
+
+
+def expand_hash_ids(hash_ids: TokenArray | list[int], input_length: int) -> TokenArray:
+    """The synthetic prompt of a Mooncake line: 512 tokens per hash id, truncated."""
+    ids = np.asarray(hash_ids, dtype=np.uint32)
+    tokens = (ids[:, None] * np.uint32(MOONCAKE_BLOCK) + _BLOCK_OFFSETS[None, :]).reshape(-1)
+    return tokens[:input_length]
+
+
+class _Fresh:
+    """Output tokens from a reserved range, assigned in file order."""
+
+    def __init__(self) -> None:
+        self.next = _OUTPUT_BASE
+
+    def take(self, n: int) -> int:
+        start = self.next
+        if start + n > _MAX_TOKEN + 1:
+            raise InvalidInputError("ran out of fresh output token ids")
+        self.next = start + n
+        return start
+
+
+def _lazy_prompt(ids: TokenArray, n: int) -> Any:
+    return lambda: expand_hash_ids(ids, n)
+
+
+def _lazy_range(start: int, n: int) -> Any:
+    return lambda: np.arange(start, start + n, dtype=np.uint32)
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
+    if key not in obj:
+        raise ValueError(f"missing field {key!r}")
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"field {key!r} must be an integer, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"field {key!r} must be >= {minimum}, got {v}")
+    return v
+
+
+def _number(obj: dict[str, Any], key: str) -> float:
+    if key not in obj:
+        raise ValueError(f"missing field {key!r}")
+    v = obj[key]
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) \
+            and v >= 0
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        raise ValueError(f"field {key!r} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _token_list(obj: dict[str, Any], key: str, *, allow_empty: bool) -> TokenArray:
+    v = obj[key]
+    if not isinstance(v, list):
+        raise ValueError(f"field {key!r} must be a list of token ids")
+    if not v:
+        if allow_empty:
+            return np.zeros(0, dtype=np.uint32)
+        raise ValueError(f"field {key!r} is empty")
+    if not all(type(t) is int for t in v):
+        bad = next(i for i, t in enumerate(v) if type(t) is not int)
+        raise ValueError(f"field {key!r}[{bad}] is not an integer: {v[bad]!r}")
+    try:
+        arr = np.asarray(v, dtype=np.int64)
+        bad_pos = np.flatnonzero((arr < 0) | (arr > _MAX_TOKEN))
+        i = int(bad_pos[0]) if bad_pos.size else -1
+    except OverflowError:  # beyond int64: find it the slow way (error path only)
+        i = next(k for k, t in enumerate(v) if not 0 <= t <= _MAX_TOKEN)
+    if i >= 0:
+        raise ValueError(f"field {key!r}[{i}] = {v[i]} is not a token id in [0, 2**32)")
+    return arr.astype(np.uint32)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with path.open("r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                yield lineno, line
+
+
+def _object(line: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
+    """Read a Mooncake JSONL trace (see the module docstring)."""
+    p = Path(path)
+    reqs: list[Request] = []
+    skipped: list[int] = []
+    blocks: list[TokenArray] = []
+    fresh = _Fresh()
+    for lineno, line in _lines(p):
+        try:
+            obj = _object(line)
+            ts = _number(obj, "timestamp")
+            n_in = _int(obj, "input_length", 1)
+            n_out = _int(obj, "output_length", 0)
+            if "hash_ids" not in obj or not isinstance(obj["hash_ids"], list):
+                raise ValueError("field 'hash_ids' must be a list of integers")
+            hl = obj["hash_ids"]
+            if not all(type(h) is int and 0 <= h <= _MAX_HASH_ID for h in hl):
+                raise ValueError(f"'hash_ids' must hold integers in [0, {_MAX_HASH_ID}]")
+            need = -(-n_in // MOONCAKE_BLOCK)
+            if len(hl) != need:
+                raise ValueError(
+                    f"input_length {n_in} needs {need} hash ids of {MOONCAKE_BLOCK} tokens, "
+                    f"got {len(hl)}"
+                )
+        except ValueError as e:
+            if not skip_bad_lines:
+                raise TraceFormatError(str(p), lineno, str(e)) from None
+            skipped.append(lineno)
+            continue
+        ids = np.asarray(hl, dtype=np.uint32)
+        blocks.append(ids)
+        out_start = fresh.take(n_out)
+        reqs.append(
+            Request(
+                len(reqs), _lazy_prompt(ids, n_in), _lazy_range(out_start, n_out),
+                arrival=ts / 1000.0, prompt_len=n_in, output_len=n_out,
+            )
+        )
+    return Trace(str(p), "mooncake", reqs, len(skipped), skipped, blocks)
+
+
+_TOKEN_FIELDS = {"id", "arrival", "prompt", "output_len", "output", "session", "extra_key",
+                 "cache_salt"}
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"field {key!r} must be a string or null")
+    return v
+
+
+def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
+    """Read prefixcache's token-id JSONL format (see the module docstring)."""
+    p = Path(path)
+    reqs: list[Request] = []
+    skipped: list[int] = []
+    seen: set[Any] = set()
+    fresh = _Fresh()
+    for lineno, line in _lines(p):
+        try:
+            obj = _object(line)
+            unknown = set(obj) - _TOKEN_FIELDS
+            if unknown:
+                raise ValueError(f"unknown field(s) {sorted(unknown)}")
+            if "id" not in obj:
+                raise ValueError("missing field 'id'")
+            rid = obj["id"]
+            if isinstance(rid, bool) or not isinstance(rid, int | str):
+                raise ValueError("field 'id' must be a string or an integer")
+            if rid in seen:
+                raise ValueError(f"duplicate id {rid!r}")
+            arrival = _number(obj, "arrival")
+            if "prompt" not in obj:
+                raise ValueError("missing field 'prompt'")
+            prompt = _token_list(obj, "prompt", allow_empty=False)
+            has_out, has_len = "output" in obj, "output_len" in obj
+            if has_out == has_len:
+                raise ValueError("give exactly one of 'output' and 'output_len'")
+            session = obj.get("session")
+            if session is not None and (
+                isinstance(session, bool) or not isinstance(session, int | str)
+            ):
+                raise ValueError("field 'session' must be a string, an integer or null")
+            extra_key = _opt_str(obj, "extra_key")
+            salt = _opt_str(obj, "cache_salt")
+            if has_out:
+                output: Any = _token_list(obj, "output", allow_empty=True)
+                n_out = len(output)
+            else:
+                n_out = _int(obj, "output_len", 0)
+                output = None
+        except ValueError as e:
+            if not skip_bad_lines:
+                raise TraceFormatError(str(p), lineno, str(e)) from None
+            skipped.append(lineno)
+            continue
+        seen.add(rid)
+        if output is None:
+            output = _lazy_range(fresh.take(n_out), n_out)
+        reqs.append(
+            Request(
+                rid, prompt, output, session=session, arrival=arrival, extra_key=extra_key,
+                cache_salt=salt, output_len=n_out,
+            )
+        )
+    _number_turns(reqs)
+    return Trace(str(p), "tokens", reqs, len(skipped), skipped)
+
+
+def _number_turns(reqs: list[Request]) -> None:
+    turns: dict[Any, int] = {}
+    for r in reqs:
+        if r.session is not None:
+            r.turn = turns.get(r.session, 0)
+            turns[r.session] = r.turn + 1
+
+
+def detect_format(path: str | Path) -> str:
+    """'mooncake' if the first non-blank line has 'hash_ids', 'tokens' if it has 'prompt'."""
+    p = Path(path)
+    for lineno, line in _lines(p):
+        try:
+            obj = _object(line)
+        except ValueError as e:
+            raise TraceFormatError(str(p), lineno, str(e)) from None
+        if "hash_ids" in obj:
+            return "mooncake"
+        if "prompt" in obj:
+            return "tokens"
+        raise TraceFormatError(
+            str(p), lineno, "cannot tell the format: no 'hash_ids' (Mooncake) or 'prompt'"
+        )
+    raise InvalidInputError(f"{p}: the trace is empty")
+
+
+def read_trace(path: str | Path, *, fmt: str = "auto", skip_bad_lines: bool = False) -> Trace:
+    """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'."""
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "mooncake":
+        return read_mooncake(path, skip_bad_lines=skip_bad_lines)
+    if fmt == "tokens":
+        return read_token_jsonl(path, skip_bad_lines=skip_bad_lines)
+    raise InvalidInputError(f"unknown trace format {fmt!r}; expected auto, mooncake or tokens")

@@ -1,0 +1,36 @@
+"""KV-cache events of the block trie (``BlockTrie.take_events``), shaped like the block
+pool's: blocks entering the trie (one event per ``store`` that cached blocks) and leaving
+it (one event per block: evicted for reuse, taken over by a partial match, or re-filed).
+
+Blocks are named by their block id and a chained 64-bit content hash (FNV-1a over the
+parent hash and the block key; ``prefixcache.reference.trie.chain_hash`` spells it out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrieBlockStored:
+    """Blocks were cached under their keys (in chain order)."""
+
+    block_ids: list[int]
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+
+
+@dataclass(frozen=True)
+class TrieBlockRemoved:
+    """A block left the trie."""
+
+    block_ids: list[int]
+    block_hashes: list[int]
+
+
+TrieEvent = TrieBlockStored | TrieBlockRemoved
+
+__all__ = ["TrieBlockRemoved", "TrieBlockStored", "TrieEvent"]

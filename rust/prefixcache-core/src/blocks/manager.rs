@@ -1,0 +1,786 @@
+//! vLLM v1's request-level KV-cache manager over one [`BlockPool`] and one KV-cache group
+//! (vLLM's `KVCacheManager` + `UnitaryKVCacheCoordinator` + `FullAttentionManager` or
+//! `SlidingWindowManager`), SEMANTICS.md section 2.3.
+//!
+//! Modelled: block hashes appended as tokens arrive (full blocks only), the longest hit
+//! (`num_tokens - 1` cap; full attention scans left to right and stops at the first miss,
+//! sliding window scans right to left for `ceil((window - 1) / block_size)` contiguous
+//! hits), `allocate_slots` (skipped sliding-window blocks freed and nulled, capacity
+//! check, hit blocks touched, new blocks taken, newly full blocks cached), free in reverse
+//! order, preemption and vLLM's `PrefixCacheStats`.
+//!
+//! Not modelled (vLLM features outside a single-group prefix cache): KV connectors /
+//! external tokens, EAGLE block dropping, hash lookahead, partial-block hits, watermark,
+//! `max_model_len` capping, multi-group (hybrid) models.
+//!
+//! Differences in bookkeeping, by design: the request's `num_computed_tokens` (which
+//! vLLM's scheduler updates) advances inside [`KVCacheManager::allocate_slots`] by the hit
+//! plus the scheduled tokens, capped at the request's token count.
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+use crate::events::KvEvent;
+use crate::hash::{BlockHash, BlockHasher, KeyValue};
+
+use super::pool::{BlockPool, StoreInfo, NULL_BLOCK};
+
+/// Request ids are plain integers.
+pub type RequestId = u64;
+
+/// vLLM's `PrefixCacheStats` counters (cumulative; see [`KVCacheManager::take_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Requests admitted for the first time.
+    pub requests: u64,
+    /// Their tokens at admission.
+    pub queries: u64,
+    /// Their prefix-cache hit tokens.
+    pub hits: u64,
+    /// Re-admissions of preempted requests.
+    pub preempted_requests: u64,
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
+    /// Whether `reset_prefix_cache` succeeded since the stats were last taken.
+    pub reset: bool,
+}
+
+impl PrefixCacheStats {
+    fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
+        if preempted {
+            self.preempted_requests += 1;
+            self.preempted_queries += num_tokens as u64;
+            self.preempted_hits += num_hits as u64;
+        } else {
+            self.requests += 1;
+            self.queries += num_tokens as u64;
+            self.hits += num_hits as u64;
+        }
+    }
+}
+
+/// Per-request optional inputs of [`KVCacheManager::add_request`].
+#[derive(Debug, Clone, Default)]
+pub struct RequestOptions {
+    /// Extra hash keys of block `i` (`None` = no keys), e.g. the multimodal items, cache
+    /// salt or prompt-embeds digests the caller derived as vLLM does.
+    pub block_extra_keys: Vec<Option<Vec<KeyValue>>>,
+    /// Extra keys of every block past `block_extra_keys` (e.g. the LoRA key, which vLLM
+    /// adds to every block, output blocks included). `None` = no keys.
+    pub default_extra_keys: Option<Vec<KeyValue>>,
+    /// Reported in `BlockStored` events.
+    pub lora_id: Option<i64>,
+    pub lora_name: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    block_hashes: Vec<BlockHash>,
+    opts: RequestOptions,
+    /// vLLM's `req_to_blocks` entry (null blocks stand for skipped window blocks).
+    blocks: Vec<u32>,
+    /// vLLM's `num_cached_block` entry: `Some` once the request's hits were added or a
+    /// block of it was cached, until it is freed or preempted.
+    num_cached_blocks: Option<usize>,
+    /// Whether slots were allocated since it was added or preempted (it is "running").
+    admitted: bool,
+    num_computed_tokens: usize,
+    num_preemptions: u32,
+}
+
+impl Request {
+    fn extra_keys(&self, block: usize) -> Option<&[KeyValue]> {
+        match self.opts.block_extra_keys.get(block) {
+            Some(k) => k.as_deref(),
+            None => self.opts.default_extra_keys.as_deref(),
+        }
+    }
+}
+
+/// The result of a successful [`KVCacheManager::admit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// Prefix-cache hit, in tokens.
+    pub num_hit_tokens: usize,
+    /// The request's blocks after allocation (null blocks for skipped window blocks).
+    pub block_ids: Vec<u32>,
+}
+
+/// The request-level manager.
+#[derive(Debug, Clone)]
+pub struct KVCacheManager {
+    pool: BlockPool,
+    hasher: BlockHasher,
+    block_size: usize,
+    sliding_window: Option<usize>,
+    requests: FxHashMap<RequestId, Request>,
+    stats: PrefixCacheStats,
+}
+
+fn unknown(id: RequestId) -> Error {
+    Error::UnknownRequest(format!("unknown request id {id}"))
+}
+
+impl KVCacheManager {
+    /// A manager over a fresh pool of `num_blocks` blocks. `sliding_window` (in tokens,
+    /// >= 2) selects vLLM's sliding-window manager; `None` full attention.
+    pub fn new(
+        num_blocks: usize,
+        hasher: BlockHasher,
+        enable_caching: bool,
+        sliding_window: Option<usize>,
+        enable_kv_cache_events: bool,
+    ) -> Result<Self> {
+        if let Some(w) = sliding_window {
+            if w < 2 {
+                return Err(Error::InvalidArgument(format!(
+                    "sliding_window must be >= 2 tokens, got {w}"
+                )));
+            }
+        }
+        let block_size = hasher.block_size();
+        Ok(KVCacheManager {
+            pool: BlockPool::new(num_blocks, enable_caching, enable_kv_cache_events)?,
+            hasher,
+            block_size,
+            sliding_window,
+            requests: FxHashMap::default(),
+            stats: PrefixCacheStats::default(),
+        })
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.sliding_window
+    }
+
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.pool.enable_caching()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    pub fn usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.take_events()
+    }
+
+    /// The cumulative stats.
+    pub fn stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    /// The stats since the last call, resetting them (vLLM's `make_prefix_cache_stats`).
+    pub fn take_stats(&mut self) -> PrefixCacheStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    fn req(&self, id: RequestId) -> Result<&Request> {
+        self.requests.get(&id).ok_or_else(|| unknown(id))
+    }
+
+    pub fn block_ids(&self, id: RequestId) -> Result<&[u32]> {
+        Ok(&self.req(id)?.blocks)
+    }
+
+    pub fn num_tokens(&self, id: RequestId) -> Result<usize> {
+        Ok(self.req(id)?.tokens.len())
+    }
+
+    pub fn num_prompt_tokens(&self, id: RequestId) -> Result<usize> {
+        Ok(self.req(id)?.num_prompt_tokens)
+    }
+
+    pub fn num_computed_tokens(&self, id: RequestId) -> Result<usize> {
+        Ok(self.req(id)?.num_computed_tokens)
+    }
+
+    pub fn block_hashes(&self, id: RequestId) -> Result<&[BlockHash]> {
+        Ok(&self.req(id)?.block_hashes)
+    }
+
+    /// Tokens before the window of the next token (vLLM's `get_num_skipped_tokens`).
+    fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
+        match self.sliding_window {
+            Some(w) => (num_computed_tokens + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Register a request with its prompt; hashes its full blocks (when caching is on).
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        prompt: &[u32],
+        opts: RequestOptions,
+    ) -> Result<()> {
+        if self.requests.contains_key(&id) {
+            return Err(Error::InvalidArgument(format!(
+                "request id {id} is already known"
+            )));
+        }
+        if prompt.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "request {id} has an empty prompt"
+            )));
+        }
+        let mut req = Request {
+            tokens: prompt.to_vec(),
+            num_prompt_tokens: prompt.len(),
+            block_hashes: Vec::new(),
+            opts,
+            blocks: Vec::new(),
+            num_cached_blocks: None,
+            admitted: false,
+            num_computed_tokens: 0,
+            num_preemptions: 0,
+        };
+        if self.pool.enable_caching() {
+            req.block_hashes = self.hash_from(&req, 0, None)?;
+        }
+        self.requests.insert(id, req);
+        Ok(())
+    }
+
+    fn hash_from(
+        &self,
+        req: &Request,
+        first: usize,
+        parent: Option<&BlockHash>,
+    ) -> Result<Vec<BlockHash>> {
+        let bs = self.block_size;
+        let n_full = req.tokens.len() / bs;
+        let mut out = Vec::with_capacity(n_full.saturating_sub(first));
+        let mut parent = parent.copied();
+        for i in first..n_full {
+            let h = self.hasher.hash_block(
+                parent.as_ref(),
+                &req.tokens[i * bs..(i + 1) * bs],
+                req.extra_keys(i),
+            )?;
+            out.push(h);
+            parent = Some(h);
+        }
+        Ok(out)
+    }
+
+    /// Append generated tokens (decode output); hashes the blocks they complete. Caching
+    /// them happens at the next `allocate_slots`, as in vLLM.
+    pub fn append_tokens(&mut self, id: RequestId, tokens: &[u32]) -> Result<()> {
+        let caching = self.pool.enable_caching();
+        let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
+        let old_len = req.tokens.len();
+        req.tokens.extend_from_slice(tokens);
+        let res = if caching {
+            let first = req.block_hashes.len();
+            let parent = req.block_hashes.last().copied();
+            self.hash_from(&req, first, parent.as_ref())
+        } else {
+            Ok(Vec::new())
+        };
+        let out = match res {
+            Ok(new) => {
+                req.block_hashes.extend(new);
+                Ok(())
+            }
+            Err(e) => {
+                req.tokens.truncate(old_len);
+                Err(e)
+            }
+        };
+        self.requests.insert(id, req);
+        out
+    }
+
+    /// The longest prefix-cache hit of the request, capped at `num_tokens - 1`: the hit
+    /// blocks (null blocks where a sliding window skips) and the hit length in tokens.
+    /// Changes nothing. With caching disabled: no hit.
+    pub fn get_computed_blocks(&self, id: RequestId) -> Result<(Vec<u32>, usize)> {
+        let req = self.req(id)?;
+        if !self.pool.enable_caching() {
+            return Ok((Vec::new(), 0));
+        }
+        let max_len = req.tokens.len().saturating_sub(1);
+        let bs = self.block_size;
+        let max_blocks = (max_len / bs).min(req.block_hashes.len());
+        let hashes = &req.block_hashes[..max_blocks];
+        let blocks = match self.sliding_window {
+            None => {
+                let mut out = Vec::with_capacity(max_blocks);
+                for h in hashes {
+                    match self.pool.lookup(h, 0) {
+                        Some(b) => out.push(b),
+                        None => break,
+                    }
+                }
+                out
+            }
+            Some(w) => {
+                let need = (w - 1).div_ceil(bs);
+                let mut out = vec![NULL_BLOCK; max_blocks];
+                let mut run = 0usize;
+                let mut found = false;
+                for i in (0..max_blocks).rev() {
+                    match self.pool.lookup(&hashes[i], 0) {
+                        Some(b) => {
+                            out[i] = b;
+                            run += 1;
+                            if run >= need {
+                                out.truncate(i + run);
+                                found = true;
+                                break;
+                            }
+                        }
+                        None => run = 0,
+                    }
+                }
+                if !found {
+                    out.truncate(run);
+                }
+                out
+            }
+        };
+        let hit = blocks.len() * bs;
+        Ok((blocks, hit))
+    }
+
+    /// Free the blocks before the attention window (vLLM's `remove_skipped_blocks`):
+    /// from the last skipped block backwards until a null block, each replaced by null.
+    fn remove_skipped_blocks(&mut self, id: RequestId, num_computed_tokens: usize) {
+        let skipped_tokens = self.num_skipped_tokens(num_computed_tokens);
+        if skipped_tokens == 0 {
+            return;
+        }
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let last = (skipped_tokens / self.block_size).min(req.blocks.len());
+        let mut freed = Vec::new();
+        for i in (0..last).rev() {
+            if req.blocks[i] == NULL_BLOCK {
+                break;
+            }
+            freed.push(req.blocks[i]);
+            req.blocks[i] = NULL_BLOCK;
+        }
+        if !freed.is_empty() {
+            self.pool.free_owned(freed.into_iter());
+        }
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` for one group.
+    fn num_blocks_to_allocate(
+        &self,
+        req: &Request,
+        num_tokens: usize,
+        new_computed: &[u32],
+        total_computed_tokens: usize,
+    ) -> usize {
+        let bs = self.block_size;
+        let required = num_tokens.div_ceil(bs);
+        let num_req_blocks = req.blocks.len();
+        if req.num_cached_blocks.is_some() {
+            return required.saturating_sub(num_req_blocks);
+        }
+        let skipped_blocks = self.num_skipped_tokens(total_computed_tokens) / bs;
+        let local_blocks = new_computed.len() + num_req_blocks;
+        let new_blocks = required.saturating_sub(skipped_blocks.max(local_blocks));
+        let skip_new = skipped_blocks
+            .saturating_sub(num_req_blocks)
+            .min(new_computed.len());
+        let evictable = new_computed[skip_new..]
+            .iter()
+            .filter(|&&b| self.pool.is_unreferenced(b))
+            .count();
+        new_blocks + evictable
+    }
+
+    /// vLLM's `allocate_slots` (no connector, no EAGLE): make room for `num_new_tokens`
+    /// to compute (+ `num_lookahead_tokens` speculative slots) after the request's
+    /// computed tokens and the `num_new_computed_tokens` hit in `new_computed_blocks`
+    /// (from [`get_computed_blocks`](Self::get_computed_blocks); only before the first
+    /// allocation). Returns the newly allocated block ids, or `None` when the pool is
+    /// short: then nothing changes, except that (as in vLLM) a sliding-window request may
+    /// already have released the blocks that left its window. On success the newly full
+    /// blocks are cached and the request's computed tokens advance.
+    pub fn allocate_slots(
+        &mut self,
+        id: RequestId,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        new_computed_blocks: &[u32],
+        num_lookahead_tokens: usize,
+    ) -> Result<Option<Vec<u32>>> {
+        let bs = self.block_size;
+        let req = self.req(id)?;
+        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
+            return Err(Error::InvalidArgument(
+                "num_new_tokens must be > 0 when there are no computed tokens to adopt".into(),
+            ));
+        }
+        if !new_computed_blocks.is_empty() && req.admitted {
+            return Err(Error::InvalidArgument(format!(
+                "request {id} already holds slots: prefix-cache hits can only be adopted at admission"
+            )));
+        }
+        if Some(num_new_computed_tokens) != new_computed_blocks.len().checked_mul(bs) {
+            return Err(Error::InvalidArgument(format!(
+                "num_new_computed_tokens = {num_new_computed_tokens} but {} hit blocks of {bs} tokens were given",
+                new_computed_blocks.len()
+            )));
+        }
+        if req.num_computed_tokens + num_new_computed_tokens > req.tokens.len() {
+            return Err(Error::InvalidArgument(format!(
+                "the hit ({num_new_computed_tokens} tokens) exceeds the request's {} uncomputed tokens",
+                req.tokens.len() - req.num_computed_tokens
+            )));
+        }
+        for &b in new_computed_blocks {
+            if (b as usize) >= self.pool.num_blocks() {
+                return Err(Error::InvalidArgument(format!(
+                    "hit block id {b} is out of range: the pool has {} blocks",
+                    self.pool.num_blocks()
+                )));
+            }
+        }
+        if !self.pool.enable_caching() && new_computed_blocks.iter().any(|&b| b != NULL_BLOCK) {
+            return Err(Error::InvalidArgument(
+                "prefix caching is disabled: there can be no hit blocks".into(),
+            ));
+        }
+
+        let total_computed = req.num_computed_tokens + num_new_computed_tokens;
+        let num_tokens_main = total_computed.saturating_add(num_new_tokens);
+        let need_slots = num_tokens_main.saturating_add(num_lookahead_tokens);
+        let first_admission = !req.admitted;
+        let num_tokens = req.tokens.len();
+        let preempted = req.num_preemptions > 0;
+
+        self.remove_skipped_blocks(id, total_computed);
+        let req = self.req(id)?;
+        let n_alloc =
+            self.num_blocks_to_allocate(req, need_slots, new_computed_blocks, total_computed);
+        if n_alloc > self.pool.num_free_blocks() {
+            return Ok(None);
+        }
+
+        let n_skipped_blocks = self.num_skipped_tokens(total_computed) / bs;
+        let caching = self.pool.enable_caching();
+        let pool = &mut self.pool;
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+        // vLLM adopts the hit only when it is not its shared empty sentinel and the request
+        // is not already tracked in `num_cached_block`.
+        if !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none() {
+            let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
+            for &b in rest {
+                if b != NULL_BLOCK {
+                    pool.touch_one(b);
+                }
+            }
+            req.blocks
+                .extend(std::iter::repeat_n(NULL_BLOCK, n_skipped_blocks));
+            req.blocks.extend_from_slice(rest);
+            req.num_cached_blocks = Some(req.blocks.len());
+        }
+        let required = need_slots.div_ceil(bs);
+        let mut new_blocks = Vec::new();
+        if required > req.blocks.len() {
+            // Cannot fail: the capacity was checked above.
+            pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
+            req.blocks.extend_from_slice(&new_blocks);
+        }
+        let computed = num_tokens_main.min(num_tokens);
+        req.num_computed_tokens = computed;
+        req.admitted = true;
+        if caching {
+            cache_blocks(pool, req, computed, bs)?;
+            if first_admission {
+                self.stats
+                    .record(num_tokens, num_new_computed_tokens, preempted);
+            }
+        }
+        Ok(Some(new_blocks))
+    }
+
+    fn release(&mut self, req: &mut Request) {
+        // Tail first (vLLM frees `reversed(blocks)`); null blocks are skipped by the pool.
+        let blocks = std::mem::take(&mut req.blocks);
+        self.pool.free_owned(blocks.iter().rev().copied());
+        req.num_cached_blocks = None;
+        req.admitted = false;
+    }
+
+    /// Free the request's blocks (tail first) and forget the request.
+    pub fn free(&mut self, id: RequestId) -> Result<()> {
+        let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
+        self.release(&mut req);
+        Ok(())
+    }
+
+    /// Preempt a request as vLLM's scheduler does: free its blocks, reset its computed
+    /// tokens and count the preemption; its tokens and hashes stay, and its next admission
+    /// is counted in the `preempted_*` stats.
+    pub fn preempt(&mut self, id: RequestId) -> Result<()> {
+        let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
+        self.release(&mut req);
+        req.num_computed_tokens = 0;
+        req.num_preemptions += 1;
+        self.requests.insert(id, req);
+        Ok(())
+    }
+
+    /// Reset the prefix cache (only when no request holds blocks); marks the stats.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.pool.reset_prefix_cache() {
+            return false;
+        }
+        self.stats.reset = true;
+        true
+    }
+
+    /// Evict these blocks' hashes from the prefix cache.
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> Result<()> {
+        self.pool.evict_blocks(ids)
+    }
+
+    /// Convenience for simulators: add the request, look up its prompt, allocate the
+    /// prompt remainder plus `num_lookahead_tokens` slots. `None` (and the request is
+    /// forgotten again) when the pool is short.
+    pub fn admit(
+        &mut self,
+        id: RequestId,
+        prompt: &[u32],
+        opts: RequestOptions,
+        num_lookahead_tokens: usize,
+    ) -> Result<Option<Admission>> {
+        self.add_request(id, prompt, opts)?;
+        let (hit_blocks, hit) = match self.get_computed_blocks(id) {
+            Ok(x) => x,
+            Err(e) => {
+                self.requests.remove(&id);
+                return Err(e);
+            }
+        };
+        match self.allocate_slots(
+            id,
+            prompt.len() - hit,
+            hit,
+            &hit_blocks,
+            num_lookahead_tokens,
+        ) {
+            Ok(Some(_)) => Ok(Some(Admission {
+                num_hit_tokens: hit,
+                block_ids: self.req(id)?.blocks.clone(),
+            })),
+            Ok(None) => {
+                self.requests.remove(&id);
+                Ok(None)
+            }
+            Err(e) => {
+                self.requests.remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Convenience for simulators: append the output tokens, compute them (caching the
+    /// blocks they fill, allocating more slots if the lookahead did not cover them) and
+    /// free the request. Returns false when the pool was too short to take the output
+    /// (then nothing was cached for it), true otherwise. The request is freed either way.
+    pub fn finish(&mut self, id: RequestId, output: &[u32]) -> Result<bool> {
+        self.req(id)?;
+        let mut ok = true;
+        if !output.is_empty() {
+            self.append_tokens(id, output)?;
+            ok = self.allocate_slots(id, output.len(), 0, &[], 0)?.is_some();
+        }
+        self.free(id)?;
+        Ok(ok)
+    }
+
+    /// The pool's invariants plus: every request's blocks are referenced.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut refs: FxHashMap<u32, u32> = FxHashMap::default();
+        for req in self.requests.values() {
+            for &b in &req.blocks {
+                if b != NULL_BLOCK {
+                    *refs.entry(b).or_default() += 1;
+                }
+            }
+        }
+        for (b, n) in refs {
+            let r = self.pool.ref_cnt(b).map_err(|e| e.to_string())?;
+            if r < n {
+                return Err(format!("block {b} is held {n} times but has ref_cnt {r}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's `cache_blocks` for one group: cache the request's blocks that are full within
+/// its first `num_tokens` tokens and have a hash.
+fn cache_blocks(
+    pool: &mut BlockPool,
+    req: &mut Request,
+    num_tokens: usize,
+    bs: usize,
+) -> Result<()> {
+    let num_cached = req.num_cached_blocks.unwrap_or(0);
+    let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
+    if num_cached >= num_full {
+        return Ok(());
+    }
+    let info = StoreInfo {
+        token_ids: Some(&req.tokens),
+        lora_id: req.opts.lora_id,
+        lora_name: req.opts.lora_name.as_deref(),
+        block_extra_keys: &req.opts.block_extra_keys,
+        default_extra_keys: req.opts.default_extra_keys.as_deref(),
+    };
+    pool.cache_full_blocks(
+        &req.blocks,
+        &req.block_hashes,
+        num_cached,
+        num_full,
+        bs,
+        0,
+        info,
+    )?;
+    req.num_cached_blocks = Some(num_full);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::HashAlgo;
+
+    fn mgr(n: usize, bs: usize, window: Option<usize>) -> KVCacheManager {
+        let h = BlockHasher::new(HashAlgo::Sha256, bs, "vllm-none-hash").unwrap();
+        KVCacheManager::new(n, h, true, window, true).unwrap()
+    }
+
+    fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
+        r.collect()
+    }
+
+    #[test]
+    fn checked_free_order_and_reuse() {
+        let mut m = mgr(8, 16, None);
+        let a = m
+            .admit(1, &toks(0..40), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.block_ids, vec![1, 2, 3]);
+        m.free(1).unwrap();
+        assert_eq!(m.pool().free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        // A fully cached 32-token prompt hits 16 (the last token is recomputed).
+        let b = m
+            .admit(2, &toks(0..32), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.num_hit_tokens, 16);
+        assert_eq!(b.block_ids, vec![1, 3]);
+        let s = m.stats();
+        assert_eq!((s.requests, s.queries, s.hits), (2, 72, 16));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn decode_caches_at_next_allocation() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..6), RequestOptions::default(), 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        m.append_tokens(1, &[9, 9, 9]).unwrap();
+        assert_eq!(m.block_hashes(1).unwrap().len(), 2);
+        assert_eq!(m.pool().num_cached_keys(), 1);
+        assert_eq!(m.allocate_slots(1, 3, 0, &[], 0).unwrap(), Some(vec![]));
+        assert_eq!(m.pool().num_cached_keys(), 2);
+        assert_eq!(m.num_computed_tokens(1).unwrap(), 9);
+    }
+
+    #[test]
+    fn sliding_window_hit_and_skipped_blocks() {
+        let mut m = mgr(32, 4, Some(5));
+        m.admit(1, &toks(0..24), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        // Blocks before the window of the next token were released as nulls.
+        let ids = m.block_ids(1).unwrap().to_vec();
+        assert_eq!(ids.iter().filter(|&&b| b == NULL_BLOCK).count(), 0);
+        m.append_tokens(1, &[7]).unwrap();
+        m.allocate_slots(1, 1, 0, &[], 0).unwrap().unwrap();
+        let ids = m.block_ids(1).unwrap();
+        assert_eq!(&ids[..5], &[0, 0, 0, 0, 0]);
+        m.free(1).unwrap();
+        m.add_request(2, &toks(0..24), RequestOptions::default())
+            .unwrap();
+        let (blocks, hit) = m.get_computed_blocks(2).unwrap();
+        // Needs ceil(4/4) = 1 contiguous block: the last full block below the cap.
+        assert_eq!(hit, 20);
+        assert_eq!(blocks.iter().filter(|&&b| b != NULL_BLOCK).count(), 1);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn refusal_and_errors_change_nothing() {
+        let mut m = mgr(4, 4, None);
+        m.add_request(1, &toks(0..20), RequestOptions::default())
+            .unwrap();
+        let free = m.pool().free_block_ids();
+        assert_eq!(m.allocate_slots(1, 20, 0, &[], 0).unwrap(), None);
+        assert_eq!(m.pool().free_block_ids(), free);
+        assert!(matches!(m.free(7), Err(Error::UnknownRequest(_))));
+        assert!(m.allocate_slots(1, 0, 0, &[], 0).is_err());
+        assert!(m.allocate_slots(1, 1, 4, &[9], 0).is_err());
+        assert!(m.add_request(1, &[1], RequestOptions::default()).is_err());
+        assert!(m.add_request(2, &[], RequestOptions::default()).is_err());
+        assert_eq!(m.pool().free_block_ids(), free);
+        m.preempt(1).unwrap();
+        assert!(KVCacheManager::new(4, m.hasher().clone(), true, Some(1), false).is_err());
+    }
+
+    #[test]
+    fn preempted_admission_counts_separately() {
+        let mut m = mgr(16, 4, None);
+        m.admit(1, &toks(0..9), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        m.preempt(1).unwrap();
+        let (b, hit) = m.get_computed_blocks(1).unwrap();
+        assert_eq!(hit, 8);
+        m.allocate_slots(1, 1, hit, &b, 0).unwrap().unwrap();
+        let s = m.take_stats();
+        assert_eq!(
+            (s.requests, s.preempted_requests, s.preempted_hits),
+            (1, 1, 8)
+        );
+        assert_eq!(m.stats(), PrefixCacheStats::default());
+    }
+}

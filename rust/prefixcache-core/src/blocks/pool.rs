@@ -1,0 +1,716 @@
+//! vLLM v1's `BlockPool`: blocks with reference counts, the LRU free queue and the
+//! prefix-cache hash table (SEMANTICS.md section 2.2).
+//!
+//! - Block 0 is the null block: taken out of the free queue at construction and never
+//!   handed out, touched or freed (`N - 1` usable blocks).
+//! - The free queue holds exactly the blocks with `ref_cnt == 0`; its head is reused
+//!   first. Freed blocks without a hash go to the head (LIFO reuse), freed blocks with a
+//!   hash to the tail (LRU eviction).
+//! - The hash table maps `(hash, group)` to the blocks carrying it in insertion order
+//!   (vLLM does not de-duplicate; lookups return the first, i.e. the oldest entry).
+//!
+//! Every fallible operation validates all of its input before changing anything.
+
+use crate::error::{Error, Result};
+use crate::events::{untag_extra_keys, KvEvent};
+use crate::hash::{BlockHash, KeyValue};
+
+use super::free_queue::FreeQueue;
+use super::table::HashTable;
+
+/// The id of the null block (vLLM's placeholder for skipped sliding-window blocks).
+pub const NULL_BLOCK: u32 = 0;
+
+/// Prefix-cache key: a block hash within one KV-cache group (vLLM's
+/// `BlockHashWithGroupId`: `hash + group.to_bytes(4, "big")`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheKey {
+    pub hash: BlockHash,
+    pub group: u32,
+}
+
+impl std::hash::Hash for CacheKey {
+    /// Block hashes are digests (uniform bytes), so the table hashes only their first 8
+    /// bytes, the length and the group; equality still compares every byte.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let b = self.hash.as_bytes();
+        let head = match b.first_chunk::<8>() {
+            Some(w) => u64::from_le_bytes(*w),
+            None => b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
+        };
+        state.write_u64(head ^ (u64::from(self.group) << 40) ^ b.len() as u64);
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Block {
+    ref_cnt: u32,
+    key: Option<CacheKey>,
+    /// Scratch flag used while validating one call (always false between calls).
+    mark: bool,
+}
+
+/// What `cache_full_blocks` needs to know about the request that owns the blocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreInfo<'a> {
+    /// The request's tokens (at least `num_full_blocks * block_size` of them), used only
+    /// for the `BlockStored` event; `None` gives the event no tokens.
+    pub token_ids: Option<&'a [u32]>,
+    pub lora_id: Option<i64>,
+    pub lora_name: Option<&'a str>,
+    /// Extra hash keys of block `i` (tagged, as hashed), for the event's `extra_keys`.
+    pub block_extra_keys: &'a [Option<Vec<KeyValue>>],
+    /// Extra keys of blocks past `block_extra_keys`.
+    pub default_extra_keys: Option<&'a [KeyValue]>,
+}
+
+impl StoreInfo<'_> {
+    fn extra_keys(&self, block: usize) -> Option<&[KeyValue]> {
+        match self.block_extra_keys.get(block) {
+            Some(k) => k.as_deref(),
+            None => self.default_extra_keys,
+        }
+    }
+}
+
+/// The block pool.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    free: FreeQueue,
+    cached: HashTable,
+    /// Length of the hashes this pool holds, fixed by the first hash it sees.
+    hash_len: Option<usize>,
+    enable_caching: bool,
+    events_enabled: bool,
+    events: Vec<KvEvent>,
+    /// Reused buffer of `free_owned`.
+    scratch: Vec<u32>,
+}
+
+fn block_state(msg: String) -> Error {
+    Error::BlockState(msg)
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks (at least 1: the null block), all free but the null
+    /// block.
+    pub fn new(
+        num_blocks: usize,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+    ) -> Result<Self> {
+        if num_blocks == 0 || num_blocks > (u32::MAX - 3) as usize {
+            return Err(Error::InvalidArgument(format!(
+                "num_blocks must be in [1, {}], got {num_blocks}",
+                u32::MAX - 3
+            )));
+        }
+        let mut free = FreeQueue::new(num_blocks as u32);
+        free.pop_front(); // the null block
+        Ok(BlockPool {
+            blocks: vec![Block::default(); num_blocks],
+            free,
+            cached: HashTable::new(num_blocks),
+            hash_len: None,
+            enable_caching,
+            events_enabled: enable_kv_cache_events,
+            events: Vec::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    pub fn events_enabled(&self) -> bool {
+        self.events_enabled
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// `1 - free / (N - 1)`; 0 for a pool holding only the null block.
+    pub fn usage(&self) -> f64 {
+        let usable = self.blocks.len() - 1;
+        if usable == 0 {
+            return 0.0;
+        }
+        1.0 - self.free.len() as f64 / usable as f64
+    }
+
+    /// Number of `(hash, group)` keys in the prefix cache.
+    pub fn num_cached_keys(&self) -> usize {
+        self.cached.len()
+    }
+
+    fn check_id(&self, id: u32) -> Result<()> {
+        if (id as usize) < self.blocks.len() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "block id {id} is out of range: the pool has {} blocks",
+                self.blocks.len()
+            )))
+        }
+    }
+
+    /// Checks that `hash` has the length of the hashes already in the pool.
+    pub fn check_hash(&self, hash: &BlockHash) -> Result<()> {
+        match self.hash_len {
+            Some(n) if n != hash.len() => Err(Error::InvalidArgument(format!(
+                "block hash has {} bytes but this pool holds {n}-byte hashes",
+                hash.len()
+            ))),
+            _ if hash.is_empty() => Err(Error::InvalidArgument("block hash is empty".into())),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn ref_cnt(&self, id: u32) -> Result<u32> {
+        self.check_id(id)?;
+        Ok(self.blocks[id as usize].ref_cnt)
+    }
+
+    /// The hash a block is cached under (`None` if not cached).
+    pub fn block_key(&self, id: u32) -> Result<Option<CacheKey>> {
+        self.check_id(id)?;
+        Ok(self.blocks[id as usize].key)
+    }
+
+    /// Free block ids from the head (next reused) to the tail.
+    pub fn free_block_ids(&self) -> Vec<u32> {
+        self.free.iter().collect()
+    }
+
+    /// Whether block `id` is in the free queue.
+    pub fn is_free(&self, id: u32) -> bool {
+        self.free.contains(id)
+    }
+
+    /// The blocks cached under `key`, oldest first (empty when none).
+    pub fn cached_blocks(&self, key: &CacheKey) -> Vec<u32> {
+        self.cached.blocks(key)
+    }
+
+    /// The first block cached under `hash` for each group, or `None` if any group misses.
+    pub fn get_cached_block(&self, hash: &BlockHash, groups: &[u32]) -> Result<Option<Vec<u32>>> {
+        self.check_hash(hash)?;
+        let mut out = Vec::with_capacity(groups.len());
+        for &group in groups {
+            match self.lookup(hash, group) {
+                Some(id) => out.push(id),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The first block cached under `(hash, group)` (no length check: a hash of another
+    /// length simply misses).
+    #[inline]
+    pub fn lookup(&self, hash: &BlockHash, group: u32) -> Option<u32> {
+        self.cached.first(&CacheKey { hash: *hash, group })
+    }
+
+    /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
+    /// each with `ref_cnt = 1`.
+    pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(n);
+        self.get_new_blocks_into(n, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`get_new_blocks`](Self::get_new_blocks), appending to `out`.
+    pub fn get_new_blocks_into(&mut self, n: usize, out: &mut Vec<u32>) -> Result<()> {
+        if n > self.free.len() {
+            return Err(Error::OutOfBlocks {
+                requested: n,
+                available: self.free.len(),
+            });
+        }
+        out.reserve(n);
+        for _ in 0..n {
+            let Some(id) = self.free.pop_front() else {
+                break; // unreachable: n <= len was checked
+            };
+            if self.enable_caching {
+                self.evict_hash(id);
+            }
+            self.blocks[id as usize].ref_cnt = 1;
+            out.push(id);
+        }
+        Ok(())
+    }
+
+    /// Drop block `id`'s cache entry (if any) and emit `BlockRemoved`.
+    fn evict_hash(&mut self, id: u32) -> bool {
+        let Some(key) = self.blocks[id as usize].key.take() else {
+            return false;
+        };
+        self.cached.remove(&key, id);
+        if self.events_enabled {
+            self.events.push(KvEvent::BlockRemoved {
+                block_hashes: vec![key.hash],
+                group_idx: key.group,
+            });
+        }
+        true
+    }
+
+    /// Add a reference to each block (a prefix-cache hit); blocks with no reference leave
+    /// the free queue. The null block cannot be touched (vLLM skips it silently; the
+    /// manager filters it out before calling).
+    pub fn touch(&mut self, ids: &[u32]) -> Result<()> {
+        for &id in ids {
+            self.check_id(id)?;
+            if id == NULL_BLOCK {
+                return Err(block_state("cannot touch the null block (block 0)".into()));
+            }
+        }
+        for &id in ids {
+            self.touch_one(id);
+        }
+        Ok(())
+    }
+
+    /// Touch one non-null block (ids out of range are ignored: callers validate first).
+    #[inline]
+    pub(crate) fn touch_one(&mut self, id: u32) {
+        if let Some(b) = self.blocks.get_mut(id as usize) {
+            if b.ref_cnt == 0 {
+                self.free.remove(id);
+            }
+            b.ref_cnt += 1;
+        }
+    }
+
+    /// Whether a block is an eviction candidate a hit would take out of the free queue.
+    #[inline]
+    pub(crate) fn is_unreferenced(&self, id: u32) -> bool {
+        id != NULL_BLOCK && self.blocks.get(id as usize).is_some_and(|b| b.ref_cnt == 0)
+    }
+
+    /// Drop one reference from each block, in eviction order (the first block freed is
+    /// evicted first). Blocks reaching zero references join the free queue: without a
+    /// hash (or with caching disabled) at the head, in the given order; with a hash at the
+    /// tail. Freeing a block that has no reference left (a double free) or the null block
+    /// is an error.
+    pub fn free_blocks(&mut self, ids: &[u32]) -> Result<()> {
+        // Validate: decrement, undoing everything on the first failure.
+        for (i, &id) in ids.iter().enumerate() {
+            let err = if (id as usize) >= self.blocks.len() {
+                Some(Error::InvalidArgument(format!(
+                    "block id {id} is out of range: the pool has {} blocks",
+                    self.blocks.len()
+                )))
+            } else if id == NULL_BLOCK {
+                Some(block_state("cannot free the null block (block 0)".into()))
+            } else if self.blocks[id as usize].ref_cnt == 0 {
+                Some(block_state(format!(
+                    "cannot free block {id}: it has no reference left (double free?)"
+                )))
+            } else {
+                None
+            };
+            if let Some(e) = err {
+                for &done in &ids[..i] {
+                    self.blocks[done as usize].ref_cnt += 1;
+                }
+                return Err(e);
+            }
+            self.blocks[id as usize].ref_cnt -= 1;
+        }
+        self.release_decremented(ids);
+        Ok(())
+    }
+
+    /// After every block in `ids` lost one reference: queue those that reached zero, in
+    /// the order vLLM would (a block reaches zero at its last occurrence in `ids`).
+    fn release_decremented(&mut self, ids: &[u32]) {
+        let mut first: Vec<u32> = Vec::with_capacity(ids.len());
+        let mut last: Vec<u32> = Vec::with_capacity(ids.len());
+        for &id in ids.iter().rev() {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let Some(b) = self.blocks.get_mut(id as usize) else {
+                continue;
+            };
+            if b.ref_cnt != 0 || b.mark {
+                continue;
+            }
+            b.mark = true;
+            if b.key.is_none() || !self.enable_caching {
+                first.push(id);
+            } else {
+                last.push(id);
+            }
+        }
+        // `first` and `last` are in reverse order: prepend `first` back to front so the
+        // earliest-freed block ends at the head, append `last` front to back.
+        for &id in &first {
+            self.blocks[id as usize].mark = false;
+            self.free.push_front(id);
+        }
+        for &id in last.iter().rev() {
+            self.blocks[id as usize].mark = false;
+            self.free.push_back(id);
+        }
+    }
+
+    /// Internal free used by the manager, in eviction order: its own blocks (valid and
+    /// referenced; null blocks are skipped, as vLLM does), so no validation pass. One
+    /// pass: a block reaching zero with a hash joins the tail at once; those without are
+    /// collected and put at the head in the given order (vLLM's `prepend_n`).
+    pub(crate) fn free_owned(&mut self, ids: impl Iterator<Item = u32>) {
+        let mut first = std::mem::take(&mut self.scratch);
+        first.clear();
+        for id in ids {
+            let Some(b) = self.blocks.get_mut(id as usize) else {
+                continue;
+            };
+            if id == NULL_BLOCK || b.ref_cnt == 0 {
+                continue;
+            }
+            b.ref_cnt -= 1;
+            if b.ref_cnt == 0 {
+                if b.key.is_some() && self.enable_caching {
+                    self.free.push_back(id);
+                } else {
+                    first.push(id);
+                }
+            }
+        }
+        for &id in first.iter().rev() {
+            self.free.push_front(id);
+        }
+        self.scratch = first;
+    }
+
+    /// Register `block_ids[num_cached..num_full]` in the prefix cache under
+    /// `block_hashes[num_cached..num_full]` (null blocks are skipped) and emit one
+    /// `BlockStored` for the batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_full_blocks(
+        &mut self,
+        block_ids: &[u32],
+        block_hashes: &[BlockHash],
+        num_cached: usize,
+        num_full: usize,
+        block_size: usize,
+        group: u32,
+        info: StoreInfo<'_>,
+    ) -> Result<()> {
+        if num_cached >= num_full {
+            return Ok(());
+        }
+        if !self.enable_caching {
+            return Err(Error::InvalidArgument(
+                "cache_full_blocks on a pool with caching disabled".into(),
+            ));
+        }
+        if num_full > block_ids.len() || num_full > block_hashes.len() {
+            return Err(Error::InvalidArgument(format!(
+                "num_full_blocks = {num_full} exceeds the {} block ids or the {} block hashes given",
+                block_ids.len(),
+                block_hashes.len()
+            )));
+        }
+        if block_size == 0 || block_size > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "bad block_size {block_size}"
+            )));
+        }
+        if let Some(t) = info.token_ids {
+            if t.len() < num_full * block_size {
+                return Err(Error::InvalidArgument(format!(
+                    "token_ids has {} tokens, fewer than num_full_blocks * block_size = {}",
+                    t.len(),
+                    num_full * block_size
+                )));
+            }
+        }
+        let hash_len = block_hashes
+            .get(num_cached.saturating_sub(1)..num_full)
+            .unwrap_or(&[])
+            .iter()
+            .try_fold(self.hash_len, |len, h| {
+                if h.is_empty() {
+                    return Err(Error::InvalidArgument("block hash is empty".into()));
+                }
+                match len {
+                    Some(n) if n != h.len() => Err(Error::InvalidArgument(format!(
+                        "block hash has {} bytes but this pool holds {n}-byte hashes",
+                        h.len()
+                    ))),
+                    _ => Ok(Some(h.len())),
+                }
+            })?;
+        let new = &block_ids[num_cached..num_full];
+        for &id in new {
+            self.check_id(id)?;
+        }
+        let mut bad = None;
+        for &id in new {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let b = &self.blocks[id as usize];
+            let msg = if b.mark {
+                Some(format!(
+                    "block {id} appears twice among the blocks to cache"
+                ))
+            } else if b.key.is_some() {
+                Some(format!("block {id} is already cached"))
+            } else if b.ref_cnt == 0 {
+                Some(format!(
+                    "block {id} is free: only referenced blocks can be cached"
+                ))
+            } else {
+                None
+            };
+            if let Some(m) = msg {
+                bad = Some(block_state(m));
+                break;
+            }
+            self.blocks[id as usize].mark = true;
+        }
+        for &id in new {
+            if let Some(b) = self.blocks.get_mut(id as usize) {
+                b.mark = false;
+            }
+        }
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.hash_len = hash_len;
+
+        let mut stored = Vec::new();
+        let mut event_keys = Vec::new();
+        for (i, &id) in new.iter().enumerate() {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            if self.events_enabled {
+                event_keys.push(info.extra_keys(num_cached + i).map(untag_extra_keys));
+            }
+            let hash = block_hashes[num_cached + i];
+            let key = CacheKey { hash, group };
+            self.blocks[id as usize].key = Some(key);
+            self.cached.insert(key, id);
+            if self.events_enabled {
+                stored.push(hash);
+            }
+        }
+        if self.events_enabled {
+            let parent_block_hash = num_cached.checked_sub(1).map(|p| block_hashes[p]);
+            let token_ids = info
+                .token_ids
+                .map(|t| t[num_cached * block_size..num_full * block_size].to_vec())
+                .unwrap_or_default();
+            self.events.push(KvEvent::BlockStored {
+                block_hashes: stored,
+                parent_block_hash,
+                token_ids,
+                block_size: block_size as u32,
+                lora_id: info.lora_id,
+                lora_name: info.lora_name.map(str::to_owned),
+                group_idx: group,
+                extra_keys: (!event_keys.is_empty()).then_some(event_keys),
+            });
+        }
+        Ok(())
+    }
+
+    /// Drop the cache entries of these blocks (they stay allocated or free as they are).
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> Result<()> {
+        for &id in ids {
+            self.check_id(id)?;
+        }
+        for &id in ids {
+            self.evict_hash(id);
+        }
+        Ok(())
+    }
+
+    /// Forget every cached hash; only possible when no block but the null block is in use.
+    /// Returns whether it happened (emits `AllBlocksCleared` when it did).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.free.len() != self.blocks.len() - 1 {
+            return false;
+        }
+        self.cached.clear();
+        for b in &mut self.blocks {
+            b.key = None;
+        }
+        if self.events_enabled {
+            self.events.push(KvEvent::AllBlocksCleared);
+        }
+        true
+    }
+
+    /// The events emitted since the last call (always empty when events are disabled).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Check the pool's invariants (for tests): every block but the null block is either
+    /// free with no reference or referenced and not free; the table and the blocks' keys
+    /// agree; the null block is never free.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        if self.free.contains(NULL_BLOCK) {
+            return Err("the null block is in the free queue".into());
+        }
+        let mut n_free = 0;
+        for (id, b) in self.blocks.iter().enumerate().skip(1) {
+            let id = id as u32;
+            let free = self.free.contains(id);
+            n_free += usize::from(free);
+            if free != (b.ref_cnt == 0) {
+                return Err(format!(
+                    "block {id}: ref_cnt {} but free = {free}",
+                    b.ref_cnt
+                ));
+            }
+            if let Some(key) = b.key {
+                if !self.cached_blocks(&key).contains(&id) {
+                    return Err(format!(
+                        "block {id} has a hash the table does not map to it"
+                    ));
+                }
+            }
+        }
+        if n_free != self.free.len() {
+            return Err("free queue length mismatch".into());
+        }
+        for (key, ids) in self.cached.entries() {
+            if ids.is_empty() {
+                return Err("empty table entry".into());
+            }
+            for id in ids {
+                if self.blocks.get(id as usize).and_then(|b| b.key) != Some(*key) {
+                    return Err(format!(
+                        "table maps a hash to block {id}, which has another"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: u8) -> BlockHash {
+        BlockHash::from_bytes(&[x; 32]).unwrap_or_else(|| unreachable!())
+    }
+
+    #[test]
+    fn new_pool_reserves_the_null_block() {
+        let p = BlockPool::new(6, true, false).unwrap();
+        assert_eq!(p.num_free_blocks(), 5);
+        assert_eq!(p.free_block_ids(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(p.usage(), 0.0);
+        assert!(BlockPool::new(0, true, false).is_err());
+        assert_eq!(BlockPool::new(1, true, false).unwrap().usage(), 0.0);
+    }
+
+    #[test]
+    fn checked_free_order_example() {
+        // Blocks [1 full, 2 full, 3 partial] freed in reverse: [3, 4, 5, ..., 2, 1].
+        let mut p = BlockPool::new(8, true, true).unwrap();
+        let ids = p.get_new_blocks(3).unwrap();
+        assert_eq!(ids, vec![1, 2, 3]);
+        p.cache_full_blocks(&ids, &[h(1), h(2)], 0, 2, 16, 0, StoreInfo::default())
+            .unwrap();
+        p.free_blocks(&[3, 2, 1]).unwrap();
+        assert_eq!(p.free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        p.check_invariants().unwrap();
+        let ev = p.take_events();
+        assert_eq!(ev.len(), 1);
+        // Reusing 3..7 first, then 2 evicts hash 2.
+        let got = p.get_new_blocks(6).unwrap();
+        assert_eq!(got, vec![3, 4, 5, 6, 7, 2]);
+        assert_eq!(
+            p.take_events(),
+            vec![KvEvent::BlockRemoved {
+                block_hashes: vec![h(2)],
+                group_idx: 0
+            }]
+        );
+        assert_eq!(p.get_cached_block(&h(1), &[0]).unwrap(), Some(vec![1]));
+        assert_eq!(p.get_cached_block(&h(2), &[0]).unwrap(), None);
+    }
+
+    #[test]
+    fn errors_leave_state_unchanged() {
+        let mut p = BlockPool::new(5, true, false).unwrap();
+        let ids = p.get_new_blocks(2).unwrap();
+        assert!(matches!(
+            p.get_new_blocks(3),
+            Err(Error::OutOfBlocks { .. })
+        ));
+        assert!(matches!(p.touch(&[1, 0]), Err(Error::BlockState(_))));
+        assert_eq!(p.ref_cnt(1).unwrap(), 1);
+        assert!(matches!(p.free_blocks(&[1, 1]), Err(Error::BlockState(_))));
+        assert!(matches!(
+            p.free_blocks(&[1, 9]),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(p.free_blocks(&[0]), Err(Error::BlockState(_))));
+        assert_eq!(p.ref_cnt(1).unwrap(), 1);
+        assert_eq!(p.free_block_ids(), vec![3, 4]);
+        p.cache_full_blocks(&ids, &[h(1)], 0, 1, 4, 0, StoreInfo::default())
+            .unwrap();
+        let short = BlockHash::from_bytes(&[1; 16]).unwrap();
+        assert!(p.get_cached_block(&short, &[0]).is_err());
+        assert!(p
+            .cache_full_blocks(&ids, &[h(1), short], 1, 2, 4, 0, StoreInfo::default())
+            .is_err());
+        assert!(p
+            .cache_full_blocks(&ids, &[h(1), h(2)], 0, 2, 4, 0, StoreInfo::default())
+            .is_err());
+        assert_eq!(p.block_key(2).unwrap(), None);
+        assert!(!p.reset_prefix_cache());
+        p.free_blocks(&ids).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.num_cached_keys(), 0);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn duplicates_and_groups() {
+        let mut p = BlockPool::new(6, true, false).unwrap();
+        let a = p.get_new_blocks(1).unwrap();
+        let b = p.get_new_blocks(1).unwrap();
+        p.cache_full_blocks(&a, &[h(7)], 0, 1, 4, 0, StoreInfo::default())
+            .unwrap();
+        p.cache_full_blocks(&b, &[h(7)], 0, 1, 4, 0, StoreInfo::default())
+            .unwrap();
+        assert_eq!(
+            p.cached_blocks(&CacheKey {
+                hash: h(7),
+                group: 0
+            }),
+            &[1, 2]
+        );
+        assert_eq!(p.get_cached_block(&h(7), &[0]).unwrap(), Some(vec![1]));
+        assert_eq!(p.get_cached_block(&h(7), &[0, 1]).unwrap(), None);
+        p.evict_blocks(&[1]).unwrap();
+        assert_eq!(p.get_cached_block(&h(7), &[0]).unwrap(), Some(vec![2]));
+        // Touch twice, free in one call with a duplicate: reaches zero once.
+        p.touch(&[2]).unwrap();
+        p.free_blocks(&[1, 2, 2]).unwrap();
+        assert_eq!(p.free_block_ids(), vec![1, 3, 4, 5, 2]);
+        p.check_invariants().unwrap();
+    }
+}

@@ -1,0 +1,143 @@
+//! A full consistency check of the trie, for tests (O(blocks + children)).
+
+use rustc_hash::FxHashMap;
+
+use super::trie::BlockTrie;
+
+impl BlockTrie {
+    /// Checks every structural invariant; returns a description of the first violation.
+    ///
+    /// - cached blocks are filed under their parent by their exact key, parents are cached
+    ///   (or the root), and only full blocks have children;
+    /// - reference counts equal the requests' block lists plus copy pins, and a referenced
+    ///   cached block's parent is referenced too;
+    /// - the free count, the cached count, the evictable set (exactly the unreferenced
+    ///   childless blocks, under their current priority and sequence), the expiry set and
+    ///   the partial-match indexes agree with the blocks.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let n = self.num_blocks();
+        let mut refs: FxHashMap<u32, u32> = FxHashMap::default();
+        for (blocks, pins) in self.held() {
+            for &b in blocks.iter().chain(pins) {
+                *refs.entry(b).or_default() += 1;
+            }
+        }
+        let mut free = 0usize;
+        let mut cached = 0usize;
+        let mut cached_tokens = 0usize;
+        let mut listed = 0usize;
+        let mut partial_entries = vec![0usize; n + 1];
+        for b in 0..n as u32 {
+            let blk = &self.blocks[b as usize];
+            let want_refs = refs.get(&b).copied().unwrap_or(0);
+            if blk.ref_cnt != want_refs {
+                return Err(format!(
+                    "block {b}: ref_cnt {} but requests hold {want_refs}",
+                    blk.ref_cnt
+                ));
+            }
+            if blk.ref_cnt == 0 {
+                free += 1;
+            }
+            if let Some(k) = &blk.key {
+                cached += 1;
+                cached_tokens += k.tokens.len();
+                let p = blk.parent;
+                if p != self.root && self.blocks[p as usize].key.is_none() {
+                    return Err(format!("block {b}: parent {p} is not cached"));
+                }
+                if !self.blocks[p as usize]
+                    .children
+                    .exact(k.exact_hash())
+                    .contains(&b)
+                {
+                    return Err(format!("block {b} is not filed under its parent {p}"));
+                }
+                if p != self.root {
+                    let pk = self.blocks[p as usize].key.as_ref();
+                    if pk.is_some_and(|pk| !self.full(pk)) {
+                        return Err(format!("block {b}: parent {p} is not full"));
+                    }
+                    if blk.ref_cnt > 0 && self.blocks[p as usize].ref_cnt == 0 {
+                        return Err(format!("block {b} is referenced but its parent {p} is not"));
+                    }
+                }
+                if k.tokens.is_empty() || k.tokens.len() > self.tokens_per_block() {
+                    return Err(format!("block {b}: key of {} tokens", k.tokens.len()));
+                }
+            } else if !blk.children.is_empty() {
+                return Err(format!("block {b} is not cached but has children"));
+            }
+            for c in blk.children.ids() {
+                if self.blocks[c as usize].parent != b || self.blocks[c as usize].key.is_none() {
+                    return Err(format!(
+                        "block {c} is filed under {b} but does not point back"
+                    ));
+                }
+            }
+            let should_list = blk.ref_cnt == 0 && blk.children.is_empty();
+            if should_list != blk.listed {
+                return Err(format!(
+                    "block {b}: listed={} but evictable={should_list}",
+                    blk.listed
+                ));
+            }
+            if blk.listed {
+                listed += 1;
+                if !self.evictable.contains(&(blk.priority, blk.seq, b)) {
+                    return Err(format!("block {b} is listed under a stale key"));
+                }
+            }
+            match blk.expiry {
+                Some(t) if blk.ref_cnt > 0 || !self.expiring.contains(&(t, b)) => {
+                    return Err(format!("block {b}: bad expiry entry"));
+                }
+                _ => {}
+            }
+            if blk.in_partial != self.wants_partial(b) {
+                return Err(format!("block {b}: partial-index membership is stale"));
+            }
+            if blk.in_partial {
+                let k = blk.key.as_ref().ok_or("partial entry without key")?;
+                let p = blk.parent as usize;
+                if !self.blocks[p]
+                    .children
+                    .partial_contains(k.scope, &k.tokens, b)
+                {
+                    return Err(format!(
+                        "block {b} is missing from its parent's partial index"
+                    ));
+                }
+                partial_entries[p] += 1;
+            }
+        }
+        for (p, &cnt) in partial_entries.iter().enumerate() {
+            if self.blocks[p].children.num_partial() != cnt {
+                return Err(format!("block {p}: partial index holds stale entries"));
+            }
+        }
+        if free != self.num_free
+            || cached != self.num_cached
+            || cached_tokens != self.num_cached_tokens
+        {
+            return Err(format!(
+                "counted free {free} cached {cached} ({cached_tokens} tokens), recorded {} {} ({})",
+                self.num_free, self.num_cached, self.num_cached_tokens
+            ));
+        }
+        if listed != self.evictable.len() {
+            return Err(format!(
+                "{listed} evictable blocks but the set holds {}",
+                self.evictable.len()
+            ));
+        }
+        if self
+            .expiring
+            .iter()
+            .any(|&(t, b)| self.blocks[b as usize].expiry != Some(t))
+        {
+            return Err("the expiry set holds stale entries".into());
+        }
+        Ok(())
+    }
+}

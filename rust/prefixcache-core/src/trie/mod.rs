@@ -1,0 +1,26 @@
+//! TensorRT-LLM's KV block reuse: a per-block trie with partial reuse of the last block
+//! and priority-aware LRU eviction (SEMANTICS.md section 3).
+//!
+//! - [`key`]: the block key (LoRA id, tokens, multimodal keys, cache salt) and the split of
+//!   a prompt into block keys.
+//! - [`children`]: the per-block child index: exact keys in a hash map, partial-match
+//!   candidates in an ordered index so the longest common prefix is found in O(log n).
+//! - [`evict`]: the priority-LRU set of evictable free blocks and retention expiry.
+//! - [`trie`]: claim (phase one) / complete (phase two) / store / extend / release.
+//! - [`invariants`]: the full consistency check used by tests.
+
+mod children;
+mod evict;
+mod invariants;
+mod key;
+#[allow(clippy::module_inception)] // the layout names the file after the structure
+mod trie;
+
+#[cfg(test)]
+mod tests;
+
+pub use key::{DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use trie::{
+    BlockDump, BlockTrie, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind,
+    PartialReuse, TrieEvent, TrieStats,
+};

@@ -1,0 +1,216 @@
+//! Scenario tests of the trie and a random-operation test checking the invariants.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::Error;
+
+fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
+    r.collect()
+}
+
+fn params() -> ClaimParams<'static> {
+    ClaimParams::default()
+}
+
+#[test]
+fn full_blocks_are_reused_and_the_last_token_is_excluded() {
+    let mut t = BlockTrie::new(16, 4, true, true).unwrap();
+    let p = toks(0..9); // 8 usable tokens = 2 full blocks, 3 context blocks
+    let c = t.claim(1, &p, &params()).unwrap();
+    assert_eq!(c.block_ids.len(), 3);
+    assert_eq!(c.num_matched_tokens, 0);
+    assert_eq!(t.store(1, &p).unwrap(), 2);
+    t.release(1).unwrap();
+    t.check_invariants().unwrap();
+    let c = t.claim(2, &p, &params()).unwrap();
+    assert_eq!(c.num_matched_tokens, 8);
+    assert_eq!(c.num_reused_blocks, 2);
+    assert!(c.partial.is_none());
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn an_unreferenced_leaf_is_taken_over_and_a_referenced_one_copied() {
+    let mut t = BlockTrie::new(16, 4, true, true).unwrap();
+    let a = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+    t.claim(1, &a, &params()).unwrap();
+    t.store(1, &a).unwrap(); // [1..4] [5..8] [9]
+                             // Shares 1..4 and 5,6: partial match of 2 tokens in block 2; block held by 1 -> copy.
+    let b = vec![1, 2, 3, 4, 5, 6, 99, 98, 97];
+    let c = t.claim(2, &b, &params()).unwrap();
+    assert_eq!(c.num_matched_tokens, 6);
+    let pr = c.partial.unwrap();
+    assert_eq!(pr.kind, PartialKind::Copied);
+    assert_eq!(c.copies.len(), 1);
+    assert_eq!(c.copies[0].num_tokens, 2);
+    t.check_invariants().unwrap();
+    assert_eq!(t.complete(2).unwrap(), 1);
+    t.release(2).unwrap();
+    t.release(1).unwrap();
+    t.check_invariants().unwrap();
+    // Now block [9] (the non-full leaf) is unreferenced: the exact match takes it over.
+    let c = t.claim(3, &a, &params()).unwrap();
+    assert_eq!(c.num_matched_tokens, 9);
+    assert_eq!(c.partial.unwrap().kind, PartialKind::TakenOver);
+    assert!(c.copies.is_empty());
+    let removed = t
+        .take_events()
+        .into_iter()
+        .filter(|e| matches!(e, TrieEvent::Removed { .. }))
+        .count();
+    assert_eq!(removed, 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn scopes_and_multimodal_keys_isolate_blocks() {
+    let mut t = BlockTrie::new(32, 4, true, true).unwrap();
+    let p = toks(0..13);
+    t.claim(1, &p, &params()).unwrap();
+    t.store(1, &p).unwrap();
+    t.release(1).unwrap();
+    let lora = ClaimParams {
+        lora_id: Some(3),
+        ..params()
+    };
+    assert_eq!(t.lookup(&p, &lora).unwrap().num_matched_tokens, 0);
+    let salt = ClaimParams {
+        cache_salt: Some("s"),
+        ..params()
+    };
+    assert_eq!(t.lookup(&p, &salt).unwrap().num_matched_tokens, 0);
+    let mm = [MmSpan {
+        hash: vec![1; 32],
+        start: 5,
+        len: 2,
+    }];
+    let with_mm = ClaimParams {
+        mm: &mm,
+        ..params()
+    };
+    // Block 0 has no item: it matches; block 1 carries the item: no exact, no partial.
+    assert_eq!(t.lookup(&p, &with_mm).unwrap().num_matched_tokens, 4);
+    assert_eq!(t.lookup(&p, &params()).unwrap().num_matched_tokens, 12);
+}
+
+#[test]
+fn eviction_is_lowest_priority_first_then_lru_and_retention_expires() {
+    let mut t = BlockTrie::new(4, 2, false, false).unwrap();
+    // Request 1: one block at priority 80 kept 5 ticks; request 2: one at 10.
+    let hi = ClaimParams {
+        priority: Some(80),
+        retention: Some(5),
+        ..params()
+    };
+    let c1 = t.claim(1, &[1, 2, 3], &hi).unwrap();
+    let lo = ClaimParams {
+        priority: Some(10),
+        ..params()
+    };
+    let c2 = t.claim(2, &[4, 5, 6], &lo).unwrap();
+    t.store(1, &[1, 2, 3]).unwrap();
+    t.store(2, &[4, 5, 6]).unwrap();
+    t.release(1).unwrap();
+    t.release(2).unwrap();
+    // Priority 10 first (request 2's blocks, tail first), then 80 (request 1's).
+    let c = t.claim(3, &[9, 9, 9, 9, 9], &params()).unwrap();
+    assert_eq!(
+        c.block_ids,
+        vec![c2.block_ids[1], c2.block_ids[0], c1.block_ids[1]]
+    );
+    t.release(3).unwrap();
+    t.check_invariants().unwrap();
+    // After the retention, c1's block is at priority 35 at the back of that queue.
+    t.advance_clock(10);
+    let d = t.dump();
+    assert_eq!(d[c1.block_ids[0] as usize].priority, DEFAULT_PRIORITY);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn claim_fails_cleanly_when_out_of_blocks_or_given_bad_input() {
+    let mut t = BlockTrie::new(2, 4, true, true).unwrap();
+    let e = t.claim(1, &toks(0..20), &params()).unwrap_err();
+    assert!(matches!(e, Error::OutOfBlocks { .. }));
+    assert!(t.claim(1, &[], &params()).is_err());
+    let bad = ClaimParams {
+        priority: Some(101),
+        ..params()
+    };
+    assert!(t.claim(1, &[1], &bad).is_err());
+    assert!(matches!(t.release(9), Err(Error::UnknownRequest(_))));
+    assert_eq!(t.num_free_blocks(), 2);
+    assert_eq!(t.clock(), 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn partial_match_scales_to_many_children() {
+    let mut t = BlockTrie::new(4000, 4, true, true).unwrap();
+    for i in 0..1000u32 {
+        let p = vec![i / 100, i % 100, i, 7, 0];
+        t.claim(u64::from(i), &p, &params()).unwrap();
+        t.store(u64::from(i), &p).unwrap();
+    }
+    t.check_invariants().unwrap();
+    let l = t.lookup(&[5, 55, 555, 1, 0], &params()).unwrap();
+    assert_eq!(l.num_matched_tokens, 3);
+    assert_eq!(l.partial.unwrap().kind, PartialKind::Copied);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Claim(u8, Vec<u32>, Option<u8>, u8),
+    Store(u8, u8),
+    Complete(u8),
+    Release(u8),
+    Tick(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, prop::collection::vec(0u32..3, 1..14), prop::option::of(prop_oneof![Just(10u8), Just(35u8), Just(80u8)]), 0u8..3)
+            .prop_map(|(r, t, p, e)| Op::Claim(r, t, p, e)),
+        3 => (0u8..6, 0u8..6).prop_map(|(r, n)| Op::Store(r, n)),
+        1 => (0u8..6).prop_map(Op::Complete),
+        3 => (0u8..6).prop_map(Op::Release),
+        1 => (0u8..4).prop_map(Op::Tick),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn random_operations_keep_the_invariants(
+        ops in prop::collection::vec(op(), 1..60),
+        partial in any::<bool>(),
+        copy in any::<bool>(),
+    ) {
+        let mut t = BlockTrie::new(12, 3, partial, copy).unwrap();
+        let mut prompts: std::collections::HashMap<u8, Vec<u32>> = Default::default();
+        for o in ops {
+            match o {
+                Op::Claim(r, tokens, pr, extra) => {
+                    let p = ClaimParams { priority: pr, retention: Some(2), reserve_tokens: extra as usize, ..ClaimParams::default() };
+                    if t.claim(u64::from(r), &tokens, &p).is_ok() {
+                        prompts.insert(r, tokens);
+                    }
+                }
+                Op::Store(r, n) => {
+                    if let Some(p) = prompts.get_mut(&r) {
+                        p.extend((0..n).map(|i| u32::from(i % 2)));
+                        let _ = t.extend(u64::from(r), p.len());
+                        let _ = t.store(u64::from(r), p);
+                    }
+                }
+                Op::Complete(r) => { let _ = t.complete(u64::from(r)); }
+                Op::Release(r) => {
+                    if t.release(u64::from(r)).is_ok() { prompts.remove(&r); }
+                }
+                Op::Tick(n) => t.advance_clock(u64::from(n)),
+            }
+            prop_assert_eq!(t.check_invariants(), Ok(()));
+        }
+    }
+}

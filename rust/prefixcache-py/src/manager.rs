@@ -1,0 +1,408 @@
+//! `KVCacheManager`: vLLM v1's request-level KV-cache manager
+//! (prefixcache_core::blocks::manager). Argument and error mapping only.
+
+use std::sync::Mutex;
+
+use numpy::PyArray1;
+use prefixcache_core::blocks::{KVCacheManager, PrefixCacheStats, RequestOptions};
+use prefixcache_core::hash::{BlockHasher, HashAlgo, KeyValue};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
+
+use crate::convert;
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::hasher::{all_block_keys, block_keys};
+use crate::pool::{block_ids, events_to_py, ids_array, lock, HashFormat};
+
+/// Token counts from which hashing runs with the GIL released.
+const DETACH_MIN_TOKENS: usize = 1024;
+
+/// A request id: an int in [0, 2**64).
+fn rid(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let type_err = || {
+        let tn = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        invalid_type(format!("request_id must be an int, not {tn}"))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_err());
+    }
+    if let Ok(v) = obj.extract::<u64>() {
+        return Ok(v); // ints and integer scalars (numpy) alike
+    }
+    if obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false) {
+        return Err(invalid_input(format!(
+            "request_id must be an int in [0, 2**64), got {obj}"
+        )));
+    }
+    Err(type_err())
+}
+
+fn count(n: i64, what: &str) -> PyResult<usize> {
+    usize::try_from(n).map_err(|_| invalid_input(format!("{what} must be >= 0, got {n}")))
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: PrefixCacheStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("requests", s.requests)?;
+    d.set_item("queries", s.queries)?;
+    d.set_item("hits", s.hits)?;
+    d.set_item("preempted_requests", s.preempted_requests)?;
+    d.set_item("preempted_queries", s.preempted_queries)?;
+    d.set_item("preempted_hits", s.preempted_hits)?;
+    d.set_item("reset", s.reset)?;
+    Ok(d)
+}
+
+fn options(
+    extra_keys: Option<&Bound<'_, PyAny>>,
+    default_extra_keys: Option<&Bound<'_, PyAny>>,
+    lora_id: Option<i64>,
+    lora_name: Option<String>,
+) -> PyResult<RequestOptions> {
+    let block_extra_keys = all_block_keys(extra_keys)?.unwrap_or_default();
+    let default_extra_keys: Option<Vec<KeyValue>> = match default_extra_keys {
+        Some(o) if !o.is_none() => block_keys(o, "default_extra_keys")?,
+        _ => None,
+    };
+    Ok(RequestOptions {
+        block_extra_keys,
+        default_extra_keys,
+        lora_id,
+        lora_name,
+    })
+}
+
+/// vLLM v1's request-level KV-cache manager over one block pool (one KV-cache group,
+/// full attention or sliding window). Request ids are ints in [0, 2**64).
+#[pyclass(frozen, module = "prefixcache._core", name = "KVCacheManager")]
+pub struct PyKVCacheManager {
+    inner: Mutex<KVCacheManager>,
+    fmt: HashFormat,
+}
+
+#[pymethods]
+impl PyKVCacheManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = "sha256", enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = "u64"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_blocks: i64,
+        block_size: i64,
+        hash_algo: &str,
+        enable_caching: bool,
+        sliding_window: Option<i64>,
+        enable_kv_cache_events: bool,
+        seed: Option<&str>,
+        event_hash_format: &str,
+    ) -> PyResult<Self> {
+        let fmt = HashFormat::parse(event_hash_format)?;
+        let algo = HashAlgo::from_name(hash_algo).py_err()?;
+        let seed = match seed {
+            Some(s) => s.to_owned(),
+            None => BlockHasher::default_seed(std::env::var("PYTHONHASHSEED").ok().as_deref()),
+        };
+        let hasher = BlockHasher::new(algo, count(block_size, "block_size")?, &seed).py_err()?;
+        let window = sliding_window
+            .map(|w| count(w, "sliding_window"))
+            .transpose()?;
+        let mgr = KVCacheManager::new(
+            count(num_blocks, "num_blocks")?,
+            hasher,
+            enable_caching,
+            window,
+            enable_kv_cache_events,
+        )
+        .py_err()?;
+        Ok(PyKVCacheManager {
+            inner: Mutex::new(mgr),
+            fmt,
+        })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> PyResult<usize> {
+        Ok(lock(&self.inner)?.pool().num_blocks())
+    }
+
+    #[getter]
+    fn block_size(&self) -> PyResult<usize> {
+        Ok(lock(&self.inner)?.block_size())
+    }
+
+    #[getter]
+    fn sliding_window(&self) -> PyResult<Option<usize>> {
+        Ok(lock(&self.inner)?.sliding_window())
+    }
+
+    #[getter]
+    fn enable_caching(&self) -> PyResult<bool> {
+        Ok(lock(&self.inner)?.enable_caching())
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> PyResult<usize> {
+        Ok(lock(&self.inner)?.pool().num_free_blocks())
+    }
+
+    #[getter]
+    fn usage(&self) -> PyResult<f64> {
+        Ok(lock(&self.inner)?.usage())
+    }
+
+    /// Cumulative prefix-cache stats (vLLM's PrefixCacheStats fields) as a dict.
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = lock(&self.inner)?.stats();
+        stats_dict(py, s)
+    }
+
+    /// The stats since the last call, resetting them (vLLM's make_prefix_cache_stats).
+    fn take_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = lock(&self.inner)?.take_stats();
+        stats_dict(py, s)
+    }
+
+    #[pyo3(signature = (request_id, prompt_tokens, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        prompt_tokens: &Bound<'_, PyAny>,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        default_extra_keys: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<i64>,
+        lora_name: Option<String>,
+    ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
+        let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
+        let t = tokens.as_slice();
+        if t.len() >= DETACH_MIN_TOKENS {
+            py.detach(|| lock(&self.inner)?.add_request(request_id, t, opts).py_err())
+        } else {
+            lock(&self.inner)?.add_request(request_id, t, opts).py_err()
+        }
+    }
+
+    fn append_tokens(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        let tokens = convert::tokens(tokens, "tokens")?;
+        lock(&self.inner)?
+            .append_tokens(request_id, tokens.as_slice())
+            .py_err()
+    }
+
+    /// (hit block ids, hit length in tokens); null blocks (0) mark skipped window blocks.
+    fn get_computed_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
+        let request_id = rid(request_id)?;
+        let (blocks, hit) = lock(&self.inner)?
+            .get_computed_blocks(request_id)
+            .py_err()?;
+        Ok((ids_array(py, &blocks), hit))
+    }
+
+    #[pyo3(signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = 0))]
+    fn allocate_slots<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+        num_new_tokens: i64,
+        num_new_computed_tokens: i64,
+        new_computed_blocks: Option<&Bound<'py, PyAny>>,
+        num_lookahead_tokens: i64,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
+        let request_id = rid(request_id)?;
+        let hit_blocks = match new_computed_blocks {
+            Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
+            _ => Vec::new(),
+        };
+        let got = lock(&self.inner)?
+            .allocate_slots(
+                request_id,
+                count(num_new_tokens, "num_new_tokens")?,
+                count(num_new_computed_tokens, "num_new_computed_tokens")?,
+                &hit_blocks,
+                count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            )
+            .py_err()?;
+        Ok(got.map(|ids| ids_array(py, &ids)))
+    }
+
+    fn free(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        lock(&self.inner)?.free(request_id).py_err()
+    }
+
+    fn preempt(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        lock(&self.inner)?.preempt(request_id).py_err()
+    }
+
+    /// add_request + get_computed_blocks + allocate_slots(prompt remainder, lookahead):
+    /// (hit tokens, the request's block ids), or None (request forgotten) when short.
+    #[pyo3(signature = (request_id, prompt_tokens, num_lookahead_tokens = 0, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+        prompt_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: i64,
+        extra_keys: Option<&Bound<'py, PyAny>>,
+        default_extra_keys: Option<&Bound<'py, PyAny>>,
+        lora_id: Option<i64>,
+        lora_name: Option<String>,
+    ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
+        let request_id = rid(request_id)?;
+        let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
+        let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
+        let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let t = tokens.as_slice();
+        let got = if t.len() >= DETACH_MIN_TOKENS {
+            py.detach(|| {
+                lock(&self.inner)?
+                    .admit(request_id, t, opts, lookahead)
+                    .py_err()
+            })?
+        } else {
+            lock(&self.inner)?
+                .admit(request_id, t, opts, lookahead)
+                .py_err()?
+        };
+        Ok(got.map(|a| (a.num_hit_tokens, ids_array(py, &a.block_ids))))
+    }
+
+    /// append_tokens(output) + allocate_slots(len(output)) + free. False when the pool
+    /// could not take the output (nothing of it cached); the request is freed either way.
+    #[pyo3(signature = (request_id, output_tokens = None))]
+    fn finish(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        output_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let request_id = rid(request_id)?;
+        let out = match output_tokens {
+            Some(o) if !o.is_none() => Some(convert::tokens(o, "output_tokens")?),
+            _ => None,
+        };
+        let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
+        lock(&self.inner)?.finish(request_id, out).py_err()
+    }
+
+    fn block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let request_id = rid(request_id)?;
+        let g = lock(&self.inner)?;
+        Ok(ids_array(py, g.block_ids(request_id).py_err()?))
+    }
+
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let request_id = rid(request_id)?;
+        lock(&self.inner)?.num_tokens(request_id).py_err()
+    }
+
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let request_id = rid(request_id)?;
+        lock(&self.inner)?.num_computed_tokens(request_id).py_err()
+    }
+
+    fn block_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let request_id = rid(request_id)?;
+        let g = lock(&self.inner)?;
+        let hashes = g.block_hashes(request_id).py_err()?;
+        PyList::new(py, hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Ok(request_id) = rid(request_id) else {
+            return Ok(false);
+        };
+        Ok(lock(&self.inner)?.contains(request_id))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(lock(&self.inner)?.num_requests())
+    }
+
+    fn reset_prefix_cache(&self) -> PyResult<bool> {
+        Ok(lock(&self.inner)?.reset_prefix_cache())
+    }
+
+    fn evict_blocks(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self::block_ids(block_ids, "block_ids")?;
+        lock(&self.inner)?.evict_blocks(&ids).py_err()
+    }
+
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let (events, window) = {
+            let mut g = lock(&self.inner)?;
+            (g.take_events(), g.sliding_window())
+        };
+        let spec = match window {
+            None => ("full_attention", None),
+            Some(w) => ("sliding_window", Some(w)),
+        };
+        events_to_py(py, events, self.fmt, Some(spec))
+    }
+
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = lock(&self.inner)?.pool().free_block_ids();
+        Ok(ids_array(py, &ids))
+    }
+
+    fn ref_cnt(&self, block_id: i64) -> PyResult<u32> {
+        let id = u32::try_from(block_id)
+            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        lock(&self.inner)?.pool().ref_cnt(id).py_err()
+    }
+
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: i64,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let id = u32::try_from(block_id)
+            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        let key = lock(&self.inner)?.pool().block_key(id).py_err()?;
+        Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
+    }
+
+    /// Raise AssertionError if an internal invariant is broken (for tests).
+    fn check_invariants(&self) -> PyResult<()> {
+        lock(&self.inner)?
+            .check_invariants()
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let g = lock(&self.inner)?;
+        Ok(format!(
+            "KVCacheManager(num_blocks={}, block_size={}, sliding_window={:?}, requests={}, num_free_blocks={})",
+            g.pool().num_blocks(),
+            g.block_size(),
+            g.sliding_window(),
+            g.num_requests(),
+            g.pool().num_free_blocks()
+        ))
+    }
+}

@@ -1,0 +1,516 @@
+//! `BlockTrie`, `Claim`, `Lookup`: bindings of `trie::BlockTrie` (TensorRT-LLM's block
+//! reuse). Every call that does core work releases the GIL (`py.detach`) and takes the
+//! trie's lock inside; the lock is never held while the GIL is acquired.
+
+use std::sync::Mutex;
+
+use prefixcache_core::trie::{
+    BlockTrie as CoreTrie, ClaimParams, MmSpan, PartialReuse, TrieEvent, TrieStats,
+};
+use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+
+use crate::convert;
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+
+/// The result of `BlockTrie.claim`.
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct Claim {
+    /// The request's blocks: reused, taken over or fresh, then reserve blocks.
+    #[pyo3(get)]
+    block_ids: Vec<u32>,
+    /// Tokens whose KV is reused (full blocks plus the partial block's tokens).
+    #[pyo3(get)]
+    num_matched_tokens: usize,
+    /// Full blocks reused by exact key.
+    #[pyo3(get)]
+    num_reused_blocks: usize,
+    p: Option<PartialReuse>,
+    /// `(src, dst, num_tokens)` copies to perform before `complete`.
+    #[pyo3(get)]
+    copies: Vec<(u32, u32, usize)>,
+}
+
+fn partial_fields(p: Option<PartialReuse>) -> (bool, usize, Option<&'static str>, Option<u32>) {
+    match p {
+        Some(p) => (true, p.num_tokens, Some(p.kind.name()), Some(p.block_id)),
+        None => (false, 0, None, None),
+    }
+}
+
+#[pymethods]
+impl Claim {
+    /// Whether the last matched block was a partial match.
+    #[getter]
+    fn partial(&self) -> bool {
+        self.p.is_some()
+    }
+    /// Tokens reused from the partially matched block (0 without one).
+    #[getter]
+    fn partial_tokens(&self) -> usize {
+        partial_fields(self.p).1
+    }
+    /// "taken_over", "copied" or None.
+    #[getter]
+    fn partial_kind(&self) -> Option<&'static str> {
+        partial_fields(self.p).2
+    }
+    /// The partially matched block (the copy source when copied), or None.
+    #[getter]
+    fn partial_block(&self) -> Option<u32> {
+        partial_fields(self.p).3
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Claim(blocks={}, num_matched_tokens={}, num_reused_blocks={}, partial_kind={}, copies={})",
+            self.block_ids.len(),
+            self.num_matched_tokens,
+            self.num_reused_blocks,
+            self.partial_kind().map_or("None".to_string(), |k| format!("'{k}'")),
+            self.copies.len()
+        )
+    }
+}
+
+/// The result of `BlockTrie.lookup` (nothing is claimed).
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct Lookup {
+    #[pyo3(get)]
+    num_matched_tokens: usize,
+    #[pyo3(get)]
+    num_reused_blocks: usize,
+    p: Option<PartialReuse>,
+}
+
+#[pymethods]
+impl Lookup {
+    #[getter]
+    fn partial(&self) -> bool {
+        self.p.is_some()
+    }
+    #[getter]
+    fn partial_tokens(&self) -> usize {
+        partial_fields(self.p).1
+    }
+    #[getter]
+    fn partial_kind(&self) -> Option<&'static str> {
+        partial_fields(self.p).2
+    }
+    #[getter]
+    fn partial_block(&self) -> Option<u32> {
+        partial_fields(self.p).3
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Lookup(num_matched_tokens={}, num_reused_blocks={}, partial_kind={})",
+            self.num_matched_tokens,
+            self.num_reused_blocks,
+            self.partial_kind()
+                .map_or("None".to_string(), |k| format!("'{k}'"))
+        )
+    }
+}
+
+/// TensorRT-LLM's KV block reuse: a per-block trie keyed by (LoRA id, tokens, multimodal
+/// keys, cache salt) with partial reuse of the last block and priority-LRU eviction.
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct BlockTrie {
+    inner: Mutex<CoreTrie>,
+}
+
+fn poisoned() -> PyErr {
+    PyRuntimeError::new_err("BlockTrie is unusable: an earlier call panicked")
+}
+
+impl BlockTrie {
+    /// Runs `f` on the trie with the GIL released.
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut CoreTrie) -> R + Send,
+    ) -> PyResult<R> {
+        py.detach(|| self.inner.lock().map(|mut g| f(&mut g)).map_err(|_| ()))
+            .map_err(|_| poisoned())
+    }
+
+    /// Short reads: lock without releasing the GIL (nothing else waits on it).
+    fn read<R>(&self, f: impl FnOnce(&CoreTrie) -> R) -> PyResult<R> {
+        self.inner.lock().map(|g| f(&g)).map_err(|_| poisoned())
+    }
+}
+
+fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let v = convert::count(obj, "request_id")?;
+    if !(0..i64::MAX).contains(&v) {
+        return Err(invalid_input(format!(
+            "request_id must be in [0, 2**63 - 1), got {}",
+            obj.str().map(|s| s.to_string()).unwrap_or_default()
+        )));
+    }
+    Ok(v as u64)
+}
+
+fn nonneg(obj: Option<&Bound<'_, PyAny>>, default: i64, what: &str) -> PyResult<u64> {
+    let v = convert::count_or(obj, default, what)?;
+    u64::try_from(v).map_err(|_| invalid_input(format!("{what} must be >= 0, got {v}")))
+}
+
+fn mm_spans(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmSpan>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (i, item) in obj.try_iter()?.enumerate() {
+        let item = item?;
+        let bad = || {
+            invalid_type(format!(
+                "mm_items[{i}] must be a (hash: bytes | str, start: int, length: int) tuple"
+            ))
+        };
+        let t = item.cast::<PyTuple>().map_err(|_| bad())?;
+        if t.len() != 3 {
+            return Err(bad());
+        }
+        let h = t.get_item(0)?;
+        let hash = if let Ok(b) = h.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if let Ok(s) = h.cast::<PyString>() {
+            s.to_str()?.as_bytes().to_vec()
+        } else {
+            return Err(bad());
+        };
+        let start = nonneg(Some(&t.get_item(1)?), 0, "mm_items start")?;
+        let len = nonneg(Some(&t.get_item(2)?), 0, "mm_items length")?;
+        out.push(MmSpan {
+            hash,
+            start: usize::try_from(start)
+                .map_err(|_| invalid_input("mm_items start is too large"))?,
+            len: usize::try_from(len).map_err(|_| invalid_input("mm_items length is too large"))?,
+        });
+    }
+    Ok(out)
+}
+
+fn lora(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(None),
+        Some(o) => nonneg(Some(o), 0, "lora_id").map(Some),
+    }
+}
+
+struct EventClasses {
+    stored: Py<PyType>,
+    removed: Py<PyType>,
+}
+
+static EVENT_CLASSES: PyOnceLock<EventClasses> = PyOnceLock::new();
+
+fn event_classes(py: Python<'_>) -> PyResult<&EventClasses> {
+    EVENT_CLASSES.get_or_try_init(py, || {
+        let m = py.import("prefixcache.trie_events")?;
+        Ok(EventClasses {
+            stored: m
+                .getattr("TrieBlockStored")?
+                .cast_into::<PyType>()?
+                .unbind(),
+            removed: m
+                .getattr("TrieBlockRemoved")?
+                .cast_into::<PyType>()?
+                .unbind(),
+        })
+    })
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &TrieStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in s.fields() {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+#[pymethods]
+impl BlockTrie {
+    #[new]
+    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true))]
+    fn new(
+        num_blocks: &Bound<'_, PyAny>,
+        tokens_per_block: Option<&Bound<'_, PyAny>>,
+        enable_partial_reuse: bool,
+        copy_on_partial_reuse: bool,
+    ) -> PyResult<Self> {
+        let n = nonneg(Some(num_blocks), 0, "num_blocks")?;
+        let tpb = nonneg(tokens_per_block, 64, "tokens_per_block")?;
+        let n = usize::try_from(n).map_err(|_| invalid_input("num_blocks is too large"))?;
+        let tpb =
+            usize::try_from(tpb).map_err(|_| invalid_input("tokens_per_block is too large"))?;
+        let t = CoreTrie::new(n, tpb, enable_partial_reuse, copy_on_partial_reuse).py_err()?;
+        Ok(BlockTrie {
+            inner: Mutex::new(t),
+        })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> PyResult<usize> {
+        self.read(|t| t.num_blocks())
+    }
+    #[getter]
+    fn tokens_per_block(&self) -> PyResult<usize> {
+        self.read(|t| t.tokens_per_block())
+    }
+    #[getter]
+    fn enable_partial_reuse(&self) -> PyResult<bool> {
+        self.read(|t| t.enable_partial_reuse())
+    }
+    #[getter]
+    fn copy_on_partial_reuse(&self) -> PyResult<bool> {
+        self.read(|t| t.copy_on_partial_reuse())
+    }
+    /// Unreferenced blocks, cached or not: what `claim` can allocate.
+    #[getter]
+    fn num_free_blocks(&self) -> PyResult<usize> {
+        self.read(|t| t.num_free_blocks())
+    }
+    /// Blocks cached in the trie.
+    #[getter]
+    fn num_cached_blocks(&self) -> PyResult<usize> {
+        self.read(|t| t.num_cached_blocks())
+    }
+    /// Tokens in the cached blocks' keys.
+    #[getter]
+    fn num_cached_tokens(&self) -> PyResult<usize> {
+        self.read(|t| t.num_cached_tokens())
+    }
+    /// Requests holding blocks.
+    #[getter]
+    fn num_requests(&self) -> PyResult<usize> {
+        self.read(|t| t.num_requests())
+    }
+    /// The logical clock: +1 per claim, +ticks per advance_clock.
+    #[getter]
+    fn clock(&self) -> PyResult<u64> {
+        self.read(|t| t.clock())
+    }
+    /// Counters since construction (claims, query_tokens, matched_tokens, reused_blocks,
+    /// partial_hits, partial_tokens, taken_over_blocks, copies, copied_tokens,
+    /// allocated_blocks, evicted_blocks, evicted_tokens, stored_blocks).
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.read(|t| t.stats())?;
+        stats_dict(py, &s)
+    }
+
+    /// Phase one: looks up `tokens` (over its first len - 1 tokens) and takes references
+    /// on everything reused, atomically. Copies (`Claim.copies`) keep their sources
+    /// referenced until `complete(request_id)`.
+    #[pyo3(signature = (request_id, tokens, lora_id = None, cache_salt = None, mm_items = None, priority = None, retention = None, reserve_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&str>,
+        mm_items: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        retention: Option<&Bound<'_, PyAny>>,
+        reserve_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Claim> {
+        let rid = self::request_id(request_id)?;
+        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
+        let lora_id = lora(lora_id)?;
+        let mm = mm_spans(mm_items)?;
+        let priority = match priority.filter(|o| !o.is_none()) {
+            None => None,
+            Some(o) => {
+                let v = convert::count(o, "priority")?;
+                Some(u8::try_from(v).ok().filter(|&p| p <= 100).ok_or_else(|| {
+                    invalid_input(format!("priority must be in [0, 100], got {v}"))
+                })?)
+            }
+        };
+        let retention = match retention.filter(|o| !o.is_none()) {
+            None => None,
+            Some(o) => Some(nonneg(Some(o), 0, "retention")?),
+        };
+        let reserve = nonneg(reserve_tokens, 0, "reserve_tokens")?;
+        let reserve =
+            usize::try_from(reserve).map_err(|_| invalid_input("reserve_tokens is too large"))?;
+        let params = ClaimParams {
+            lora_id,
+            cache_salt,
+            mm: &mm,
+            priority,
+            retention,
+            reserve_tokens: reserve,
+        };
+        let c = self.with(py, |t| t.claim(rid, &toks, &params))?.py_err()?;
+        Ok(Claim {
+            block_ids: c.block_ids,
+            num_matched_tokens: c.num_matched_tokens,
+            num_reused_blocks: c.num_reused_blocks,
+            p: c.partial,
+            copies: c
+                .copies
+                .iter()
+                .map(|o| (o.src, o.dst, o.num_tokens))
+                .collect(),
+        })
+    }
+
+    /// What `claim` would reuse for `tokens`, without claiming anything.
+    #[pyo3(signature = (tokens, lora_id = None, cache_salt = None, mm_items = None))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&str>,
+        mm_items: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Lookup> {
+        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
+        let lora_id = lora(lora_id)?;
+        let mm = mm_spans(mm_items)?;
+        let params = ClaimParams {
+            lora_id,
+            cache_salt,
+            mm: &mm,
+            ..ClaimParams::default()
+        };
+        let l = self.with(py, |t| t.lookup(&toks, &params))?.py_err()?;
+        Ok(Lookup {
+            num_matched_tokens: l.num_matched_tokens,
+            num_reused_blocks: l.num_reused_blocks,
+            p: l.partial,
+        })
+    }
+
+    /// Phase two: the request's copies are done; releases their sources. Returns how many.
+    fn complete(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let rid = self::request_id(request_id)?;
+        self.with(py, |t| t.complete(rid))?.py_err()
+    }
+
+    /// Caches the request's blocks under the keys of `tokens` (its prompt, or prompt plus
+    /// generated tokens). Returns the number of blocks newly cached.
+    fn store(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let rid = self::request_id(request_id)?;
+        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
+        self.with(py, |t| t.store(rid, &toks))?.py_err()
+    }
+
+    /// Grows the request to `ceil(num_tokens / tokens_per_block)` blocks; returns the new ids.
+    fn extend(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        let rid = self::request_id(request_id)?;
+        let n = nonneg(Some(num_tokens), 0, "num_tokens")?;
+        let n = usize::try_from(n).map_err(|_| invalid_input("num_tokens is too large"))?;
+        self.with(py, |t| t.extend(rid, n))?.py_err()
+    }
+
+    /// Drops the request's references (pending copy sources, then blocks in reverse order).
+    fn release(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = self::request_id(request_id)?;
+        self.with(py, |t| t.release(rid))?.py_err()
+    }
+
+    /// Advances the logical clock; free blocks whose retention ran out drop to priority 35.
+    fn advance_clock(&self, py: Python<'_>, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = nonneg(Some(ticks), 0, "ticks")?;
+        self.with(py, |t| t.advance_clock(n))
+    }
+
+    /// The blocks a request holds, in order.
+    fn request_blocks(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        let rid = self::request_id(request_id)?;
+        self.with(py, |t| t.request_blocks(rid))?.py_err()
+    }
+
+    /// The KV events since the last call (TrieBlockStored / TrieBlockRemoved).
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.with(py, |t| t.take_events())?;
+        let cls = event_classes(py)?;
+        let out = PyList::empty(py);
+        for e in events {
+            let obj = match e {
+                TrieEvent::Stored {
+                    block_ids,
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                } => cls.stored.bind(py).call1((
+                    block_ids,
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                ))?,
+                TrieEvent::Removed {
+                    block_ids,
+                    block_hashes,
+                } => cls.removed.bind(py).call1((block_ids, block_hashes))?,
+            };
+            out.append(obj)?;
+        }
+        Ok(out)
+    }
+
+    /// Every block by id: block_id, cached, parent, tokens, lora_id, cache_salt, mm_keys,
+    /// ref_cnt, priority.
+    fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let blocks = self.with(py, |t| t.dump())?;
+        let out = PyList::empty(py);
+        for b in blocks {
+            let d = PyDict::new(py);
+            d.set_item("block_id", b.block_id)?;
+            d.set_item("cached", b.cached)?;
+            d.set_item("parent", b.parent)?;
+            d.set_item("tokens", b.tokens)?;
+            d.set_item("lora_id", b.lora_id)?;
+            d.set_item("cache_salt", b.cache_salt)?;
+            let mm = PyList::empty(py);
+            for (h, off) in b.mm_keys {
+                mm.append((PyBytes::new(py, &h), off))?;
+            }
+            d.set_item("mm_keys", mm)?;
+            d.set_item("ref_cnt", b.ref_cnt)?;
+            d.set_item("priority", b.priority)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Checks every structural invariant; raises AssertionError on a violation.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |t| t.check_invariants())?
+            .map_err(PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        self.read(|t| {
+            format!(
+                "BlockTrie(num_blocks={}, tokens_per_block={}, free={}, cached={}, requests={})",
+                t.num_blocks(),
+                t.tokens_per_block(),
+                t.num_free_blocks(),
+                t.num_cached_blocks(),
+                t.num_requests()
+            )
+        })
+    }
+}

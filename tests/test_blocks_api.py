@@ -1,0 +1,102 @@
+"""BlockPool / KVCacheManager API details: event formats, input containers, stats, threads."""
+
+from __future__ import annotations
+
+import array
+import threading
+
+import numpy as np
+
+from prefixcache import (
+    AllBlocksCleared,
+    BlockHasher,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    KVCacheManager,
+)
+
+
+def test_event_hash_formats_agree() -> None:
+    """u64 events carry the last 8 bytes (big-endian) of the hashes that bytes events carry."""
+    seen = {}
+    for fmt in ("u64", "bytes"):
+        m = KVCacheManager(4, block_size=4, enable_kv_cache_events=True, event_hash_format=fmt)
+        m.admit(1, list(range(9)))
+        m.finish(1)
+        m.admit(2, list(range(100, 109)))  # reuses and evicts the first request's blocks
+        m.free(2)
+        assert m.reset_prefix_cache()
+        seen[fmt] = m.take_events()
+    for a, b in zip(seen["u64"], seen["bytes"], strict=True):
+        assert type(a) is type(b)
+        if isinstance(a, BlockStored | BlockRemoved):
+            assert a.block_hashes == [int.from_bytes(h[-8:], "big") for h in b.block_hashes]
+    kinds = [type(e) for e in seen["u64"]]
+    assert kinds == [BlockStored, BlockRemoved, BlockRemoved, BlockStored, AllBlocksCleared]
+    first = seen["bytes"][0]
+    assert isinstance(first, BlockStored)
+    assert first.token_ids == list(range(8)) and first.parent_block_hash is None
+    assert first.kv_cache_spec_kind == "full_attention" and first.extra_keys == [None, None]
+
+
+def test_hashes_match_block_hasher() -> None:
+    toks = np.arange(50, dtype=np.int64)
+    m = KVCacheManager(16, block_size=16, hash_algo="sha256_cbor")
+    m.add_request(7, toks)
+    assert m.block_hashes(7) == BlockHasher(16, "sha256_cbor").hash_blocks(toks)
+    m.append_tokens(7, array.array("I", range(14)))
+    assert m.block_hashes(7) == BlockHasher(16, "sha256_cbor").hash_blocks(
+        np.concatenate([toks, np.arange(14)])
+    )
+
+
+def test_containers_and_stats() -> None:
+    m = KVCacheManager(32, block_size=4)
+    for rid, toks in enumerate(
+        [np.arange(9, dtype=np.uint32), list(range(9)), array.array("q", range(9))]
+    ):
+        got = m.admit(rid, toks, 3)
+        assert got is not None
+        hit, ids = got
+        assert ids.dtype == np.int64 and len(ids) == 3
+        assert hit == (0 if rid == 0 else 8)
+    assert m.stats == {
+        "requests": 3,
+        "queries": 27,
+        "hits": 16,
+        "preempted_requests": 0,
+        "preempted_queries": 0,
+        "preempted_hits": 0,
+        "reset": False,
+    }
+    assert m.take_stats()["requests"] == 3 and m.stats["requests"] == 0
+    p = BlockPool(8)
+    ids = p.get_new_blocks(3)
+    p.free_blocks(ids[::-1])  # a strided numpy view
+    assert p.free_block_ids().tolist() == [3, 2, 1, 4, 5, 6, 7]
+
+
+def test_concurrent_admissions_keep_invariants() -> None:
+    m = KVCacheManager(512, block_size=16)
+    system = list(range(2048))
+    errors: list[BaseException] = []
+
+    def worker(base: int) -> None:
+        try:
+            for i in range(20):
+                rid = base * 1000 + i
+                if m.admit(rid, system + [base, i] * 20, 8) is not None:
+                    m.finish(rid, [1, 2, 3])
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    m.check_invariants()
+    assert len(m) == 0 and m.num_free_blocks == 511
+    assert m.stats["requests"] == 80 and m.stats["hits"] >= 2048 * 70

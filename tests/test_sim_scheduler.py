@@ -1,0 +1,321 @@
+"""Schedulers and policy adapters: model rules, invariants, an exact-hit oracle."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.policies import RadixPolicy, SlotPool, blocks_available, make_policy
+from prefixcache.replay import default_capacity, replay, summarize
+from prefixcache.scheduler import PrefillCost, SeedScheduler, TimeScheduler
+from prefixcache.workloads import Request, TokenArray, seed_workload
+
+HAVE_BLOCKS = blocks_available()
+POLICIES = ["radix", "radix-page16", "radix-page4"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
+
+try:
+    from prefixcache.reference.radix import RadixCache as RefRadix
+except ImportError:  # the reference lands on its own branch
+    RefRadix = None
+
+
+class Spy:
+    """Wraps a policy and records the order of lifecycle calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.capacity = inner.capacity
+        self.events: list[tuple[str, object]] = []
+        self.running: set[object] = set()
+        self.max_running = 0
+
+    def admit(self, rid: object, prompt: TokenArray, reserve: int, *a: Any) -> int | None:
+        hit = self.inner.admit(rid, prompt, reserve, *a)
+        if hit is not None:
+            assert 0 <= hit <= len(prompt) - 1
+            self.events.append(("admit", rid))
+            self.running.add(rid)
+            self.max_running = max(self.max_running, len(self.running))
+        return hit
+
+    def on_prefill_done(self, rid: object) -> None:
+        self.inner.on_prefill_done(rid)
+
+    def append(self, rid: object, n: int) -> bool:
+        return bool(self.inner.append(rid, n))
+
+    def finish(self, rid: object, output: TokenArray) -> None:
+        self.inner.finish(rid, output)
+        self.events.append(("finish", rid))
+        self.running.discard(rid)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_seed_model_rules(policy: str) -> None:
+    w = seed_workload("F", 3)
+    spy = Spy(make_policy(policy, w.capacity or 0))
+    SeedScheduler(8).run(w.requests, spy, check=True)  # type: ignore[arg-type]
+    assert spy.max_running == 8 and not spy.running
+    admits = [r for e, r in spy.events if e == "admit"]
+    finishes = [r for e, r in spy.events if e == "finish"]
+    assert admits == list(range(len(w.requests))) and finishes == admits  # FIFO finish
+    done: set[object] = set()
+    last_turn: dict[object, int] = {}
+    for e, rid in spy.events:
+        req = w.requests[int(rid)]  # type: ignore[call-overload]
+        if e == "admit" and req.session in last_turn:
+            assert last_turn[req.session] in done  # previous turn finished first
+        if e == "admit":
+            last_turn[req.session] = int(rid)  # type: ignore[call-overload]
+        else:
+            done.add(rid)
+    spy.check()
+    s = spy.stats()
+    assert s.peak_used_tokens <= w.capacity  # type: ignore[operator]
+
+
+def test_request_too_big_for_the_budget_is_rejected_not_dropped() -> None:
+    reqs = [Request(i, np.arange(10 * i + 1, 10 * i + 11, dtype=np.uint32),
+                    np.arange(1000 + 10 * i, 1000 + 10 * i + n, dtype=np.uint32))
+            for i, n in enumerate([5, 500, 5])]
+    for model in ("seed", "time"):
+        res = replay(reqs, ["radix"], 100, model=model, check=True)[0]
+        assert [r.rejected for r in res.records] == [False, True, False]
+        assert summarize(res)["rejected"] == 1
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(a.size, b.size)
+    neq = np.flatnonzero(a[:m] != b[:m])
+    return int(neq[0]) if neq.size else m
+
+
+def _oracle_hits(reqs: Sequence[Request], page: int) -> list[int]:
+    """Unlimited KV, outputs never shared: hit = best earlier prompt overlap, capped, paged."""
+    out = []
+    for i, r in enumerate(reqs):
+        best = max((_lcp(r.prompt, reqs[j].prompt) for j in range(i)), default=0)
+        out.append(min(best, r.prompt_len - 1) // page * page)
+    return out
+
+
+def _tree_workload(data: st.DataObject, n: int) -> list[Request]:
+    """Prompts built from a few shared pieces, so they overlap at every granularity."""
+    pieces = [np.arange(100 * k + 1, 100 * k + 1 + length, dtype=np.uint32)
+              for k, length in enumerate(data.draw(st.lists(st.integers(1, 40), min_size=3,
+                                                            max_size=6)))]
+    reqs = []
+    for i in range(n):
+        parts = data.draw(st.lists(st.integers(0, len(pieces) - 1), min_size=1, max_size=4))
+        prompt = np.concatenate([pieces[p] for p in parts])
+        out_len = data.draw(st.integers(0, 30))
+        reqs.append(Request(i, prompt, np.arange(10_000 + 100 * i, 10_000 + 100 * i + out_len,
+                                                 dtype=np.uint32)))
+    return reqs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_unlimited_hits_equal_the_oracle(data: st.DataObject) -> None:
+    reqs = _tree_workload(data, data.draw(st.integers(1, 25)))
+    res = {r.policy: r for r in replay(reqs, POLICIES, None, check=True)}
+    for name, page in [("radix", 1), ("radix-page16", 16), ("radix-page4", 4),
+                       ("vllm-blocks", 16)]:
+        if name in res:
+            assert [r.hit_tokens for r in res[name].records] == _oracle_hits(reqs, page), name
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_invariants_hold_under_pressure(data: st.DataObject) -> None:
+    reqs = _tree_workload(data, data.draw(st.integers(1, 30)))
+    for i, r in enumerate(reqs):
+        r.arrival = 0.01 * i * data.draw(st.integers(0, 3))
+        r.session = data.draw(st.sampled_from([None, "a", "b"]))
+    need = max(r.prompt_len + r.output_len for r in reqs)
+    cap = data.draw(st.integers(max(1, need // 2), 2 * need + 64))
+    model = data.draw(st.sampled_from(["seed", "time"]))
+    sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
+        TimeScheduler(data.draw(st.integers(1, 6)), PrefillCost(1.0, 0.01, 1e-5, 2.0),
+                      preemption=data.draw(st.booleans()))
+    for res in replay(reqs, POLICIES, cap, scheduler=sched, check=True):
+        for rec, req in zip(res.records, reqs, strict=True):
+            if rec.rejected:  # it cannot fit even alone (seed: at admission; time: decoding)
+                assert req.prompt_len + req.output_len + 16 > cap
+                continue
+            assert 0 <= rec.hit_tokens <= req.prompt_len - 1
+            if model == "time":
+                assert rec.first_token >= rec.arrival and rec.finished >= rec.first_token
+
+
+def test_time_model_ttft_is_the_prefill_cost() -> None:
+    cost = PrefillCost(base_ms=10.0, per_token_ms=0.5, attention_ms=0.001, decode_step_ms=4.0)
+    shared = np.arange(1, 101, dtype=np.uint32)
+    reqs = [
+        Request("a", shared, np.arange(500, 510, dtype=np.uint32), arrival=1.0),
+        Request("b", np.concatenate([shared, np.arange(200, 220, dtype=np.uint32)]),
+                np.arange(600, 603, dtype=np.uint32), arrival=5.0),
+    ]
+    res = replay(reqs, ["radix"], None, scheduler=TimeScheduler(4, cost))[0]
+    a, b = res.records
+    assert a.hit_tokens == 0 and b.hit_tokens == 100
+    assert a.ttft == pytest.approx((10 + 0.5 * 100 + 0.001 * 100 * 100 / 2) / 1000)
+    # a: first token at prefill end, then 9 more decode steps
+    assert a.finished == pytest.approx(1.0 + a.ttft + 9 * 0.004)
+    b_cost = 10 + 0.5 * 20 + 0.001 * (120 * 120 - 100 * 100) / 2
+    assert b.ttft == pytest.approx(b_cost / 1000)
+    s = summarize(res)
+    assert s["ttft_p50"] == pytest.approx(np.percentile([a.ttft, b.ttft], 50))
+
+
+def test_time_model_queues_and_preempts_under_tight_memory() -> None:
+    w = seed_workload("F", 1)
+    cap = 6000
+    sched = TimeScheduler(16, PrefillCost())
+    for res in replay(w.requests, POLICIES, cap, scheduler=sched, check=True):
+        s = summarize(res)
+        assert s["rejected"] == 0
+        assert all(not math.isnan(r.finished) for r in res.records)
+        assert s["preemptions"] > 0 and s["recomputed_tokens"] > 0
+        assert s["peak_used_tokens"] <= cap
+
+
+def test_time_model_without_preemption_reserves_the_output() -> None:
+    w = seed_workload("F", 1)
+    cap = 6000
+    for preemption in (True, False):
+        sched = TimeScheduler(16, PrefillCost(), preemption=preemption)
+        for res in replay(w.requests, POLICIES, cap, scheduler=sched, check=True):
+            s = summarize(res)
+            assert s["rejected"] == 0 and s["peak_used_tokens"] <= cap
+            assert all(not math.isnan(r.finished) for r in res.records)
+            assert (s["preemptions"] > 0) == preemption
+            if not preemption:
+                assert s["recomputed_tokens"] == 0
+
+
+def test_time_model_respects_session_order() -> None:
+    w = seed_workload("D", 0)
+    res = replay(w.requests, ["radix"], None, model="time")[0]
+    prev: dict[object, float] = {}
+    for rec in res.records:
+        if rec.session in prev:
+            assert rec.first_token > prev[rec.session]
+        prev[rec.session] = rec.finished
+
+
+@pytest.mark.skipif(RefRadix is None, reason="reference radix not merged yet")
+@pytest.mark.parametrize("workload", ["A", "C", "D", "F"])
+@pytest.mark.parametrize("page", [1, 16])
+def test_core_and_reference_tree_replay_identically(workload: str, page: int) -> None:
+    w = seed_workload(workload, 4)
+    reqs = list(w.requests)[:120]
+    cap = w.capacity or default_capacity(reqs)
+    for model in ("seed", "time"):
+        core = RadixPolicy(cap, page_size=page)
+        ref = RadixPolicy(cap, page_size=page, cache_cls=RefRadix)
+        a, b = replay(reqs, [core, ref], model=model, check=True)
+        assert [repr(r) for r in a.records] == [repr(r) for r in b.records]
+        assert a.stats == b.stats
+
+
+def test_slot_pool() -> None:
+    p = SlotPool(5)
+    a = p.alloc(3)
+    assert p.free == 2 and sorted(a.tolist()) == [0, 1, 2]
+    b = p.alloc(2)
+    p.release(b[:1])
+    c = p.alloc(1)
+    assert c.tolist() == b[:1].tolist() and p.free == 0
+    p.release(np.concatenate([b[1:], c]))
+    with pytest.raises(InvalidInputError):
+        p.alloc(3)
+    p.release(a)
+    assert p.free == 5
+    with pytest.raises(InvalidInputError):
+        p.release(np.array([1], dtype=np.int64))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(InvalidInputError, match="unknown policy"):
+        make_policy("lru-magic", 10)
+    with pytest.raises(InvalidInputError):
+        SeedScheduler(0)
+    with pytest.raises(InvalidInputError, match="unknown scheduler"):
+        replay([], ["radix"], 10, model="fast")
+    with pytest.raises(InvalidInputError, match="no policies"):
+        replay([], [], 10)
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject) -> None:
+    from prefixcache.policies import BlocksPolicy
+
+    reqs = _tree_workload(data, data.draw(st.integers(1, 30)))
+    need = max(r.prompt_len + r.output_len for r in reqs)
+    cap = data.draw(st.integers(need + 16, 3 * need + 64))
+    bs = data.draw(st.sampled_from([1, 4, 16]))
+    model = data.draw(st.sampled_from(["seed", "time"]))
+    sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
+        TimeScheduler(data.draw(st.integers(1, 6)), preemption=data.draw(st.booleans()))
+    tracked = BlocksPolicy(cap, block_size=bs)
+    events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
+    a, b = replay(reqs, [tracked, events], scheduler=sched, check=True)
+    assert a.stats.evictions == b.stats.evictions
+    assert [r.hit_tokens for r in a.records] == [r.hit_tokens for r in b.records]
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@pytest.mark.parametrize("workload", ["E", "F"])
+def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
+    from prefixcache.policies import BlocksPolicy
+
+    w = seed_workload(workload, 0)
+    for model in ("seed", "time"):
+        cap = w.capacity or 0
+        a, b = replay(w.requests, [BlocksPolicy(cap), BlocksPolicy(cap, count_evictions="events")],
+                      model=model)
+        assert a.stats.evictions == b.stats.evictions > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_namespaces_never_share(policy: str) -> None:
+    prompt = np.arange(1, 65, dtype=np.uint32)
+    out = np.zeros(0, dtype=np.uint32)
+    spaces = [(None, None), ("lora-a", None), (None, "salt"), ("lora-a", "salt"), (None, None),
+              ("lora-a", "salt"), ("lora-b", None)]
+    reqs = [Request(i, prompt, out, extra_key=k, cache_salt=s) for i, (k, s) in enumerate(spaces)]
+    res = replay(reqs, [policy], None, check=True)[0]
+    page = 4 if policy == "radix-page4" else 16 if policy != "radix" else 1
+    again = 63 // page * page
+    assert [r.hit_tokens for r in res.records] == [0, 0, 0, 0, again, again, 0]
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@pytest.mark.parametrize("workload", ["C", "F"])
+def test_core_and_reference_block_manager_replay_identically(workload: str) -> None:
+    from prefixcache.policies import BlocksPolicy
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    w = seed_workload(workload, 2)
+    reqs = list(w.requests)[:100]
+    cap = w.capacity or default_capacity(reqs)
+    for model in ("seed", "time"):
+        core = BlocksPolicy(cap)
+        ref = BlocksPolicy(cap, manager_cls=RefManager)
+        a, b = replay(reqs, [core, ref], model=model, check=True)
+        assert [repr(r) for r in a.records] == [repr(r) for r in b.records]
+        assert a.stats == b.stats

@@ -1,0 +1,202 @@
+"""Trace readers: Mooncake expansion, the token JSONL format, line-numbered errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.report import trace_stats
+from prefixcache.traces import (
+    MOONCAKE_BLOCK,
+    TraceFormatError,
+    detect_format,
+    expand_hash_ids,
+    read_mooncake,
+    read_token_jsonl,
+    read_trace,
+)
+
+TRACES = Path("/work/shared/traces")
+if not TRACES.exists():  # a checkout elsewhere: the traces are optional test data
+    TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def write(tmp_path: Path, lines: list[object], name: str = "t.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return p
+
+
+def mc(ts: int, n_in: int, n_out: int, ids: list[int]) -> dict[str, object]:
+    return {"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
+
+
+def test_expansion_depends_only_on_the_id_and_is_distinct() -> None:
+    a = expand_hash_ids([7, 3], 1024)
+    b = expand_hash_ids([7, 9, 3], 1100)
+    assert a.dtype == np.uint32 and a.size == 1024 and b.size == 1100
+    assert np.array_equal(a[:512], b[:512])  # same id, same block
+    assert np.array_equal(a[512:588], b[1024:1100])  # id 3 in another position
+    ids = np.arange(2000)
+    toks = expand_hash_ids(ids, ids.size * MOONCAKE_BLOCK)
+    assert np.unique(toks).size == toks.size
+
+
+def test_mooncake_reader(tmp_path: Path) -> None:
+    p = write(tmp_path, [mc(0, 600, 5, [1, 2]), "", mc(1500, 512, 0, [1]),
+                         mc(2000, 1030, 3, [1, 2, 4])])
+    tr = read_mooncake(p)
+    assert len(tr) == 3 and tr.skipped == 0 and tr.format == "mooncake"
+    r0, r1, r2 = tr.requests
+    assert (r0.prompt_len, r0.output_len, r0.arrival) == (600, 5, 0.0)
+    assert r1.arrival == 1.5 and r1.prompt_len == 512 and r1.output.size == 0
+    assert np.array_equal(r0.prompt, expand_hash_ids([1, 2], 600))
+    assert np.array_equal(r1.prompt, r0.prompt[:512])
+    assert np.array_equal(r2.prompt[:600], r0.prompt)  # block 2 truncated in r0
+    outs = np.concatenate([r0.output, r2.output])
+    assert np.unique(outs).size == 8
+    assert not np.isin(outs, np.concatenate([r.prompt for r in tr.requests])).any()
+    assert tr.hash_ids is not None and [h.tolist() for h in tr.hash_ids] == \
+        [[1, 2], [1], [1, 2, 4]]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1}), "hash_ids"),
+    (json.dumps(mc(0, 600, 1, [1])), "needs 2 hash ids"),
+    (json.dumps(mc(0, 0, 1, [])), "input_length"),
+    (json.dumps(mc(-1, 5, 1, [1])), "timestamp"),
+    (json.dumps(mc(0, 5, 1, [-3])), "hash_ids"),
+    (json.dumps(mc(0, 5, 1.5, [1])), "output_length"),  # type: ignore[arg-type]
+])
+def test_mooncake_errors_name_the_line(tmp_path: Path, line: str, message: str) -> None:
+    p = write(tmp_path, [mc(0, 10, 1, [0]), line, mc(5, 10, 1, [0])])
+    with pytest.raises(TraceFormatError) as ei:
+        read_mooncake(p)
+    assert ei.value.line == 2 and f"{p}:2:" in str(ei.value) and message in str(ei.value)
+    assert isinstance(ei.value, InvalidInputError) and isinstance(ei.value, ValueError)
+    tr = read_mooncake(p, skip_bad_lines=True)
+    assert len(tr) == 2 and tr.skipped == 1 and tr.skipped_lines == [2]
+
+
+def tok(**kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"id": "r", "arrival": 0.5, "prompt": [1, 2, 3], "output_len": 2}
+    base.update(kw)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def test_token_jsonl_reader(tmp_path: Path) -> None:
+    p = write(tmp_path, [
+        tok(id="a", session="s", extra_key="lora1", cache_salt="x"),
+        tok(id=7, arrival=2, prompt=[1, 2, 3, 4], output=[9, 8], output_len=None, session="s"),
+        tok(id="c", cache_salt=""),
+    ])
+    tr = read_token_jsonl(p)
+    a, b, c = tr.requests
+    assert a.id == "a" and a.extra_key == "lora1" and a.cache_salt == "x" and a.turn == 0
+    assert b.id == 7 and b.turn == 1 and b.arrival == 2.0 and b.output.tolist() == [9, 8]
+    assert a.output.size == 2 and c.output.size == 2 and c.cache_salt is None
+    assert np.unique(np.concatenate([a.output, c.output])).size == 4
+    assert a.prompt.dtype == np.uint32 and a.prompt.tolist() == [1, 2, 3]
+    assert detect_format(p) == "tokens" and len(read_trace(p)) == 3
+
+
+@pytest.mark.parametrize(("obj", "message"), [
+    (tok(id=None), "missing field 'id'"),
+    (tok(arrival=None), "missing field 'arrival'"),
+    (tok(arrival="soon"), "arrival"),
+    (tok(prompt=[]), "'prompt' is empty"),
+    (tok(prompt=[1, -2]), "'prompt'[1]"),
+    (tok(prompt=[1, 2**32]), "'prompt'[1]"),
+    (tok(prompt=[1, 2.5]), "'prompt'[1]"),
+    (tok(prompt=[1, 2, 10**30]), "'prompt'[2]"),
+    (tok(arrival=10**400), "arrival"),
+    (tok(output=[1]), "exactly one of"),
+    (tok(output_len=None), "exactly one of"),
+    (tok(output_len=-1), "output_len"),
+    (tok(session=[1]), "session"),
+    (tok(extra_key=3), "extra_key"),
+    (tok(colour="red"), "unknown field"),
+    (tok(id="first"), "duplicate id"),
+])
+def test_token_jsonl_errors_name_the_line(tmp_path: Path, obj: dict[str, object],
+                                          message: str) -> None:
+    p = write(tmp_path, [tok(id="first"), "", obj, tok(id="last")])
+    with pytest.raises(TraceFormatError) as ei:
+        read_token_jsonl(p)
+    assert ei.value.line == 3 and message in str(ei.value), str(ei.value)
+    tr = read_token_jsonl(p, skip_bad_lines=True)
+    assert [r.id for r in tr.requests] == ["first", "last"] and tr.skipped_lines == [3]
+
+
+def test_detect_format_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="empty"):
+        detect_format(write(tmp_path, [""]))
+    with pytest.raises(TraceFormatError, match="cannot tell"):
+        detect_format(write(tmp_path, [{"a": 1}]))
+    with pytest.raises(InvalidInputError, match="unknown trace format"):
+        read_trace(write(tmp_path, [tok()]), fmt="csv")
+
+
+@pytest.mark.skipif(not (TRACES / "mooncake_synthetic.jsonl").exists(), reason="no traces")
+def test_real_mooncake_trace_matches_its_readme() -> None:
+    tr = read_trace(TRACES / "mooncake_synthetic.jsonl")
+    assert len(tr) == 3993 and tr.format == "mooncake"
+    # The hash-id figures come from every line; 50 requests keep the token part quick.
+    st = trace_stats(tr.requests[:50], 512, tr.hash_ids)
+    assert st["hash_id_refs"] == 121_877
+    assert st["distinct_hash_ids"] == 43_924
+    assert round(100 * st["hash_id_repeat_share"], 1) == 64.0
+    # Expanded prompts share exactly as long as their leading ids agree.
+    ids = tr.hash_ids
+    assert ids is not None
+    for i in range(1, 40):
+        a, b = tr.requests[i - 1], tr.requests[i]
+        n = 0
+        while n < min(ids[i - 1].size, ids[i].size) and ids[i - 1][n] == ids[i][n]:
+            n += 1
+        pa, pb = a.prompt, b.prompt
+        m = min(pa.size, pb.size)
+        lcp = int(np.argmin(pa[:m] == pb[:m])) if not np.array_equal(pa[:m], pb[:m]) else m
+        assert lcp >= min(n * 512, m)
+        if n < min(ids[i - 1].size, ids[i].size):
+            assert lcp == n * 512
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**33) | st.integers(2**63, 10**40)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "arrival", "prompt", "output", "output_len", "session",
+                         "extra_key", "cache_salt", "timestamp", "input_length",
+                         "output_length", "hash_ids", "x"]), kids, max_size=6),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_JSON_VALUES, raw=st.text(max_size=30), use_raw=st.booleans())
+def test_any_line_parses_or_raises_trace_format_error(tmp_path_factory: pytest.TempPathFactory,
+                                                      value: object, raw: str,
+                                                      use_raw: bool) -> None:
+    line = raw.replace("\n", " ").replace("\r", " ") if use_raw else json.dumps(value)
+    p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    p.write_text(line + "\n", encoding="utf-8")
+    for reader in (read_mooncake, read_token_jsonl):
+        try:
+            tr = reader(p)
+        except TraceFormatError as e:
+            assert e.line == 1
+            assert len(reader(p, skip_bad_lines=True)) == 0
+        else:
+            for r in tr.requests:
+                assert r.prompt.dtype == np.uint32 and r.prompt.size == r.prompt_len >= 1
+                assert r.output.size == r.output_len
