@@ -19,6 +19,8 @@ PAGE_SIZES = [1, 2, 4, 16]
 # Shrinking a failing 40-step sequence takes minutes; by default a failure is reported as
 # found (the message names the step). RADIX_SHRINK=1 shrinks it to a minimal reproducer.
 PHASES = [p for p in Phase if os.environ.get("RADIX_SHRINK") == "1" or p is not Phase.shrink]
+# RADIX_EXAMPLES=2000 for a long soak run (CI uses the default).
+EXAMPLES = int(os.environ.get("RADIX_EXAMPLES", "60"))
 
 Core: Any = getattr(prefixcache, "RadixCache", None)
 needs_core = pytest.mark.skipif(Core is None, reason="prefixcache.RadixCache (the core) not built")
@@ -38,7 +40,7 @@ def run(ops: list[Op], page_size: int, policy: str, core: Any) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_core_matches_reference(policy: str, page_size: int) -> None:
-    @settings(max_examples=60, deadline=None, database=None, phases=PHASES,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(ops=op_sequences(page_size))
     def check(ops: list[Op]) -> None:
