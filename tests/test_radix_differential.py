@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from radix_lifecycle import Lifecycle, Plan, lifecycle_plans
 from radix_ops import Lockstep, Op, op_sequences
 
 import prefixcache
@@ -72,3 +73,20 @@ def test_tie_between_split_tail_and_new_leaf(policy: str) -> None:
                      ("insert", [1, 2, 4], (None, None), 0, 0),
                      ("evict", 1), ("evict", 1), ("evict", 1)]
     run(ops, 1, policy, Core)
+
+
+@needs_core
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "priority", "slru"])
+def test_request_lifecycles_agree(policy: str, page_size: int) -> None:
+    """Admission, prefill and finish of overlapping multi-turn requests under a KV budget
+    (SEMANTICS.md 1.8), with inserted_len tracked per request as SGLang's scheduler does."""
+
+    @settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, database=None,
+              phases=PHASES, suppress_health_check=[HealthCheck.too_slow])
+    @given(plan=lifecycle_plans(page_size))
+    def check(plan: Plan) -> None:
+        Lifecycle(Lockstep([Core(page_size, policy),
+                            reference.RadixCache(page_size, policy)])).run(plan)
+
+    check()
