@@ -353,10 +353,12 @@ impl RadixTree {
         let c = &mut self.nodes[child as usize];
         let parent = c.parent;
         let ns = c.ns;
-        let tail_key = c.key.split_off(p);
-        let tail_value = c.value.split_off(p);
-        let head_key = std::mem::replace(&mut c.key, tail_key);
-        let head_value = std::mem::replace(&mut c.value, tail_value);
+        // Both halves get exact-size buffers: a split must not leave the head holding the
+        // whole original capacity (memory per cached token is a target).
+        let head_key = c.key[..p].to_vec();
+        let head_value = c.value[..p].to_vec();
+        c.key = c.key[p..].to_vec();
+        c.value = c.value[p..].to_vec();
         let first_tail = c.key[0];
         let mut new = Node::new(parent, serial, ns, now);
         new.lock_ref = c.lock_ref;
