@@ -233,6 +233,9 @@ class Lockstep:
         self._same("sizes", [(c.evictable_size(), c.protected_size(), c.total_size(),
                               c.num_nodes, c.clock) for c in self.caches])
         self._same("root info", [c.node_info(c.root) for c in self.caches])
+        for c in self.caches:
+            text = c.pretty_print()
+            assert isinstance(text, str) and text
 
 
 def _eq(a: Any, b: Any) -> bool:

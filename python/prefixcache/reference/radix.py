@@ -8,7 +8,8 @@ where prefixcache deliberately differs it says so (docs/ANCHORS.md lists the dif
   ``clock += 1`` and stamps everything it touches with that one value. SGLang reads
   ``time.monotonic()`` several times per call; the orders the policies see agree.
 - A split node inherits the creation time of the node it was split from (SGLang's classic
-  class gives it a fresh one, its Rust TreeCore inherits it).
+  class gives it a fresh one; its unified tree core inherits it). Only fifo/filo see it.
+- An empty (page-truncated) match touches nothing, as in SGLang, but still ticks the clock.
 - Namespaces are the structured pair ``(extra_key, cache_salt)``; an empty salt is None.
 - Unlocking below zero raises ``LockRefError`` (SGLang lets lock_ref go negative).
 - Ties in the eviction order are broken by a node serial number (creation order, split
