@@ -255,3 +255,24 @@ def test_every_error_is_a_prefixcache_error(impl: Any) -> None:
                    lambda c: c.dec_lock_ref(world.unlocked)):
         with pytest.raises(PrefixCacheError):
             action(world.cache)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: type(c)(eviction_policy=3),
+        lambda c: c.match_prefix([1], extra_key=5),
+        lambda c: c.insert([1], cache_salt=b"x"),
+        lambda c: c.inc_lock_ref("not a node"),
+        lambda c: c.path_indices(None),
+    ],
+)
+def test_core_wrong_argument_types_raise_invalid_type_error(call: Any) -> None:
+    from prefixcache import InvalidTypeError, RadixCache
+
+    cache = RadixCache()
+    cache.insert([1, 2, 3])
+    before = cache.dump()
+    with pytest.raises(InvalidTypeError):
+        call(cache)
+    assert cache.dump() == before

@@ -310,3 +310,45 @@ pub fn count_or(obj: Option<&Bound<'_, PyAny>>, default: i64, what: &str) -> PyR
         _ => Ok(default),
     }
 }
+
+/// The name of `obj`'s type, for messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+fn opt_string(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<String>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(Some(s.to_str()?.to_owned())),
+        Err(_) => Err(invalid_type(format!(
+            "{what} must be a str or None, got {}",
+            type_name(obj)
+        ))),
+    }
+}
+
+/// `extra_key` argument: str or None (`InvalidTypeError` otherwise).
+pub fn extra_key(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    opt_string(obj, "extra_key")
+}
+
+/// `cache_salt` argument: str or None (`InvalidTypeError` otherwise).
+pub fn cache_salt(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    opt_string(obj, "cache_salt")
+}
+
+/// `eviction_policy` argument: a str (`InvalidTypeError` otherwise).
+pub fn eviction_policy(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Err(invalid_type(format!(
+            "eviction_policy must be a str, got {}",
+            type_name(obj)
+        ))),
+    }
+}

@@ -116,15 +116,30 @@ impl RadixCache {
     }
 }
 
-fn namespace(extra_key: Option<&str>, cache_salt: Option<&str>) -> Namespace {
-    Namespace::new(extra_key, cache_salt)
+fn namespace(extra_key: Option<String>, cache_salt: Option<String>) -> Namespace {
+    Namespace::new(extra_key.as_deref(), cache_salt.as_deref())
+}
+
+/// A `Node` argument; anything else raises `InvalidTypeError`.
+fn node_ref(obj: &Bound<'_, PyAny>) -> PyResult<NodeRef> {
+    match obj.cast::<Node>() {
+        Ok(n) => Ok(n.get().r),
+        Err(_) => Err(crate::errors::invalid_type(format!(
+            "node must be a prefixcache Node handle, got {}",
+            convert::type_name(obj)
+        ))),
+    }
 }
 
 #[pymethods]
 impl RadixCache {
     #[new]
-    #[pyo3(signature = (page_size = None, eviction_policy = "lru"))]
-    fn new(page_size: Option<&Bound<'_, PyAny>>, eviction_policy: &str) -> PyResult<Self> {
+    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned()))]
+    #[pyo3(text_signature = "(page_size=None, eviction_policy='lru')")]
+    fn new(
+        page_size: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
+    ) -> PyResult<Self> {
         let page_size = convert::count_or(page_size, 1, "page_size")?;
         if page_size < 1 {
             return Err(crate::errors::invalid_input(format!(
@@ -161,8 +176,8 @@ impl RadixCache {
     fn match_prefix(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
-        extra_key: Option<&str>,
-        cache_salt: Option<&str>,
+        #[pyo3(from_py_with = convert::extra_key)] extra_key: Option<String>,
+        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
     ) -> PyResult<MatchResult> {
         let py = slf.py();
         let tokens = convert::tokens(tokens, "tokens")?;
@@ -192,8 +207,8 @@ impl RadixCache {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         values: Option<&Bound<'_, PyAny>>,
-        extra_key: Option<&str>,
-        cache_salt: Option<&str>,
+        #[pyo3(from_py_with = convert::extra_key)] extra_key: Option<String>,
+        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
         priority: Option<&Bound<'_, PyAny>>,
         inserted_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<InsertResult> {
@@ -225,14 +240,22 @@ impl RadixCache {
     }
 
     /// Locks the path from `node` to the root; returns the change of the evictable size.
-    fn inc_lock_ref(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<i64> {
-        let r = node.get().r;
+    fn inc_lock_ref(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
+    ) -> PyResult<i64> {
+        let r = node;
         self.inner.with(py, |t| t.inc_lock_ref(r))?.py_err()
     }
 
     /// Unlocks the path from `node` to the root; returns the change of the evictable size.
-    fn dec_lock_ref(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<i64> {
-        let r = node.get().r;
+    fn dec_lock_ref(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
+    ) -> PyResult<i64> {
+        let r = node;
         self.inner.with(py, |t| t.dec_lock_ref(r))?.py_err()
     }
 
@@ -279,17 +302,21 @@ impl RadixCache {
     fn path_indices<'py>(
         &self,
         py: Python<'py>,
-        node: &Bound<'py, Node>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         // The length is unknown before the walk: released always (a rare call).
-        let r = node.get().r;
+        let r = node;
         let v = self.inner.detached(py, |t| t.path_indices(r))?.py_err()?;
         Ok(convert::i64_array(py, v))
     }
 
     /// The parent of `node` (None for the root).
-    fn parent(&self, py: Python<'_>, node: &Bound<'_, Node>) -> PyResult<Option<Py<Node>>> {
-        let r = node.get().r;
+    fn parent(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
+    ) -> PyResult<Option<Py<Node>>> {
+        let r = node;
         let p = self.inner.with(py, |t| t.parent(r))?.py_err()?;
         p.map(|r| self.node(py, r)).transpose()
     }
@@ -299,9 +326,9 @@ impl RadixCache {
     fn node_info<'py>(
         &self,
         py: Python<'py>,
-        node: &Bound<'py, Node>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let r = node.get().r;
+        let r = node;
         let i = self.inner.with(py, |t| t.node_info(r))?.py_err()?;
         let d = PyDict::new(py);
         d.set_item("length", i.length)?;
