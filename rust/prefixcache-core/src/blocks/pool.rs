@@ -30,15 +30,21 @@ pub struct CacheKey {
 }
 
 impl std::hash::Hash for CacheKey {
-    /// Block hashes are digests (uniform bytes), so the table hashes only their first 8
-    /// bytes, the length and the group; equality still compares every byte.
+    /// Every byte of the hash is folded in (one multiply per 8 bytes): digests are
+    /// uniform, but hashes given by a caller need not be (a counter in the last bytes
+    /// made every key collide when only the first 8 bytes were read: quadratic inserts).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let b = self.hash.as_bytes();
-        let head = match b.first_chunk::<8>() {
-            Some(w) => u64::from_le_bytes(*w),
-            None => b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
-        };
-        state.write_u64(head ^ (u64::from(self.group) << 40) ^ b.len() as u64);
+        let mut h = (u64::from(self.group) << 40) ^ b.len() as u64;
+        for chunk in b.chunks(8) {
+            let mut w = [0u8; 8];
+            for (dst, src) in w.iter_mut().zip(chunk) {
+                *dst = *src;
+            }
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            h ^= h >> 29;
+        }
+        state.write_u64(h);
     }
 }
 
@@ -612,6 +618,24 @@ mod tests {
 
     fn h(x: u8) -> BlockHash {
         BlockHash::from_bytes(&[x; 32]).unwrap_or_else(|| unreachable!())
+    }
+
+    #[test]
+    fn cache_key_hash_reads_every_byte() {
+        use std::hash::BuildHasher;
+        let build = rustc_hash::FxBuildHasher;
+        // a counter in the LAST bytes (first 24 bytes zero) must still spread
+        let mut seen = std::collections::HashSet::new();
+        for i in 0u32..1000 {
+            let mut b = [0u8; 32];
+            b[28..].copy_from_slice(&i.to_be_bytes());
+            let key = CacheKey {
+                hash: BlockHash::from_bytes(&b).unwrap_or_else(|| unreachable!()),
+                group: 0,
+            };
+            seen.insert(build.hash_one(key));
+        }
+        assert_eq!(seen.len(), 1000);
     }
 
     #[test]
