@@ -231,7 +231,8 @@ impl BlockPool {
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
     /// each with `ref_cnt = 1`.
     pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
-        let mut out = Vec::with_capacity(n);
+        // Capacity bounded by what can be returned: a huge `n` is an error, not a panic.
+        let mut out = Vec::with_capacity(n.min(self.free.len()));
         self.get_new_blocks_into(n, &mut out)?;
         Ok(out)
     }
@@ -621,6 +622,18 @@ mod tests {
 
     fn h(x: u8) -> BlockHash {
         BlockHash::from_bytes(&[x; 32]).unwrap_or_else(|| unreachable!())
+    }
+
+    #[test]
+    fn huge_block_count_is_an_error_not_a_panic() {
+        let mut p = BlockPool::new(6, true, false).unwrap();
+        for n in [6, 1 << 40, usize::MAX / 2, usize::MAX] {
+            assert!(matches!(
+                p.get_new_blocks(n),
+                Err(Error::OutOfBlocks { .. })
+            ));
+        }
+        assert_eq!(p.num_free_blocks(), 5);
     }
 
     #[test]
