@@ -45,7 +45,7 @@ KNOWN_OVERFLOW = {
     "BlockPool", "BlockPool.get_new_blocks", "BlockPool.ref_cnt", "BlockPool.block_hash",
     "BlockPool.get_cached_block", "BlockPool.cache_full_blocks",
     "KVCacheManager", "KVCacheManager.allocate_slots", "KVCacheManager.admit",
-    "KVCacheManager.block_hash", "KVCacheManager.ref_cnt",
+    "KVCacheManager.block_hash", "KVCacheManager.ref_cnt", "KVCacheManager.add_request",
     "BlockHasher",
 }
 
@@ -139,6 +139,54 @@ def test_methods_with_hostile_arguments(name: str, make: Callable[[], Any]) -> N
             problem = call(obj.check_invariants, (), f"{name}.check_invariants")
             if problem:
                 bad.append(f"{name}.check_invariants after {method}: {problem}")
+    assert not bad, "\n".join(bad[:40])
+
+
+# A plausible value per parameter name, so that each parameter can be made hostile alone
+# while the others are valid (the call then gets past their checks).
+PLAUSIBLE: dict[str, Any] = {
+    "block_hash": b"a" * 32, "block_hashes": [b"c" * 32, b"d" * 32], "block_id": 1,
+    "block_ids": [1, 2], "block_size": 4, "cache_salt": "s", "default_extra_keys": None,
+    "extra_key": "k", "extra_keys": None, "group_id": 0, "group_ids": [0],
+    "inserted_len": 2, "lora_id": 1, "lora_name": "l", "mm_items": None,
+    "new_computed_blocks": None, "num_blocks": 1, "num_cached_blocks": 0,
+    "num_full_blocks": 1, "num_lookahead_tokens": 1, "num_new_computed_tokens": 0,
+    "num_new_tokens": 1, "num_tokens": 4, "output_tokens": np.arange(4, dtype=np.uint32),
+    "parent": None, "priority": 1, "prompt_tokens": np.arange(9, dtype=np.uint32),
+    "request_id": 2, "reserve_tokens": 4, "retention": 1, "ticks": 1,
+    "token_ids": np.arange(8, dtype=np.uint32), "tokens": np.arange(9, dtype=np.uint32),
+    "values": np.arange(9, dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize(("name", "make"), list(instances()), ids=[n for n, _ in instances()])
+def test_each_parameter_hostile_alone(name: str, make: Callable[[], Any]) -> None:
+    bad: list[str] = []
+    tested: list[str] = []
+    for method in methods(make()):
+        obj = make()
+        try:
+            params = list(inspect.signature(getattr(obj, method)).parameters)
+        except (TypeError, ValueError):
+            continue
+        if not params or any(p not in PLAUSIBLE for p in params):
+            continue
+        tested.append(method)
+        for i, param in enumerate(params):
+            for h in HOSTILE:
+                kwargs = {p: PLAUSIBLE[p] for p in params}
+                kwargs[param] = h
+                if name == "RadixCache" and "node" in kwargs and i != params.index("node"):
+                    continue
+                problem = call(lambda kw=kwargs, o=obj, m=method: getattr(o, m)(**kw), (),
+                               f"{name}.{method}")
+                if problem:
+                    bad.append(f"{name}.{method}({param}=...): {problem}")
+        problem = call(obj.check_invariants, (), f"{name}.check_invariants") \
+            if hasattr(obj, "check_invariants") else None
+        if problem:
+            bad.append(f"{name}.check_invariants after {method}: {problem}")
+    assert tested, "no method had only known parameter names"
     assert not bad, "\n".join(bad[:40])
 
 
