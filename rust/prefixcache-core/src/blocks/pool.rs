@@ -30,15 +30,24 @@ pub struct CacheKey {
 }
 
 impl std::hash::Hash for CacheKey {
-    /// Block hashes are digests (uniform bytes), so the table hashes only their first 8
-    /// bytes, the length and the group; equality still compares every byte.
+    /// Every byte of the hash is folded in (one multiply per 8 bytes): digests are
+    /// uniform, but hashes given by a caller need not be (a counter in the last bytes
+    /// made every key collide when only the first 8 bytes were read: quadratic inserts).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let b = self.hash.as_bytes();
-        let head = match b.first_chunk::<8>() {
-            Some(w) => u64::from_le_bytes(*w),
-            None => b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
-        };
-        state.write_u64(head ^ (u64::from(self.group) << 40) ^ b.len() as u64);
+        let mut h = (u64::from(self.group) << 40) ^ b.len() as u64;
+        for chunk in b.chunks(8) {
+            let mut w = [0u8; 8];
+            for (dst, src) in w.iter_mut().zip(chunk) {
+                *dst = *src;
+            }
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            h ^= h >> 32;
+        }
+        // MurmurHash3's finaliser: every input bit reaches the low (bucket) bits.
+        h = (h ^ (h >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+        state.write_u64(h ^ (h >> 33));
     }
 }
 
@@ -222,7 +231,8 @@ impl BlockPool {
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
     /// each with `ref_cnt = 1`.
     pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
-        let mut out = Vec::with_capacity(n);
+        // Capacity bounded by what can be returned: a huge `n` is an error, not a panic.
+        let mut out = Vec::with_capacity(n.min(self.free.len()));
         self.get_new_blocks_into(n, &mut out)?;
         Ok(out)
     }
@@ -612,6 +622,36 @@ mod tests {
 
     fn h(x: u8) -> BlockHash {
         BlockHash::from_bytes(&[x; 32]).unwrap_or_else(|| unreachable!())
+    }
+
+    #[test]
+    fn huge_block_count_is_an_error_not_a_panic() {
+        let mut p = BlockPool::new(6, true, false).unwrap();
+        for n in [6, 1 << 40, usize::MAX / 2, usize::MAX] {
+            assert!(matches!(
+                p.get_new_blocks(n),
+                Err(Error::OutOfBlocks { .. })
+            ));
+        }
+        assert_eq!(p.num_free_blocks(), 5);
+    }
+
+    #[test]
+    fn cache_key_hash_reads_every_byte() {
+        use std::hash::BuildHasher;
+        let build = rustc_hash::FxBuildHasher;
+        // a counter in the LAST bytes (first 24 bytes zero) must still spread
+        let mut seen = std::collections::HashSet::new();
+        for i in 0u32..1000 {
+            let mut b = [0u8; 32];
+            b[28..].copy_from_slice(&i.to_be_bytes());
+            let key = CacheKey {
+                hash: BlockHash::from_bytes(&b).unwrap_or_else(|| unreachable!()),
+                group: 0,
+            };
+            seen.insert(build.hash_one(key) & 0xFFFF); // the bucket bits spread too
+        }
+        assert!(seen.len() > 900, "{} distinct buckets of 1000", seen.len());
     }
 
     #[test]

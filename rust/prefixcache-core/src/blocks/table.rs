@@ -26,9 +26,13 @@ pub struct HashTable {
 }
 
 impl HashTable {
+    /// The map is sized for `num_blocks` keys up front (it never holds more): it never
+    /// rehashes, and no grown-out tables are left behind in the allocator (they cost ~90
+    /// bytes per block of resident memory at 1M blocks). Untouched buckets are not
+    /// resident, so an idle pool pays only the control bytes (1 per bucket).
     pub fn new(num_blocks: usize) -> Self {
         HashTable {
-            map: FxHashMap::default(),
+            map: FxHashMap::with_capacity_and_hasher(num_blocks, Default::default()),
             next: vec![NONE; num_blocks],
             prev: vec![NONE; num_blocks],
         }

@@ -1,0 +1,581 @@
+"""The bad-input catalogue: every misuse the public API can receive, the exception it
+raises, and a check that the object it was called on is unchanged afterwards.
+
+``CATALOGUE`` is the single source of docs/ERRORS.md: ``python tests/test_errors_catalogue.py``
+regenerates the document and ``test_errors_md_is_generated_from_the_catalogue`` fails when
+the two differ, so they cannot drift.
+
+Each row names a section (the class or function), the misuse, the call as shown in the
+document, the call itself (a function of the section's world: an object built in a known
+state), the exception class and a fragment of its message. For every row the test builds
+the world, snapshots its observable state, makes the call, checks the exception and the
+message, and checks the snapshot again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefixcache import (
+    BlockHasher,
+    BlockPool,
+    BlockTrie,
+    KVCacheManager,
+    RadixCache,
+    hash_block_tokens,
+)
+from prefixcache.cli import main as cli_main
+from prefixcache.errors import (
+    BlockStateError,
+    InvalidInputError,
+    InvalidTypeError,
+    LockRefError,
+    OutOfBlocksError,
+    StaleHandleError,
+    UnknownRequestError,
+    UnsupportedHashInputError,
+)
+from prefixcache.traces import TraceFormatError, read_mooncake, read_token_jsonl
+
+ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
+
+
+class CliExit(Exception):
+    """The CLI stopped with exit status 2; the message is what it wrote to stderr."""
+
+
+# ---- worlds: an object in a known state and a snapshot of everything observable ----
+
+
+class World:
+    obj: Any = None
+
+    def state(self) -> Any:
+        return None
+
+
+class RadixWorld(World):
+    def __init__(self) -> None:
+        c = self.obj = RadixCache(1, "lru")
+        self.evicted = c.insert([7, 7], extra_key="gone").node
+        self.locked = c.insert([1, 2, 3, 4, 5, 6]).node
+        c.inc_lock_ref(self.locked)
+        self.unlocked = c.insert([10, 11, 12]).node
+        c.evict(1)
+        self.foreign = RadixCache().insert([1, 2]).node
+        reset = RadixCache()
+        self.before_reset = reset.insert([1]).node
+        reset.reset()
+
+    def state(self) -> Any:
+        c = self.obj
+        return (c.dump(), c.evictable_size(), c.protected_size(), c.total_size(),
+                c.num_nodes, c.clock)
+
+
+class PoolWorld(World):
+    """8 blocks: 1 and 2 held and cached, 3 held uncached, 4..7 free; the null block 0."""
+
+    def __init__(self) -> None:
+        p = self.obj = BlockPool(8)
+        ids = p.get_new_blocks(3)
+        p.cache_full_blocks(ids[:2], [b"h" * 32, b"i" * 32], 0, 2, 16)
+        self.held = [int(x) for x in ids]
+
+    def state(self) -> Any:
+        p = self.obj
+        return (p.num_free_blocks, p.free_block_ids().tolist(),
+                [(p.ref_cnt(i), p.block_hash(i)) for i in range(p.num_blocks)])
+
+
+class ManagerWorld(World):
+    """16 blocks of 4 tokens; request 1 admitted with 10 tokens, request 2 added only."""
+
+    def __init__(self) -> None:
+        m = self.obj = KVCacheManager(16, block_size=4)
+        m.admit(1, list(range(10)))
+        m.add_request(2, list(range(100, 110)))
+
+    def state(self) -> Any:
+        m = self.obj
+        reqs = [(r, m.block_ids(r).tolist(), m.num_tokens(r), m.num_computed_tokens(r),
+                 m.block_hashes(r)) for r in (1, 2)]
+        return (m.num_free_blocks, m.free_block_ids().tolist(), dict(m.stats), len(m), reqs,
+                [(m.ref_cnt(i), m.block_hash(i)) for i in range(m.num_blocks)])
+
+
+class HasherWorld(World):
+    def __init__(self) -> None:
+        self.obj = BlockHasher(4, "sha256", seed="s")
+
+    def state(self) -> Any:
+        h = self.obj
+        return (h.none_hash, h.block_size, h.algo, h.seed, h.hash_blocks([1, 2, 3, 4]))
+
+
+class TrieWorld(World):
+    """16 blocks of 4 tokens; request 1 claimed (10 tokens) and completed."""
+
+    def __init__(self) -> None:
+        t = self.obj = BlockTrie(16, tokens_per_block=4)
+        t.claim(1, list(range(10)))
+        t.complete(1)
+
+    def state(self) -> Any:
+        t = self.obj
+        return (t.dump(), t.num_free_blocks, t.num_cached_blocks, t.num_requests, t.clock,
+                dict(t.stats), t.request_blocks(1))
+
+
+class FileWorld(World):
+    """A temporary directory for trace files (readers hold no state)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+
+    def trace(self, text: str) -> Path:
+        path = self.tmp / "trace.jsonl"
+        path.write_text(text)
+        return path
+
+
+def cli(argv: list[str]) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli_main(argv)
+        except SystemExit as e:
+            code = e.code  # argparse
+    if code == 2:
+        raise CliExit(" ".join(err.getvalue().split()))
+    raise AssertionError(f"exit status {code!r}, expected 2: {err.getvalue()}")
+
+
+WORLDS: dict[str, Callable[[Path], World]] = {
+    "RadixCache": lambda _: RadixWorld(),
+    "BlockPool": lambda _: PoolWorld(),
+    "KVCacheManager": lambda _: ManagerWorld(),
+    "BlockHasher / hash_block_tokens": lambda _: HasherWorld(),
+    "BlockTrie": lambda _: TrieWorld(),
+    "trace readers": FileWorld,
+    "CLI": FileWorld,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    section: str
+    misuse: str
+    call: str
+    run: Callable[[Any], Any]
+    exc: type[BaseException]
+    fragment: str
+
+
+def radix(misuse: str, call: str, exc: type[BaseException], fragment: str,
+          run: Callable[[RadixWorld], Any]) -> Row:
+    return Row("RadixCache", misuse, call, run, exc, fragment)
+
+
+def pool(misuse: str, call: str, exc: type[BaseException], fragment: str,
+         run: Callable[[PoolWorld], Any]) -> Row:
+    return Row("BlockPool", misuse, call, run, exc, fragment)
+
+
+def mgr(misuse: str, call: str, exc: type[BaseException], fragment: str,
+        run: Callable[[ManagerWorld], Any]) -> Row:
+    return Row("KVCacheManager", misuse, call, run, exc, fragment)
+
+
+def hasher(misuse: str, call: str, exc: type[BaseException], fragment: str,
+           run: Callable[[HasherWorld], Any]) -> Row:
+    return Row("BlockHasher / hash_block_tokens", misuse, call, run, exc, fragment)
+
+
+def trie(misuse: str, call: str, exc: type[BaseException], fragment: str,
+         run: Callable[[TrieWorld], Any]) -> Row:
+    return Row("BlockTrie", misuse, call, run, exc, fragment)
+
+
+def trace(misuse: str, text: str, exc: type[BaseException], fragment: str,
+          reader: Callable[[Path], Any] = read_token_jsonl) -> Row:
+    name = getattr(reader, "__name__", "read")
+    return Row("trace readers", misuse, f"{name}(file: {text.strip()!r})",
+               lambda w: reader(w.trace(text)), exc, fragment)
+
+
+def cmd(misuse: str, argv: list[str], fragment: str) -> Row:
+    return Row("CLI", misuse, "prefixcache " + " ".join(argv), lambda w: cli(argv), CliExit,
+               fragment)
+
+
+H32 = b"h" * 32
+
+CATALOGUE: list[Row] = [
+    # ---------------- RadixCache ----------------
+    radix("page size zero", "RadixCache(0)", InvalidInputError, "page_size must be >= 1",
+          lambda w: RadixCache(0)),
+    radix("page size of wrong type", "RadixCache(1.5)", InvalidTypeError,
+          "page_size must be an int", lambda w: RadixCache(1.5)),
+    radix("unknown eviction policy", 'RadixCache(1, "xyz")', InvalidInputError,
+          "unknown eviction policy", lambda w: RadixCache(1, "xyz")),
+    radix("negative token id", "insert([1, -1])", InvalidInputError,
+          "tokens[1] = -1 is out of range", lambda w: w.obj.insert([1, -1])),
+    radix("token id 2**32", "match_prefix([2**32])", InvalidInputError,
+          "tokens[0] = 4294967296 is out of range", lambda w: w.obj.match_prefix([2**32])),
+    radix("token id 2**64", "insert([2**64])", InvalidInputError, "is out of range",
+          lambda w: w.obj.insert([2**64])),
+    radix("float token", "insert([1, 2.0])", InvalidTypeError,
+          "tokens[1] must be an int, got float", lambda w: w.obj.insert([1, 2.0])),
+    radix("bool token", "insert([True])", InvalidTypeError, "got bool",
+          lambda w: w.obj.insert([True])),
+    radix("None as tokens", "match_prefix(None)", InvalidTypeError, "not NoneType",
+          lambda w: w.obj.match_prefix(None)),
+    radix("str as tokens", 'insert("123")', InvalidTypeError, "not str",
+          lambda w: w.obj.insert("123")),
+    radix("float64 array", "insert(np.array([1.0]))", InvalidTypeError, "dtype float64",
+          lambda w: w.obj.insert(np.array([1.0]))),
+    radix("float16 array", "insert(np.array([1], float16))", InvalidTypeError,
+          "dtype float16", lambda w: w.obj.insert(np.array([1], dtype=np.float16))),
+    radix("bool array", "insert(np.array([True]))", InvalidTypeError, "dtype bool",
+          lambda w: w.obj.insert(np.array([True]))),
+    radix("object array", "insert(np.array([1], object))", InvalidTypeError, "dtype object",
+          lambda w: w.obj.insert(np.array([1], dtype=object))),
+    radix("2-D array", "insert(np.zeros((2, 2), int64))", InvalidInputError,
+          "1-dimensional", lambda w: w.obj.insert(np.zeros((2, 2), dtype=np.int64))),
+    radix("negative int32 in a strided array", "insert(np.array([1, 0, -5, 0], int32)[::2])",
+          InvalidInputError, "tokens[1] = -5",
+          lambda w: w.obj.insert(np.array([1, 0, -5, 0], dtype=np.int32)[::2])),
+    radix("values of another length", "insert([1, 2, 3], values=[1, 2])", InvalidInputError,
+          "values has length 2 but tokens has length 3",
+          lambda w: w.obj.insert([1, 2, 3], values=[1, 2])),
+    radix("value beyond int64", "insert([1], values=[2**63])", InvalidInputError,
+          "does not fit in int64", lambda w: w.obj.insert([1], values=[2**63])),
+    radix("float values", "insert([1], values=np.array([0.5]))", InvalidTypeError,
+          "values must hold integers", lambda w: w.obj.insert([1], values=np.array([0.5]))),
+    radix("negative inserted_len", "insert([1, 2], inserted_len=-1)", InvalidInputError,
+          "inserted_len must be >= 0", lambda w: w.obj.insert([1, 2], inserted_len=-1)),
+    radix("float priority", "insert([1], priority=0.5)", InvalidTypeError,
+          "priority must be an int", lambda w: w.obj.insert([1], priority=0.5)),
+    radix("namespace of wrong type", "insert([1], extra_key=3)", InvalidTypeError,
+          "extra_key must be a str or None, got int",
+          lambda w: w.obj.insert([1], extra_key=3)),
+    radix("negative eviction count", "evict(-1)", InvalidInputError,
+          "num_tokens must be >= 0", lambda w: w.obj.evict(-1)),
+    radix("float eviction count", "evict(1.0)", InvalidTypeError,
+          "num_tokens must be an int", lambda w: w.obj.evict(1.0)),
+    radix("evicted node handle", "inc_lock_ref(evicted)", StaleHandleError, "evicted",
+          lambda w: w.obj.inc_lock_ref(w.evicted)),
+    radix("handle of another cache", "dec_lock_ref(foreign)", StaleHandleError,
+          "another", lambda w: w.obj.dec_lock_ref(w.foreign)),
+    radix("handle from before reset()", "path_indices(old)", StaleHandleError, "reset",
+          lambda w: w.obj.path_indices(w.before_reset)),
+    radix("not a handle", "node_info(3)", InvalidTypeError, "must be a prefixcache Node handle",
+          lambda w: w.obj.node_info(3)),
+    radix("double unlock (lock count below zero)", "dec_lock_ref(unlocked)", LockRefError,
+          "would make a lock count negative", lambda w: w.obj.dec_lock_ref(w.unlocked)),
+    # ---------------- BlockPool ----------------
+    pool("no blocks", "BlockPool(0)", InvalidInputError, "num_blocks",
+         lambda w: BlockPool(0)),
+    pool("negative block count", "BlockPool(-3)", InvalidInputError, "num_blocks",
+         lambda w: BlockPool(-3)),
+    pool("unknown event hash format", 'BlockPool(8, event_hash_format="hex")',
+         InvalidInputError, "event_hash_format",
+         lambda w: BlockPool(8, event_hash_format="hex")),
+    pool("capacity exhausted", "get_new_blocks(5)", OutOfBlocksError,
+         "cannot get 5 blocks: only 4 free", lambda w: w.obj.get_new_blocks(5)),
+    pool("huge count (was a capacity-overflow panic)", "get_new_blocks(2**62)",
+         OutOfBlocksError, "only 4 free", lambda w: w.obj.get_new_blocks(2**62)),
+    pool("count beyond int64 (PyO3 conversion, not yet InvalidInputError)",
+         "get_new_blocks(2**64)", OverflowError, "too large",
+         lambda w: w.obj.get_new_blocks(2**64)),
+    pool("negative count", "get_new_blocks(-1)", InvalidInputError,
+         "num_blocks must be >= 0",
+         lambda w: w.obj.get_new_blocks(-1)),
+    pool("double free", "free_blocks([3, 3])", BlockStateError,
+         "cannot free block 3: it has no reference left",
+         lambda w: w.obj.free_blocks([3, 3])),
+    pool("free of a free block", "free_blocks([5])", BlockStateError,
+         "cannot free block 5: it has no reference left",
+         lambda w: w.obj.free_blocks([5])),
+    pool("free of the null block", "free_blocks([0])", BlockStateError, "null",
+         lambda w: w.obj.free_blocks([0])),
+    pool("touch the null block", "touch([0])", BlockStateError, "null",
+         lambda w: w.obj.touch([0])),
+    pool("block id out of range", "free_blocks([8])", InvalidInputError,
+         "block id 8 is out of range",
+         lambda w: w.obj.free_blocks([8])),
+    pool("negative block id", "touch([-1])", InvalidInputError,
+         "block_ids[0] = -1 is not a valid block id",
+         lambda w: w.obj.touch([-1])),
+    pool("float block ids", "touch(np.array([1.0]))", InvalidTypeError,
+         "dtype float64",
+         lambda w: w.obj.touch(np.array([1.0]))),
+    pool("hash of another length", "cache_full_blocks([3], [b'x' * 16], 0, 1, 16)",
+         InvalidInputError, "block hash has 16 bytes but this pool holds 32-byte hashes",
+         lambda w: w.obj.cache_full_blocks([3], [b"x" * 16], 0, 1, 16)),
+    pool("hash longer than 32 bytes", "cache_full_blocks([3], [b'x' * 33], 0, 1, 16)",
+         InvalidInputError, "block_hashes[0] has 33 bytes",
+         lambda w: w.obj.cache_full_blocks([3], [b"x" * 33], 0, 1, 16)),
+    pool("empty hash", "get_cached_block(b'')", InvalidInputError,
+         "block_hash has 0 bytes",
+         lambda w: w.obj.get_cached_block(b"")),
+    pool("hash of wrong type", "get_cached_block('h')", InvalidTypeError,
+         "block_hash must be bytes, not str",
+         lambda w: w.obj.get_cached_block("h")),
+    pool("caching an already cached block", "cache_full_blocks([1], [H32], 0, 1, 16)",
+         BlockStateError, "block 1 is already cached",
+         lambda w: w.obj.cache_full_blocks([1], [H32], 0, 1, 16)),
+    pool("caching a free block", "cache_full_blocks([5], [H32], 0, 1, 16)",
+         BlockStateError, "block 5 is free",
+         lambda w: w.obj.cache_full_blocks([5], [H32], 0, 1, 16)),
+    pool("num_full_blocks beyond the hashes", "cache_full_blocks([3], [H32], 0, 2, 16)",
+         InvalidInputError, "num_full_blocks = 2 exceeds",
+         lambda w: w.obj.cache_full_blocks([3], [H32], 0, 2, 16)),
+    pool("ref_cnt of an unknown block", "ref_cnt(99)", InvalidInputError,
+         "block id 99 is out of range",
+         lambda w: w.obj.ref_cnt(99)),
+    # ---------------- KVCacheManager ----------------
+    mgr("block size zero", "KVCacheManager(16, block_size=0)", InvalidInputError,
+        "block_size", lambda w: KVCacheManager(16, block_size=0)),
+    mgr("unknown hash algorithm", 'KVCacheManager(16, hash_algo="md5")', InvalidInputError,
+        "md5", lambda w: KVCacheManager(16, hash_algo="md5")),
+    mgr("sliding window below 2", "KVCacheManager(16, sliding_window=1)", InvalidInputError,
+        "sliding_window", lambda w: KVCacheManager(16, sliding_window=1)),
+    mgr("unknown request id", "free(99)", UnknownRequestError, "99",
+        lambda w: w.obj.free(99)),
+    mgr("unknown request id (lookup)", "get_computed_blocks(99)", UnknownRequestError, "99",
+        lambda w: w.obj.get_computed_blocks(99)),
+    mgr("negative request id", "free(-1)", InvalidInputError,
+        "request_id must be an int in [0, 2**64), got -1",
+        lambda w: w.obj.free(-1)),
+    mgr("request id 2**64", "block_ids(2**64)", InvalidInputError,
+        "request_id must be an int in [0, 2**64)",
+        lambda w: w.obj.block_ids(2**64)),
+    mgr("request id of wrong type", 'free("1")', InvalidTypeError,
+        "request_id must be an int, not str",
+        lambda w: w.obj.free("1")),
+    mgr("duplicate request id", "add_request(1, [1, 2])", InvalidInputError,
+        "request id 1 is already known",
+        lambda w: w.obj.add_request(1, [1, 2])),
+    mgr("negative token", "append_tokens(1, [-1])", InvalidInputError, "tokens[0] = -1",
+        lambda w: w.obj.append_tokens(1, [-1])),
+    mgr("float tokens", "add_request(3, np.array([1.5]))", InvalidTypeError,
+        "dtype float64", lambda w: w.obj.add_request(3, np.array([1.5]))),
+    mgr("negative num_new_tokens", "allocate_slots(2, -1)", InvalidInputError,
+        "num_new_tokens must be >= 0",
+        lambda w: w.obj.allocate_slots(2, -1)),
+    mgr("hit blocks after the first allocation", "allocate_slots(1, 0, 4, [1])",
+        InvalidInputError, "already holds slots", lambda w: w.obj.allocate_slots(1, 0, 4, [1])),
+    mgr("extra keys of an unhashable kind", "add_request(3, [1]*8, extra_keys=[(1.5,)])",
+        UnsupportedHashInputError, "extra_keys[0][0]: unsupported type float",
+        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[(1.5,)])),
+    mgr("extra keys not a tuple", "add_request(3, [1]*8, extra_keys=[[1]])",
+        UnsupportedHashInputError, "must be None or a tuple, not list",
+        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[[1]])),
+    mgr("block id out of range", "ref_cnt(16)", InvalidInputError,
+        "block id 16 is out of range",
+        lambda w: w.obj.ref_cnt(16)),
+    # ---------------- BlockHasher / hash_block_tokens ----------------
+    hasher("block size zero", "BlockHasher(0)", InvalidInputError, "block_size",
+           lambda w: BlockHasher(0)),
+    hasher("unknown algorithm", 'BlockHasher(4, "md5")', InvalidInputError, "md5",
+           lambda w: BlockHasher(4, "md5")),
+    hasher("block of the wrong length", "hash_block(None, [1, 2, 3])", InvalidInputError,
+           "a block holds exactly 4 tokens, got 3", lambda w: w.obj.hash_block(None, [1, 2, 3])),
+    hasher("parent of wrong length", "hash_block(b'x' * 33, [1, 2, 3, 4])",
+           InvalidInputError, "parent hash has 33 bytes",
+           lambda w: w.obj.hash_block(b"x" * 33, [1, 2, 3, 4])),
+    hasher("parent of wrong type", "hash_block('p', [1, 2, 3, 4])", InvalidTypeError,
+           "parent must be bytes or None, not str",
+           lambda w: w.obj.hash_block("p", [1, 2, 3, 4])),
+    hasher("too few extra keys", "hash_blocks([1]*8, extra_keys=[None])", InvalidInputError,
+           "extra_keys has 1 entries but there are 2 full blocks",
+           lambda w: w.obj.hash_blocks([1] * 8, extra_keys=[None])),
+    hasher("float extra key", "hash_block(None, [1, 2, 3, 4], (1.5,))",
+           UnsupportedHashInputError, "unsupported type float",
+           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (1.5,))),
+    hasher("NaN extra key", "hash_block(None, [1, 2, 3, 4], (nan,))",
+           UnsupportedHashInputError, "unsupported type float",
+           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (math.nan,))),
+    hasher("dict extra key", "hash_block(None, [1, 2, 3, 4], ({},))",
+           UnsupportedHashInputError, "unsupported type dict",
+           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], ({},))),
+    hasher("extra keys nested too deep", "hash_block(None, [1]*4, ((((...)))))",
+           UnsupportedHashInputError, "extra_keys[0][0][0]",
+           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], nested(10_000))),
+    hasher("negative token", "hash_blocks([1, -2, 3, 4])", InvalidInputError,
+           "tokens[1] = -2", lambda w: w.obj.hash_blocks([1, -2, 3, 4])),
+    hasher("unknown algorithm (function)", 'hash_block_tokens("md5", None, [1])',
+           InvalidInputError, "md5", lambda w: hash_block_tokens("md5", None, [1])),
+    hasher("str tokens (function)", 'hash_block_tokens("sha256", None, "ab")',
+           InvalidTypeError, "not str", lambda w: hash_block_tokens("sha256", None, "ab")),
+    # ---------------- BlockTrie ----------------
+    trie("no blocks", "BlockTrie(0)", InvalidInputError, "num_blocks",
+         lambda w: BlockTrie(0)),
+    trie("tokens_per_block zero", "BlockTrie(16, tokens_per_block=0)", InvalidInputError,
+         "tokens_per_block", lambda w: BlockTrie(16, tokens_per_block=0)),
+    trie("unknown request id", "release(99)", UnknownRequestError, "99",
+         lambda w: w.obj.release(99)),
+    trie("duplicate request id", "claim(1, [1, 2])", InvalidInputError,
+         "request 1 already holds blocks",
+         lambda w: w.obj.claim(1, [1, 2])),
+    trie("negative request id", "complete(-1)", InvalidInputError,
+         "request_id must be in [0, 2**63 - 1)",
+         lambda w: w.obj.complete(-1)),
+    trie("capacity exhausted", "claim(2, range(100))", OutOfBlocksError,
+         "cannot get 25 blocks",
+         lambda w: w.obj.claim(2, list(range(100)))),
+    trie("empty prompt", "claim(2, [])", InvalidInputError,
+         "tokens must not be empty",
+         lambda w: w.obj.claim(2, [])),
+    trie("negative token", "lookup([1, -1])", InvalidInputError, "tokens[1] = -1",
+         lambda w: w.obj.lookup([1, -1])),
+    trie("store more tokens than the request has", "store(1, range(50))", InvalidInputError,
+         "call extend first", lambda w: w.obj.store(1, list(range(50)))),
+    trie("negative extend", "extend(1, -1)", InvalidInputError,
+         "num_tokens must be >= 0",
+         lambda w: w.obj.extend(1, -1)),
+    trie("negative clock advance", "advance_clock(-1)", InvalidInputError,
+         "ticks must be >= 0",
+         lambda w: w.obj.advance_clock(-1)),
+    trie("malformed multimodal item", "lookup([1, 2], mm_items=[(1,)])", InvalidTypeError,
+         "mm_items[0] must be a (hash: bytes | str, start: int, length: int) tuple",
+         lambda w: w.obj.lookup([1, 2], mm_items=[(1,)])),
+    # ---------------- trace readers ----------------
+    trace("not JSON", '{"id": 1,\n', TraceFormatError, ":1: not valid JSON"),
+    trace("not an object (line 2)", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
+          '[1, 2]\n', TraceFormatError, ":2: expected a JSON object"),
+    trace("missing prompt", '{"id": 1, "arrival": 0, "output_len": 1}\n', TraceFormatError,
+          ":1: missing field 'prompt'"),
+    trace("negative token", '{"id": 1, "arrival": 0, "prompt": [-1], "output_len": 1}\n',
+          TraceFormatError, ":1: field 'prompt'[0] = -1"),
+    trace("token 2**32", '{"id": 1, "arrival": 0, "prompt": [4294967296], "output_len": 1}\n',
+          TraceFormatError, "is not a token id"),
+    trace("float token", '{"id": 1, "arrival": 0, "prompt": [1.5], "output_len": 1}\n',
+          TraceFormatError, "is not an integer"),
+    trace("both output and output_len",
+          '{"id": 1, "arrival": 0, "prompt": [1], "output": [2], "output_len": 1}\n',
+          TraceFormatError, "exactly one of 'output' and 'output_len'"),
+    trace("negative arrival", '{"id": 1, "arrival": -1, "prompt": [1], "output_len": 1}\n',
+          TraceFormatError, "'arrival'"),
+    trace("NaN arrival", '{"id": 1, "arrival": NaN, "prompt": [1], "output_len": 1}\n',
+          TraceFormatError, "'arrival'"),
+    trace("duplicate id", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
+          '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n', TraceFormatError,
+          ":2: duplicate id"),
+    trace("unknown field", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1, "x": 0}\n',
+          TraceFormatError, "unknown field"),
+    trace("Mooncake: missing hash_ids",
+          '{"timestamp": 0, "input_length": 10, "output_length": 1}\n', TraceFormatError,
+          ":1:", reader=read_mooncake),
+    trace("Mooncake: negative hash id",
+          '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}\n',
+          TraceFormatError, "'hash_ids' must hold integers", reader=read_mooncake),
+    trace("Mooncake: negative input_length",
+          '{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": [1]}\n',
+          TraceFormatError, "'input_length' must be >= ", reader=read_mooncake),
+    # ---------------- CLI ----------------
+    cmd("unknown command", ["frobnicate"], "invalid choice"),
+    cmd("unknown option", ["replay", "workload:A", "--bogus"], "unrecognized arguments"),
+    cmd("bad capacity", ["replay", "workload:A", "--capacity", "lots"], "bad capacity"),
+    cmd("negative capacity", ["replay", "workload:A", "--capacity", "-5"], "capacity"),
+    cmd("unknown policy", ["replay", "workload:A", "--policies", "nope"], "nope"),
+    cmd("missing trace file", ["replay", "/nonexistent/trace.jsonl"], "error"),
+    cmd("unknown workload", ["replay", "workload:Z"], "Z"),
+    cmd("sweep without capacities", ["sweep", "workload:A"], "--capacities"),
+    cmd("non-integer seed", ["compare", "--seed", "x"], "invalid int value"),
+]
+
+
+def nested(depth: int) -> Any:
+    key: Any = (1,)
+    for _ in range(depth):
+        key = (key,)
+    return key
+
+
+def row_id(row: Row) -> str:
+    return f"{row.section.split()[0]}: {row.misuse}"
+
+
+@pytest.mark.parametrize("row", CATALOGUE, ids=[row_id(r) for r in CATALOGUE])
+def test_catalogue_row(row: Row, tmp_path: Path) -> None:
+    world = WORLDS[row.section](tmp_path)
+    before = world.state()
+    with pytest.raises(BaseException) as info:
+        row.run(world)
+    err = info.value
+    assert type(err).__name__ != "PanicException", f"a Rust panic reached Python: {err}"
+    assert isinstance(err, row.exc), f"{type(err).__name__}: {err}"
+    assert row.fragment in str(err), str(err)
+    assert world.state() == before, "a failed call changed the object"
+
+
+def test_catalogue_ids_are_unique() -> None:
+    ids = [row_id(r) for r in CATALOGUE]
+    assert len(ids) == len(set(ids))
+
+
+def exception_name(row: Row) -> str:
+    return "exit status 2" if row.exc is CliExit else row.exc.__name__
+
+
+def render() -> str:
+    out = [
+        "# Errors: the bad-input catalogue",
+        "",
+        "Every misuse of the public API that prefixcache knows about, and what it raises.",
+        "Generated from `CATALOGUE` in `tests/test_errors_catalogue.py` (run",
+        "`python tests/test_errors_catalogue.py` after editing it); the test suite walks",
+        "every row, checks the exception class and message, and checks that the object the",
+        "call was made on is unchanged (`dump()`, sizes, free block ids, reference counts,",
+        "stats, requests). All classes are in `prefixcache.errors` and derive from",
+        "`PrefixCacheError` and from the builtin named in their docstring; a plain",
+        "`TypeError` comes from Python's own argument parsing (wrong type for a typed",
+        "parameter). `TraceFormatError` (`prefixcache.traces`) is an `InvalidInputError`",
+        "whose message starts with `path:line:`. The CLI prints `error: ...` (or argparse's",
+        "usage message) on stderr and exits with status 2.",
+        "",
+        "Known gap: a few integer parameters of `BlockPool`, `KVCacheManager` and",
+        "`BlockHasher` are converted by PyO3 as C integers, so an int beyond int64 raises",
+        "the builtin `OverflowError` (nothing changes) instead of `InvalidInputError`;",
+        "`tests/test_no_panic.py` lists them (`KNOWN_OVERFLOW`).",
+        "",
+        "No Rust panic reaches Python: `tests/test_no_panic.py` calls every public",
+        "function and method of `prefixcache._core` with hostile arguments and checks that",
+        "every failure is a `PrefixCacheError` or a `TypeError`.",
+        "",
+    ]
+    sections = list(dict.fromkeys(r.section for r in CATALOGUE))
+    for section in sections:
+        out += [f"## {section}", "", "| misuse | call | raises | message contains |",
+                "|---|---|---|---|"]
+        for r in CATALOGUE:
+            if r.section == section:
+                call = r.call.replace("|", "\\|")
+                frag = f"`{r.fragment}`" if r.fragment else ""
+                out.append(f"| {r.misuse} | `{call}` | `{exception_name(r)}` | {frag} |")
+        out.append("")
+    out.append(f"{len(CATALOGUE)} rows.")
+    return "\n".join(out) + "\n"
+
+
+def test_errors_md_is_generated_from_the_catalogue() -> None:
+    assert ERRORS_MD.read_text() == render(), (
+        "docs/ERRORS.md is stale: run python tests/test_errors_catalogue.py")
+
+
+if __name__ == "__main__":
+    ERRORS_MD.write_text(render())
+    print(f"wrote {ERRORS_MD} ({len(CATALOGUE)} rows)", file=sys.stderr)
