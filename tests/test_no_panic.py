@@ -38,21 +38,7 @@ HOSTILE: list[Any] = [
 ]
 
 
-# Integer parameters these take are extracted by PyO3 as C integers, so an int beyond
-# their range raises the builtin OverflowError (no panic, nothing changed) instead of
-# InvalidInputError. Listed so that the test fails when another method starts doing it.
-KNOWN_OVERFLOW = {
-    "BlockPool", "BlockPool.get_new_blocks", "BlockPool.ref_cnt", "BlockPool.block_hash",
-    "BlockPool.get_cached_block", "BlockPool.cache_full_blocks",
-    "KVCacheManager", "KVCacheManager.allocate_slots", "KVCacheManager.admit",
-    "KVCacheManager.block_hash", "KVCacheManager.ref_cnt", "KVCacheManager.add_request",
-    "BlockHasher",
-}
-
-
 def allowed(err: BaseException, where: str) -> bool:
-    if isinstance(err, OverflowError) and where in KNOWN_OVERFLOW:
-        return True
     return isinstance(err, PrefixCacheError | TypeError)
 
 

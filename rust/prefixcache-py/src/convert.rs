@@ -352,3 +352,55 @@ pub fn eviction_policy(obj: &Bound<'_, PyAny>) -> PyResult<String> {
         ))),
     }
 }
+
+/// An integer argument (count, size or id): a Python int in the int64 range, not a float
+/// or bool (`InvalidTypeError`); beyond int64, `InvalidInputError`. The call it goes to
+/// checks its own range and names the argument.
+pub fn int_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    opt_i64_arg(obj)?.ok_or_else(|| invalid_type("an integer argument must be an int, got None"))
+}
+
+/// An integer argument that must fit in u32 (e.g. a KV-cache group id).
+pub fn u32_arg(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+    let v = int_arg(obj)?;
+    u32::try_from(v).map_err(|_| {
+        invalid_input(format!(
+            "{v} is out of range: expected an int in [0, 2**32)"
+        ))
+    })
+}
+
+/// An optional integer identifier (e.g. a LoRA id): None, or an int in the int64 range,
+/// exactly (an id is never clamped).
+pub fn opt_i64_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    if obj.is_instance_of::<PyBool>() {
+        return Err(invalid_type("an integer argument must be an int, got bool"));
+    }
+    let v: i128 = obj.extract().map_err(|_| {
+        invalid_type(format!(
+            "an integer argument must be an int, got {}",
+            type_name(obj)
+        ))
+    })?;
+    i64::try_from(v)
+        .map(Some)
+        .map_err(|_| invalid_input(format!("{v} is out of the int64 range")))
+}
+
+/// A short sequence of u32 ids (e.g. KV-cache group ids), item by item.
+pub fn u32_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    reject_non_sequence(obj, "the id list")?;
+    let mut out = Vec::new();
+    for item in obj.try_iter().map_err(|_| {
+        invalid_type(format!(
+            "expected a sequence of ints, got {}",
+            type_name(obj)
+        ))
+    })? {
+        out.push(u32_arg(&item?)?);
+    }
+    Ok(out)
+}

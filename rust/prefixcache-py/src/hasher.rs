@@ -212,7 +212,11 @@ pub struct PyBlockHasher {
 impl PyBlockHasher {
     #[new]
     #[pyo3(signature = (block_size=16, algo="sha256", seed=None))]
-    fn new(block_size: i64, algo: &str, seed: Option<&str>) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
+        algo: &str,
+        seed: Option<&str>,
+    ) -> PyResult<Self> {
         let algo = self::algo(algo)?;
         let bs = usize::try_from(block_size)
             .ok()

@@ -94,11 +94,11 @@ impl PyKVCacheManager {
     #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = "sha256", enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = "u64"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        num_blocks: i64,
-        block_size: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
+        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
         hash_algo: &str,
         enable_caching: bool,
-        sliding_window: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_i64_arg)] sliding_window: Option<i64>,
         enable_kv_cache_events: bool,
         seed: Option<&str>,
         event_hash_format: &str,
@@ -181,7 +181,7 @@ impl PyKVCacheManager {
         prompt_tokens: &Bound<'_, PyAny>,
         extra_keys: Option<&Bound<'_, PyAny>>,
         default_extra_keys: Option<&Bound<'_, PyAny>>,
-        lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
         lora_name: Option<String>,
     ) -> PyResult<()> {
         let request_id = rid(request_id)?;
@@ -236,10 +236,10 @@ impl PyKVCacheManager {
         &self,
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
-        num_new_tokens: i64,
-        num_new_computed_tokens: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_new_tokens: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_new_computed_tokens: i64,
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        num_lookahead_tokens: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_lookahead_tokens: i64,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
         let request_id = rid(request_id)?;
         let hit_blocks = match new_computed_blocks {
@@ -279,10 +279,10 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'py, PyAny>,
-        num_lookahead_tokens: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_lookahead_tokens: i64,
         extra_keys: Option<&Bound<'py, PyAny>>,
         default_extra_keys: Option<&Bound<'py, PyAny>>,
-        lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
         lora_name: Option<String>,
     ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
         let request_id = rid(request_id)?;
@@ -409,7 +409,11 @@ impl PyKVCacheManager {
         Ok(ids_array(py, &ids))
     }
 
-    fn ref_cnt(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+    fn ref_cnt(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+    ) -> PyResult<u32> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
         self.inner.with(py, |m| m.pool().ref_cnt(id))?.py_err()
@@ -418,7 +422,7 @@ impl PyKVCacheManager {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;

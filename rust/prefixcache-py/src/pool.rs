@@ -239,7 +239,7 @@ impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_blocks, enable_caching = true, enable_kv_cache_events = false, event_hash_format = "u64"))]
     fn new(
-        num_blocks: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
         enable_caching: bool,
         enable_kv_cache_events: bool,
         event_hash_format: &str,
@@ -278,7 +278,7 @@ impl PyBlockPool {
     fn get_new_blocks<'py>(
         &self,
         py: Python<'py>,
-        num_blocks: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = count(num_blocks, "num_blocks")?;
         let ids = self
@@ -307,12 +307,12 @@ impl PyBlockPool {
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
-        num_cached_blocks: i64,
-        num_full_blocks: i64,
-        block_size: i64,
-        group_id: u32,
+        #[pyo3(from_py_with = convert::int_arg)] num_cached_blocks: i64,
+        #[pyo3(from_py_with = convert::int_arg)] num_full_blocks: i64,
+        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
+        #[pyo3(from_py_with = convert::u32_arg)] group_id: u32,
         token_ids: Option<&Bound<'_, PyAny>>,
-        lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
         lora_name: Option<String>,
         extra_keys: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
@@ -352,7 +352,7 @@ impl PyBlockPool {
         &self,
         py: Python<'_>,
         block_hash: &Bound<'_, PyAny>,
-        group_ids: Vec<u32>,
+        #[pyo3(from_py_with = convert::u32_list)] group_ids: Vec<u32>,
     ) -> PyResult<Option<Vec<u32>>> {
         let h = self::block_hash(block_hash, "block_hash")?;
         self.inner
@@ -376,7 +376,11 @@ impl PyBlockPool {
         events_to_py(py, events, self.fmt, None)
     }
 
-    fn ref_cnt(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+    fn ref_cnt(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+    ) -> PyResult<u32> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
         self.inner.with(py, |p| p.ref_cnt(id))?.py_err()
@@ -385,7 +389,7 @@ impl PyBlockPool {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let id = u32::try_from(block_id)
             .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
