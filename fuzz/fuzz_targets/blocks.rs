@@ -12,47 +12,120 @@ use prefixcache_core::Error;
 
 #[derive(Arbitrary, Debug)]
 enum PoolOp {
-    GetNew { n: u8 },
-    Touch { ids: Vec<u8> },
-    Free { ids: Vec<u8> },
+    GetNew {
+        n: u8,
+    },
+    Touch {
+        ids: Vec<u8>,
+    },
+    Free {
+        ids: Vec<u8>,
+    },
     /// Cache `held[start..start+len]` under hashes derived from `seed`.
-    Cache { start: u8, len: u8, num_cached: u8, seed: u8, group: u8, wide: bool },
-    Evict { ids: Vec<u8> },
+    Cache {
+        start: u8,
+        len: u8,
+        num_cached: u8,
+        seed: u8,
+        group: u8,
+        wide: bool,
+    },
+    Evict {
+        ids: Vec<u8>,
+    },
     Reset,
-    Lookup { seed: u8, group: u8 },
+    Lookup {
+        seed: u8,
+        group: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
 enum MgrOp {
-    Add { id: u8, prompt: Vec<u8>, salt: bool },
-    Append { id: u8, tokens: Vec<u8> },
+    Add {
+        id: u8,
+        prompt: Vec<u8>,
+        salt: bool,
+    },
+    Append {
+        id: u8,
+        tokens: Vec<u8>,
+    },
     /// get_computed_blocks then allocate_slots with the hit (admission step).
-    Schedule { id: u8, extra: u8, lookahead: u8 },
+    Schedule {
+        id: u8,
+        extra: u8,
+        lookahead: u8,
+    },
     /// allocate_slots for a running request (decode step).
-    Step { id: u8, n: u8, lookahead: u8 },
+    Step {
+        id: u8,
+        n: u8,
+        lookahead: u8,
+    },
     /// allocate_slots with arbitrary (possibly wrong) arguments.
-    RawAllocate { id: u8, n: u8, hit: u8, blocks: Vec<u8>, lookahead: u8 },
-    Free { id: u8 },
-    Preempt { id: u8 },
+    RawAllocate {
+        id: u8,
+        n: u8,
+        hit: u8,
+        blocks: Vec<u8>,
+        lookahead: u8,
+    },
+    Free {
+        id: u8,
+    },
+    Preempt {
+        id: u8,
+    },
     Reset,
-    Evict { ids: Vec<u8> },
-    Admit { id: u8, prompt: Vec<u8>, lookahead: u8 },
-    Finish { id: u8, output: Vec<u8> },
+    Evict {
+        ids: Vec<u8>,
+    },
+    Admit {
+        id: u8,
+        prompt: Vec<u8>,
+        lookahead: u8,
+    },
+    Finish {
+        id: u8,
+        output: Vec<u8>,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    Pool { num_blocks: u8, caching: bool, ops: Vec<PoolOp> },
-    Manager { num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bool, ops: Vec<MgrOp> },
+    Pool {
+        num_blocks: u8,
+        caching: bool,
+        ops: Vec<PoolOp>,
+    },
+    Manager {
+        num_blocks: u8,
+        block_size: u8,
+        algo: u8,
+        window: u8,
+        caching: bool,
+        ops: Vec<MgrOp>,
+    },
 }
 
 type Snapshot = (Vec<u32>, Vec<(u32, Option<CacheKey>)>, usize, usize);
 
 fn pool_snapshot(p: &BlockPool) -> Snapshot {
     let blocks = (0..p.num_blocks() as u32)
-        .map(|i| (p.ref_cnt(i).expect("ref_cnt"), p.block_key(i).expect("block_key")))
+        .map(|i| {
+            (
+                p.ref_cnt(i).expect("ref_cnt"),
+                p.block_key(i).expect("block_key"),
+            )
+        })
         .collect();
-    (p.free_block_ids(), blocks, p.num_cached_keys(), p.num_free_blocks())
+    (
+        p.free_block_ids(),
+        blocks,
+        p.num_cached_keys(),
+        p.num_free_blocks(),
+    )
 }
 
 fn hash(seed: u8, wide: bool) -> BlockHash {
@@ -77,7 +150,11 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
                     assert_eq!(refs[b as usize], 0, "handed out a referenced block");
                     assert_ne!(b, 0, "handed out the null block");
                     refs[b as usize] = 1;
-                    assert_eq!(pool.block_key(b).expect("key"), None, "new block kept its hash");
+                    assert_eq!(
+                        pool.block_key(b).expect("key"),
+                        None,
+                        "new block kept its hash"
+                    );
                 }
                 held.extend(ids);
             }),
@@ -95,25 +172,51 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
                 let ids: Vec<u32> = ids
                     .iter()
                     .take(8)
-                    .map(|&b| if b & 1 == 0 && !held.is_empty() { held[usize::from(b >> 1) % held.len()] } else { id(b >> 1) })
+                    .map(|&b| {
+                        if b & 1 == 0 && !held.is_empty() {
+                            held[usize::from(b >> 1) % held.len()]
+                        } else {
+                            id(b >> 1)
+                        }
+                    })
                     .collect();
                 pool.free_blocks(&ids).map(|()| {
                     for &b in &ids {
                         refs[b as usize] -= 1;
-                        let pos = held.iter().position(|&h| h == b).expect("freed a block we did not hold");
+                        let pos = held
+                            .iter()
+                            .position(|&h| h == b)
+                            .expect("freed a block we did not hold");
                         held.swap_remove(pos);
                     }
                 })
             }
-            PoolOp::Cache { start, len, num_cached, seed, group, wide } => {
+            PoolOp::Cache {
+                start,
+                len,
+                num_cached,
+                seed,
+                group,
+                wide,
+            } => {
                 if held.is_empty() {
                     continue;
                 }
                 let s = usize::from(start) % held.len();
                 let e = (s + usize::from(len % 6)).min(held.len());
                 let ids = held[s..e].to_vec();
-                let hashes: Vec<BlockHash> = (0..ids.len()).map(|i| hash(seed.wrapping_add(i as u8), wide)).collect();
-                pool.cache_full_blocks(&ids, &hashes, usize::from(num_cached % 3), ids.len(), 4, u32::from(group % 2), StoreInfo::default())
+                let hashes: Vec<BlockHash> = (0..ids.len())
+                    .map(|i| hash(seed.wrapping_add(i as u8), wide))
+                    .collect();
+                pool.cache_full_blocks(
+                    &ids,
+                    &hashes,
+                    usize::from(num_cached % 3),
+                    ids.len(),
+                    4,
+                    u32::from(group % 2),
+                    StoreInfo::default(),
+                )
             }
             PoolOp::Evict { ids } => {
                 let ids: Vec<u32> = ids.iter().take(8).map(|&b| id(b)).collect();
@@ -135,22 +238,42 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
                 for wide in [false, true] {
                     let h = hash(seed, wide);
                     if let Some(b) = pool.lookup(&h, u32::from(group % 2)) {
-                        assert_eq!(pool.block_key(b).expect("key"), Some(CacheKey { hash: h, group: u32::from(group % 2) }));
+                        assert_eq!(
+                            pool.block_key(b).expect("key"),
+                            Some(CacheKey {
+                                hash: h,
+                                group: u32::from(group % 2)
+                            })
+                        );
                     }
                 }
                 Ok(())
             }
         };
         if let Err(e) = r {
-            assert!(!matches!(e, Error::UnsupportedHashInput(_) | Error::UnknownRequest(_)), "{e:?}");
-            assert_eq!(before, pool_snapshot(&pool), "failed pool op changed the state: {e:?}");
-            assert!(pool.take_events().is_empty(), "failed pool op emitted events");
+            assert!(
+                !matches!(e, Error::UnsupportedHashInput(_) | Error::UnknownRequest(_)),
+                "{e:?}"
+            );
+            assert_eq!(
+                before,
+                pool_snapshot(&pool),
+                "failed pool op changed the state: {e:?}"
+            );
+            assert!(
+                pool.take_events().is_empty(),
+                "failed pool op emitted events"
+            );
         }
         if let Err(e) = pool.check_invariants() {
             panic!("pool invariants: {e}");
         }
         for (i, &r) in refs.iter().enumerate() {
-            assert_eq!(pool.ref_cnt(i as u32).expect("ref_cnt"), r, "ref count of block {i}");
+            assert_eq!(
+                pool.ref_cnt(i as u32).expect("ref_cnt"),
+                r,
+                "ref count of block {i}"
+            );
         }
         let free = refs.iter().skip(1).filter(|&&r| r == 0).count();
         assert_eq!(pool.num_free_blocks(), free);
@@ -159,7 +282,11 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
 
 const IDS: u64 = 6;
 
-type MgrSnapshot = (Snapshot, Vec<Option<(Vec<u32>, usize, usize, Vec<BlockHash>)>>, usize);
+type MgrSnapshot = (
+    Snapshot,
+    Vec<Option<(Vec<u32>, usize, usize, Vec<BlockHash>)>>,
+    usize,
+);
 
 fn mgr_snapshot(m: &KVCacheManager) -> MgrSnapshot {
     let reqs = (0..IDS)
@@ -181,7 +308,14 @@ fn toks(raw: &[u8]) -> Vec<u32> {
     raw.iter().take(40).map(|&b| u32::from(b % 4)).collect()
 }
 
-fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bool, ops: Vec<MgrOp>) {
+fn run_manager(
+    num_blocks: u8,
+    block_size: u8,
+    algo: u8,
+    window: u8,
+    caching: bool,
+    ops: Vec<MgrOp>,
+) {
     let n = usize::from(num_blocks % 16) + 1;
     let bs = usize::from(block_size % 4) + 1;
     let algo = HashAlgo::ALL[usize::from(algo) % HashAlgo::ALL.len()];
@@ -202,7 +336,11 @@ fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bo
                 m.add_request(u64::from(id) % IDS, &toks(&prompt), opts)
             }
             MgrOp::Append { id, tokens } => m.append_tokens(u64::from(id) % IDS, &toks(&tokens)),
-            MgrOp::Schedule { id, extra, lookahead } => {
+            MgrOp::Schedule {
+                id,
+                extra,
+                lookahead,
+            } => {
                 let id = u64::from(id) % IDS;
                 match m.get_computed_blocks(id) {
                     Ok((blocks, hit)) => {
@@ -210,20 +348,47 @@ fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bo
                         let total = m.num_tokens(id).expect("tokens");
                         assert!(hit < total.max(1));
                         let computed = m.num_computed_tokens(id).expect("computed");
-                        let new = (total.saturating_sub(hit + computed)).min(usize::from(extra % 16) + 1);
-                        m.allocate_slots(id, new, hit, &blocks, usize::from(lookahead % 3)).map(|r| short = r.is_none())
+                        let new =
+                            (total.saturating_sub(hit + computed)).min(usize::from(extra % 16) + 1);
+                        m.allocate_slots(id, new, hit, &blocks, usize::from(lookahead % 3))
+                            .map(|r| short = r.is_none())
                     }
                     Err(e) => Err(e),
                 }
             }
-            MgrOp::Step { id, n: k, lookahead } => {
-                m.allocate_slots(u64::from(id) % IDS, usize::from(k % 5) + 1, 0, &[], usize::from(lookahead % 3))
-                    .map(|r| short = r.is_none())
-            }
-            MgrOp::RawAllocate { id, n: k, hit, blocks, lookahead } => {
-                let blocks: Vec<u32> = blocks.iter().take(4).map(|&b| u32::from(b) % (n as u32 + 1)).collect();
-                m.allocate_slots(u64::from(id) % IDS, usize::from(k % 6), usize::from(hit % 9), &blocks, usize::from(lookahead % 3))
-                    .map(|r| short = r.is_none())
+            MgrOp::Step {
+                id,
+                n: k,
+                lookahead,
+            } => m
+                .allocate_slots(
+                    u64::from(id) % IDS,
+                    usize::from(k % 5) + 1,
+                    0,
+                    &[],
+                    usize::from(lookahead % 3),
+                )
+                .map(|r| short = r.is_none()),
+            MgrOp::RawAllocate {
+                id,
+                n: k,
+                hit,
+                blocks,
+                lookahead,
+            } => {
+                let blocks: Vec<u32> = blocks
+                    .iter()
+                    .take(4)
+                    .map(|&b| u32::from(b) % (n as u32 + 1))
+                    .collect();
+                m.allocate_slots(
+                    u64::from(id) % IDS,
+                    usize::from(k % 6),
+                    usize::from(hit % 9),
+                    &blocks,
+                    usize::from(lookahead % 3),
+                )
+                .map(|r| short = r.is_none())
             }
             MgrOp::Free { id } => m.free(u64::from(id) % IDS),
             MgrOp::Preempt { id } => m.preempt(u64::from(id) % IDS),
@@ -232,13 +397,26 @@ fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bo
                 Ok(())
             }
             MgrOp::Evict { ids } => {
-                let ids: Vec<u32> = ids.iter().take(6).map(|&b| u32::from(b) % (n as u32 + 2)).collect();
+                let ids: Vec<u32> = ids
+                    .iter()
+                    .take(6)
+                    .map(|&b| u32::from(b) % (n as u32 + 2))
+                    .collect();
                 m.evict_blocks(&ids)
             }
-            MgrOp::Admit { id, prompt, lookahead } => {
+            MgrOp::Admit {
+                id,
+                prompt,
+                lookahead,
+            } => {
                 let id = u64::from(id) % IDS;
                 let prompt = toks(&prompt);
-                match m.admit(id, &prompt, RequestOptions::default(), usize::from(lookahead % 3)) {
+                match m.admit(
+                    id,
+                    &prompt,
+                    RequestOptions::default(),
+                    usize::from(lookahead % 3),
+                ) {
                     Ok(Some(a)) => {
                         assert_eq!(m.block_ids(id).expect("ids"), &a.block_ids[..]);
                         assert!(a.num_hit_tokens < prompt.len());
@@ -256,17 +434,34 @@ fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bo
                     Err(e) => Err(e),
                 }
             }
-            MgrOp::Finish { id, output } => m.finish(u64::from(id) % IDS, &toks(&output)).map(|_| ()),
+            MgrOp::Finish { id, output } => {
+                m.finish(u64::from(id) % IDS, &toks(&output)).map(|_| ())
+            }
         };
         if short && window.is_none() {
-            assert_eq!(before, mgr_snapshot(&m), "allocate_slots -> None changed the state");
+            assert_eq!(
+                before,
+                mgr_snapshot(&m),
+                "allocate_slots -> None changed the state"
+            );
             assert_eq!(stats, m.stats(), "allocate_slots -> None changed the stats");
         }
         if let Err(e) = r {
             assert!(!matches!(e, Error::UnsupportedHashInput(_)), "{e:?}");
-            assert_eq!(before, mgr_snapshot(&m), "failed manager op changed the state: {e:?}");
-            assert_eq!(stats, m.stats(), "failed manager op changed the stats: {e:?}");
-            assert!(m.take_events().is_empty(), "failed manager op emitted events");
+            assert_eq!(
+                before,
+                mgr_snapshot(&m),
+                "failed manager op changed the state: {e:?}"
+            );
+            assert_eq!(
+                stats,
+                m.stats(),
+                "failed manager op changed the stats: {e:?}"
+            );
+            assert!(
+                m.take_events().is_empty(),
+                "failed manager op emitted events"
+            );
         }
         if let Err(e) = m.check_invariants() {
             panic!("manager invariants: {e}");
@@ -275,8 +470,19 @@ fn run_manager(num_blocks: u8, block_size: u8, algo: u8, window: u8, caching: bo
 }
 
 fuzz_target!(|input: Input| match input {
-    Input::Pool { num_blocks, caching, ops } => run_pool(num_blocks, caching, ops),
-    Input::Manager { num_blocks, block_size, algo, window, caching, ops } => {
+    Input::Pool {
+        num_blocks,
+        caching,
+        ops,
+    } => run_pool(num_blocks, caching, ops),
+    Input::Manager {
+        num_blocks,
+        block_size,
+        algo,
+        window,
+        caching,
+        ops,
+    } => {
         run_manager(num_blocks, block_size, algo, window, caching, ops)
     }
 });

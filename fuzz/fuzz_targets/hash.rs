@@ -34,7 +34,9 @@ fn build(v: &V, budget: &mut usize) -> KeyValue {
         V::None => KeyValue::None,
         V::Bool(b) => KeyValue::Bool(*b),
         V::Int(i) => KeyValue::Int(*i),
-        V::Big(neg, m) => KeyValue::BigInt(BigInt::from_sign_magnitude(*neg, &m[..m.len().min(40)])),
+        V::Big(neg, m) => {
+            KeyValue::BigInt(BigInt::from_sign_magnitude(*neg, &m[..m.len().min(40)]))
+        }
         V::Str(s) => KeyValue::Str(s.clone()),
         V::Bytes(b) => KeyValue::Bytes(b.clone()),
         V::Long(is_str, n, c) => {
@@ -45,7 +47,19 @@ fn build(v: &V, budget: &mut usize) -> KeyValue {
                 KeyValue::Bytes(vec![*c; n])
             }
         }
-        V::Tag(t) => KeyValue::Str(["lora", "mm", "cache_salt", "prompt_embeds", "", "x", "\u{ff}", "\u{100}"][usize::from(t % 8)].into()),
+        V::Tag(t) => KeyValue::Str(
+            [
+                "lora",
+                "mm",
+                "cache_salt",
+                "prompt_embeds",
+                "",
+                "x",
+                "\u{ff}",
+                "\u{100}",
+            ][usize::from(t % 8)]
+            .into(),
+        ),
         V::Tuple(items) => {
             let mut out = Vec::new();
             for it in items {
@@ -96,7 +110,10 @@ struct Rd<'a> {
 
 impl<'a> Rd<'a> {
     fn take(&mut self, n: usize) -> &'a [u8] {
-        let s = self.b.get(self.pos..self.pos + n).unwrap_or_else(|| panic!("truncated at {}", self.pos));
+        let s = self
+            .b
+            .get(self.pos..self.pos + n)
+            .unwrap_or_else(|| panic!("truncated at {}", self.pos));
         self.pos += n;
         s
     }
@@ -104,10 +121,15 @@ impl<'a> Rd<'a> {
         self.take(1)[0]
     }
     fn le(&mut self, n: usize) -> u64 {
-        self.take(n).iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x))
+        self.take(n)
+            .iter()
+            .rev()
+            .fold(0u64, |a, &x| (a << 8) | u64::from(x))
     }
     fn be(&mut self, n: usize) -> u64 {
-        self.take(n).iter().fold(0u64, |a, &x| (a << 8) | u64::from(x))
+        self.take(n)
+            .iter()
+            .fold(0u64, |a, &x| (a << 8) | u64::from(x))
     }
 }
 
@@ -135,7 +157,10 @@ fn unpickle(data: &[u8]) -> N {
             0x95 => {
                 assert!(frame_end.is_none(), "FRAME inside a frame");
                 let n = r.le(8) as usize;
-                assert!(n >= 4, "frame of {n} bytes (the C pickler writes none under 4)");
+                assert!(
+                    n >= 4,
+                    "frame of {n} bytes (the C pickler writes none under 4)"
+                );
                 assert!(r.pos + n <= data.len(), "frame past the end");
                 frame_end = Some(r.pos + n);
                 continue;
@@ -152,11 +177,18 @@ fn unpickle(data: &[u8]) -> N {
             b'M' => int(false, &r.le(2).to_be_bytes()),
             b'J' => {
                 let v = r.le(4) as u32 as i32;
-                assert!(!(0..=0xffff).contains(&v), "BININT for a value K/M would take");
+                assert!(
+                    !(0..=0xffff).contains(&v),
+                    "BININT for a value K/M would take"
+                );
                 int(v < 0, &i64::from(v).unsigned_abs().to_be_bytes())
             }
             0x8a | 0x8b => {
-                let n = if op == 0x8a { r.u8() as usize } else { r.le(4) as usize };
+                let n = if op == 0x8a {
+                    r.u8() as usize
+                } else {
+                    r.le(4) as usize
+                };
                 let v = signed_le(r.take(n));
                 if let N::Int(_, m) = &v {
                     assert!(m.len() >= 4, "LONG for a value BININT would take");
@@ -199,22 +231,40 @@ fn unpickle(data: &[u8]) -> N {
             0x85..=0x87 => {
                 let n = usize::from(op - 0x84);
                 assert!(stack.len() >= n, "TUPLE{n} on a short stack");
-                let items: Vec<N> = stack.split_off(stack.len() - n).into_iter().map(|x| x.expect("MARK in TUPLEn")).collect();
+                let items: Vec<N> = stack
+                    .split_off(stack.len() - n)
+                    .into_iter()
+                    .map(|x| x.expect("MARK in TUPLEn"))
+                    .collect();
                 N::Tuple(items)
             }
             b't' => {
-                let m = stack.iter().rposition(Option::is_none).expect("TUPLE without MARK");
-                let items: Vec<N> = stack.split_off(m + 1).into_iter().map(|x| x.expect("nested MARK")).collect();
+                let m = stack
+                    .iter()
+                    .rposition(Option::is_none)
+                    .expect("TUPLE without MARK");
+                let items: Vec<N> = stack
+                    .split_off(m + 1)
+                    .into_iter()
+                    .map(|x| x.expect("nested MARK"))
+                    .collect();
                 stack.pop();
                 assert!(items.len() > 3, "MARK..TUPLE for {} items", items.len());
                 N::Tuple(items)
             }
             0x94 => {
-                let top = stack.last().cloned().flatten().expect("MEMOIZE on empty stack / MARK");
+                let top = stack
+                    .last()
+                    .cloned()
+                    .flatten()
+                    .expect("MEMOIZE on empty stack / MARK");
                 memo.push(top);
                 continue;
             }
-            b'h' => memo.get(r.u8() as usize).cloned().expect("BINGET past the memo"),
+            b'h' => memo
+                .get(r.u8() as usize)
+                .cloned()
+                .expect("BINGET past the memo"),
             b'j' => {
                 let i = r.le(4) as usize;
                 assert!(i > 0xff, "LONG_BINGET for a 1-byte index");
@@ -271,8 +321,13 @@ fn cbor_item(r: &mut Rd<'_>) -> N {
         4 => N::Tuple((0..arg).map(|_| cbor_item(r)).collect()),
         6 => {
             assert!(arg == 2 || arg == 3, "tag {arg}");
-            let N::Bytes(m) = cbor_item(r) else { panic!("bignum tag without bytes") };
-            assert!(m.first().is_some_and(|&b| b != 0), "bignum with leading zero");
+            let N::Bytes(m) = cbor_item(r) else {
+                panic!("bignum tag without bytes")
+            };
+            assert!(
+                m.first().is_some_and(|&b| b != 0),
+                "bignum with leading zero"
+            );
             assert!(m.len() > 8, "bignum tag for a 64-bit value");
             if arg == 2 {
                 int(false, &m)
@@ -333,7 +388,11 @@ fuzz_target!(|input: Input| {
     let algo = HashAlgo::ALL[usize::from(input.algo) % HashAlgo::ALL.len()];
     let bs = usize::from(input.block_size % 8) + 1;
     let hasher = BlockHasher::new(algo, bs, &input.seed).expect("hasher");
-    assert_eq!(hasher.none_hash(), algo.digest(&algo.encode(&KeyValue::Str(input.seed.clone()))), "NONE_HASH");
+    assert_eq!(
+        hasher.none_hash(),
+        algo.digest(&algo.encode(&KeyValue::Str(input.seed.clone()))),
+        "NONE_HASH"
+    );
     let tokens: Vec<u32> = input.tokens.iter().take(64).copied().collect();
     let n_full = tokens.len() / bs;
     let mut extra: Vec<Option<Vec<KeyValue>>> = input
@@ -348,17 +407,24 @@ fuzz_target!(|input: Input| {
         })
         .collect();
     if extra.len() < n_full {
-        assert!(hasher.hash_blocks(&tokens, Some(&extra), None).is_err(), "short extra_keys accepted");
+        assert!(
+            hasher.hash_blocks(&tokens, Some(&extra), None).is_err(),
+            "short extra_keys accepted"
+        );
         extra.resize(n_full, None);
     }
-    let chained = hasher.hash_blocks(&tokens, Some(&extra), None).expect("hash_blocks");
+    let chained = hasher
+        .hash_blocks(&tokens, Some(&extra), None)
+        .expect("hash_blocks");
     assert_eq!(chained.len(), n_full);
     let mut parent: Option<BlockHash> = None;
     let mut buf = Vec::new();
     for i in 0..n_full {
         let block = &tokens[i * bs..(i + 1) * bs];
         let keys = extra[i].as_deref();
-        let h = hasher.hash_block(parent.as_ref(), block, keys).expect("hash_block");
+        let h = hasher
+            .hash_block(parent.as_ref(), block, keys)
+            .expect("hash_block");
         assert_eq!(h, chained[i], "hash_blocks != chained hash_block at {i}");
         // The block's bytes equal the general encoder's bytes for the same tuple.
         let par = parent.unwrap_or(hasher.none_hash());
@@ -369,7 +435,11 @@ fuzz_target!(|input: Input| {
             KeyValue::Tuple(block.iter().map(|&t| KeyValue::Int(i64::from(t))).collect()),
             keys.map_or(KeyValue::None, |k| KeyValue::Tuple(k.to_vec())),
         ]);
-        assert_eq!(buf, algo.encode(&tuple), "block encoder != general encoder at {i}");
+        assert_eq!(
+            buf,
+            algo.encode(&tuple),
+            "block encoder != general encoder at {i}"
+        );
         assert_eq!(h, algo.digest(&buf), "hash_block != digest(bytes) at {i}");
         parent = Some(h);
     }
@@ -377,14 +447,23 @@ fuzz_target!(|input: Input| {
         assert!(chained.is_empty());
     }
     // Without extra keys (the fast path) too.
-    let plain = hasher.hash_blocks(&tokens, None, None).expect("hash_blocks");
+    let plain = hasher
+        .hash_blocks(&tokens, None, None)
+        .expect("hash_blocks");
     let mut parent: Option<BlockHash> = None;
     for (i, h) in plain.iter().enumerate() {
         let block = &tokens[i * bs..(i + 1) * bs];
-        let one = hasher.hash_block(parent.as_ref(), block, None).expect("hash_block");
+        let one = hasher
+            .hash_block(parent.as_ref(), block, None)
+            .expect("hash_block");
         assert_eq!(*h, one);
         buf.clear();
-        algo.encode_block(&mut buf, parent.unwrap_or(hasher.none_hash()).as_bytes(), block, None);
+        algo.encode_block(
+            &mut buf,
+            parent.unwrap_or(hasher.none_hash()).as_bytes(),
+            block,
+            None,
+        );
         assert_eq!(*h, algo.digest(&buf));
         parent = Some(one);
     }

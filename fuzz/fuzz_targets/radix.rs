@@ -66,7 +66,9 @@ fn namespace(code: u8) -> (u8, Namespace) {
 }
 
 fn canonical(ns: &Namespace) -> u8 {
-    (0..3).find(|&c| namespace(c).1 == *ns).expect("unknown namespace in dump")
+    (0..3)
+        .find(|&c| namespace(c).1 == *ns)
+        .expect("unknown namespace in dump")
 }
 
 struct Handle {
@@ -90,7 +92,11 @@ struct State {
 impl State {
     fn longest(&self, ns: u8, key: &[u32]) -> usize {
         let mut k = 0;
-        while k + self.page <= key.len() && self.model.contains_key(&(ns, key[..k + self.page].to_vec())) {
+        while k + self.page <= key.len()
+            && self
+                .model
+                .contains_key(&(ns, key[..k + self.page].to_vec()))
+        {
             k += self.page;
         }
         k
@@ -108,7 +114,12 @@ impl State {
 
     fn remember(&mut self, node: NodeRef, ns: u8, path: Vec<u32>) {
         if self.handles.len() < 64 {
-            self.handles.push(Handle { node, ns, path, epoch: self.epoch });
+            self.handles.push(Handle {
+                node,
+                ns,
+                path,
+                epoch: self.epoch,
+            });
         }
     }
 
@@ -116,7 +127,10 @@ impl State {
     fn check_handle(&self, h: &Handle) {
         match self.tree.path_indices(h.node) {
             Ok(ix) => {
-                assert_eq!(h.epoch, self.epoch, "handle from before reset still resolves");
+                assert_eq!(
+                    h.epoch, self.epoch,
+                    "handle from before reset still resolves"
+                );
                 assert!(h.path.is_empty() || self.model.contains_key(&(h.ns, h.path.clone())));
                 assert_eq!(ix, self.model_path(h.ns, &h.path), "handle path indices");
             }
@@ -142,14 +156,20 @@ impl State {
             let ns = canonical(&d.namespace);
             for (kp, vp) in d.key.chunks(self.page).zip(d.value.chunks(self.page)) {
                 path.extend_from_slice(kp);
-                assert!(rebuilt.insert((ns, path.clone()), vp.to_vec()).is_none(), "duplicate path");
+                assert!(
+                    rebuilt.insert((ns, path.clone()), vp.to_vec()).is_none(),
+                    "duplicate path"
+                );
             }
             tokens += d.key.len();
             stack.push(path);
         }
         assert_eq!(rebuilt, self.model, "tree contents differ from the model");
         assert_eq!(self.tree.total_size(), tokens);
-        assert_eq!(self.tree.evictable_size() + self.tree.protected_size(), tokens);
+        assert_eq!(
+            self.tree.evictable_size() + self.tree.protected_size(),
+            tokens
+        );
         let mut all: Vec<i64> = self.model.values().flatten().copied().collect();
         let n = all.len();
         all.sort_unstable();
@@ -158,7 +178,10 @@ impl State {
         // Every held lock's node is alive.
         for &l in &self.locks {
             let h = &self.handles[l];
-            assert!(self.tree.path_indices(h.node).is_ok(), "locked node vanished");
+            assert!(
+                self.tree.path_indices(h.node).is_ok(),
+                "locked node vanished"
+            );
         }
     }
 }
@@ -171,7 +194,9 @@ fn tokens(raw: &[u8], alphabet: u8) -> Vec<u32> {
 fuzz_target!(|input: Input| {
     let page = usize::from(input.page_size % 4) + 1;
     let policy = EvictionPolicy::ALL[usize::from(input.policy) % EvictionPolicy::ALL.len()];
-    let Ok(tree) = RadixTree::new(page, policy) else { panic!("new failed") };
+    let Ok(tree) = RadixTree::new(page, policy) else {
+        panic!("new failed")
+    };
     assert!(RadixTree::new(0, policy).is_err());
     let mut st = State {
         tree,
@@ -185,13 +210,21 @@ fuzz_target!(|input: Input| {
     st.check();
     for op in input.ops.into_iter().take(200) {
         match op {
-            Op::Insert { ns, key, priority, inserted_len, bad_values } => {
+            Op::Insert {
+                ns,
+                key,
+                priority,
+                inserted_len,
+                bad_values,
+            } => {
                 let (code, ns) = namespace(ns);
                 let key = tokens(&key, input.alphabet);
                 if bad_values {
                     let before = st.tree.dump();
                     let values = vec![0i64; key.len() + 1];
-                    let r = st.tree.insert(&key, Some(&values), &ns, i64::from(priority), 0);
+                    let r = st
+                        .tree
+                        .insert(&key, Some(&values), &ns, i64::from(priority), 0);
                     assert!(matches!(r, Err(Error::InvalidArgument(_))));
                     assert_eq!(before, st.tree.dump(), "failed insert changed the tree");
                     continue;
@@ -202,16 +235,26 @@ fuzz_target!(|input: Input| {
                 let expect_prefix = st.longest(code, &key[..aligned]);
                 let out = st
                     .tree
-                    .insert(&key, Some(&values), &ns, i64::from(priority), usize::from(inserted_len))
+                    .insert(
+                        &key,
+                        Some(&values),
+                        &ns,
+                        i64::from(priority),
+                        usize::from(inserted_len),
+                    )
                     .expect("insert");
                 assert_eq!(out.prefix_len, expect_prefix, "insert prefix_len");
                 let mut k = expect_prefix + page;
                 while k <= aligned {
-                    st.model.insert((code, key[..k].to_vec()), values[k - page..k].to_vec());
+                    st.model
+                        .insert((code, key[..k].to_vec()), values[k - page..k].to_vec());
                     k += page;
                 }
                 assert_eq!(st.tree.path_len(out.node).expect("path_len"), aligned);
-                assert_eq!(st.tree.path_indices(out.node).expect("path"), st.model_path(code, &key[..aligned]));
+                assert_eq!(
+                    st.tree.path_indices(out.node).expect("path"),
+                    st.model_path(code, &key[..aligned])
+                );
                 st.remember(out.node, code, key[..aligned].to_vec());
             }
             Op::Match { ns, key } => {
@@ -221,7 +264,10 @@ fuzz_target!(|input: Input| {
                 let out = st.tree.match_prefix(&key, &ns);
                 assert_eq!(out.length, expect, "match length");
                 assert_eq!(st.tree.path_len(out.node).expect("path_len"), expect);
-                assert_eq!(st.tree.path_indices(out.node).expect("path"), st.model_path(code, &key[..expect]));
+                assert_eq!(
+                    st.tree.path_indices(out.node).expect("path"),
+                    st.model_path(code, &key[..expect])
+                );
                 st.remember(out.node, code, key[..expect].to_vec());
             }
             Op::Lock { handle } => {
@@ -251,7 +297,10 @@ fuzz_target!(|input: Input| {
                 }
                 let i = st.locks.swap_remove(usize::from(lock) % st.locks.len());
                 let ev = st.tree.evictable_size();
-                let delta = st.tree.dec_lock_ref(st.handles[i].node).expect("unlock of a held lock");
+                let delta = st
+                    .tree
+                    .dec_lock_ref(st.handles[i].node)
+                    .expect("unlock of a held lock");
                 assert!(delta >= 0);
                 assert_eq!(st.tree.evictable_size() as i64, ev as i64 + delta);
             }
@@ -284,7 +333,11 @@ fuzz_target!(|input: Input| {
                     Ok(freed) => {
                         assert!(n >= 0);
                         let want = usize::try_from(n).unwrap_or(0);
-                        assert!(freed.len() >= want || st.tree.evictable_size() == 0 || st.tree.num_evictable_leaves() == 0);
+                        assert!(
+                            freed.len() >= want
+                                || st.tree.evictable_size() == 0
+                                || st.tree.num_evictable_leaves() == 0
+                        );
                         assert_eq!(st.tree.evictable_size(), ev - freed.len());
                         let freed: BTreeSet<i64> = freed.into_iter().collect();
                         let mut gone = 0;
@@ -297,7 +350,11 @@ fuzz_target!(|input: Input| {
                         assert_eq!(gone, freed.len(), "evicted an index that was not cached");
                         for (ns, path) in st.model.keys() {
                             if path.len() > page {
-                                assert!(st.model.contains_key(&(*ns, path[..path.len() - page].to_vec())), "eviction left an orphan");
+                                assert!(
+                                    st.model
+                                        .contains_key(&(*ns, path[..path.len() - page].to_vec())),
+                                    "eviction left an orphan"
+                                );
                             }
                         }
                     }

@@ -26,12 +26,25 @@ enum Op {
         reserve: u8,
         mm: Option<(u8, u8, u8)>,
     },
-    Complete { id: u8 },
-    Extend { id: u8, num_tokens: u8 },
+    Complete {
+        id: u8,
+    },
+    Extend {
+        id: u8,
+        num_tokens: u8,
+    },
     /// Store the request's own tokens plus `more` generated ones (or a conflicting list).
-    Store { id: u8, more: Vec<u8>, conflict: bool },
-    Release { id: u8 },
-    Clock { ticks: u8 },
+    Store {
+        id: u8,
+        more: Vec<u8>,
+        conflict: bool,
+    },
+    Release {
+        id: u8,
+    },
+    Clock {
+        ticks: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -52,10 +65,22 @@ struct Req {
     tokens: Vec<u32>,
 }
 
-type Snap = (Vec<prefixcache_core::trie::BlockDump>, usize, usize, usize, usize);
+type Snap = (
+    Vec<prefixcache_core::trie::BlockDump>,
+    usize,
+    usize,
+    usize,
+    usize,
+);
 
 fn snap(t: &BlockTrie) -> Snap {
-    (t.dump(), t.num_free_blocks(), t.num_cached_blocks(), t.num_cached_tokens(), t.num_requests())
+    (
+        t.dump(),
+        t.num_free_blocks(),
+        t.num_cached_blocks(),
+        t.num_cached_tokens(),
+        t.num_requests(),
+    )
 }
 
 fn toks(raw: &[u8]) -> Vec<u32> {
@@ -72,11 +97,24 @@ fuzz_target!(|input: Input| {
         let stats = t.stats();
         t.take_events();
         let r: Result<(), Error> = match op {
-            Op::Claim { id, tokens, lora, salt, priority, retention, reserve, mm } => {
+            Op::Claim {
+                id,
+                tokens,
+                lora,
+                salt,
+                priority,
+                retention,
+                reserve,
+                mm,
+            } => {
                 let id = u64::from(id) % IDS;
                 let tokens = toks(&tokens);
                 let mm: Vec<MmSpan> = mm
-                    .map(|(h, s, l)| MmSpan { hash: vec![h % 2; 4], start: usize::from(s % 16), len: usize::from(l % 8) })
+                    .map(|(h, s, l)| MmSpan {
+                        hash: vec![h % 2; 4],
+                        start: usize::from(s % 16),
+                        len: usize::from(l % 8),
+                    })
                     .into_iter()
                     .collect();
                 let p = ClaimParams {
@@ -91,14 +129,24 @@ fuzz_target!(|input: Input| {
                 match t.claim(id, &tokens, &p) {
                     Ok(out) => {
                         let look = look.expect("lookup failed where claim succeeded");
-                        assert_eq!(look.num_matched_tokens, out.num_matched_tokens, "claim vs lookup");
-                        assert_eq!(look.num_reused_blocks, out.num_reused_blocks, "claim vs lookup");
+                        assert_eq!(
+                            look.num_matched_tokens, out.num_matched_tokens,
+                            "claim vs lookup"
+                        );
+                        assert_eq!(
+                            look.num_reused_blocks, out.num_reused_blocks,
+                            "claim vs lookup"
+                        );
                         assert_eq!(look.partial, out.partial, "claim vs lookup");
                         assert!(out.num_matched_tokens < tokens.len().max(1));
                         assert_eq!(t.request_blocks(id).expect("blocks"), out.block_ids);
                         let prev = reqs.insert(
                             id,
-                            Req { blocks: out.block_ids.clone(), pins: out.copies.iter().map(|c| c.src).collect(), tokens },
+                            Req {
+                                blocks: out.block_ids.clone(),
+                                pins: out.copies.iter().map(|c| c.src).collect(),
+                                tokens,
+                            },
                         );
                         assert!(prev.is_none(), "claim of a live request id succeeded");
                         Ok(())
@@ -109,7 +157,9 @@ fuzz_target!(|input: Input| {
             Op::Complete { id } => {
                 let id = u64::from(id) % IDS;
                 t.complete(id).map(|k| {
-                    let r = reqs.get_mut(&id).expect("complete of an unknown request succeeded");
+                    let r = reqs
+                        .get_mut(&id)
+                        .expect("complete of an unknown request succeeded");
                     assert_eq!(k, r.pins.len());
                     r.pins.clear();
                 })
@@ -117,7 +167,10 @@ fuzz_target!(|input: Input| {
             Op::Extend { id, num_tokens } => {
                 let id = u64::from(id) % IDS;
                 t.extend(id, usize::from(num_tokens % 48)).map(|new| {
-                    reqs.get_mut(&id).expect("extend of an unknown request succeeded").blocks.extend(new);
+                    reqs.get_mut(&id)
+                        .expect("extend of an unknown request succeeded")
+                        .blocks
+                        .extend(new);
                 })
             }
             Op::Store { id, more, conflict } => {
@@ -128,7 +181,9 @@ fuzz_target!(|input: Input| {
                 }
                 tokens.extend(toks(&more));
                 t.store(id, &tokens).map(|_| {
-                    let r = reqs.get_mut(&id).expect("store of an unknown request succeeded");
+                    let r = reqs
+                        .get_mut(&id)
+                        .expect("store of an unknown request succeeded");
                     if tokens.len() > r.tokens.len() {
                         r.tokens = tokens;
                     }
@@ -137,7 +192,10 @@ fuzz_target!(|input: Input| {
             Op::Release { id } => {
                 let id = u64::from(id) % IDS;
                 t.release(id).map(|()| {
-                    assert!(reqs.remove(&id).is_some(), "release of an unknown request succeeded");
+                    assert!(
+                        reqs.remove(&id).is_some(),
+                        "release of an unknown request succeeded"
+                    );
                 })
             }
             Op::Clock { ticks } => {
@@ -148,14 +206,21 @@ fuzz_target!(|input: Input| {
         if let Err(e) = r {
             assert_eq!(before, snap(&t), "failed op changed the trie: {e:?}");
             assert_eq!(stats, t.stats(), "failed op changed the stats: {e:?}");
-            assert!(t.take_events().is_empty(), "failed op emitted events: {e:?}");
+            assert!(
+                t.take_events().is_empty(),
+                "failed op emitted events: {e:?}"
+            );
         }
         if let Err(e) = t.check_invariants() {
             panic!("trie invariants: {e}");
         }
         let mut refs = vec![0u32; n];
         for (id, r) in &reqs {
-            assert_eq!(t.request_blocks(*id).expect("request_blocks"), r.blocks, "request {id} blocks");
+            assert_eq!(
+                t.request_blocks(*id).expect("request_blocks"),
+                r.blocks,
+                "request {id} blocks"
+            );
             for &b in r.blocks.iter().chain(&r.pins) {
                 refs[b as usize] += 1;
             }
@@ -164,9 +229,17 @@ fuzz_target!(|input: Input| {
         let dump = t.dump();
         for d in &dump {
             if (d.block_id as usize) < n {
-                assert_eq!(d.ref_cnt, refs[d.block_id as usize], "ref count of block {}", d.block_id);
+                assert_eq!(
+                    d.ref_cnt, refs[d.block_id as usize],
+                    "ref count of block {}",
+                    d.block_id
+                );
             }
         }
-        assert_eq!(t.num_free_blocks(), refs.iter().filter(|&&r| r == 0).count(), "free count");
+        assert_eq!(
+            t.num_free_blocks(),
+            refs.iter().filter(|&&r| r == 0).count(),
+            "free count"
+        );
     }
 });
