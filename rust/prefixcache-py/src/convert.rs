@@ -101,7 +101,7 @@ fn reject_non_sequence(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
     {
         return Err(invalid_type(format!(
             "{what} must be a sequence of ints or an integer array, not {}",
-            obj.get_type().name()?
+            type_name(obj)
         )));
     }
     Ok(())
@@ -180,21 +180,13 @@ pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Tokens<'py>>
 }
 
 fn item_type_error(what: &str, i: usize, item: &Bound<'_, PyAny>) -> PyErr {
-    let tn = item
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_default();
+    let tn = type_name(item);
     invalid_type(format!("{what}[{i}] must be an int, got {tn}"))
 }
 
 fn sequence_u32(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     let n = obj.len().map_err(|_| {
-        let tn = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let tn = type_name(obj);
         invalid_type(format!(
             "{what} must be a sequence of ints or an integer array, not {tn}"
         ))
@@ -253,11 +245,7 @@ pub fn values<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Values<'py>>
         return Ok(Values::Owned(buf.to_vec(obj.py())?));
     }
     let n = obj.len().map_err(|_| {
-        let tn = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let tn = type_name(obj);
         invalid_type(format!(
             "{what} must be a sequence of ints or an integer array, not {tn}"
         ))
@@ -293,11 +281,7 @@ pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     match obj.extract::<i128>() {
         Ok(v) => Ok(v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64),
         Err(_) => {
-            let tn = obj
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default();
+            let tn = type_name(obj);
             Err(invalid_type(format!("{what} must be an int, got {tn}")))
         }
     }

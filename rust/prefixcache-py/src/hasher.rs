@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::convert;
+use crate::convert::type_name;
 use crate::errors::{invalid_input, invalid_type, to_py, IntoPyResult};
 
 /// Nesting deeper than this is refused (vLLM's keys are at most two levels deep).
@@ -20,13 +21,6 @@ const DETACH_MIN_TOKENS: usize = 1024;
 
 fn unsupported(msg: String) -> PyErr {
     to_py(Error::UnsupportedHashInput(msg))
-}
-
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".to_owned())
 }
 
 /// Where a value sits, for messages: a root name and the indices below it. Formatted

@@ -22,11 +22,7 @@ const DETACH_MIN_TOKENS: usize = 1024;
 /// A request id: an int in [0, 2**64).
 fn rid(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     let type_err = || {
-        let tn = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let tn = crate::convert::type_name(obj);
         invalid_type(format!("request_id must be an int, not {tn}"))
     };
     if obj.is_instance_of::<PyBool>() {

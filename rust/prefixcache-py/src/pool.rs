@@ -200,11 +200,7 @@ pub fn block_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
 /// A block hash from `bytes` (1..=32 bytes).
 pub fn block_hash(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<BlockHash> {
     let Ok(b) = obj.cast::<PyBytes>() else {
-        let tn = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let tn = crate::convert::type_name(obj);
         return Err(invalid_type(format!("{what} must be bytes, not {tn}")));
     };
     let bytes = b.as_bytes();
