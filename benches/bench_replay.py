@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from prefixcache.cli import main
-from prefixcache.policies import RadixPolicy, blocks_available
-from prefixcache.replay import replay
-from prefixcache.traces import read_trace
-from prefixcache.workloads import seed_workload
+from prefixcache.sim.cli import main
+from prefixcache.sim.policies import RadixPolicy, blocks_available
+from prefixcache.sim.replay import replay
+from prefixcache.sim.traces import read_trace
+from prefixcache.sim.workloads import seed_workload
 
 TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
@@ -70,8 +70,8 @@ def test_seed_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
 @pytest.mark.parametrize("impl", ["core", "reference"])
 def test_seed_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) -> None:
     benchmark.group = "replay: workload F, vllm-blocks, seed model"
-    from prefixcache.policies import BlocksPolicy
     from prefixcache.reference.blocks import KVCacheManager as Reference
+    from prefixcache.sim.policies import BlocksPolicy
 
     w = seed_workload("F", 0)
     cls = None if impl == "core" else Reference

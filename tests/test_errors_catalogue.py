@@ -34,7 +34,6 @@ from prefixcache import (
     RadixCache,
     hash_block_tokens,
 )
-from prefixcache.cli import main as cli_main
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
@@ -45,7 +44,8 @@ from prefixcache.errors import (
     UnknownRequestError,
     UnsupportedHashInputError,
 )
-from prefixcache.traces import TraceFormatError, read_mooncake, read_token_jsonl
+from prefixcache.sim.cli import main as cli_main
+from prefixcache.sim.traces import TraceFormatError, read_mooncake, read_token_jsonl
 
 ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
 
@@ -543,7 +543,7 @@ def render() -> str:
         "stats, requests). All classes are in `prefixcache.errors` and derive from",
         "`PrefixCacheError` and from the builtin named in their docstring; a plain",
         "`TypeError` comes from Python's own argument parsing (wrong type for a typed",
-        "parameter). `TraceFormatError` (`prefixcache.traces`) is an `InvalidInputError`",
+        "parameter). `TraceFormatError` (`prefixcache.sim.traces`) is an `InvalidInputError`",
         "whose message starts with `path:line:`. The CLI prints `error: ...` (or argparse's",
         "usage message) on stderr and exits with status 2.",
         "",

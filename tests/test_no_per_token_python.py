@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache.policies import POLICY_NAMES
-from prefixcache.replay import replay
-from prefixcache.workloads import Request
+from prefixcache.sim.policies import POLICY_NAMES
+from prefixcache.sim.replay import replay
+from prefixcache.sim.requests import Request
 
 
 class Guarded(np.ndarray):

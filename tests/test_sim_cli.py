@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from prefixcache.cli import main
-from prefixcache.policies import blocks_available
-from prefixcache.replay import replay, summarize
-from prefixcache.workloads import seed_workload
+from prefixcache.sim.cli import main
+from prefixcache.sim.policies import blocks_available
+from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.workloads import seed_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
 

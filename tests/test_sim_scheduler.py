@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.policies import RadixPolicy, SlotPool, blocks_available, make_policy
-from prefixcache.replay import default_capacity, replay, summarize
-from prefixcache.scheduler import PrefillCost, SeedScheduler, TimeScheduler
-from prefixcache.workloads import Request, TokenArray, seed_workload
+from prefixcache.sim.policies import RadixPolicy, SlotPool, blocks_available, make_policy
+from prefixcache.sim.replay import default_capacity, replay, summarize
+from prefixcache.sim.requests import Request, TokenArray
+from prefixcache.sim.scheduler import PrefillCost, SeedScheduler, TimeScheduler
+from prefixcache.sim.workloads import seed_workload
 
 HAVE_BLOCKS = blocks_available()
 POLICIES = ["radix", "radix-page16", "radix-page4"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
@@ -262,7 +263,7 @@ def test_bad_arguments() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject) -> None:
-    from prefixcache.policies import BlocksPolicy
+    from prefixcache.sim.policies import BlocksPolicy
 
     reqs = _tree_workload(data, data.draw(st.integers(1, 30)))
     need = max(r.prompt_len + r.output_len for r in reqs)
@@ -281,7 +282,7 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
 @pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
 @pytest.mark.parametrize("workload", ["E", "F"])
 def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
-    from prefixcache.policies import BlocksPolicy
+    from prefixcache.sim.policies import BlocksPolicy
 
     w = seed_workload(workload, 0)
     for model in ("seed", "time"):
@@ -307,8 +308,8 @@ def test_namespaces_never_share(policy: str) -> None:
 @pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
 @pytest.mark.parametrize("workload", ["C", "F"])
 def test_core_and_reference_block_manager_replay_identically(workload: str) -> None:
-    from prefixcache.policies import BlocksPolicy
     from prefixcache.reference.blocks import KVCacheManager as RefManager
+    from prefixcache.sim.policies import BlocksPolicy
 
     w = seed_workload(workload, 2)
     reqs = list(w.requests)[:100]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefixcache.policies import blocks_available
-from prefixcache.replay import ReplayResult, replay, summarize
-from prefixcache.workloads import seed_workload
+from prefixcache.sim.policies import blocks_available
+from prefixcache.sim.replay import ReplayResult, replay, summarize
+from prefixcache.sim.workloads import seed_workload
 
 HAVE_BLOCKS = blocks_available()
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.report import trace_stats
-from prefixcache.traces import (
+from prefixcache.sim.report import trace_stats
+from prefixcache.sim.traces import (
     MOONCAKE_BLOCK,
     TraceFormatError,
     detect_format,

@@ -6,12 +6,8 @@ import numpy as np
 import pytest
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.workloads import (
-    Request,
-    multi_turn_workload,
-    seed_workload,
-    shared_prefix_workload,
-)
+from prefixcache.sim.requests import Request
+from prefixcache.sim.workloads import multi_turn_workload, seed_workload, shared_prefix_workload
 
 
 def all_tokens(reqs: list[Request]) -> np.ndarray:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from prefixcache.policy_trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.reference.trie import BlockTrie as RefTrie
-from prefixcache.replay import ReplayResult, replay, summarize
-from prefixcache.workloads import seed_workload
+from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
+from prefixcache.sim.replay import ReplayResult, replay, summarize
+from prefixcache.sim.workloads import seed_workload
 
 
 def run(

@@ -1,5 +1,5 @@
 """TensorRT-LLM's block trie (``prefixcache.BlockTrie``) behind the simulator's
-:class:`~prefixcache.policies.CachePolicy` protocol: policies ``trtllm`` and
+:class:`~prefixcache.sim.policies.CachePolicy` protocol: policies ``trtllm`` and
 ``trtllm-nopartial`` (64-token blocks, TensorRT-LLM's default) and ``trtllm<N>`` /
 ``trtllm-nopartial<N>`` for N-token blocks.
 
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, OutOfBlocksError
-from prefixcache.policies import PolicyStats, _max_k
-from prefixcache.workloads import RequestId, TokenArray
+from prefixcache.sim.policies.base import PolicyStats, max_k
+from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
 
@@ -169,7 +169,7 @@ class TrtllmPolicy:
         def blocks_needed(k: int) -> int:
             return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
 
-        return _max_k(blocks_needed, int(self.trie.num_free_blocks))
+        return max_k(blocks_needed, int(self.trie.num_free_blocks))
 
     def evicted_tokens(self) -> int:
         return int(self.trie.stats["evicted_tokens"])

@@ -15,9 +15,9 @@ from typing import Any
 from rich.console import Console
 
 from prefixcache.errors import PrefixCacheError
-from prefixcache.policies import POLICY_NAMES
-from prefixcache.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
-from prefixcache.report import (
+from prefixcache.sim.policies import POLICY_NAMES
+from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
+from prefixcache.sim.report import (
     comparison_table,
     difference_table,
     latency_table,
@@ -29,9 +29,10 @@ from prefixcache.report import (
     write_json,
     write_sweep_plot,
 )
-from prefixcache.scheduler import PrefillCost
-from prefixcache.traces import Trace, read_trace
-from prefixcache.workloads import SEED_WORKLOADS, Request, seed_workload
+from prefixcache.sim.requests import Request
+from prefixcache.sim.scheduler import PrefillCost
+from prefixcache.sim.traces import Trace, read_trace
+from prefixcache.sim.workloads import SEED_WORKLOADS, seed_workload
 
 __all__ = ["main"]
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.workloads import Request, TokenArray
+from prefixcache.sim.requests import Request, TokenArray
 
 __all__ = [
     "MOONCAKE_BLOCK",

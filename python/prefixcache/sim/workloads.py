@@ -23,115 +23,15 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-
-TokenArray = npt.NDArray[np.uint32]
-TokenFactory = Callable[[], TokenArray]
-RequestId = int | str
+from prefixcache.sim.requests import Request, TokenArray, TokenCounter
 
 __all__ = [
     "SEED_WORKLOADS",
-    "Request",
-    "TokenCounter",
     "Workload",
     "multi_turn_workload",
     "seed_workload",
     "shared_prefix_workload",
 ]
-
-
-class Request:
-    """One request: prompt tokens, output tokens and where it belongs.
-
-    ``prompt`` / ``output`` may be given as numpy arrays or as zero-argument callables
-    producing them (trace readers expand long prompts lazily so a 12k-request trace does
-    not hold every token in memory); then ``prompt_len`` / ``output_len`` must be given.
-    Reading ``req.prompt`` always returns a uint32 numpy array.
-    """
-
-    __slots__ = (
-        "_output",
-        "_prompt",
-        "arrival",
-        "cache_salt",
-        "extra_key",
-        "id",
-        "output_len",
-        "prompt_len",
-        "session",
-        "turn",
-    )
-
-    def __init__(
-        self,
-        id: RequestId,
-        prompt: TokenArray | TokenFactory,
-        output: TokenArray | TokenFactory,
-        *,
-        session: RequestId | None = None,
-        turn: int = 0,
-        arrival: float = 0.0,
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-        prompt_len: int | None = None,
-        output_len: int | None = None,
-    ) -> None:
-        self.id = id
-        self._prompt = prompt
-        self._output = output
-        self.prompt_len = _length(prompt, prompt_len, "prompt")
-        self.output_len = _length(output, output_len, "output")
-        if self.prompt_len < 1:
-            raise InvalidInputError(f"request {id!r}: the prompt is empty")
-        self.session = session
-        self.turn = turn
-        self.arrival = float(arrival)
-        self.extra_key = extra_key
-        # SGLang and vLLM treat an empty salt as no salt.
-        self.cache_salt = cache_salt or None
-
-    @property
-    def prompt(self) -> TokenArray:
-        p = self._prompt
-        return p() if callable(p) else p
-
-    @property
-    def output(self) -> TokenArray:
-        o = self._output
-        return o() if callable(o) else o
-
-    def __repr__(self) -> str:
-        return (
-            f"Request(id={self.id!r}, prompt_len={self.prompt_len}, "
-            f"output_len={self.output_len}, session={self.session!r}, turn={self.turn}, "
-            f"arrival={self.arrival})"
-        )
-
-
-def _length(tokens: TokenArray | TokenFactory, given: int | None, what: str) -> int:
-    if callable(tokens):
-        if given is None:
-            raise InvalidInputError(f"a lazy {what} needs an explicit {what}_len")
-        return int(given)
-    n = len(tokens)
-    if given is not None and given != n:
-        raise InvalidInputError(f"{what}_len {given} does not match {n} tokens")
-    return n
-
-
-class TokenCounter:
-    """Hands out fresh token ids: every call returns ids never returned before."""
-
-    def __init__(self, start: int = 1, limit: int = 2**32) -> None:
-        self._next = start
-        self._limit = limit
-
-    def fresh(self, n: int) -> TokenArray:
-        start = self._next
-        if start + n > self._limit:
-            raise InvalidInputError("ran out of unique token ids (2**32)")
-        self._next = start + n
-        return np.arange(start, start + n, dtype=np.uint32)
-
 
 @dataclass(frozen=True)
 class Workload:

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from prefixcache.replay import ProgressFactory
-from prefixcache.workloads import Request
+from prefixcache.sim.replay import ProgressFactory
+from prefixcache.sim.requests import Request
 
 __all__ = [
     "comparison_table",

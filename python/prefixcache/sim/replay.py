@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.policies import CachePolicy, PolicyStats, make_policy
-from prefixcache.scheduler import PrefillCost, RequestRecord, SeedScheduler, TimeScheduler
-from prefixcache.workloads import Request
+from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
+from prefixcache.sim.requests import Request, RequestRecord
+from prefixcache.sim.scheduler import PrefillCost, SeedScheduler, TimeScheduler
 
 __all__ = [
     "ReplayResult",

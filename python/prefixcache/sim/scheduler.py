@@ -33,48 +33,19 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.policies import CachePolicy
-from prefixcache.workloads import Request, RequestId, TokenArray
+from prefixcache.sim.policies import CachePolicy
+from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
-__all__ = ["PrefillCost", "RequestRecord", "SeedScheduler", "TimeScheduler"]
+__all__ = ["PrefillCost", "SeedScheduler", "TimeScheduler"]
 
 _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
 Progress = Callable[[int], None]  # called with the number of requests just completed
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request under one policy."""
-
-    id: RequestId
-    session: RequestId | None
-    turn: int
-    prompt_tokens: int
-    output_tokens: int
-    hit_tokens: int = 0  # reused prompt tokens at first admission
-    evicted_tokens: int = 0  # tokens the cache evicted to make room for this request's KV
-    rejected: bool = False  # could not fit even alone
-    arrival: float = 0.0  # seconds (time model; effective arrival for session turns)
-    first_token: float = math.nan  # seconds (time model)
-    finished: float = math.nan
-    ttft: float = math.nan  # seconds (time model)
-    preemptions: int = 0
-    recompute_hit_tokens: int = 0  # hits on re-admission after preemption
-    recomputed_tokens: int = 0  # tokens prefilled again after preemption
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def _record(req: Request) -> RequestRecord:
-    return RequestRecord(req.id, req.session, req.turn, req.prompt_len, req.output_len,
-                         arrival=req.arrival)
 
 
 class SeedScheduler:
@@ -91,7 +62,7 @@ class SeedScheduler:
         self, requests: Sequence[Request], policy: CachePolicy,
         progress: Progress | None = None, check: bool = False,
     ) -> list[RequestRecord]:
-        records = [_record(r) for r in requests]
+        records = [new_record(r) for r in requests]
         running: deque[int] = deque()
         active: dict[RequestId, int] = {}  # session -> running request index
         done = 0
@@ -204,7 +175,7 @@ class TimeScheduler:
         progress: Progress | None = None, check: bool = False,
     ) -> list[RequestRecord]:
         n = len(requests)
-        records = [_record(r) for r in requests]
+        records = [new_record(r) for r in requests]
         order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
         step = self.cost.decode_step_ms / 1000.0
         waiting: deque[_Seq] = deque()

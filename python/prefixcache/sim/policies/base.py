@@ -1,0 +1,81 @@
+"""What every simulator policy shares: the protocol a scheduler drives and the counters
+a policy keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from prefixcache.sim.requests import RequestId, TokenArray
+
+IndexArray = npt.NDArray[np.int64]
+
+__all__ = ["CachePolicy", "IndexArray", "PolicyStats", "max_k"]
+
+
+@dataclass
+class PolicyStats:
+    """Counters a policy keeps over a replay."""
+
+    name: str
+    capacity: int  # tokens
+    eviction_unit: str  # "nodes" or "blocks"
+    evicted_tokens: int = 0
+    evictions: int = 0  # nodes or blocks evicted
+    cached_tokens: int = 0  # tokens held by the cache at the end
+    peak_used_tokens: int = 0  # KV in use by requests or the cache, maximum over time
+    # Policy-specific counters reported beside the common ones (trtllm: partial_hits,
+    # partial_tokens, copies, copied_tokens).
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CachePolicy(Protocol):
+    """What a scheduler needs from a prefix cache."""
+
+    name: str
+    capacity: int
+
+    def admit(
+        self,
+        rid: RequestId,
+        prompt: TokenArray,
+        reserve: int,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int | None: ...
+
+    def on_prefill_done(self, rid: RequestId) -> None: ...
+
+    def append(self, rid: RequestId, tokens: TokenArray) -> bool: ...
+
+    def finish(self, rid: RequestId, tail: TokenArray) -> None: ...
+
+    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int: ...
+
+    def evicted_tokens(self) -> int: ...
+
+    def stats(self) -> PolicyStats: ...
+
+    def check(self) -> None: ...
+
+
+def max_k(needed: Callable[[int], int], available: int) -> int:
+    """The largest k >= 0 with needed(k) <= available (needed is non-decreasing, and
+    grows by at least 1 per step once k passes every request's reserve)."""
+    lo, hi = 0, 1
+    while needed(hi) <= available:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if needed(mid) <= available:
+            lo = mid
+        else:
+            hi = mid
+    return lo
