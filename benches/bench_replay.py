@@ -1,6 +1,6 @@
 """Simulator benchmarks: the whole Mooncake conversation trace through radix,
 radix-page16 and vllm-blocks at one capacity, ``prefixcache compare --workload all``, and
-one seed workload replayed with the Rust tree versus the plain-Python reference tree.
+one A-F workload replayed with the Rust tree versus the plain-Python reference tree.
 
 With ``--benchmark-disable`` (CI) each runs once on a cut-down input so the suite stays
 quick; ``pytest benches/bench_replay.py --benchmark-only`` runs the full sizes.
@@ -19,7 +19,7 @@ from prefixcache.sim.cli import main
 from prefixcache.sim.policies import RadixPolicy, blocks_available
 from prefixcache.sim.replay import replay
 from prefixcache.sim.traces import read_trace
-from prefixcache.sim.workloads import seed_workload
+from prefixcache.sim.workloads import study_workload
 
 TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
@@ -52,11 +52,11 @@ def test_compare_all(benchmark: Any) -> None:
 
 
 @pytest.mark.parametrize("impl", ["core", "reference"])
-def test_seed_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
-    benchmark.group = "replay: workload F, radix, seed model"
+def test_study_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
+    benchmark.group = "replay: workload F, radix, slot model"
     from prefixcache.reference.radix import RadixCache as Reference
 
-    w = seed_workload("F", 0)
+    w = study_workload("F", 0)
     cls = None if impl == "core" else Reference
 
     def run() -> Any:
@@ -68,12 +68,12 @@ def test_seed_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
 
 @pytest.mark.skipif(not blocks_available(), reason="KVCacheManager not built")
 @pytest.mark.parametrize("impl", ["core", "reference"])
-def test_seed_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) -> None:
-    benchmark.group = "replay: workload F, vllm-blocks, seed model"
+def test_study_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) -> None:
+    benchmark.group = "replay: workload F, vllm-blocks, slot model"
     from prefixcache.reference.blocks import KVCacheManager as Reference
     from prefixcache.sim.policies import BlocksPolicy
 
-    w = seed_workload("F", 0)
+    w = study_workload("F", 0)
     cls = None if impl == "core" else Reference
 
     def run() -> Any:

@@ -60,7 +60,7 @@ def test_guard_works() -> None:
     assert len(g[1:3]) == 2
 
 
-@pytest.mark.parametrize("model", ["seed", "time"])
+@pytest.mark.parametrize("model", ["slots", "time"])
 def test_replay_never_walks_tokens_in_python(model: str) -> None:
     reqs = workload()
     policies = [*POLICY_NAMES, "trtllm", "trtllm-nopartial"]

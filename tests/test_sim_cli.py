@@ -11,7 +11,7 @@ import pytest
 from prefixcache.sim.cli import main
 from prefixcache.sim.policies import blocks_available
 from prefixcache.sim.replay import replay, summarize
-from prefixcache.sim.workloads import seed_workload
+from prefixcache.sim.workloads import study_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
 
@@ -36,7 +36,7 @@ def test_compare_prints_and_writes_the_same_numbers(tmp_path: Path,
     out = capsys.readouterr().out
     data = json.loads(js.read_text())
     assert [w["workload"] for w in data["workloads"]] == ["A", "C"]
-    w = seed_workload("A", 0)
+    w = study_workload("A", 0)
     direct = [summarize(r) for r in replay(w.requests, POLICIES, None)]
     got = data["workloads"][0]["summaries"]
     for a, b in zip(got, direct, strict=True):

@@ -15,8 +15,8 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import RadixPolicy, SlotPool, blocks_available, make_policy
 from prefixcache.sim.replay import default_capacity, replay, summarize
 from prefixcache.sim.requests import Request, TokenArray
-from prefixcache.sim.scheduler import PrefillCost, SeedScheduler, TimeScheduler
-from prefixcache.sim.workloads import seed_workload
+from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
+from prefixcache.sim.workloads import study_workload
 
 HAVE_BLOCKS = blocks_available()
 POLICIES = ["radix", "radix-page16", "radix-page4"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
@@ -63,10 +63,10 @@ class Spy:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_seed_model_rules(policy: str) -> None:
-    w = seed_workload("F", 3)
+def test_slot_model_rules(policy: str) -> None:
+    w = study_workload("F", 3)
     spy = Spy(make_policy(policy, w.capacity or 0))
-    SeedScheduler(8).run(w.requests, spy, check=True)  # type: ignore[arg-type]
+    SlotScheduler(8).run(w.requests, spy, check=True)  # type: ignore[arg-type]
     assert spy.max_running == 8 and not spy.running
     admits = [r for e, r in spy.events if e == "admit"]
     finishes = [r for e, r in spy.events if e == "finish"]
@@ -90,7 +90,7 @@ def test_request_too_big_for_the_budget_is_rejected_not_dropped() -> None:
     reqs = [Request(i, np.arange(10 * i + 1, 10 * i + 11, dtype=np.uint32),
                     np.arange(1000 + 10 * i, 1000 + 10 * i + n, dtype=np.uint32))
             for i, n in enumerate([5, 500, 5])]
-    for model in ("seed", "time"):
+    for model in ("slots", "time"):
         res = replay(reqs, ["radix"], 100, model=model, check=True)[0]
         assert [r.rejected for r in res.records] == [False, True, False]
         assert summarize(res)["rejected"] == 1
@@ -146,13 +146,13 @@ def test_invariants_hold_under_pressure(data: st.DataObject) -> None:
         r.session = data.draw(st.sampled_from([None, "a", "b"]))
     need = max(r.prompt_len + r.output_len for r in reqs)
     cap = data.draw(st.integers(max(1, need // 2), 2 * need + 64))
-    model = data.draw(st.sampled_from(["seed", "time"]))
-    sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
+    model = data.draw(st.sampled_from(["slots", "time"]))
+    sched = SlotScheduler(data.draw(st.integers(1, 4))) if model == "slots" else \
         TimeScheduler(data.draw(st.integers(1, 6)), PrefillCost(1.0, 0.01, 1e-5, 2.0),
                       preemption=data.draw(st.booleans()))
     for res in replay(reqs, POLICIES, cap, scheduler=sched, check=True):
         for rec, req in zip(res.records, reqs, strict=True):
-            if rec.rejected:  # it cannot fit even alone (seed: at admission; time: decoding)
+            if rec.rejected:  # it cannot fit even alone (slots: at admission; time: decoding)
                 assert req.prompt_len + req.output_len + 16 > cap
                 continue
             assert 0 <= rec.hit_tokens <= req.prompt_len - 1
@@ -181,7 +181,7 @@ def test_time_model_ttft_is_the_prefill_cost() -> None:
 
 
 def test_time_model_queues_and_preempts_under_tight_memory() -> None:
-    w = seed_workload("F", 1)
+    w = study_workload("F", 1)
     cap = 6000
     sched = TimeScheduler(16, PrefillCost())
     for res in replay(w.requests, POLICIES, cap, scheduler=sched, check=True):
@@ -193,7 +193,7 @@ def test_time_model_queues_and_preempts_under_tight_memory() -> None:
 
 
 def test_time_model_without_preemption_reserves_the_output() -> None:
-    w = seed_workload("F", 1)
+    w = study_workload("F", 1)
     cap = 6000
     for preemption in (True, False):
         sched = TimeScheduler(16, PrefillCost(), preemption=preemption)
@@ -207,7 +207,7 @@ def test_time_model_without_preemption_reserves_the_output() -> None:
 
 
 def test_time_model_respects_session_order() -> None:
-    w = seed_workload("D", 0)
+    w = study_workload("D", 0)
     res = replay(w.requests, ["radix"], None, model="time")[0]
     prev: dict[object, float] = {}
     for rec in res.records:
@@ -220,10 +220,10 @@ def test_time_model_respects_session_order() -> None:
 @pytest.mark.parametrize("workload", ["A", "C", "D", "F"])
 @pytest.mark.parametrize("page", [1, 16])
 def test_core_and_reference_tree_replay_identically(workload: str, page: int) -> None:
-    w = seed_workload(workload, 4)
+    w = study_workload(workload, 4)
     reqs = list(w.requests)[:120]
     cap = w.capacity or default_capacity(reqs)
-    for model in ("seed", "time"):
+    for model in ("slots", "time"):
         core = RadixPolicy(cap, page_size=page)
         ref = RadixPolicy(cap, page_size=page, cache_cls=RefRadix)
         a, b = replay(reqs, [core, ref], model=model, check=True)
@@ -252,7 +252,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(InvalidInputError, match="unknown policy"):
         make_policy("lru-magic", 10)
     with pytest.raises(InvalidInputError):
-        SeedScheduler(0)
+        SlotScheduler(0)
     with pytest.raises(InvalidInputError, match="unknown scheduler"):
         replay([], ["radix"], 10, model="fast")
     with pytest.raises(InvalidInputError, match="no policies"):
@@ -269,8 +269,8 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
     need = max(r.prompt_len + r.output_len for r in reqs)
     cap = data.draw(st.integers(need + 16, 3 * need + 64))
     bs = data.draw(st.sampled_from([1, 4, 16]))
-    model = data.draw(st.sampled_from(["seed", "time"]))
-    sched = SeedScheduler(data.draw(st.integers(1, 4))) if model == "seed" else \
+    model = data.draw(st.sampled_from(["slots", "time"]))
+    sched = SlotScheduler(data.draw(st.integers(1, 4))) if model == "slots" else \
         TimeScheduler(data.draw(st.integers(1, 6)), preemption=data.draw(st.booleans()))
     tracked = BlocksPolicy(cap, block_size=bs)
     events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
@@ -284,8 +284,8 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
 def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
     from prefixcache.sim.policies import BlocksPolicy
 
-    w = seed_workload(workload, 0)
-    for model in ("seed", "time"):
+    w = study_workload(workload, 0)
+    for model in ("slots", "time"):
         cap = w.capacity or 0
         a, b = replay(w.requests, [BlocksPolicy(cap), BlocksPolicy(cap, count_evictions="events")],
                       model=model)
@@ -311,10 +311,10 @@ def test_core_and_reference_block_manager_replay_identically(workload: str) -> N
     from prefixcache.reference.blocks import KVCacheManager as RefManager
     from prefixcache.sim.policies import BlocksPolicy
 
-    w = seed_workload(workload, 2)
+    w = study_workload(workload, 2)
     reqs = list(w.requests)[:100]
     cap = w.capacity or default_capacity(reqs)
-    for model in ("seed", "time"):
+    for model in ("slots", "time"):
         core = BlocksPolicy(cap)
         ref = BlocksPolicy(cap, manager_cls=RefManager)
         a, b = replay(reqs, [core, ref], model=model, check=True)

@@ -7,7 +7,7 @@ import pytest
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request
-from prefixcache.sim.workloads import multi_turn_workload, seed_workload, shared_prefix_workload
+from prefixcache.sim.workloads import multi_turn_workload, shared_prefix_workload, study_workload
 
 
 def all_tokens(reqs: list[Request]) -> np.ndarray:
@@ -19,9 +19,9 @@ def all_tokens(reqs: list[Request]) -> np.ndarray:
     ("B", 1008, (20, 400), (32, 200)),
     ("C", 12, (20, 60), (16, 64)),
 ])
-def test_shared_prefix_seed_workloads(name: str, shared: int, q: tuple[int, int],
+def test_shared_prefix_study_workloads(name: str, shared: int, q: tuple[int, int],
                                       o: tuple[int, int]) -> None:
-    w = seed_workload(name, 3)
+    w = study_workload(name, 3)
     reqs = list(w.requests)
     assert len(reqs) == 256 and w.capacity is None
     prefix = reqs[0].prompt[:shared]
@@ -37,8 +37,8 @@ def test_shared_prefix_seed_workloads(name: str, shared: int, q: tuple[int, int]
 
 
 @pytest.mark.parametrize(("name", "capacity"), [("D", None), ("E", 32768), ("F", 24576)])
-def test_multi_turn_seed_workloads(name: str, capacity: int | None) -> None:
-    w = seed_workload(name, 5)
+def test_multi_turn_study_workloads(name: str, capacity: int | None) -> None:
+    w = study_workload(name, 5)
     reqs = list(w.requests)
     assert len(reqs) == 192 and w.capacity == capacity
     system = reqs[0].prompt[:500]
@@ -81,7 +81,7 @@ def test_multi_turn_token_ids_unique_except_history() -> None:
 
 
 def test_same_seed_same_requests_other_seed_differs() -> None:
-    a, b, c = seed_workload("D", 11), seed_workload("D", 11), seed_workload("D", 12)
+    a, b, c = study_workload("D", 11), study_workload("D", 11), study_workload("D", 12)
     assert all(np.array_equal(x.prompt, y.prompt) and np.array_equal(x.output, y.output)
                and x.session == y.session for x, y in zip(a.requests, b.requests, strict=True))
     assert [r.prompt_len for r in a.requests] != [r.prompt_len for r in c.requests]
@@ -105,7 +105,7 @@ def test_generated_shared_prefix_shape() -> None:
 
 def test_bad_parameters_raise() -> None:
     with pytest.raises(InvalidInputError):
-        seed_workload("G")
+        study_workload("G")
     with pytest.raises(InvalidInputError):
         shared_prefix_workload(num_groups=0)
     with pytest.raises(InvalidInputError):

@@ -1,5 +1,5 @@
 """The ``trtllm`` / ``trtllm-nopartial`` simulator policies (TensorRT-LLM's block trie) on
-the seed workloads: partial reuse of the last block, and the core against the reference
+the A-F workloads: partial reuse of the last block, and the core against the reference
 trie through the whole scheduler."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 from prefixcache.reference.trie import BlockTrie as RefTrie
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.sim.replay import ReplayResult, replay, summarize
-from prefixcache.sim.workloads import seed_workload
+from prefixcache.sim.workloads import study_workload
 
 
 def run(
     workload: str, seed: int, *policies: object, check: bool = False
 ) -> dict[str, ReplayResult]:
     """Replay; ``check`` runs every policy's full invariant check after every step."""
-    w = seed_workload(workload, seed)
+    w = study_workload(workload, seed)
     return {r.policy: r for r in replay(w.requests, list(policies), w.capacity, check=check)}
 
 
@@ -73,7 +73,7 @@ def test_nopartial_equals_page16_tree_on_aligned_hits(workload: str) -> None:
 
 @pytest.mark.parametrize("workload", ["E", "F"])
 def test_core_equals_reference_trie_through_the_scheduler(workload: str) -> None:
-    w = seed_workload(workload, 0)
+    w = study_workload(workload, 0)
     core = TrtllmPolicy(w.capacity, name="core")
     ref = TrtllmPolicy(w.capacity, trie_cls=RefTrie, name="ref")
     a, b = replay(w.requests, [core, ref], w.capacity, check=True)

@@ -32,7 +32,7 @@ from prefixcache.sim.report import (
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
 from prefixcache.sim.traces import Trace, read_trace
-from prefixcache.sim.workloads import SEED_WORKLOADS, seed_workload
+from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
 
 __all__ = ["main"]
 
@@ -83,10 +83,10 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
-    g.add_argument("--model", choices=("seed", "time"), default="seed",
-                   help="seed: the seed study's model; time: continuous batching on a clock")
+    g.add_argument("--model", choices=("slots", "time"), default="slots",
+                   help="slots: the A-F study's model; time: continuous batching on a clock")
     g.add_argument("--max-running", type=int, default=None,
-                   help="requests holding KV at once (default 8 seed, 256 time)")
+                   help="requests holding KV at once (default 8 slots, 256 time)")
     g.add_argument("--no-preemption", action="store_true",
                    help="time model: reserve each request's output KV at admission "
                    "instead of preempting when KV runs out mid-decode")
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="command")
 
-    c = sub.add_parser("compare", help="the seed study table on built-in workloads A-F")
+    c = sub.add_parser("compare", help="the A-F study table on built-in workloads A-F")
     c.add_argument("--workload", default="all",
                    help="A..F, a comma list, or all (default)")
     c.add_argument("--seed", type=int, default=0)
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
     spec: str = args.trace
     if spec.startswith("workload:"):
-        w = seed_workload(spec.split(":", 1)[1], args.seed)
+        w = study_workload(spec.split(":", 1)[1], args.seed)
         if getattr(args, "capacity", None) is None and "capacity" in args:
             args.capacity = w.capacity  # a built-in workload runs at its own budget
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
@@ -181,12 +181,12 @@ def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
 
 
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
-    names = list(SEED_WORKLOADS) if args.workload.lower() == "all" else [
+    names = list(STUDY_WORKLOADS) if args.workload.lower() == "all" else [
         w.strip().upper() for w in args.workload.split(",") if w.strip()]
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for name in names:
-        w = seed_workload(name, args.seed)
+        w = study_workload(name, args.seed)
         cap = args.capacity if args.capacity is not None else w.capacity
         results = _run(args, w.requests, cap, console, err)
         sums = [summarize(r) for r in results]

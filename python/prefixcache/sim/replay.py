@@ -18,7 +18,7 @@ import numpy as np
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
 from prefixcache.sim.requests import Request, RequestRecord
-from prefixcache.sim.scheduler import PrefillCost, SeedScheduler, TimeScheduler
+from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 
 __all__ = [
     "ReplayResult",
@@ -29,7 +29,7 @@ __all__ = [
     "summarize",
 ]
 
-Scheduler = SeedScheduler | TimeScheduler
+Scheduler = SlotScheduler | TimeScheduler
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
@@ -55,11 +55,11 @@ def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
 
 def make_scheduler(model: str, *, max_running: int | None = None,
                    cost: PrefillCost | None = None, preemption: bool = True) -> Scheduler:
-    if model == "seed":
-        return SeedScheduler(max_running or 8)
+    if model == "slots":
+        return SlotScheduler(max_running or 8)
     if model == "time":
         return TimeScheduler(max_running or 256, cost, preemption)
-    raise InvalidInputError(f"unknown scheduler model {model!r}; expected seed or time")
+    raise InvalidInputError(f"unknown scheduler model {model!r}; expected slots or time")
 
 
 def replay(
@@ -67,7 +67,7 @@ def replay(
     policies: Sequence[str | CachePolicy],
     capacity: int | None = None,
     *,
-    model: str = "seed",
+    model: str = "slots",
     scheduler: Scheduler | None = None,
     eviction_policy: str = "lru",
     hash_algo: str = "sha256",

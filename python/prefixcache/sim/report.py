@@ -50,7 +50,7 @@ def _pct(v: float) -> str:
 
 
 def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
-    """One row per policy: the seed study's columns."""
+    """One row per policy: the A-F study's columns."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     cols = [
         ("policy", "policy"), ("requests", "requests"), ("prompt tok", "prompt_tokens"),

@@ -2,7 +2,7 @@
 
 Two models (docs/SIMULATOR.md describes both):
 
-- :class:`SeedScheduler` (``--model seed``): the seed study's model (SEMANTICS.md 5). At
+- :class:`SlotScheduler` (``--model slots``): the A-F study's model (SEMANTICS.md 5). At
   most ``max_running`` requests hold KV; they finish first-in-first-out; a request takes
   KV for its prompt and all its output at admission; a session's next turn is admitted
   only after its previous turn finished (the oldest running requests are finished until
@@ -41,17 +41,17 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy
 from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
-__all__ = ["PrefillCost", "SeedScheduler", "TimeScheduler"]
+__all__ = ["PrefillCost", "SlotScheduler", "TimeScheduler"]
 
 _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
 Progress = Callable[[int], None]  # called with the number of requests just completed
 
 
-class SeedScheduler:
-    """The seed study's model (see the module docstring)."""
+class SlotScheduler:
+    """The A-F study's model (see the module docstring)."""
 
-    model = "seed"
+    model = "slots"
 
     def __init__(self, max_running: int = 8) -> None:
         if max_running < 1:

@@ -9,7 +9,7 @@ comes from deliberate sharing.
 Generators (all seeded with a numpy ``Generator``, so the same seed gives the same
 requests):
 
-- :func:`seed_workload` - the seed study's workloads A-F (SEMANTICS.md section 5).
+- :func:`study_workload` - the A-F study's workloads A-F (SEMANTICS.md section 5).
 - :func:`shared_prefix_workload` - SGLang's "generated shared prefix" benchmark shape.
 - :func:`multi_turn_workload` - multi-turn chat sessions interleaved at random.
 """
@@ -26,11 +26,11 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray, TokenCounter
 
 __all__ = [
-    "SEED_WORKLOADS",
+    "STUDY_WORKLOADS",
     "Workload",
     "multi_turn_workload",
-    "seed_workload",
     "shared_prefix_workload",
+    "study_workload",
 ]
 
 @dataclass(frozen=True)
@@ -154,29 +154,29 @@ def _set_arrivals(reqs: list[Request], rng: np.random.Generator, rate: float | N
         r.arrival = t
 
 
-# The seed study (SEMANTICS.md section 5). Names -> (description, builder).
-def _seed_a(seed: int) -> Workload:
+# The A-F study (SEMANTICS.md section 5). Names -> (description, builder).
+def _study_a(seed: int) -> Workload:
     return shared_prefix_workload(
         system_prompt_len=1000, question_len=(20, 400), output_len=(32, 200), seed=seed,
         name="A", capacity=None,
     )
 
 
-def _seed_b(seed: int) -> Workload:
+def _study_b(seed: int) -> Workload:
     return shared_prefix_workload(
         system_prompt_len=1008, question_len=(20, 400), output_len=(32, 200), seed=seed,
         name="B", capacity=None,
     )
 
 
-def _seed_c(seed: int) -> Workload:
+def _study_c(seed: int) -> Workload:
     return shared_prefix_workload(
         system_prompt_len=12, question_len=(20, 60), output_len=(16, 64), seed=seed,
         name="C", capacity=None,
     )
 
 
-def _seed_chat(name: str, capacity: int | None) -> Callable[[int], Workload]:
+def _study_chat(name: str, capacity: int | None) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         return multi_turn_workload(
             num_sessions=32, turns=6, system_prompt_len=500, new_tokens=(30, 200),
@@ -186,21 +186,21 @@ def _seed_chat(name: str, capacity: int | None) -> Callable[[int], Workload]:
     return build
 
 
-SEED_WORKLOADS: dict[str, tuple[str, Callable[[int], Workload]]] = {
-    "A": ("256 requests, 1000-token shared system prompt", _seed_a),
-    "B": ("256 requests, 1008-token (63 x 16) shared system prompt", _seed_b),
-    "C": ("256 requests, 12-token shared prefix", _seed_c),
-    "D": ("32 sessions x 6 turns", _seed_chat("D", None)),
-    "E": ("32 sessions x 6 turns", _seed_chat("E", 32768)),
-    "F": ("32 sessions x 6 turns", _seed_chat("F", 24576)),
+STUDY_WORKLOADS: dict[str, tuple[str, Callable[[int], Workload]]] = {
+    "A": ("256 requests, 1000-token shared system prompt", _study_a),
+    "B": ("256 requests, 1008-token (63 x 16) shared system prompt", _study_b),
+    "C": ("256 requests, 12-token shared prefix", _study_c),
+    "D": ("32 sessions x 6 turns", _study_chat("D", None)),
+    "E": ("32 sessions x 6 turns", _study_chat("E", 32768)),
+    "F": ("32 sessions x 6 turns", _study_chat("F", 24576)),
 }
 
 
-def seed_workload(name: str, seed: int = 0) -> Workload:
-    """The seed study's workload ``name`` (A-F), generated with ``seed``."""
+def study_workload(name: str, seed: int = 0) -> Workload:
+    """The A-F study's workload ``name`` (A-F), generated with ``seed``."""
     key = name.upper()
-    if key not in SEED_WORKLOADS:
+    if key not in STUDY_WORKLOADS:
         raise InvalidInputError(f"unknown workload {name!r}; expected one of A-F")
-    desc, build = SEED_WORKLOADS[key]
+    desc, build = STUDY_WORKLOADS[key]
     w = build(seed)
     return Workload(key, desc, w.requests, w.capacity)

@@ -10,7 +10,7 @@ A scheduler talks to a policy only through :class:`CachePolicy`:
 - ``append(rid, tokens)``: the request computes KV for these further tokens (decode);
   take KV for them; False (nothing changed) when short.
 - ``finish(rid, tail)``: the request ends; ``tail`` are tokens whose KV exists beyond the
-  prompt and the appended tokens (the seed model reserves all output at admission and
+  prompt and the appended tokens (the slot model reserves all output at admission and
   passes it here). Cache what the engine caches and release the rest.
 - ``stats()``: evicted tokens, evictions (nodes or blocks), usage.
 

@@ -1,7 +1,7 @@
-"""The seed study's findings (SEMANTICS.md section 5) as acceptance tests.
+"""The A-F study's findings (SEMANTICS.md section 5) as acceptance tests.
 
 Each check compares the token-level tree (``radix``) with vLLM's block rules
-(``vllm-blocks``) per request, under the seed model. The page-16 tree must equal the block
+(``vllm-blocks``) per request, under the slot model. The page-16 tree must equal the block
 rules exactly on A, C and D, so every check is also run against ``radix-page16``.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from prefixcache.sim.policies import blocks_available
 from prefixcache.sim.replay import ReplayResult, replay, summarize
-from prefixcache.sim.workloads import seed_workload
+from prefixcache.sim.workloads import study_workload
 
 HAVE_BLOCKS = blocks_available()
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
@@ -21,7 +21,7 @@ BLOCKISH = ["radix-page16", pytest.param("vllm-blocks", marks=needs_blocks)]
 
 
 def run(workload: str, seed: int, *policies: str) -> dict[str, ReplayResult]:
-    w = seed_workload(workload, seed)
+    w = study_workload(workload, seed)
     return {r.policy: r for r in replay(w.requests, list(policies), w.capacity, check=True)}
 
 
@@ -109,7 +109,7 @@ def test_e_and_f_evict_under_their_budgets() -> None:
 @pytest.mark.parametrize("workload", ["D", "F"])
 def test_time_model_replays_are_deterministic(workload: str) -> None:
     policies = ["radix", "radix-page16"] + (["vllm-blocks"] if HAVE_BLOCKS else [])
-    w = seed_workload(workload, 5)
+    w = study_workload(workload, 5)
     a = replay(w.requests, policies, 6000, model="time")
     b = replay(w.requests, policies, 6000, model="time")
     for x, y in zip(a, b, strict=True):
