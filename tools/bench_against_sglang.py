@@ -2,9 +2,9 @@
 the radix benchmark workload (benches/workloads.py: 2000 prompts of 2304 tokens, 8 shared
 2048-token system prompts), in one process. Local only (never in tests or CI):
 
-    bash /work/shared/anchors/setup.sh /work/anchors         # once, ~10 GB
+    bash tools/anchors/setup_engines.sh                      # once, ~10 GB (docs/ANCHORS.md)
     maturin develop --release                                # builds python/prefixcache/_core*.so
-    /work/anchors/bin/python tools/bench_against_sglang.py [--rounds 5]
+    "$ANCHORS_VENV"/bin/python tools/bench_against_sglang.py [--rounds 5]
 
 SGLang is driven the way its scheduler drives it: RadixKey over array('q'), values as
 int64 torch tensors prepared beforehand, a stub allocator that drops freed indices.

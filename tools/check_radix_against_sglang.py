@@ -4,9 +4,9 @@ report every disagreement.
 
 Run it with the anchors venv (see docs/ANCHORS.md), never from the tests or CI:
 
-    bash /work/shared/anchors/setup.sh /work/anchors          # once, ~10 GB
-    /work/anchors/bin/python tools/check_radix_against_sglang.py [--seeds 200] [--steps 60]
-    /work/anchors/bin/python tools/check_radix_against_sglang.py --impl core   # the Rust core
+    bash tools/anchors/setup_engines.sh                       # once, ~10 GB
+    "$ANCHORS_VENV"/bin/python tools/check_radix_against_sglang.py [--seeds 200] [--steps 60]
+    "$ANCHORS_VENV"/bin/python tools/check_radix_against_sglang.py --impl core   # the Rust core
 
 Compared after every step: match lengths and indices (SGLang: path_device_indices of the
 matched node), insert prefix_len, lock/unlock deltas, the KV indices each evict call frees

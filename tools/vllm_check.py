@@ -1,9 +1,10 @@
 """Check prefixcache.KVCacheManager against vLLM 0.33's own KVCacheManager on random streams.
 
 Local tool, never part of tests or CI: it needs the real vLLM (build the venv with
-/work/shared/anchors/setup.sh) and a built prefixcache importable from it, e.g.
+tools/anchors/setup_engines.sh, docs/ANCHORS.md) and a built prefixcache importable from
+it, e.g.
 
-    PYTHONPATH=python /tmp/anchors/bin/python tools/vllm_check.py --streams 200
+    PYTHONPATH=python "$ANCHORS_VENV"/bin/python tools/vllm_check.py --streams 200
 
 Each stream draws a pool size, block size, optional sliding window and a sequence of
 operations (admission with lookahead, chunked prefill, decode, free, preemption, reset)
