@@ -85,7 +85,7 @@ def test_replay_sweep_and_stats_on_a_mooncake_file(tmp_path: Path,
     assert main(["trace-stats", str(trace), "--json", str(tj)]) == 0
     st = json.loads(tj.read_text())
     assert st["requests"] == 4 and st["hash_id_refs"] == 11 and st["distinct_hash_ids"] == 6
-    assert "block_reuse_ceiling" in capsys.readouterr().out
+    assert "hit_rate_ceiling" in capsys.readouterr().out
 
 
 def test_bad_trace_line_is_reported_with_its_number(tmp_path: Path,

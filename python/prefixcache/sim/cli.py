@@ -23,7 +23,6 @@ from prefixcache.sim.report import (
     latency_table,
     progress_bars,
     sweep_table,
-    trace_stats,
     trace_stats_table,
     write_csv,
     write_json,
@@ -31,6 +30,7 @@ from prefixcache.sim.report import (
 )
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
+from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
 from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 import time
@@ -19,7 +18,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from prefixcache.sim.replay import ProgressFactory
-from prefixcache.sim.requests import Request
 
 __all__ = [
     "comparison_table",
@@ -27,7 +25,6 @@ __all__ = [
     "latency_table",
     "progress_bars",
     "sweep_table",
-    "trace_stats",
     "trace_stats_table",
     "write_csv",
     "write_json",
@@ -206,76 +203,6 @@ def progress_bars(console: Console, enabled: bool = True,
     finally:
         if shown[0]:
             prog.stop()
-
-
-def trace_stats(requests: Sequence[Request], block_size: int = 512,
-                hash_ids: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
-    """Sizes, arrival span and the prefix-sharing ceiling of a request list.
-
-    ``block_reuse_ceiling``: the share of full ``block_size`` prompt blocks (chained by
-    prefix, so a block counts only with all blocks before it) already seen earlier in the
-    list - the hit rate of an infinite block cache at that granularity. With Mooncake
-    ``hash_ids`` also the trace's own block-id figures (every id, the partial last block
-    included, as the trace README counts them).
-    """
-    n = len(requests)
-    plen = np.array([r.prompt_len for r in requests], dtype=np.int64)
-    olen = np.array([r.output_len for r in requests], dtype=np.int64)
-    arr = np.array([r.arrival for r in requests], dtype=np.float64)
-    seen: set[bytes] = set()
-    refs = repeats = 0
-    for r in requests:
-        p = r.prompt
-        nfull = len(p) // block_size
-        if nfull == 0:
-            continue
-        # A block is identified by the whole prefix up to its end: hash the chain.
-        blocks = p[: nfull * block_size].reshape(nfull, block_size)
-        parent = b""
-        for row in blocks:
-            key = hashlib.blake2b(parent + row.tobytes(), digest_size=16).digest()
-            refs += 1
-            if key in seen:
-                repeats += 1
-            else:
-                seen.add(key)
-            parent = key
-    sessions = {r.session for r in requests if r.session is not None}
-    extra: dict[str, Any] = {}
-    if hash_ids is not None:
-        ids = np.concatenate(hash_ids) if hash_ids else np.zeros(0, dtype=np.uint32)
-        distinct = int(np.unique(ids).size)
-        extra = {
-            "hash_id_refs": int(ids.size),
-            "distinct_hash_ids": distinct,
-            "hash_id_repeat_share": (ids.size - distinct) / ids.size if ids.size else 0.0,
-        }
-
-    def q(a: np.ndarray, p: float) -> float:
-        return float(np.percentile(a, p)) if a.size else 0.0
-
-    return {
-        "requests": n,
-        "sessions": len(sessions),
-        "prompt_tokens": int(plen.sum()),
-        "output_tokens": int(olen.sum()),
-        "prompt_mean": float(plen.mean()) if n else 0.0,
-        "prompt_p50": q(plen, 50),
-        "prompt_p99": q(plen, 99),
-        "prompt_max": int(plen.max()) if n else 0,
-        "output_mean": float(olen.mean()) if n else 0.0,
-        "output_p50": q(olen, 50),
-        "output_p99": q(olen, 99),
-        "arrival_first_s": float(arr.min()) if n else 0.0,
-        "arrival_last_s": float(arr.max()) if n else 0.0,
-        "request_rate_per_s": (n / float(arr.max() - arr.min())) if n > 1 and arr.max() > arr.min()
-        else math.nan,
-        "block_size": block_size,
-        "full_block_refs": refs,
-        "distinct_blocks": len(seen),
-        "block_reuse_ceiling": repeats / refs if refs else 0.0,
-        **extra,
-    }
 
 
 def trace_stats_table(title: str, stats: dict[str, Any]) -> Table:
