@@ -23,6 +23,7 @@ __all__ = [
     "comparison_table",
     "difference_table",
     "latency_table",
+    "partial_reuse_table",
     "progress_bars",
     "sweep_table",
     "trace_stats_table",
@@ -33,10 +34,21 @@ __all__ = [
 
 
 def _fmt(v: Any) -> str:
+    """One number format everywhere: thousands separators, no exponents; floats to about
+    three or four significant digits (NaN: "-")."""
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
     if isinstance(v, float):
         if math.isnan(v):
             return "-"
-        return f"{v:.4g}"
+        a = abs(v)
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3f}"
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
@@ -46,23 +58,34 @@ def _pct(v: float) -> str:
     return f"{100.0 * v:.2f}%"
 
 
+def _table(title: str) -> Table:
+    """A table whose title lines are not wrapped to its own width (up to 80 columns)."""
+    width = min(max((len(line) for line in title.splitlines()), default=0), 80)
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                 show_edge=False, min_width=width)
+
+
+def _policy_column(t: Table, header: str = "policy") -> None:
+    t.add_column(header, justify="left", no_wrap=True)
+
+
+# Tables fit 80 columns: the per-policy counts shared by every row (requests, prompt
+# tokens) go in the title, long headers wrap onto two lines, and what does not fit (the
+# mean difference, the trie's partial-reuse counters) has its own table or is in --json.
+
+
 def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
-    """One row per policy: the A-F study's columns."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    cols = [
-        ("policy", "policy"), ("requests", "requests"), ("prompt tok", "prompt_tokens"),
-        ("hit tok", "hit_tokens"), ("hit rate", "hit_rate"),
-        ("evicted tok", "evicted_tokens"), ("evictions", "evictions"),
-    ]
+    """One row per policy: hits, hit rate, evictions (``rejected`` when any request was)."""
+    t = _table(title)
+    _policy_column(t)
+    cols = [("hit\ntokens", "hit_tokens"), ("hit\nrate", "hit_rate"),
+            ("evicted\ntokens", "evicted_tokens"), ("evictions", "evictions")]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
-    if any("partial_hits" in s for s in summaries):
-        cols += [("partial hits", "partial_hits"), ("copies", "copies")]
     for label, _ in cols:
-        t.add_column(label, justify="left" if label == "policy" else "right",
-                     no_wrap=label == "policy")
+        t.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
-        row = []
+        row = [str(s["policy"])]
         for _, key in cols:
             v = s.get(key)
             if key == "hit_rate":
@@ -70,46 +93,61 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
             elif key == "evictions":
                 row.append(f"{_fmt(v)} {s['eviction_unit']}")
             else:
-                row.append("-" if v is None else _fmt(v))
+                row.append(_fmt(v))
         t.add_row(*row)
+    return t
+
+
+def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table | None:
+    """The TensorRT-LLM trie's partial-block reuse, for the policies that report it."""
+    rows = [s for s in summaries if "partial_hits" in s]
+    if not rows:
+        return None
+    t = _table(title)
+    _policy_column(t)
+    for label in ("partial\nhits", "partial\ntokens", "copies", "copied\ntokens"):
+        t.add_column(label, justify="right", no_wrap=True)
+    for s in rows:
+        t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for k in (
+            "partial_hits", "partial_tokens", "copies", "copied_tokens")))
     return t
 
 
 def latency_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """Time model: preemptions, recomputation and the estimated TTFT per policy."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    cols = [("policy", "policy"), ("preemptions", "preemptions"),
-            ("recomputed tok", "recomputed_tokens"), ("TTFT p50 s", "ttft_p50"),
-            ("p90 s", "ttft_p90"), ("p99 s", "ttft_p99"), ("makespan s", "makespan")]
+    t = _table(title)
+    _policy_column(t)
+    cols = [("pre-\nempted", "preemptions"), ("recomputed\ntokens", "recomputed_tokens"),
+            ("TTFT p50\n(s)", "ttft_p50"), ("p90\n(s)", "ttft_p90"), ("p99\n(s)", "ttft_p99"),
+            ("makespan\n(s)", "makespan")]
     for label, _ in cols:
-        t.add_column(label, justify="left" if label == "policy" else "right",
-                     no_wrap=label == "policy")
+        t.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
-        t.add_row(*(_fmt(s.get(key)) for _, key in cols))
+        t.add_row(str(s["policy"]), *(_fmt(s.get(key)) for _, key in cols))
     return t
 
 
 def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
-    """Per-request hit difference between pairs of policies."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in ("a", "b", "requests", "a more", "equal", "b more", "total", "mean",
-                  "min", "max"):
-        t.add_column(label, justify="left" if label in "ab" else "right", no_wrap=True)
+    """Per-request hit difference between pairs of policies: how many requests each side
+    hits more, the total, min and max (the equal count and the mean are in --json)."""
+    t = _table(title)
+    _policy_column(t, "a - b")
+    for label in ("a\nmore", "b\nmore", "total", "min", "max"):
+        t.add_column(label, justify="right", no_wrap=True)
     for d in diffs:
         t.add_row(
-            d["a"], d["b"], _fmt(d["requests"]), _fmt(d["a_more"]), _fmt(d["equal"]),
-            _fmt(d["b_more"]), f"{d['total_diff']:+,}", f"{d['mean_diff']:+.2f}",
-            f"{d['min_diff']:+,}", f"{d['max_diff']:+,}",
+            f"{d['a']} - {d['b']}", _fmt(d["a_more"]), _fmt(d["b_more"]),
+            f"{d['total_diff']:+,}", f"{d['min_diff']:+,}", f"{d['max_diff']:+,}",
         )
     return t
 
 
 def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Table:
-    t = Table(title="hit rate vs KV capacity (tokens)", title_justify="left",
-              box=box.SIMPLE_HEAD)
-    t.add_column("capacity", justify="right")
+    """Hit rate per capacity (rows) and policy (columns; names wrap at their hyphens)."""
+    t = _table("hit rate vs KV capacity")
+    t.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
     for name in rows:
-        t.add_column(name, justify="right")
+        t.add_column(name.replace("-", "-\n"), justify="right", no_wrap=True)
     for i, c in enumerate(capacities):
         t.add_row(f"{c:,}", *(_pct(rows[name][i]) for name in rows))
     return t
@@ -205,11 +243,13 @@ def progress_bars(console: Console, enabled: bool = True,
             prog.stop()
 
 
+_PERCENT_STATS = ("hit_rate_ceiling", "block_hit_rate_ceiling", "hash_id_repeat_share")
+
+
 def trace_stats_table(title: str, stats: dict[str, Any]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, min_width=len(title))
+    t = _table(title)
     t.add_column("statistic")
     t.add_column("value", justify="right")
     for k, v in stats.items():
-        t.add_row(k, _pct(v) if k in ("block_reuse_ceiling", "hash_id_repeat_share")
-                  else _fmt(v))
+        t.add_row(k, _pct(v) if k in _PERCENT_STATS else _fmt(v))
     return t
