@@ -25,6 +25,7 @@ __all__ = [
     "latency_table",
     "partial_reuse_table",
     "progress_bars",
+    "short_tokens",
     "sweep_table",
     "trace_stats_table",
     "write_csv",
@@ -153,22 +154,50 @@ def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Tabl
     return t
 
 
+def short_tokens(n: int) -> str:
+    """A token count as the CLI accepts it: 256k, 1.5M (decimal) or 256Ki, 1Mi (binary)
+    when that is exact, else the plain number."""
+    for units, base in (((("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)), 10),
+                        ((("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)), 2)):
+        for suffix, size in units:
+            if n >= size and (n * 10) % size == 0 and (base == 10 or n % size == 0):
+                v = n / size
+                return f"{v:g}{suffix}"
+    return f"{n:,}"
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", "-.", ":")
+
+
 def write_sweep_plot(path: str | Path, capacities: Sequence[int],
                      rows: dict[str, list[float]], title: str) -> None:
-    """Hit rate vs KV capacity, one curve per policy (matplotlib, no display needed)."""
+    """Hit rate vs KV capacity, one curve per policy (matplotlib, no display needed).
+    Each curve has its own marker and line style, later curves are drawn thinner and
+    hollow so that equal rates (radix under radix-page16) stay visible; the x ticks are
+    the swept capacities."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, rates in rows.items():
-        ax.plot(capacities, [100.0 * r for r in rates], marker="o", label=name)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    n = len(rows)
+    for i, (name, rates) in enumerate(rows.items()):
+        ax.plot(capacities, [100.0 * r for r in rates], label=name,
+                marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)],
+                linewidth=1.2 + 1.2 * (n - 1 - i) / max(n - 1, 1),
+                markersize=5 + 4 * (n - 1 - i) / max(n - 1, 1),
+                markerfacecolor="none" if i else None, zorder=2 + i)
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(list(capacities)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(list(capacities), [short_tokens(c) for c in capacities])
     ax.set_xlabel("KV capacity (tokens)")
     ax.set_ylabel("prompt tokens hit (%)")
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
