@@ -247,3 +247,16 @@ def test_outputs_past_2_31_tokens_replay(tmp_path: Path,
     assert s["requests"] == 3 and s["rejected"] == 3  # 2**30 output tokens never fit 1M
     assert main(["trace-stats", str(p)]) == 0
     assert "3,221,225,472" in capsys.readouterr().out
+
+
+def test_compare_runs_without_matplotlib_and_plot_says_what_is_missing() -> None:
+    """matplotlib is the `plot` extra: `pip install . && prefixcache compare` needs none."""
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from prefixcache.sim.cli import main\n"
+        "assert main(['compare', '--workload', 'C', '--quiet', '--policies', 'radix']) == 0\n"
+        "sys.exit(main(['sweep', 'workload:C', '--capacities', '1k', '--plot', 'x.png']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 2 and "3,060" in run.stdout
+    assert run.stderr.strip() == "error: --plot needs matplotlib: pip install 'prefixcache[plot]'"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
@@ -285,7 +286,7 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
     if tr.skipped:
-        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {spec}: lines "
+        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
                       f"{', '.join(map(str, tr.skipped_lines[:10]))}"
                       f"{' ...' if tr.skipped > 10 else ''}[/yellow]")
     return spec, tr
@@ -440,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except (_UsageError, PrefixCacheError, OSError) as e:
-        err.print(f"[red]error:[/red] {_one_line(e)}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(_one_line(e))}", soft_wrap=True)
         return 2
 
 
