@@ -220,7 +220,7 @@ def _open(path: Path) -> Any:
                 "(pip install zstandard)"
             ) from None
         reader = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
-        return io.BufferedReader(reader)  # type: ignore[arg-type]
+        return io.BufferedReader(reader)
     return path.open("rb")
 
 
