@@ -260,3 +260,15 @@ def test_compare_runs_without_matplotlib_and_plot_says_what_is_missing() -> None
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 2 and "3,060" in run.stdout
     assert run.stderr.strip() == "error: --plot needs matplotlib: pip install 'prefixcache[plot]'"
+
+
+def test_a_closed_pipe_still_writes_the_files(tmp_path: Path) -> None:
+    """`prefixcache replay ... --json out.json | head -1`: the reader leaves early (here at
+    once), the command finishes quietly and writes its file."""
+    js = tmp_path / "out.json"
+    cmd = (f"{sys.executable} -m prefixcache replay workload:F --quiet --policies radix "
+           f"--json {js} | true")
+    run = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and run.stderr == ""
+    assert json.loads(js.read_text())["summaries"][0]["policy"] == "radix"

@@ -7,6 +7,7 @@ CSV (``--csv``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -436,13 +437,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError("give a command: compare, replay, sweep or trace-stats "
                               "(see prefixcache --help)")
         _check_args(args)
-        console = Console(highlight=False)
+        console = Console(file=cast(IO[str], _PipeSafe(sys.stdout)), highlight=False)
         return COMMANDS[args.command](args, console, err)
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except (_UsageError, PrefixCacheError, OSError) as e:
         err.print(f"[red]error:[/red] {escape(_one_line(e))}", soft_wrap=True)
         return 2
+
+
+class _PipeSafe:
+    """stdout that stops writing when the reader goes away (``prefixcache ... | head``):
+    the command still runs to the end and writes its --json / --csv files."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.closed_by_reader = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_by_reader:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_by_reader:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.closed_by_reader = True
+        # No second BrokenPipeError when the interpreter flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    def fileno(self) -> int:
+        return int(self.stream.fileno())
 
 
 def _one_line(e: BaseException) -> str:
