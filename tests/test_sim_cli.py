@@ -272,3 +272,18 @@ def test_a_closed_pipe_still_writes_the_files(tmp_path: Path) -> None:
                          text=True)
     assert run.returncode == 0 and run.stderr == ""
     assert json.loads(js.read_text())["summaries"][0]["policy"] == "radix"
+
+
+def test_library_rejects_what_the_cli_rejects() -> None:
+    """The same checks hold without the CLI: cost-model values and max_running."""
+    from prefixcache.errors import InvalidInputError
+    from prefixcache.sim.replay import make_scheduler
+    from prefixcache.sim.scheduler import PrefillCost
+
+    for bad in ({"per_token_ms": -1000.0}, {"decode_step_ms": float("nan")},
+                {"base_ms": float("inf")}, {"attention_ms": "1"}):
+        with pytest.raises(InvalidInputError, match="PrefillCost"):
+            PrefillCost(**bad)  # type: ignore[arg-type]
+    for model in ("slots", "time"):
+        with pytest.raises(InvalidInputError, match="max_running must be >= 1"):
+            make_scheduler(model, max_running=0)
