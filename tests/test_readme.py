@@ -23,8 +23,9 @@ def test_readme_library_example_runs_and_prints_what_it_says(tmp_path: Path) -> 
     code = library_example()
     path = tmp_path / "example.py"
     path.write_text(code)
-    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                         check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     promised = [m.group(1) for m in re.finditer(r"print\(.*\)\s+# ([^:\n]+)", code)]
     assert [line.strip() for line in out if line.strip()] == [p.strip() for p in promised]
 
@@ -33,6 +34,7 @@ def test_readme_library_example_passes_mypy_strict(tmp_path: Path) -> None:
     api = pytest.importorskip("mypy.api")
     path = tmp_path / "example.py"
     path.write_text(library_example())
-    out, err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path),
-                                str(path)])
+    out, err, status = api.run(
+        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path), str(path)]
+    )
     assert status == 0, out + err

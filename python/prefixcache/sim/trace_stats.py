@@ -34,8 +34,9 @@ from prefixcache.sim.traces import MOONCAKE_BLOCK
 __all__ = ["trace_stats"]
 
 
-def trace_stats(requests: Sequence[Request], block_size: int = 512,
-                hash_ids: Sequence[TokenArray] | None = None) -> dict[str, Any]:
+def trace_stats(
+    requests: Sequence[Request], block_size: int = 512, hash_ids: Sequence[TokenArray] | None = None
+) -> dict[str, Any]:
     """Sizes, arrival span and hit-rate ceilings (see the module docstring). With
     Mooncake ``hash_ids`` also the trace's own block-id figures (every id, the partial last
     block included, as the trace README counts them)."""
@@ -114,8 +115,9 @@ def _token_ceiling(requests: Sequence[Request]) -> int:
 
 
 def _namespace(r: Request) -> bytes:
-    return hashlib.blake2b(repr((r.extra_key, r.cache_salt)).encode("utf-8", "replace"),
-                           digest_size=16).digest()
+    return hashlib.blake2b(
+        repr((r.extra_key, r.cache_salt)).encode("utf-8", "replace"), digest_size=16
+    ).digest()
 
 
 def _block_ceiling(requests: Sequence[Request], block_size: int) -> int:
@@ -141,15 +143,15 @@ def _block_ceiling(requests: Sequence[Request], block_size: int) -> int:
     return hits
 
 
-def _mooncake_ceilings(requests: Sequence[Request], hash_ids: Sequence[TokenArray],
-                       block_size: int) -> tuple[int, int]:
+def _mooncake_ceilings(
+    requests: Sequence[Request], hash_ids: Sequence[TokenArray], block_size: int
+) -> tuple[int, int]:
     """Both ceilings on the hash ids: a trie of ids as a flat dict (node, id) -> node,
     plus, per (node, id), the longest partial last block seen there. Outputs never extend
     a match (fresh tokens no prompt holds). Block sizes other than 512 fall back to the
     token path on expanded prompts."""
     if block_size != MOONCAKE_BLOCK:
-        return _mooncake_token_ceiling(requests, hash_ids), _block_ceiling(requests,
-                                                                           block_size)
+        return _mooncake_token_ceiling(requests, hash_ids), _block_ceiling(requests, block_size)
     hits = _mooncake_token_ceiling(requests, hash_ids)
     block_hits = 0
     child: dict[tuple[int, int], int] = {}
@@ -169,8 +171,7 @@ def _mooncake_ceilings(requests: Sequence[Request], hash_ids: Sequence[TokenArra
     return hits, block_hits
 
 
-def _mooncake_token_ceiling(requests: Sequence[Request],
-                            hash_ids: Sequence[TokenArray]) -> int:
+def _mooncake_token_ceiling(requests: Sequence[Request], hash_ids: Sequence[TokenArray]) -> int:
     child: dict[tuple[int, int], int] = {}  # full blocks
     partial: dict[tuple[int, int], int] = {}  # (node, id) -> longest partial block there
     hits = 0
