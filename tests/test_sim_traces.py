@@ -217,6 +217,11 @@ def test_ceilings_bound_every_policy_on_the_study_workloads(name: str) -> None:
             assert rates["vllm-blocks"] == st["block_hit_rate_ceiling"]
 
 
+def test_trace_stats_rejects_a_block_size_below_one() -> None:
+    with pytest.raises(InvalidInputError, match="block_size must be >= 1"):
+        trace_stats([], 0)
+
+
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 2**33) | st.integers(2**63, 10**40)
     | st.floats(allow_nan=True)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache import RadixCache
+from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray
 from prefixcache.sim.traces import MOONCAKE_BLOCK
 
@@ -41,7 +42,7 @@ def trace_stats(
     Mooncake ``hash_ids`` also the trace's own block-id figures (every id, the partial last
     block included, as the trace README counts them)."""
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
     n = len(requests)
     plen = np.array([r.prompt_len for r in requests], dtype=np.int64)
     olen = np.array([r.output_len for r in requests], dtype=np.int64)
