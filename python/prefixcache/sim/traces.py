@@ -236,8 +236,9 @@ def _decompress_errors() -> tuple[type[BaseException], ...]:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines with their 1-based numbers; decompression failures become one
-    :class:`InvalidInputError` (a missing or unreadable file stays an ``OSError``)."""
+    """Non-blank lines with their 1-based numbers. A failure while reading (a corrupt or
+    truncated compressed file) is one :class:`InvalidInputError`; a file that cannot be
+    opened stays an ``OSError``."""
     f = _open(path)
     errs = _decompress_errors()
     with f:
@@ -247,7 +248,8 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 line = f.readline()
             except errs as e:
                 raise InvalidInputError(
-                    f"{path}: cannot decompress after line {lineno}: {str(e) or type(e).__name__}"
+                    f"{path}: cannot read or decompress after line {lineno}: "
+                    f"{str(e) or type(e).__name__}"
                 ) from None
             if not line:
                 return
