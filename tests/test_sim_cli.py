@@ -191,6 +191,7 @@ def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out and "trtllm-nopartial - " in out and "rejected" in out
+    assert "requests never fit in KV 2,000 tokens, even alone" in " ".join(out.split())
     assert main(["sweep", "workload:D", "--capacities", "4k,16k,64k,256k,1M,4M", "--quiet",
                  "--policies", *policies]) == 0
     out = capsys.readouterr().out

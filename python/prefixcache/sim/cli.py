@@ -326,6 +326,13 @@ def _print_results(console: Console, heading: str, requests: Sequence[Request],
     _show(console, comparison_table(
         f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
         f"model {model}", sums))
+    rejected = {str(x["policy"]): int(x["rejected"]) for x in sums if x.get("rejected")}
+    if rejected:
+        worst = max(rejected.values())
+        console.print(f"[yellow]note: up to {worst:,} of {len(requests):,} requests never fit "
+                      f"in KV {cap_text}, even alone: rejected, not served, not in the hit "
+                      "rate[/yellow]")
+        console.print()
     partial = partial_reuse_table("trie: partial reuse of the last block", sums)
     if partial is not None:
         _show(console, partial)
