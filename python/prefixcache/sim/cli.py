@@ -126,7 +126,7 @@ class _UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(f"{message} (see {self.prog} --help)")
+        raise _UsageError(message, "help")
 
 
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
@@ -224,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="block size of the block ceiling, >= 1 (default 512 Mooncake, 16 else)")
     t.add_argument("--json", metavar="PATH", help="write every number as JSON")
     t.add_argument("--csv", metavar="PATH", help="write the row as CSV")
+    t.add_argument("--quiet", action="store_true", help="accepted for symmetry: trace-stats "
+                   "shows no progress bars")
     return ap
 
 
@@ -449,7 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except (_UsageError, PrefixCacheError, OSError) as e:
-        err.print(f"[red]error:[/red] {escape(_one_line(e))}", soft_wrap=True)
+        text = _one_line(e)
+        if isinstance(e, _UsageError) and e.args[1:] == ("help",):
+            command = argv[0] if argv[0] in COMMANDS else None
+            text += f" (see prefixcache {command + ' ' if command else ''}--help)"
+        err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
         return 2
 
 
@@ -490,7 +496,7 @@ class _PipeSafe:
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e) or type(e).__name__
+    text = str(e.args[0]) if isinstance(e, _UsageError) else str(e) or type(e).__name__
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         text = f"{e.filename}: {e.strerror}"
     return " ".join(text.split())
