@@ -217,6 +217,17 @@ def test_ceilings_bound_every_policy_on_the_study_workloads(name: str) -> None:
             assert rates["vllm-blocks"] == st["block_hit_rate_ceiling"]
 
 
+def test_ceilings_keep_namespaces_apart(tmp_path: Path) -> None:
+    prompt = list(range(1, 65))
+    p = write(tmp_path, [tok(id="a", prompt=prompt, cache_salt="t1"),
+                         tok(id="b", prompt=prompt, cache_salt="t2"),
+                         tok(id="c", prompt=prompt, extra_key="lora"),
+                         tok(id="d", prompt=prompt, cache_salt="t1")])
+    st = trace_stats(read_token_jsonl(p).requests, 16)
+    # Only d reuses (a's prompt, same salt): 63 tokens, 48 in full 16-token blocks.
+    assert st["hit_rate_ceiling"] == 63 / 256 and st["block_hit_rate_ceiling"] == 48 / 256
+
+
 def test_trace_stats_rejects_a_block_size_below_one() -> None:
     with pytest.raises(InvalidInputError, match="block_size must be >= 1"):
         trace_stats([], 0)
