@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -346,3 +347,16 @@ def test_outputs_beyond_2_31_tokens_are_readable(tmp_path: Path) -> None:
     q = write(tmp_path, [tok(id="a", output_len=2**31), tok(id="b", output_len=4)], "t2.jsonl")
     b = read_token_jsonl(q).requests[1].output
     assert b.size == 4 and (b >= 2**31).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw=st.binary(max_size=40), prefix=st.sampled_from([b"", b'{"id": "', b"\x1f\x8b"]))
+def test_any_bytes_parse_or_raise_a_trace_error(tmp_path_factory: pytest.TempPathFactory,
+                                                raw: bytes, prefix: bytes) -> None:
+    """Arbitrary bytes (not UTF-8, truncated compressed headers, ...) end in a
+    TraceFormatError or InvalidInputError, never another exception."""
+    p = tmp_path_factory.mktemp("bytes") / "t.jsonl"
+    p.write_bytes(prefix + raw.replace(b"\n", b" ") + b"\n")
+    for fmt in ("auto", "mooncake", "tokens"):
+        with contextlib.suppress(InvalidInputError):
+            read_trace(p, fmt=fmt)
