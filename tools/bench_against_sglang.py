@@ -81,7 +81,7 @@ def main() -> None:
     values = [torch.from_numpy(p.astype("int64")) for p in prompts]
 
     def sg_fill(t: Any) -> Any:
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             t.insert(InsertParams(key=RadixKey(k), value=v))
         return t
 
@@ -96,7 +96,9 @@ def main() -> None:
             "SGLang 0.5.23 RadixCache (classic)",
             sglang_tree,
             sg_fill,
-            lambda t: sum(t.match_prefix(MatchPrefixParams(key=RadixKey(k))).device_prefix_len for k in keys),
+            lambda t: sum(
+                t.match_prefix(MatchPrefixParams(key=RadixKey(k))).device_prefix_len for k in keys
+            ),
             lambda t: sum(
                 len(t.path_device_indices(t.match_prefix(MatchPrefixParams(key=RadixKey(k))).last_device_node))
                 for k in keys
@@ -126,7 +128,7 @@ def main() -> None:
             f" {ev * 1e3:8.2f}ms"
         )
     sg, pc = rows
-    ratios = [f"{a / b:.0f}x" for a, b in zip(sg[1:], pc[1:])]
+    ratios = [f"{a / b:.0f}x" for a, b in zip(sg[1:], pc[1:], strict=True)]
     print(f"{'speed-up':38s} {ratios[0]:>12s} {ratios[1]:>12s} {ratios[2]:>19s} {ratios[3]:>10s}")
 
 

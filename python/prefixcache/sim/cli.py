@@ -7,13 +7,20 @@ CSV (``--csv``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import re
 import sys
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NoReturn, cast
 
 from rich.console import Console
+from rich.markup import escape
 
+from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.policies import POLICY_NAMES
 from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
@@ -21,9 +28,9 @@ from prefixcache.sim.report import (
     comparison_table,
     difference_table,
     latency_table,
+    partial_reuse_table,
     progress_bars,
     sweep_table,
-    trace_stats,
     trace_stats_table,
     write_csv,
     write_json,
@@ -31,36 +38,99 @@ from prefixcache.sim.report import (
 )
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
+from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
 from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main", "parse_capacity"]
 
 
-def _capacity(text: str) -> int:
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_CAPACITY_RE = re.compile(r"(?P<num>[0-9][0-9_]*(\.[0-9]*)?([e][+-]?[0-9]+)?|\.[0-9]+)"
+                          r"(?P<unit>[kmgt]i?)?(?P<bytes>i?b)?")
+CAPACITY_HELP = ("tokens: 3000000, 3e6, 3M or 1.5G (decimal: k=10^3, M=10^6, G=10^9, T=10^12) "
+                 "or 3Mi (binary: Ki=2^10, Mi=2^20, Gi=2^30, Ti=2^40)")
+
+
+def parse_capacity(text: str) -> int:
+    """A KV capacity in tokens: a number with an optional decimal (k, M, G, T) or binary
+    (Ki, Mi, Gi, Ti) suffix, case-insensitive; it must come to a whole number >= 1."""
     t = text.strip().lower().replace("_", "")
-    mult = 1
-    if t and t[-1] in "km":
-        mult = 1024 if t[-1] == "k" else 1024 * 1024
-        t = t[:-1]
-    try:
-        v = int(t) * mult
-    except ValueError:
+    m = _CAPACITY_RE.fullmatch(t)
+    if m is not None and m.group("bytes"):
         raise argparse.ArgumentTypeError(
-            f"bad capacity {text!r}: an integer number of tokens (suffix k or M allowed)"
-        ) from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"capacity must be >= 0, got {text!r}")
-    return v
+            f"bad capacity {text!r}: a capacity counts tokens, not bytes (drop the B)")
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"bad capacity {text!r}: expected a number of tokens such as 3000000, 3e6, "
+            "1.5M or 3Mi")
+    unit = m.group("unit") or ""
+    mult = _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
+    value = Fraction(m.group("num")) * mult
+    if value.denominator != 1:
+        raise argparse.ArgumentTypeError(
+            f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens")
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
+            "unlimited one)")
+    return int(value)
 
 
 def _capacities(text: str) -> list[int]:
-    return [_capacity(x) for x in text.split(",") if x.strip()]
+    caps = [parse_capacity(x) for x in text.split(",") if x.strip()]
+    if not caps:
+        raise argparse.ArgumentTypeError("give at least one capacity, e.g. 256k,1M")
+    return caps
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 2**64:
+        raise argparse.ArgumentTypeError(f"expected a whole number in [0, 2**64), got {text!r}")
+    return v
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms >= 0, got {text!r}")
+    return v
 
 
 def _policies(values: Sequence[str]) -> list[str]:
     out = [p.strip() for v in values for p in v.split(",") if p.strip()]
     return out or list(POLICY_NAMES)
+
+
+class _UsageError(Exception):
+    """A bad command line: printed as one ``error:`` line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message, "help")
+
+
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
@@ -69,13 +139,13 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
                    "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] "
                    "(default: {})".format(", ".join(POLICY_NAMES)))
     if capacity:
-        p.add_argument("--capacity", type=_capacity, default=None,
-                       help="KV budget in tokens, the same for every policy "
+        p.add_argument("--capacity", type=parse_capacity, default=None, metavar="TOKENS",
+                       help=f"KV budget, the same for every policy, in {CAPACITY_HELP} "
                        "(default: the workload's own; traces: unlimited)")
-    p.add_argument("--eviction", default="lru",
-                   help="radix eviction policy: lru, lfu, fifo, mru, filo, priority, slru")
-    p.add_argument("--hash-algo", default="sha256",
-                   help="vLLM block hash: sha256, sha256_cbor, xxhash, xxhash_cbor")
+    p.add_argument("--eviction", default="lru", choices=EVICTION_POLICIES,
+                   help="radix eviction policy (default lru)")
+    p.add_argument("--hash-algo", default="sha256", choices=HASH_ALGOS,
+                   help="vLLM block hash (default sha256)")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("--csv", metavar="PATH", help="write the summary rows as CSV")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -85,40 +155,49 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
     g.add_argument("--model", choices=("slots", "time"), default="slots",
                    help="slots: the A-F study's model; time: continuous batching on a clock")
-    g.add_argument("--max-running", type=int, default=None,
-                   help="requests holding KV at once (default 8 slots, 256 time)")
+    g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
+                   help="requests holding KV at once, >= 1 (default 8 slots, 256 time)")
     g.add_argument("--no-preemption", action="store_true",
                    help="time model: reserve each request's output KV at admission "
                    "instead of preempting when KV runs out mid-decode")
     d = PrefillCost()
-    g.add_argument("--prefill-base-ms", type=float, default=d.base_ms)
-    g.add_argument("--prefill-ms-per-token", type=float, default=d.per_token_ms,
-                   help="prefill time per uncached token")
-    g.add_argument("--prefill-attention-ms", type=float, default=d.attention_ms,
-                   help="quadratic attention term: ms per (query, key) pair")
-    g.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms)
+    g.add_argument("--prefill-base-ms", type=_milliseconds, default=d.base_ms, metavar="MS",
+                   help=f"fixed cost of a prefill (default {d.base_ms})")
+    g.add_argument("--prefill-ms-per-token", type=_milliseconds, default=d.per_token_ms,
+                   metavar="MS", help=f"per uncached token (default {d.per_token_ms})")
+    g.add_argument("--prefill-attention-ms", type=_milliseconds, default=d.attention_ms,
+                   metavar="MS",
+                   help=f"per (query, key) pair, the quadratic term (default {d.attention_ms})")
+    g.add_argument("--decode-step-ms", type=_milliseconds, default=d.decode_step_ms,
+                   metavar="MS", help=f"one decode step (default {d.decode_step_ms})")
 
 
 def _add_trace(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="a trace file (Mooncake or token JSONL), or workload:A..F")
-    p.add_argument("--format", choices=("auto", "mooncake", "tokens"), default="auto")
+    p.add_argument("trace", help="a trace file (Mooncake or token JSONL; may be gzip, zstd, "
+                   "bzip2 or xz compressed), or workload:A..F")
+    p.add_argument("--format", choices=("auto", "mooncake", "tokens"), default="auto",
+                   help="trace file format (default: detected from the first line)")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip malformed lines (counted) instead of stopping at the first")
-    p.add_argument("--seed", type=int, default=0, help="seed of a built-in workload")
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="random seed of a built-in workload (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="prefixcache",
         description="Replay the same requests through several engines' prefix caches and "
-        "compare the prefill tokens they save.",
+        "compare the prefill tokens they save. Start with: prefixcache compare",
+        epilog="docs/SIMULATOR.md describes every command, model and format.",
     )
-    sub = ap.add_subparsers(dest="command")
+    ap.add_argument("--version", action="version", version=f"prefixcache {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     c = sub.add_parser("compare", help="the A-F study table on built-in workloads A-F")
     c.add_argument("--workload", default="all",
                    help="A..F, a comma list, or all (default)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=_seed, default=0,
+                   help="random seed of the workloads (default 0)")
     _add_common(c)
     _add_model(c)
 
@@ -130,19 +209,75 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
     _add_trace(s)
-    s.add_argument("--capacities", type=_capacities, required=True,
-                   help="comma separated token budgets, e.g. 64k,256k,1M")
-    s.add_argument("--plot", metavar="PNG", help="write the plot (matplotlib)")
+    s.add_argument("--capacities", type=_capacities, required=True, metavar="LIST",
+                   help="comma-separated token budgets (k, M, G decimal; Ki, Mi, Gi binary), "
+                   "e.g. 64k,256k,1M")
+    s.add_argument("--plot", metavar="PNG",
+                   help="write the plot (PNG, SVG or PDF by the name's suffix; needs "
+                   "matplotlib: pip install 'prefixcache[plot]')")
     _add_common(s, capacity=False)
     _add_model(s)
 
-    t = sub.add_parser("trace-stats", help="sizes and prefix sharing of a trace")
+    t = sub.add_parser("trace-stats", help="sizes, arrival span and hit-rate ceilings of a trace")
     _add_trace(t)
-    t.add_argument("--block-size", type=int, default=None,
-                   help="block size of the reuse ceiling (default 512 Mooncake, 16 else)")
-    t.add_argument("--json", metavar="PATH")
-    t.add_argument("--csv", metavar="PATH")
+    t.add_argument("--block-size", type=_positive_int, default=None, metavar="TOKENS",
+                   help="block size of the block ceiling, >= 1 (default 512 Mooncake, 16 else)")
+    t.add_argument("--json", metavar="PATH", help="write every number as JSON")
+    t.add_argument("--csv", metavar="PATH", help="write the row as CSV")
+    t.add_argument("--quiet", action="store_true", help="accepted for symmetry: trace-stats "
+                   "shows no progress bars")
     return ap
+
+
+def _check_output(path: str | None, option: str) -> None:
+    """Fail before the run, not after it, on a path that cannot be written."""
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise _UsageError(f"{option} {path}: is a directory")
+    if not parent.is_dir():
+        raise _UsageError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise _UsageError(f"{option} {path}: not writable")
+
+
+def _check_plot(path: str | None) -> None:
+    if path is None:
+        return
+    _check_output(path, "--plot")
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise _UsageError("--plot needs matplotlib: pip install 'prefixcache[plot]'") from None
+    suffix = Path(path).suffix.lower().lstrip(".")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in kinds:
+        raise _UsageError(f"--plot {path}: unknown image type {suffix!r}; use one of "
+                          + ", ".join(f".{k}" for k in sorted(kinds)))
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for option in ("json", "csv", "records_csv"):
+        _check_output(getattr(args, option, None), "--" + option.replace("_", "-"))
+    _check_plot(getattr(args, "plot", None))
+    spec = getattr(args, "trace", None)
+    if spec is not None and spec.startswith("workload:") and args.format != "auto":
+        raise _UsageError(f"--format {args.format} applies to trace files, not to the "
+                          f"built-in {spec}")
+    if getattr(args, "workload", None) is not None:
+        names = _workload_names(args.workload)
+        bad = [n for n in names if n not in STUDY_WORKLOADS]
+        if bad or not names:
+            raise _UsageError(f"--workload {args.workload!r}: expected A..F, a comma list of "
+                              "them, or all")
+
+
+def _workload_names(text: str) -> list[str]:
+    if text.strip().lower() == "all":
+        return list(STUDY_WORKLOADS)
+    return [w.strip().upper() for w in text.split(",") if w.strip()]
 
 
 def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
@@ -154,7 +289,7 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
     if tr.skipped:
-        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {spec}: lines "
+        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
                       f"{', '.join(map(str, tr.skipped_lines[:10]))}"
                       f"{' ...' if tr.skipped > 10 else ''}[/yellow]")
     return spec, tr
@@ -180,9 +315,37 @@ def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
             for i in range(len(results)) for j in range(i + 1, len(results))]
 
 
+def _show(console: Console, table: Any) -> None:
+    console.print(table)
+    console.print()
+
+
+def _print_results(console: Console, heading: str, requests: Sequence[Request],
+                   capacity: int | None, model: str, sums: Sequence[dict[str, Any]],
+                   diffs: Sequence[dict[str, Any]]) -> None:
+    cap_text = "unlimited" if capacity is None else f"{capacity:,} tokens"
+    prompt = sum(r.prompt_len for r in requests)
+    _show(console, comparison_table(
+        f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
+        f"model {model}", sums))
+    rejected = {str(x["policy"]): int(x["rejected"]) for x in sums if x.get("rejected")}
+    if rejected:
+        worst = max(rejected.values())
+        console.print(f"[yellow]note: up to {worst:,} of {len(requests):,} requests never fit "
+                      f"in KV {cap_text}, even alone: rejected, not served, not in the hit "
+                      "rate[/yellow]")
+        console.print()
+    partial = partial_reuse_table("trie: partial reuse of the last block", sums)
+    if partial is not None:
+        _show(console, partial)
+    if model == "time":
+        _show(console, latency_table("time model: preemption and estimated latency", sums))
+    if diffs:
+        _show(console, difference_table("per-request hit tokens, a - b", diffs))
+
+
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
-    names = list(STUDY_WORKLOADS) if args.workload.lower() == "all" else [
-        w.strip().upper() for w in args.workload.split(",") if w.strip()]
+    names = _workload_names(args.workload)
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -191,14 +354,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
         results = _run(args, w.requests, cap, console, err)
         sums = [summarize(r) for r in results]
         diffs = _diffs(results)
-        cap_text = "unlimited" if cap is None else f"{cap:,} tokens"
-        console.print(comparison_table(
-            f"workload {w.name}: {w.description} (KV {cap_text}, model {args.model})", sums))
-        if args.model == "time":
-            console.print(latency_table(f"workload {w.name}: time model", sums))
-        if diffs:
-            console.print(difference_table(f"workload {w.name}: per-request hit tokens, a - b",
-                                           diffs))
+        _print_results(console, f"workload {w.name}: {w.description}", w.requests, cap,
+                       args.model, sums, diffs)
         out.append({"workload": w.name, "description": w.description,
                     "capacity": sums[0]["capacity"], "summaries": sums, "differences": diffs})
         rows += [{"workload": w.name, **s} for s in sums]
@@ -215,13 +372,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     results = _run(args, reqs, args.capacity, console, err)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
-    cap_text = "unlimited" if args.capacity is None else f"{args.capacity:,} tokens"
-    console.print(comparison_table(f"{label}: {len(reqs):,} requests (KV {cap_text}, "
-                                   f"model {args.model})", sums))
-    if args.model == "time":
-        console.print(latency_table("time model", sums))
-    if diffs:
-        console.print(difference_table("per-request hit tokens, a - b", diffs))
+    _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
     if args.json:
         write_json(args.json, {
             "command": "replay", "trace": label, "skipped_lines": tr.skipped,
@@ -240,8 +391,6 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
     reqs = tr.requests
     caps: list[int] = args.capacities
-    if not caps:
-        raise PrefixCacheError("--capacities is empty")
     rates: dict[str, list[float]] = {}
     all_sums: list[dict[str, Any]] = []
     for cap in caps:
@@ -249,7 +398,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
             s = summarize(res)
             rates.setdefault(res.policy, []).append(float(s["hit_rate"]))
             all_sums.append(s)
-    console.print(sweep_table(caps, rates))
+    _show(console, sweep_table(caps, rates))
     if args.plot:
         write_sweep_plot(args.plot, caps, rates,
                          f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
@@ -264,9 +413,10 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
-    bs = args.block_size or (512 if tr.format == "mooncake" else 16)
+    bs = args.block_size if args.block_size is not None else (
+        512 if tr.format == "mooncake" else 16)
     st = {"skipped_lines": tr.skipped, **trace_stats(tr.requests, bs, tr.hash_ids)}
-    console.print(trace_stats_table(f"{label} ({tr.format})", st))
+    _show(console, trace_stats_table(f"{label} ({tr.format})", st))
     if args.json:
         write_json(args.json, {"command": "trace-stats", "trace": label, **st})
     if args.csv:
@@ -279,18 +429,77 @@ COMMANDS = {"compare": cmd_compare, "replay": cmd_replay, "sweep": cmd_sweep,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 an error, printed as one
+    ``error:`` line on stderr)."""
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["compare", *argv]  # the default command
-    args = ap.parse_args(argv)
-    console = Console(width=None if sys.stdout.isatty() else 120)
-    err = Console(stderr=True)
+    err = Console(stderr=True, highlight=False)
+    if not argv:
+        ap.print_help()
+        return 0
     try:
+        if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+            raise _UsageError(f"give a command before the options, e.g. prefixcache compare "
+                              f"{' '.join(argv)} (see prefixcache --help)")
+        args = ap.parse_args(argv)
+        if args.command is None:
+            raise _UsageError("give a command: compare, replay, sweep or trace-stats "
+                              "(see prefixcache --help)")
+        _check_args(args)
+        console = Console(file=cast(IO[str], _PipeSafe(sys.stdout)), highlight=False)
         return COMMANDS[args.command](args, console, err)
-    except (PrefixCacheError, OSError) as e:
-        err.print(f"[red]error:[/red] {e}")
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except (_UsageError, PrefixCacheError, OSError) as e:
+        text = _one_line(e)
+        if isinstance(e, _UsageError) and e.args[1:] == ("help",):
+            command = argv[0] if argv[0] in COMMANDS else None
+            text += f" (see prefixcache {command + ' ' if command else ''}--help)"
+        err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
         return 2
+
+
+class _PipeSafe:
+    """stdout that stops writing when the reader goes away (``prefixcache ... | head``):
+    the command still runs to the end and writes its --json / --csv files."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.closed_by_reader = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_by_reader:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_by_reader:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.closed_by_reader = True
+        # No second BrokenPipeError when the interpreter flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    def fileno(self) -> int:
+        return int(self.stream.fileno())
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e.args[0]) if isinstance(e, _UsageError) else str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.filename}: {e.strerror}"
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

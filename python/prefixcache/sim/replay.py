@@ -56,9 +56,9 @@ def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
 def make_scheduler(model: str, *, max_running: int | None = None,
                    cost: PrefillCost | None = None, preemption: bool = True) -> Scheduler:
     if model == "slots":
-        return SlotScheduler(max_running or 8)
+        return SlotScheduler(8 if max_running is None else max_running)
     if model == "time":
-        return TimeScheduler(max_running or 256, cost, preemption)
+        return TimeScheduler(256 if max_running is None else max_running, cost, preemption)
     raise InvalidInputError(f"unknown scheduler model {model!r}; expected slots or time")
 
 

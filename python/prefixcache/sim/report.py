@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 import time
@@ -19,15 +18,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from prefixcache.sim.replay import ProgressFactory
-from prefixcache.sim.requests import Request
 
 __all__ = [
     "comparison_table",
     "difference_table",
     "latency_table",
+    "partial_reuse_table",
     "progress_bars",
+    "short_tokens",
     "sweep_table",
-    "trace_stats",
     "trace_stats_table",
     "write_csv",
     "write_json",
@@ -36,10 +35,21 @@ __all__ = [
 
 
 def _fmt(v: Any) -> str:
+    """One number format everywhere: thousands separators, no exponents; floats to about
+    three or four significant digits (NaN: "-")."""
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
     if isinstance(v, float):
         if math.isnan(v):
             return "-"
-        return f"{v:.4g}"
+        a = abs(v)
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3f}"
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
@@ -49,23 +59,34 @@ def _pct(v: float) -> str:
     return f"{100.0 * v:.2f}%"
 
 
+def _table(title: str) -> Table:
+    """A table whose title lines are not wrapped to its own width (up to 80 columns)."""
+    width = min(max((len(line) for line in title.splitlines()), default=0), 80)
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                 show_edge=False, min_width=width)
+
+
+def _policy_column(t: Table, header: str = "policy") -> None:
+    t.add_column(header, justify="left", no_wrap=True)
+
+
+# Tables fit 80 columns: the per-policy counts shared by every row (requests, prompt
+# tokens) go in the title, long headers wrap onto two lines, and what does not fit (the
+# mean difference, the trie's partial-reuse counters) has its own table or is in --json.
+
+
 def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
-    """One row per policy: the A-F study's columns."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    cols = [
-        ("policy", "policy"), ("requests", "requests"), ("prompt tok", "prompt_tokens"),
-        ("hit tok", "hit_tokens"), ("hit rate", "hit_rate"),
-        ("evicted tok", "evicted_tokens"), ("evictions", "evictions"),
-    ]
+    """One row per policy: hits, hit rate, evictions (``rejected`` when any request was)."""
+    t = _table(title)
+    _policy_column(t)
+    cols = [("hit\ntokens", "hit_tokens"), ("hit\nrate", "hit_rate"),
+            ("evicted\ntokens", "evicted_tokens"), ("evictions", "evictions")]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
-    if any("partial_hits" in s for s in summaries):
-        cols += [("partial hits", "partial_hits"), ("copies", "copies")]
     for label, _ in cols:
-        t.add_column(label, justify="left" if label == "policy" else "right",
-                     no_wrap=label == "policy")
+        t.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
-        row = []
+        row = [str(s["policy"])]
         for _, key in cols:
             v = s.get(key)
             if key == "hit_rate":
@@ -73,67 +94,110 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
             elif key == "evictions":
                 row.append(f"{_fmt(v)} {s['eviction_unit']}")
             else:
-                row.append("-" if v is None else _fmt(v))
+                row.append(_fmt(v))
         t.add_row(*row)
+    return t
+
+
+def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table | None:
+    """The TensorRT-LLM trie's partial-block reuse, for the policies that report it."""
+    rows = [s for s in summaries if "partial_hits" in s]
+    if not rows:
+        return None
+    t = _table(title)
+    _policy_column(t)
+    for label in ("partial\nhits", "partial\ntokens", "copies", "copied\ntokens"):
+        t.add_column(label, justify="right", no_wrap=True)
+    for s in rows:
+        t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for k in (
+            "partial_hits", "partial_tokens", "copies", "copied_tokens")))
     return t
 
 
 def latency_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """Time model: preemptions, recomputation and the estimated TTFT per policy."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    cols = [("policy", "policy"), ("preemptions", "preemptions"),
-            ("recomputed tok", "recomputed_tokens"), ("TTFT p50 s", "ttft_p50"),
-            ("p90 s", "ttft_p90"), ("p99 s", "ttft_p99"), ("makespan s", "makespan")]
+    t = _table(title)
+    _policy_column(t)
+    cols = [("pre-\nempted", "preemptions"), ("recomputed\ntokens", "recomputed_tokens"),
+            ("TTFT p50\n(s)", "ttft_p50"), ("p90\n(s)", "ttft_p90"), ("p99\n(s)", "ttft_p99"),
+            ("makespan\n(s)", "makespan")]
     for label, _ in cols:
-        t.add_column(label, justify="left" if label == "policy" else "right",
-                     no_wrap=label == "policy")
+        t.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
-        t.add_row(*(_fmt(s.get(key)) for _, key in cols))
+        t.add_row(str(s["policy"]), *(_fmt(s.get(key)) for _, key in cols))
     return t
 
 
 def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
-    """Per-request hit difference between pairs of policies."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in ("a", "b", "requests", "a more", "equal", "b more", "total", "mean",
-                  "min", "max"):
-        t.add_column(label, justify="left" if label in "ab" else "right", no_wrap=True)
+    """Per-request hit difference between pairs of policies: how many requests each side
+    hits more, the total, min and max (the equal count and the mean are in --json)."""
+    t = _table(title)
+    _policy_column(t, "a - b")
+    for label in ("a\nmore", "b\nmore", "total", "min", "max"):
+        t.add_column(label, justify="right", no_wrap=True)
     for d in diffs:
         t.add_row(
-            d["a"], d["b"], _fmt(d["requests"]), _fmt(d["a_more"]), _fmt(d["equal"]),
-            _fmt(d["b_more"]), f"{d['total_diff']:+,}", f"{d['mean_diff']:+.2f}",
-            f"{d['min_diff']:+,}", f"{d['max_diff']:+,}",
+            f"{d['a']} - {d['b']}", _fmt(d["a_more"]), _fmt(d["b_more"]),
+            f"{d['total_diff']:+,}", f"{d['min_diff']:+,}", f"{d['max_diff']:+,}",
         )
     return t
 
 
 def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Table:
-    t = Table(title="hit rate vs KV capacity (tokens)", title_justify="left",
-              box=box.SIMPLE_HEAD)
-    t.add_column("capacity", justify="right")
+    """Hit rate per capacity (rows) and policy (columns; names wrap at their hyphens)."""
+    t = _table("hit rate vs KV capacity")
+    t.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
     for name in rows:
-        t.add_column(name, justify="right")
+        t.add_column(name.replace("-", "-\n"), justify="right", no_wrap=True)
     for i, c in enumerate(capacities):
         t.add_row(f"{c:,}", *(_pct(rows[name][i]) for name in rows))
     return t
 
 
+def short_tokens(n: int) -> str:
+    """A token count as the CLI accepts it: 256k, 1.5M (decimal) or 256Ki, 1Mi (binary)
+    when that is exact, else the plain number."""
+    for units, base in (((("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)), 10),
+                        ((("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)), 2)):
+        for suffix, size in units:
+            if n >= size and (n * 10) % size == 0 and (base == 10 or n % size == 0):
+                v = n / size
+                return f"{v:g}{suffix}"
+    return f"{n:,}"
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", "-.", ":")
+
+
 def write_sweep_plot(path: str | Path, capacities: Sequence[int],
                      rows: dict[str, list[float]], title: str) -> None:
-    """Hit rate vs KV capacity, one curve per policy (matplotlib, no display needed)."""
+    """Hit rate vs KV capacity, one curve per policy (matplotlib, no display needed).
+    Each curve has its own marker and line style, later curves are drawn thinner and
+    hollow so that equal rates (radix under radix-page16) stay visible; the x ticks are
+    the swept capacities."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, rates in rows.items():
-        ax.plot(capacities, [100.0 * r for r in rates], marker="o", label=name)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    n = len(rows)
+    for i, (name, rates) in enumerate(rows.items()):
+        ax.plot(capacities, [100.0 * r for r in rates], label=name,
+                marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)],
+                linewidth=1.2 + 1.2 * (n - 1 - i) / max(n - 1, 1),
+                markersize=5 + 4 * (n - 1 - i) / max(n - 1, 1),
+                markerfacecolor="none" if i else None, zorder=2 + i)
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(list(capacities)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(list(capacities), [short_tokens(c) for c in capacities])
     ax.set_xlabel("KV capacity (tokens)")
     ax.set_ylabel("prompt tokens hit (%)")
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -208,81 +272,13 @@ def progress_bars(console: Console, enabled: bool = True,
             prog.stop()
 
 
-def trace_stats(requests: Sequence[Request], block_size: int = 512,
-                hash_ids: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
-    """Sizes, arrival span and the prefix-sharing ceiling of a request list.
-
-    ``block_reuse_ceiling``: the share of full ``block_size`` prompt blocks (chained by
-    prefix, so a block counts only with all blocks before it) already seen earlier in the
-    list - the hit rate of an infinite block cache at that granularity. With Mooncake
-    ``hash_ids`` also the trace's own block-id figures (every id, the partial last block
-    included, as the trace README counts them).
-    """
-    n = len(requests)
-    plen = np.array([r.prompt_len for r in requests], dtype=np.int64)
-    olen = np.array([r.output_len for r in requests], dtype=np.int64)
-    arr = np.array([r.arrival for r in requests], dtype=np.float64)
-    seen: set[bytes] = set()
-    refs = repeats = 0
-    for r in requests:
-        p = r.prompt
-        nfull = len(p) // block_size
-        if nfull == 0:
-            continue
-        # A block is identified by the whole prefix up to its end: hash the chain.
-        blocks = p[: nfull * block_size].reshape(nfull, block_size)
-        parent = b""
-        for row in blocks:
-            key = hashlib.blake2b(parent + row.tobytes(), digest_size=16).digest()
-            refs += 1
-            if key in seen:
-                repeats += 1
-            else:
-                seen.add(key)
-            parent = key
-    sessions = {r.session for r in requests if r.session is not None}
-    extra: dict[str, Any] = {}
-    if hash_ids is not None:
-        ids = np.concatenate(hash_ids) if hash_ids else np.zeros(0, dtype=np.uint32)
-        distinct = int(np.unique(ids).size)
-        extra = {
-            "hash_id_refs": int(ids.size),
-            "distinct_hash_ids": distinct,
-            "hash_id_repeat_share": (ids.size - distinct) / ids.size if ids.size else 0.0,
-        }
-
-    def q(a: np.ndarray, p: float) -> float:
-        return float(np.percentile(a, p)) if a.size else 0.0
-
-    return {
-        "requests": n,
-        "sessions": len(sessions),
-        "prompt_tokens": int(plen.sum()),
-        "output_tokens": int(olen.sum()),
-        "prompt_mean": float(plen.mean()) if n else 0.0,
-        "prompt_p50": q(plen, 50),
-        "prompt_p99": q(plen, 99),
-        "prompt_max": int(plen.max()) if n else 0,
-        "output_mean": float(olen.mean()) if n else 0.0,
-        "output_p50": q(olen, 50),
-        "output_p99": q(olen, 99),
-        "arrival_first_s": float(arr.min()) if n else 0.0,
-        "arrival_last_s": float(arr.max()) if n else 0.0,
-        "request_rate_per_s": (n / float(arr.max() - arr.min())) if n > 1 and arr.max() > arr.min()
-        else math.nan,
-        "block_size": block_size,
-        "full_block_refs": refs,
-        "distinct_blocks": len(seen),
-        "block_reuse_ceiling": repeats / refs if refs else 0.0,
-        **extra,
-    }
+_PERCENT_STATS = ("hit_rate_ceiling", "block_hit_rate_ceiling", "hash_id_repeat_share")
 
 
 def trace_stats_table(title: str, stats: dict[str, Any]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, min_width=len(title))
+    t = _table(title)
     t.add_column("statistic")
     t.add_column("value", justify="right")
     for k, v in stats.items():
-        t.add_row(k, _pct(v) if k in ("block_reuse_ceiling", "hash_id_repeat_share")
-                  else _fmt(v))
+        t.add_row(k, _pct(v) if k in _PERCENT_STATS else _fmt(v))
     return t

@@ -88,6 +88,16 @@ class Request:
         o = self._output
         return o() if callable(o) else o
 
+    def output_head(self, k: int) -> TokenArray:
+        """The first ``k`` output tokens; a lazy output that can produce only its head
+        (the trace readers' fresh outputs can) is not produced whole."""
+        o = self._output
+        head = getattr(o, "head", None)
+        if callable(o) and callable(head):
+            out: TokenArray = head(k)
+            return out
+        return self.output[:k]
+
     def __repr__(self) -> str:
         return (
             f"Request(id={self.id!r}, prompt_len={self.prompt_len}, "

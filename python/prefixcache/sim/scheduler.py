@@ -127,6 +127,15 @@ class PrefillCost:
     attention_ms: float = 1e-7
     decode_step_ms: float = 20.0
 
+    def __post_init__(self) -> None:
+        for name in ("base_ms", "per_token_ms", "attention_ms", "decode_step_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise InvalidInputError(f"PrefillCost.{name} must be a number, got {v!r}")
+            if not (math.isfinite(v) and v >= 0):
+                raise InvalidInputError(
+                    f"PrefillCost.{name} must be a finite number >= 0, got {v!r}")
+
     def prefill_ms(self, prompt: int, hit: int) -> float:
         return (self.base_ms + self.per_token_ms * (prompt - hit)
                 + self.attention_ms * (prompt * prompt - hit * hit) / 2.0)

@@ -8,7 +8,8 @@ Each hash id stands for one 512-token block; equal ids mean equal content. The r
 expands id ``h`` into the 512 tokens ``h * 512 + 0 .. h * 512 + 511`` (distinct for distinct
 ids, depending only on the id), truncates the last block to ``input_length``, and gives
 each request ``output_length`` fresh output tokens from a range no prompt token uses
-(``2**31`` and up). Prompts are expanded lazily (numpy, no per-token Python loop).
+(``2**31`` and up, see :func:`fresh_outputs`). Prompts are expanded lazily (numpy, no
+per-token Python loop).
 
 Token JSONL (prefixcache's own format), one object per line::
 
@@ -16,17 +17,26 @@ Token JSONL (prefixcache's own format), one object per line::
      "output_len": int  |  "output": [int, ...],
      "session": str|int (optional), "extra_key": str (optional), "cache_salt": str (optional)}
 
-With ``output_len`` the outputs get fresh unique tokens (``2**31`` and up).
+With ``output_len`` the outputs get fresh tokens (``2**31`` and up, as for Mooncake).
 
-A malformed line raises :class:`TraceFormatError` naming the file and line number; with
-``skip_bad_lines=True`` bad lines are skipped and counted (``Trace.skipped``) instead.
-Blank lines are ignored.
+Files compressed with gzip, zstd (needs the ``zstandard`` package), bzip2 or xz are read
+transparently, recognised by their first bytes (not their name). A malformed line - not
+UTF-8, not a JSON object, nested too deeply, a field of the wrong type or range, a string
+that is not valid Unicode (a lone surrogate escape) - raises :class:`TraceFormatError`
+naming the file and line number; with ``skip_bad_lines=True`` bad lines are skipped and
+counted (``Trace.skipped``) instead. Blank lines are ignored. A file that cannot be
+decompressed raises :class:`InvalidInputError`.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +53,7 @@ __all__ = [
     "TraceFormatError",
     "detect_format",
     "expand_hash_ids",
+    "fresh_outputs",
     "read_mooncake",
     "read_token_jsonl",
     "read_trace",
@@ -51,6 +62,7 @@ __all__ = [
 MOONCAKE_BLOCK = 512
 _MAX_HASH_ID = (2**31) // MOONCAKE_BLOCK - 1  # prompt tokens stay below 2**31
 _OUTPUT_BASE = 2**31  # fresh output tokens live in [2**31, 2**32)
+_OUTPUT_IDS = 2**31
 _MAX_TOKEN = 2**32 - 1
 
 
@@ -88,26 +100,55 @@ def expand_hash_ids(hash_ids: TokenArray | list[int], input_length: int) -> Toke
     return tokens[:input_length]
 
 
+def fresh_outputs(index: int, start: int, n: int, total: int) -> TokenArray:
+    """The fresh output tokens of one request, from ``[2**31, 2**32)``.
+
+    ``index`` numbers the requests given fresh outputs (0, 1, ...), ``start`` is the number
+    of fresh tokens handed out before this request, ``total`` over the whole trace. While
+    ``total <= 2**31`` every request gets its own range ``2**31 + start ..`` and no two
+    output tokens are equal. Beyond that there are not enough ids for that, and request
+    ``index`` gets ``2**31 + (index + j) mod 2**31`` for its j-th token instead: the first
+    output token still differs between any two requests, and that is all the caches need -
+    a prompt never holds these ids, so no request can reuse another's output past the
+    first token (tree paths, block hashes and trie nodes diverge there).
+    """
+    if total <= _OUTPUT_IDS:
+        return np.arange(_OUTPUT_BASE + start, _OUTPUT_BASE + start + n, dtype=np.uint32)
+    j = np.arange(n, dtype=np.uint64) + np.uint64(index % _OUTPUT_IDS)
+    return (j % np.uint64(_OUTPUT_IDS) + np.uint64(_OUTPUT_BASE)).astype(np.uint32)
+
+
+class _FreshTokens:
+    """A request's fresh output tokens, produced on demand (all, or only the first k)."""
+
+    __slots__ = ("fresh", "index", "n", "start")
+
+    def __init__(self, fresh: _Fresh, index: int, start: int, n: int) -> None:
+        self.fresh, self.index, self.start, self.n = fresh, index, start, n
+
+    def __call__(self) -> TokenArray:
+        return self.head(self.n)
+
+    def head(self, k: int) -> TokenArray:
+        return fresh_outputs(self.index, self.start, min(k, self.n), self.fresh.total)
+
+
 class _Fresh:
-    """Output tokens from a reserved range, assigned in file order."""
+    """Fresh output tokens, in file order; the scheme is fixed once the total is known."""
 
     def __init__(self) -> None:
-        self.next = _OUTPUT_BASE
+        self.count = 0
+        self.total = 0
 
-    def take(self, n: int) -> int:
-        start = self.next
-        if start + n > _MAX_TOKEN + 1:
-            raise InvalidInputError("ran out of fresh output token ids")
-        self.next = start + n
-        return start
+    def take(self, n: int) -> _FreshTokens:
+        tokens = _FreshTokens(self, self.count, self.total, n)
+        self.count += 1
+        self.total += n
+        return tokens
 
 
 def _lazy_prompt(ids: TokenArray, n: int) -> Any:
     return lambda: expand_hash_ids(ids, n)
-
-
-def _lazy_range(start: int, n: int) -> Any:
-    return lambda: np.arange(start, start + n, dtype=np.uint32)
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
@@ -157,18 +198,97 @@ def _token_list(obj: dict[str, Any], key: str, *, allow_empty: bool) -> TokenArr
     return arr.astype(np.uint32)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _open(path: Path) -> Any:
+    """The file as a binary stream, decompressed when its first bytes say so."""
+    with path.open("rb") as f:
+        head = f.read(6)
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.open(path, "rb")
+    if head.startswith(b"BZh"):
+        return bz2.open(path, "rb")
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.open(path, "rb")
+    if head.startswith(_ZSTD_MAGIC):
+        try:
+            import zstandard
+        except ImportError:
+            raise InvalidInputError(
+                f"{path}: a zstd-compressed trace needs the zstandard package "
+                "(pip install zstandard)"
+            ) from None
+        reader = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+        return io.BufferedReader(reader)
+    return path.open("rb")
+
+
+def _decompress_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [OSError, EOFError, zlib.error, lzma.LZMAError]
+    try:
+        import zstandard
+
+        errs.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines with their 1-based numbers. A failure while reading (a corrupt or
+    truncated compressed file) is one :class:`InvalidInputError`; a file that cannot be
+    opened stays an ``OSError``."""
+    f = _open(path)
+    errs = _decompress_errors()
+    with f:
+        lineno = 0
+        while True:
+            try:
+                line = f.readline()
+            except errs as e:
+                raise InvalidInputError(
+                    f"{path}: cannot read or decompress after line {lineno}: "
+                    f"{str(e) or type(e).__name__}"
+                ) from None
+            if not line:
+                return
+            lineno += 1
             if line.strip():
                 yield lineno, line
 
 
-def _object(line: str) -> dict[str, Any]:
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
+            "a trace is JSON lines, plain or compressed with gzip, zstd, bzip2 or xz"
+        ) from None
+
+
+def _valid_str(v: str, key: str) -> str:
+    """Reject strings that cannot be encoded (a JSON ``\\ud800`` escape decodes to a
+    lone surrogate, which no cache key, CSV or terminal can carry)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"field {key!r} is not valid Unicode text (lone surrogate "
+            f"\\u{ord(v[e.start]):04x} at position {e.start})"
+        ) from None
+    return v
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    line = _text(raw)
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -205,10 +325,9 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
             continue
         ids = np.asarray(hl, dtype=np.uint32)
         blocks.append(ids)
-        out_start = fresh.take(n_out)
         reqs.append(
             Request(
-                len(reqs), _lazy_prompt(ids, n_in), _lazy_range(out_start, n_out),
+                len(reqs), _lazy_prompt(ids, n_in), fresh.take(n_out),
                 arrival=ts / 1000.0, prompt_len=n_in, output_len=n_out,
             )
         )
@@ -221,9 +340,11 @@ _TOKEN_FIELDS = {"id", "arrival", "prompt", "output_len", "output", "session", "
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
     v = obj.get(key)
-    if v is not None and not isinstance(v, str):
+    if v is None:
+        return None
+    if not isinstance(v, str):
         raise ValueError(f"field {key!r} must be a string or null")
-    return v
+    return _valid_str(v, key)
 
 
 def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
@@ -244,6 +365,8 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
             rid = obj["id"]
             if isinstance(rid, bool) or not isinstance(rid, int | str):
                 raise ValueError("field 'id' must be a string or an integer")
+            if isinstance(rid, str):
+                _valid_str(rid, "id")
             if rid in seen:
                 raise ValueError(f"duplicate id {rid!r}")
             arrival = _number(obj, "arrival")
@@ -258,6 +381,8 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
                 isinstance(session, bool) or not isinstance(session, int | str)
             ):
                 raise ValueError("field 'session' must be a string, an integer or null")
+            if isinstance(session, str):
+                _valid_str(session, "session")
             extra_key = _opt_str(obj, "extra_key")
             salt = _opt_str(obj, "cache_salt")
             if has_out:
@@ -273,7 +398,7 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
             continue
         seen.add(rid)
         if output is None:
-            output = _lazy_range(fresh.take(n_out), n_out)
+            output = fresh.take(n_out)
         reqs.append(
             Request(
                 rid, prompt, output, session=session, arrival=arrival, extra_key=extra_key,

@@ -19,11 +19,12 @@ mod radix;
 mod shared;
 mod trie;
 
-/// `gil_used = false`: the module is safe on free-threaded CPython without the GIL. Every
-/// class is a frozen pyclass whose mutable core state sits behind a `Mutex` (`shared.rs`),
-/// the `PyOnceLock` statics are thread-safe, and numpy inputs are copied rather than
-/// borrowed when there is no GIL (`convert.rs`). See docs/ARCHITECTURE.md, "Concurrency".
-#[pymodule(gil_used = false)]
+/// The module does not declare `gil_used = false`: the code is written to be sound without
+/// the GIL (frozen pyclasses, state behind `Mutex`es, numpy inputs copied on a
+/// free-threaded build, see `convert.rs`), but no free-threaded CPython runs in CI, so a
+/// free-threaded interpreter keeps the GIL on when it imports `_core`. See
+/// docs/ARCHITECTURE.md, "Concurrency".
+#[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<radix::RadixCache>()?;

@@ -1,0 +1,7 @@
+"""``python -m prefixcache``: the ``prefixcache`` command."""
+
+import sys
+
+from prefixcache.sim.cli import main
+
+sys.exit(main())

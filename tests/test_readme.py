@@ -1,0 +1,62 @@
+"""The README's library example runs as written and passes ``mypy --strict``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+def library_example() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    runnable = [b for b in blocks if "print(" in b]
+    assert len(runnable) == 1, "the README has one runnable library example"
+    return runnable[0]
+
+
+def test_readme_library_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    code = library_example()
+    path = tmp_path / "example.py"
+    path.write_text(code)
+    out = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    promised = [m.group(1) for m in re.finditer(r"print\(.*\)\s+# ([^:\n]+)", code)]
+    assert [line.strip() for line in out if line.strip()] == [p.strip() for p in promised]
+
+
+def test_readme_library_example_passes_mypy_strict(tmp_path: Path) -> None:
+    api = pytest.importorskip("mypy.api")
+    path = tmp_path / "example.py"
+    path.write_text(library_example())
+    out, err, status = api.run(
+        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path), str(path)]
+    )
+    assert status == 0, out + err
+
+
+def test_readme_command_lines_run_as_written(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `prefixcache ...` line of the README's command-line section, from a clone's
+    root (examples/ present), exits 0 and writes what it says it writes."""
+    import shlex
+
+    from prefixcache.sim.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Command line"):text.index("## Library")]
+    lines = [ln.split("#")[0].strip() for b in re.findall(r"```bash\n(.*?)```", section, re.S)
+             for ln in b.splitlines()]
+    commands = [shlex.split(ln)[1:] for ln in lines if ln.startswith("prefixcache")]
+    assert len(commands) == 5
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        assert main([*argv, "--quiet"]) == 0, argv
+    assert (tmp_path / "out.json").stat().st_size > 0
+    assert (tmp_path / "hit_rate.png").read_bytes()[:4] == b"\x89PNG"
