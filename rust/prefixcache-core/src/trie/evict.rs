@@ -93,6 +93,12 @@ impl BlockTrie {
         };
         self.num_cached -= 1;
         self.num_cached_tokens -= key.tokens.len();
+        if let Some(s) = key.scope.salt {
+            self.salts.release(s);
+        }
+        for &(id, _) in &key.mm {
+            self.mm_hashes.release(id);
+        }
         let removed = self.blocks[parent as usize]
             .children
             .remove_exact(key.exact_hash(), b);

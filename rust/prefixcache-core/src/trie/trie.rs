@@ -212,10 +212,16 @@ pub struct BlockDump {
     pub priority: u8,
 }
 
+/// Byte strings (salts, multimodal hashes) interned to small ids, each with the number of
+/// holders (cached block keys and live requests); a string is dropped with its last holder
+/// and its id reused, so memory follows what is cached and claimed.
 #[derive(Default)]
-struct Interner {
-    ids: FxHashMap<Vec<u8>, u32>,
-    items: Vec<Vec<u8>>,
+pub(crate) struct Interner {
+    ids: FxHashMap<Box<[u8]>, u32>,
+    /// `(bytes, holders)` by id; a dropped id holds empty bytes and 0.
+    items: Vec<(Box<[u8]>, u32)>,
+    /// Dropped ids, reused last-dropped first.
+    free: Vec<u32>,
 }
 
 impl Interner {
@@ -223,18 +229,66 @@ impl Interner {
         self.ids.get(s).copied()
     }
 
-    fn intern(&mut self, s: &[u8]) -> u32 {
+    /// The id the `k`-th (from 0) new string interned from now on will get.
+    fn new_id(&self, k: usize) -> u32 {
+        match self.free.len().checked_sub(k + 1) {
+            Some(i) => self.free[i],
+            None => (self.items.len() + k - self.free.len()) as u32,
+        }
+    }
+
+    /// Interns `s` (if new) and adds a holder.
+    fn acquire(&mut self, s: &[u8]) -> u32 {
         if let Some(id) = self.get(s) {
+            self.retain(id);
             return id;
         }
-        let id = self.items.len() as u32;
-        self.ids.insert(s.to_vec(), id);
-        self.items.push(s.to_vec());
+        let id = self.new_id(0);
+        let entry = (Box::<[u8]>::from(s), 1);
+        if self.free.pop().is_some() {
+            self.items[id as usize] = entry;
+        } else {
+            self.items.push(entry);
+        }
+        self.ids.insert(Box::from(s), id);
         id
     }
 
+    /// Adds a holder to a live id.
+    fn retain(&mut self, id: u32) {
+        if let Some(e) = self.items.get_mut(id as usize) {
+            e.1 += 1;
+        }
+    }
+
+    /// Drops a holder; the last one drops the string.
+    pub(crate) fn release(&mut self, id: u32) {
+        let Some(e) = self.items.get_mut(id as usize) else {
+            return;
+        };
+        e.1 = e.1.saturating_sub(1);
+        if e.1 == 0 {
+            let bytes = std::mem::take(&mut e.0);
+            self.ids.remove(&bytes);
+            self.free.push(id);
+            if self.ids.len() * 4 < self.ids.capacity() {
+                self.ids.shrink_to_fit();
+            }
+        }
+    }
+
     fn bytes(&self, id: u32) -> &[u8] {
-        self.items.get(id as usize).map_or(&[], |v| v.as_slice())
+        self.items.get(id as usize).map_or(&[], |v| &v.0)
+    }
+
+    /// Number of live strings.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Holders by live id (for the invariant check).
+    pub(crate) fn holders(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.ids.values().map(|&id| (id, self.items[id as usize].1))
     }
 }
 
@@ -275,8 +329,8 @@ pub struct BlockTrie {
     pub(crate) num_cached: usize,
     pub(crate) num_cached_tokens: usize,
     requests: FxHashMap<u64, Request>,
-    salts: Interner,
-    mm_hashes: Interner,
+    pub(crate) salts: Interner,
+    pub(crate) mm_hashes: Interner,
     pub(crate) events: Vec<TrieEvent>,
     pub(crate) stats: TrieStats,
 }
@@ -395,11 +449,9 @@ impl BlockTrie {
     /// The scope and interned multimodal items of a request, with the ids interning would
     /// give to unseen values (so planning needs no mutation).
     fn resolve(&self, tokens: &[u32], p: &ClaimParams<'_>) -> Result<(Scope, Vec<MmItem>)> {
-        let salt = p.cache_salt.map(|s| {
-            self.salts
-                .get(s.as_bytes())
-                .unwrap_or(self.salts.items.len() as u32)
-        });
+        let salt = p
+            .cache_salt
+            .map(|s| self.salts.get(s.as_bytes()).unwrap_or(self.salts.new_id(0)));
         let mut unseen: Vec<&[u8]> = Vec::new();
         let mut mm = Vec::with_capacity(p.mm.len());
         for (i, span) in p.mm.iter().enumerate() {
@@ -421,7 +473,7 @@ impl BlockTrie {
                         unseen.push(&span.hash);
                         unseen.len() - 1
                     });
-                    (self.mm_hashes.items.len() + k) as u32
+                    self.mm_hashes.new_id(k)
                 }
             };
             mm.push(MmItem {
@@ -662,6 +714,12 @@ impl BlockTrie {
         self.blocks[parent as usize]
             .children
             .insert_exact(key.exact_hash(), b);
+        if let Some(s) = key.scope.salt {
+            self.salts.retain(s);
+        }
+        for &(id, _) in &key.mm {
+            self.mm_hashes.retain(id);
+        }
         let blk = &mut self.blocks[b as usize];
         blk.key = Some(key);
         blk.parent = parent;
@@ -730,12 +788,13 @@ impl BlockTrie {
             });
         }
 
-        // Commit: intern, tick the clock, apply retention expiry.
+        // Commit: intern (the request holds its salt and each multimodal item), tick the
+        // clock, apply retention expiry.
         if let Some(s) = p.cache_salt {
-            self.salts.intern(s.as_bytes());
+            self.salts.acquire(s.as_bytes());
         }
         for span in p.mm {
-            self.mm_hashes.intern(&span.hash);
+            self.mm_hashes.acquire(&span.hash);
         }
         self.clock += 1;
         self.refresh();
@@ -970,6 +1029,12 @@ impl BlockTrie {
         for &b in r.blocks.iter().rev() {
             self.ref_dec(b);
         }
+        if let Some(s) = r.scope.salt {
+            self.salts.release(s);
+        }
+        for it in &r.mm {
+            self.mm_hashes.release(it.id);
+        }
         Ok(())
     }
 
@@ -1006,6 +1071,19 @@ impl BlockTrie {
                 }
             })
             .collect()
+    }
+
+    /// Per request: its interned salt and multimodal ids, for the invariant check.
+    pub(crate) fn requests_interned(&self) -> impl Iterator<Item = (Option<u32>, Vec<u32>)> + '_ {
+        self.requests
+            .values()
+            .map(|r| (r.scope.salt, r.mm.iter().map(|m| m.id).collect()))
+    }
+
+    /// Number of interned salts and multimodal hashes (what cached keys and live requests
+    /// hold).
+    pub fn num_interned(&self) -> (usize, usize) {
+        (self.salts.len(), self.mm_hashes.len())
     }
 
     /// Per request: (blocks, pins), for the invariant check.
