@@ -337,7 +337,11 @@ fn namespaces_are_dropped_with_their_last_node_and_on_reset() {
     t.evict(150).unwrap();
     assert!(t.num_namespaces() < 101);
     t.evict(1000).unwrap();
-    assert_eq!(t.num_namespaces(), 1, "every node evicted: only no namespace left");
+    assert_eq!(
+        t.num_namespaces(),
+        1,
+        "every node evicted: only no namespace left"
+    );
     t.check_invariants().unwrap();
     // An insert that creates no node keeps no namespace; a split keeps it alive.
     let ns = Namespace::new(Some("k"), None);
@@ -345,7 +349,11 @@ fn namespaces_are_dropped_with_their_last_node_and_on_reset() {
     t.insert(&[1, 2], None, &ns, 0, 0).unwrap();
     assert_eq!(t.num_namespaces(), 2);
     t.evict(1).unwrap(); // the lower half [3]
-    assert_eq!(t.num_namespaces(), 2, "the upper half [1, 2] is still in it");
+    assert_eq!(
+        t.num_namespaces(),
+        2,
+        "the upper half [1, 2] is still in it"
+    );
     // A recycled id does not alias the dropped namespace.
     t.evict(10).unwrap();
     assert_eq!(t.num_namespaces(), 1);

@@ -150,6 +150,19 @@ impl PyKVCacheManager {
         self.inner.with(py, |m| m.pool().num_free_blocks())
     }
 
+    /// Cached blocks whose hash was dropped because the block was reused (evictions).
+    #[getter]
+    fn num_evicted_blocks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.pool().num_evicted_blocks())
+    }
+
+    /// Blocks that were ever handed out or hit: the pool's memory follows this count,
+    /// not `num_blocks`.
+    #[getter]
+    fn num_touched_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.pool().num_touched_blocks())
+    }
+
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.inner.with(py, |m| m.usage())
@@ -315,7 +328,8 @@ impl PyKVCacheManager {
         match out {
             Some(t) if t.len() >= DETACH_MIN_TOKENS => {
                 let t = t.into_vec();
-                self.inner.with_gil_released(py, |m| m.finish(request_id, &t))?
+                self.inner
+                    .with_gil_released(py, |m| m.finish(request_id, &t))?
             }
             out => self.inner.with(py, |m| {
                 let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
@@ -386,7 +400,9 @@ impl PyKVCacheManager {
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.with_gil_released_if(py, long, |m| m.evict_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |m| m.evict_blocks(&ids))?
+            .py_err()
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -401,7 +417,9 @@ impl PyKVCacheManager {
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = self.inner.with_gil_released(py, |m| m.pool().free_block_ids())?;
+        let ids = self
+            .inner
+            .with_gil_released(py, |m| m.pool().free_block_ids())?;
         Ok(ids_array(py, &ids))
     }
 

@@ -261,6 +261,19 @@ impl PyBlockPool {
         self.inner.with(py, |p| p.num_free_blocks())
     }
 
+    /// Cached blocks whose hash was dropped because the block was reused (evictions).
+    #[getter]
+    fn num_evicted_blocks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |p| p.num_evicted_blocks())
+    }
+
+    /// Blocks that were ever handed out or hit: the pool's memory follows this count,
+    /// not `num_blocks`.
+    #[getter]
+    fn num_touched_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |p| p.num_touched_blocks())
+    }
+
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.inner.with(py, |p| p.usage())
@@ -287,13 +300,17 @@ impl PyBlockPool {
     fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.with_gil_released_if(py, long, |p| p.touch(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.touch(&ids))?
+            .py_err()
     }
 
     fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.with_gil_released_if(py, long, |p| p.free_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.free_blocks(&ids))?
+            .py_err()
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, block_size, group_id = 0, token_ids = None, lora_id = None, lora_name = None, extra_keys = None))]
@@ -359,7 +376,9 @@ impl PyBlockPool {
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.with_gil_released_if(py, long, |p| p.evict_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.evict_blocks(&ids))?
+            .py_err()
     }
 
     /// O(num_blocks): runs with the GIL released.

@@ -185,7 +185,8 @@ impl RadixCache {
         let this = slf.get();
         let m = if tokens.len() >= DETACH_MIN_MATCH {
             let key = tokens.into_vec();
-            this.inner.with_gil_released(py, |t| t.match_prefix(&key, &ns))?
+            this.inner
+                .with_gil_released(py, |t| t.match_prefix(&key, &ns))?
         } else {
             this.inner
                 .with(py, |t| t.match_prefix(tokens.as_slice(), &ns))?
@@ -306,7 +307,10 @@ impl RadixCache {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         // The length is unknown before the walk: released always (a rare call).
         let r = node;
-        let v = self.inner.with_gil_released(py, |t| t.path_indices(r))?.py_err()?;
+        let v = self
+            .inner
+            .with_gil_released(py, |t| t.path_indices(r))?
+            .py_err()?;
         Ok(convert::i64_array(py, v))
     }
 

@@ -227,7 +227,10 @@ mod tests {
         Python::attach(|py| {
             for detach in [false, true] {
                 let s = Shared::new("Thing", vec![1u32]);
-                assert_eq!(s.with_gil_released_if(py, detach, |v| v.len()).ok(), Some(1));
+                assert_eq!(
+                    s.with_gil_released_if(py, detach, |v| v.len()).ok(),
+                    Some(1)
+                );
                 let err = s
                     .with_gil_released_if(py, detach, |v: &mut Vec<u32>| -> usize {
                         v.push(2);

@@ -364,11 +364,23 @@ impl BlockTrie {
         if tokens_per_block == 0 {
             return Err(invalid("tokens_per_block must be >= 1, got 0".into()));
         }
-        let mut blocks: Vec<Block> = (0..=num_blocks).map(|i| Block::new(i as u64)).collect();
+        // Every size here is the caller's: reserve fallibly (MemoryError, not an abort).
+        let oom = |e| Error::out_of_memory("the block trie", e);
+        let mut blocks: Vec<Block> = Vec::new();
+        blocks.try_reserve_exact(num_blocks + 1).map_err(oom)?;
+        // The evictable set allocates node by node (no fallible API): check that its
+        // ~24 bytes per block (B-tree nodes at 11 entries of 16 bytes) can be had first.
+        let mut probe: Vec<u8> = Vec::new();
+        probe
+            .try_reserve_exact(num_blocks.saturating_mul(24))
+            .map_err(oom)?;
+        drop(probe);
         let root = num_blocks as u32;
-        for b in blocks.iter_mut() {
+        blocks.extend((0..=num_blocks).map(|i| {
+            let mut b = Block::new(i as u64);
             b.parent = root;
-        }
+            b
+        }));
         let evictable = (0..num_blocks as u32)
             .map(|b| (DEFAULT_PRIORITY, u64::from(b), b))
             .collect();
