@@ -99,7 +99,7 @@ def test_fork_while_another_thread_is_inside_a_call(kind: str) -> None:
         [sys.executable, "-c", SCRIPT, kind], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr
-    outcomes = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own output
+    outcomes = eval(r.stdout.strip().splitlines()[-1])
     assert "hang" not in outcomes, outcomes
     # 11: free at the fork, usable; 20: held at the fork, RuntimeError on every call.
     assert set(outcomes) <= {11, 20}, outcomes
