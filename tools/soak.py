@@ -135,7 +135,10 @@ class Worker:
             p.touch([b])
             self.blocks.append(b)
         elif r < 0.8:
-            p.free_blocks([self.rng.randrange(1, 4096)])  # mostly a double free: an error
+            # Errors: the null block, an id out of range, an own block freed twice.
+            bad = self.rng.choice([0, 4096 + self.rng.randrange(100)])
+            p.free_blocks([bad] if not self.blocks else [self.blocks[-1], self.blocks[-1]]
+                          if self.blocks.count(self.blocks[-1]) == 1 else [bad])
         elif r < 0.9:
             p.take_events()
             self.rng.choice([lambda: p.num_free_blocks, lambda: p.usage,
