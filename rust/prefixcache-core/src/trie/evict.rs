@@ -8,7 +8,8 @@
 //! so the number of free blocks is exactly what can be allocated.
 
 use super::key::DEFAULT_PRIORITY;
-use super::trie::{BlockTrie, TrieEvent};
+use super::trie::BlockTrie;
+use super::types::TrieEvent;
 
 impl BlockTrie {
     fn evict_entry(&self, b: u32) -> (u8, u64, u32) {
