@@ -33,10 +33,15 @@ SCRIPT = textwrap.dedent(
             for _ in range(300):
                 c.insert(rng.integers(0, 50, 400, dtype=np.uint32))
             return c
-        if kind == "BlockPool":
-            return pc.BlockPool(2_000_000)
+        if kind == "BlockPool":  # every block used once: check_invariants visits them all
+            p = pc.BlockPool(500_000)
+            p.free_blocks(p.get_new_blocks(499_999))
+            return p
         if kind == "KVCacheManager":
-            return pc.KVCacheManager(2_000_000, block_size=16)
+            m = pc.KVCacheManager(200_000, block_size=1, hash_algo="xxh3_64")
+            m.admit(1, np.arange(199_990, dtype=np.uint32))
+            m.finish(1)
+            return m
         if kind == "BlockTrie":
             t = pc.BlockTrie(200_000, 4)
             t.claim(1, np.arange(400_000, dtype=np.uint32))
