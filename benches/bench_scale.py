@@ -262,6 +262,21 @@ def manager_figures(num_blocks: int) -> dict[str, float]:
     }
 
 
+def branchy_figures(num_keys: int) -> dict[str, float]:
+    """A branchy tree: random 12-token keys over a 3-token alphabet (~1.3 tokens a node);
+    the RSS delta per node and per cached token."""
+    rng = np.random.default_rng(0)
+    keys = list(rng.integers(0, 3, (num_keys, 12)).astype(np.uint32))
+    cache = RadixCache()
+    before = rss_bytes()
+    for k in keys:
+        cache.insert(k)
+    delta = rss_bytes() - before
+    nodes, tokens = cache.num_nodes, cache.total_size()
+    return {"nodes": nodes, "tokens_per_node": tokens / nodes, "rss_delta_bytes": delta,
+            "bytes_per_node": delta / nodes, "bytes_per_token": delta / tokens}
+
+
 def full_scale(benchmark: Any) -> bool:
     env = os.environ.get("PREFIXCACHE_SCALE", "")
     return env == "full" or (env != "small" and not benchmark.disabled)
@@ -295,12 +310,15 @@ def test_manager_scale(benchmark: Any) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python benches/bench_scale.py [radix|pool|manager] [--small]``: one structure per
-    process (RSS deltas stay separate), full size vs small size of the same shape."""
+    """``python benches/bench_scale.py [radix|pool|manager|branchy] [--small]``: one
+    structure per process (RSS deltas stay separate), full size vs small size of the same
+    shape."""
     what = argv[0] if argv else "radix"
-    fn = {"radix": radix_figures, "pool": pool_figures, "manager": manager_figures}[what]
-    big = {"radix": FULL_TOKENS, "pool": FULL_BLOCKS, "manager": FULL_BLOCKS}[what]
-    small = {"radix": SMALL_TOKENS, "pool": 1536, "manager": 1536}[what]
+    fn = {"radix": radix_figures, "pool": pool_figures, "manager": manager_figures,
+          "branchy": branchy_figures}[what]
+    big = {"radix": FULL_TOKENS, "pool": FULL_BLOCKS, "manager": FULL_BLOCKS,
+           "branchy": 200_000}[what]
+    small = {"radix": SMALL_TOKENS, "pool": 1536, "manager": 1536, "branchy": 5_000}[what]
     small_fig = fn(small)
     big_fig = fn(big) if "--small" not in argv else small_fig
     for k in big_fig:

@@ -100,3 +100,26 @@ def test_concurrent_admissions_keep_invariants() -> None:
     m.check_invariants()
     assert len(m) == 0 and m.num_free_blocks == 511
     assert m.stats["requests"] == 80 and m.stats["hits"] >= 2048 * 70
+
+
+def test_eviction_counter_and_touched_blocks() -> None:
+    from prefixcache import BlockPool, KVCacheManager
+    from prefixcache.events import BlockRemoved
+
+    p = BlockPool(8, enable_kv_cache_events=True)
+    assert (p.num_evicted_blocks, p.num_touched_blocks) == (0, 1)  # the null block
+    ids = p.get_new_blocks(4).tolist()
+    p.cache_full_blocks(ids, [bytes([i]) * 32 for i in range(4)], 0, 4, 16)
+    p.free_blocks(ids[::-1])
+    assert p.num_touched_blocks == 5
+    p.evict_blocks([ids[0]])  # an explicit removal is not an eviction
+    p.take_events()
+    p.get_new_blocks(7)  # 3 never-used blocks first, then the 4 freed: 3 cached ones
+    removed = [e for e in p.take_events() if isinstance(e, BlockRemoved)]
+    assert p.num_evicted_blocks == 3 == sum(len(e.block_hashes) for e in removed)
+    assert p.num_touched_blocks == 8
+    m = KVCacheManager(9, block_size=4)
+    for rid in range(3):
+        m.admit(rid, list(range(100 * rid, 100 * rid + 17)))
+        m.finish(rid)
+    assert m.num_evicted_blocks > 0 and m.num_touched_blocks == 9

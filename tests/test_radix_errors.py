@@ -231,6 +231,20 @@ def test_unlock_twice(impl: Any) -> None:
     expect(world, lambda c: c.dec_lock_ref(world.locked), LockRefError, "")
 
 
+def test_unlock_an_ancestor_locked_only_through_a_descendant(impl: Any) -> None:
+    """The locked leaf's parent holds no lock of its own: unlocking it would break the
+    lock invariant and leave the leaf's owner unable to unlock."""
+    world = World(impl)
+    c = world.cache
+    ancestor = c.match_prefix(list(range(3))).node  # splits the locked leaf
+    assert c.node_info(ancestor)["lock_ref"] == 1
+    expect(world, lambda c: c.dec_lock_ref(ancestor), LockRefError, "only through its descendants")
+    if hasattr(c, "check_invariants"):
+        c.check_invariants()
+    assert c.dec_lock_ref(world.locked) > 0  # the owner still can
+    assert c.evictable_size() == c.total_size() - c.node_info(world.split_parent)["length"]
+
+
 def test_unlock_below_a_locked_ancestor_changes_nothing(impl: Any) -> None:
     """The tail is unlocked but its parent is locked: nothing on the path may move."""
     world = World(impl)

@@ -241,6 +241,12 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int: ...
     @property
+    def num_evicted_blocks(self) -> int:
+        """Cached blocks whose hash was dropped because the block was reused."""
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever handed out or hit; memory follows this, not num_blocks."""
+    @property
     def usage(self) -> float: ...
     @property
     def enable_caching(self) -> bool: ...
@@ -297,6 +303,12 @@ class KVCacheManager:
     def enable_caching(self) -> bool: ...
     @property
     def num_free_blocks(self) -> int: ...
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Cached blocks whose hash was dropped because the block was reused."""
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever handed out or hit; memory follows this, not num_blocks."""
     @property
     def usage(self) -> float: ...
     @property

@@ -11,7 +11,9 @@ where prefixcache deliberately differs it says so (docs/ANCHORS.md lists the dif
   class gives it a fresh one; its unified tree core inherits it). Only fifo/filo see it.
 - An empty (page-truncated) match touches nothing, as in SGLang, but still ticks the clock.
 - Namespaces are the structured pair ``(extra_key, cache_salt)``; an empty salt is None.
-- Unlocking below zero raises ``LockRefError`` (SGLang lets lock_ref go negative).
+- Unlocking below zero raises ``LockRefError`` (SGLang lets lock_ref go negative), and
+  so does unlocking a node locked only through its descendants (its lock count is not
+  above the sum of its children's): SGLang accepts it and breaks that invariant.
 - Ties in the eviction order are broken by a node serial number (creation order, split
   nodes included): ascending for lru lfu fifo priority slru, descending for mru and filo
   (their exact reverses). The only tie two candidates can have under a per-call clock is
@@ -345,6 +347,11 @@ class RadixCache:
 
     def dec_lock_ref(self, node: Node) -> int:
         path = self._path(self._check_handle(node))
+        if path and 0 < path[0].lock_ref <= sum(c.lock_ref for c in path[0].children.values()):
+            raise LockRefError(
+                "dec_lock_ref on a node that is locked only through its descendants: "
+                "unlock the node that was locked"
+            )
         for n in path:
             if n.lock_ref <= 0:
                 raise LockRefError(

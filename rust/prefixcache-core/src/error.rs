@@ -20,6 +20,15 @@ pub enum Error {
     OutOfBlocks { requested: usize, available: usize },
     /// A value the hash encoders cannot encode exactly as vLLM does.
     UnsupportedHashInput(String),
+    /// Memory for a size the caller chose could not be reserved (nothing was changed).
+    OutOfMemory(String),
+}
+
+impl Error {
+    /// `OutOfMemory` for a failed reservation of `what`.
+    pub fn out_of_memory(what: &str, err: impl fmt::Display) -> Self {
+        Error::OutOfMemory(format!("cannot allocate memory for {what}: {err}"))
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -32,7 +41,8 @@ impl fmt::Display for Error {
             | Error::LockRef(m)
             | Error::BlockState(m)
             | Error::UnknownRequest(m)
-            | Error::UnsupportedHashInput(m) => f.write_str(m),
+            | Error::UnsupportedHashInput(m)
+            | Error::OutOfMemory(m) => f.write_str(m),
             Error::OutOfBlocks {
                 requested,
                 available,

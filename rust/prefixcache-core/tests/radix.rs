@@ -324,3 +324,63 @@ fn split_tail_and_new_leaf_share_a_timestamp_and_the_leaf_counts_as_later() {
         assert_eq!(t.evict(1).unwrap(), vec![first], "policy {policy}");
     }
 }
+
+#[test]
+fn namespaces_are_dropped_with_their_last_node_and_on_reset() {
+    let mut t = tree(1, "lru");
+    for i in 0..100u32 {
+        let ns = Namespace::new(None, Some(&format!("salt{i}")));
+        t.insert(&[i, i + 1], None, &ns, 0, 0).unwrap();
+        t.match_prefix(&[i], &Namespace::new(Some("unseen"), None));
+    }
+    assert_eq!(t.num_namespaces(), 101, "100 salts and no namespace");
+    t.evict(150).unwrap();
+    assert!(t.num_namespaces() < 101);
+    t.evict(1000).unwrap();
+    assert_eq!(
+        t.num_namespaces(),
+        1,
+        "every node evicted: only no namespace left"
+    );
+    t.check_invariants().unwrap();
+    // An insert that creates no node keeps no namespace; a split keeps it alive.
+    let ns = Namespace::new(Some("k"), None);
+    t.insert(&[1, 2, 3], None, &ns, 0, 0).unwrap();
+    t.insert(&[1, 2], None, &ns, 0, 0).unwrap();
+    assert_eq!(t.num_namespaces(), 2);
+    t.evict(1).unwrap(); // the lower half [3]
+    assert_eq!(
+        t.num_namespaces(),
+        2,
+        "the upper half [1, 2] is still in it"
+    );
+    // A recycled id does not alias the dropped namespace.
+    t.evict(10).unwrap();
+    assert_eq!(t.num_namespaces(), 1);
+    let other = Namespace::new(Some("other"), None);
+    t.insert(&[1, 2, 3], None, &other, 0, 0).unwrap();
+    assert_eq!(t.match_prefix(&[1, 2, 3], &ns).length, 0);
+    assert_eq!(t.match_prefix(&[1, 2, 3], &other).length, 3);
+    t.reset();
+    assert_eq!(t.num_namespaces(), 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn unlocking_an_ancestor_locked_only_through_a_descendant_is_rejected() {
+    let mut t = tree(1, "lru");
+    let a = t.insert(&[1, 2], None, &none(), 0, 0).unwrap().node;
+    let b = t.insert(&[1, 2, 3, 4], None, &none(), 0, 0).unwrap().node;
+    t.inc_lock_ref(b).unwrap();
+    let before = (t.evictable_size(), t.protected_size(), t.dump());
+    assert!(matches!(t.dec_lock_ref(a), Err(Error::LockRef(_))));
+    assert_eq!((t.evictable_size(), t.protected_size(), t.dump()), before);
+    t.check_invariants().unwrap();
+    // Its own lock on top of the descendant's: that one may be released.
+    t.inc_lock_ref(a).unwrap();
+    t.dec_lock_ref(a).unwrap();
+    assert!(matches!(t.dec_lock_ref(a), Err(Error::LockRef(_))));
+    t.dec_lock_ref(b).unwrap();
+    assert_eq!(t.evict(100).unwrap().len(), 4);
+    t.check_invariants().unwrap();
+}

@@ -47,6 +47,9 @@ fn raise(py: Python<'_>, pick: fn(&Classes) -> &Py<PyType>, msg: String) -> PyEr
 
 /// A core error as the matching Python exception.
 pub fn to_py(err: Error) -> PyErr {
+    if let Error::OutOfMemory(msg) = err {
+        return pyo3::exceptions::PyMemoryError::new_err(msg);
+    }
     Python::attach(|py| {
         let msg = err.to_string();
         let pick: fn(&Classes) -> &Py<PyType> = match err {
@@ -57,6 +60,7 @@ pub fn to_py(err: Error) -> PyErr {
             Error::UnknownRequest(_) => |c| &c.unknown_request,
             Error::OutOfBlocks { .. } => |c| &c.out_of_blocks,
             Error::UnsupportedHashInput(_) => |c| &c.unsupported_hash_input,
+            Error::OutOfMemory(_) => |c| &c.invalid_input, // returned above
         };
         raise(py, pick, msg)
     })

@@ -27,6 +27,7 @@ mod trie;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    shared::install_fork_handler();
     m.add_class::<radix::RadixCache>()?;
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;

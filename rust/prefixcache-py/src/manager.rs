@@ -150,6 +150,19 @@ impl PyKVCacheManager {
         self.inner.with(py, |m| m.pool().num_free_blocks())
     }
 
+    /// Cached blocks whose hash was dropped because the block was reused (evictions).
+    #[getter]
+    fn num_evicted_blocks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.pool().num_evicted_blocks())
+    }
+
+    /// Blocks that were ever handed out or hit: the pool's memory follows this count,
+    /// not `num_blocks`.
+    #[getter]
+    fn num_touched_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.pool().num_touched_blocks())
+    }
+
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.inner.with(py, |m| m.usage())
@@ -186,7 +199,7 @@ impl PyKVCacheManager {
         if tokens.len() >= DETACH_MIN_TOKENS {
             let t = tokens.into_vec();
             self.inner
-                .detached(py, |m| m.add_request(request_id, &t, opts))?
+                .with_gil_released(py, |m| m.add_request(request_id, &t, opts))?
         } else {
             self.inner
                 .with(py, |m| m.add_request(request_id, tokens.as_slice(), opts))?
@@ -205,7 +218,7 @@ impl PyKVCacheManager {
         if tokens.len() >= DETACH_MIN_TOKENS {
             let t = tokens.into_vec();
             self.inner
-                .detached(py, |m| m.append_tokens(request_id, &t))?
+                .with_gil_released(py, |m| m.append_tokens(request_id, &t))?
         } else {
             self.inner
                 .with(py, |m| m.append_tokens(request_id, tokens.as_slice()))?
@@ -249,7 +262,7 @@ impl PyKVCacheManager {
         let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
         let got = self
             .inner
-            .run(py, long, |m| {
+            .with_gil_released_if(py, long, |m| {
                 m.allocate_slots(request_id, new, computed, &hit_blocks, lookahead)
             })?
             .py_err()?;
@@ -288,7 +301,7 @@ impl PyKVCacheManager {
         let got = if tokens.len() >= DETACH_MIN_TOKENS {
             let t = tokens.into_vec();
             self.inner
-                .detached(py, |m| m.admit(request_id, &t, opts, lookahead))?
+                .with_gil_released(py, |m| m.admit(request_id, &t, opts, lookahead))?
         } else {
             self.inner.with(py, |m| {
                 m.admit(request_id, tokens.as_slice(), opts, lookahead)
@@ -315,7 +328,8 @@ impl PyKVCacheManager {
         match out {
             Some(t) if t.len() >= DETACH_MIN_TOKENS => {
                 let t = t.into_vec();
-                self.inner.detached(py, |m| m.finish(request_id, &t))?
+                self.inner
+                    .with_gil_released(py, |m| m.finish(request_id, &t))?
             }
             out => self.inner.with(py, |m| {
                 let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
@@ -380,13 +394,15 @@ impl PyKVCacheManager {
 
     /// O(num_blocks): runs with the GIL released.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
-        self.inner.detached(py, |m| m.reset_prefix_cache())
+        self.inner.with_gil_released(py, |m| m.reset_prefix_cache())
     }
 
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.run(py, long, |m| m.evict_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |m| m.evict_blocks(&ids))?
+            .py_err()
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -401,7 +417,9 @@ impl PyKVCacheManager {
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = self.inner.detached(py, |m| m.pool().free_block_ids())?;
+        let ids = self
+            .inner
+            .with_gil_released(py, |m| m.pool().free_block_ids())?;
         Ok(ids_array(py, &ids))
     }
 
@@ -429,7 +447,7 @@ impl PyKVCacheManager {
     /// Raise AssertionError if an internal invariant is broken (for tests).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.inner
-            .detached(py, |m| m.check_invariants())?
+            .with_gil_released(py, |m| m.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 

@@ -261,6 +261,19 @@ impl PyBlockPool {
         self.inner.with(py, |p| p.num_free_blocks())
     }
 
+    /// Cached blocks whose hash was dropped because the block was reused (evictions).
+    #[getter]
+    fn num_evicted_blocks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |p| p.num_evicted_blocks())
+    }
+
+    /// Blocks that were ever handed out or hit: the pool's memory follows this count,
+    /// not `num_blocks`.
+    #[getter]
+    fn num_touched_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |p| p.num_touched_blocks())
+    }
+
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {
         self.inner.with(py, |p| p.usage())
@@ -279,7 +292,7 @@ impl PyBlockPool {
         let n = count(num_blocks, "num_blocks")?;
         let ids = self
             .inner
-            .run(py, n >= DETACH_MIN_BLOCKS, |p| p.get_new_blocks(n))?
+            .with_gil_released_if(py, n >= DETACH_MIN_BLOCKS, |p| p.get_new_blocks(n))?
             .py_err()?;
         Ok(ids_array(py, &ids))
     }
@@ -287,13 +300,17 @@ impl PyBlockPool {
     fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.run(py, long, |p| p.touch(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.touch(&ids))?
+            .py_err()
     }
 
     fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.run(py, long, |p| p.free_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.free_blocks(&ids))?
+            .py_err()
     }
 
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, block_size, group_id = 0, token_ids = None, lora_id = None, lora_name = None, extra_keys = None))]
@@ -328,7 +345,7 @@ impl PyBlockPool {
         let block_size = count(block_size, "block_size")?;
         let long = num_full.saturating_sub(num_cached) >= DETACH_MIN_BLOCKS;
         self.inner
-            .run(py, long, |p| {
+            .with_gil_released_if(py, long, |p| {
                 let info = StoreInfo {
                     token_ids: tokens.as_deref(),
                     lora_id,
@@ -359,12 +376,14 @@ impl PyBlockPool {
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
-        self.inner.run(py, long, |p| p.evict_blocks(&ids))?.py_err()
+        self.inner
+            .with_gil_released_if(py, long, |p| p.evict_blocks(&ids))?
+            .py_err()
     }
 
     /// O(num_blocks): runs with the GIL released.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
-        self.inner.detached(py, |p| p.reset_prefix_cache())
+        self.inner.with_gil_released(py, |p| p.reset_prefix_cache())
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -394,14 +413,14 @@ impl PyBlockPool {
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = self.inner.detached(py, |p| p.free_block_ids())?;
+        let ids = self.inner.with_gil_released(py, |p| p.free_block_ids())?;
         Ok(ids_array(py, &ids))
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.inner
-            .detached(py, |p| p.check_invariants())?
+            .with_gil_released(py, |p| p.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 

@@ -66,7 +66,7 @@ impl MatchResult {
                 .cache
                 .get()
                 .inner
-                .run(py, self.length >= DETACH_MIN_ALLOC, |t| t.path_indices(r))?
+                .with_gil_released_if(py, self.length >= DETACH_MIN_ALLOC, |t| t.path_indices(r))?
                 .py_err()?;
             Ok(convert::i64_array(py, v).unbind())
         })?;
@@ -185,7 +185,8 @@ impl RadixCache {
         let this = slf.get();
         let m = if tokens.len() >= DETACH_MIN_MATCH {
             let key = tokens.into_vec();
-            this.inner.detached(py, |t| t.match_prefix(&key, &ns))?
+            this.inner
+                .with_gil_released(py, |t| t.match_prefix(&key, &ns))?
         } else {
             this.inner
                 .with(py, |t| t.match_prefix(tokens.as_slice(), &ns))?
@@ -223,7 +224,7 @@ impl RadixCache {
         let r = if tokens.len() >= DETACH_MIN_ALLOC {
             let key = tokens.into_vec();
             let values = values.map(convert::Values::into_vec);
-            self.inner.detached(py, |t| {
+            self.inner.with_gil_released(py, |t| {
                 t.insert(&key, values.as_deref(), &ns, priority, inserted_len)
             })?
         } else {
@@ -269,7 +270,7 @@ impl RadixCache {
         let n = convert::count(num_tokens, "num_tokens")?;
         let freed = self
             .inner
-            .run(py, n >= DETACH_MIN_EVICT, |t| t.evict(n))?
+            .with_gil_released_if(py, n >= DETACH_MIN_EVICT, |t| t.evict(n))?
             .py_err()?;
         Ok(convert::i64_array(py, freed))
     }
@@ -306,7 +307,10 @@ impl RadixCache {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         // The length is unknown before the walk: released always (a rare call).
         let r = node;
-        let v = self.inner.detached(py, |t| t.path_indices(r))?.py_err()?;
+        let v = self
+            .inner
+            .with_gil_released(py, |t| t.path_indices(r))?
+            .py_err()?;
         Ok(convert::i64_array(py, v))
     }
 
@@ -346,7 +350,7 @@ impl RadixCache {
 
     /// Every non-root node, depth first, children ordered by (namespace, key tokens).
     fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let nodes = self.inner.detached(py, |t| t.dump())?;
+        let nodes = self.inner.with_gil_released(py, |t| t.dump())?;
         let out = PyList::empty(py);
         for n in nodes {
             let d = PyDict::new(py);
@@ -368,19 +372,19 @@ impl RadixCache {
     /// Checks every structural invariant of the tree; raises AssertionError on a violation.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.inner
-            .detached(py, |t| t.check_invariants())?
+            .with_gil_released(py, |t| t.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     /// Empties the tree; every node handle issued before becomes stale.
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         // Frees every node: released always (a rare call, as long as the tree is large).
-        self.inner.detached(py, |t| t.reset())
+        self.inner.with_gil_released(py, |t| t.reset())
     }
 
     /// A human-readable rendering of the tree.
     fn pretty_print(&self, py: Python<'_>) -> PyResult<String> {
-        self.inner.detached(py, |t| t.pretty())
+        self.inner.with_gil_released(py, |t| t.pretty())
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -1,8 +1,8 @@
 //! `Shared<T>`: a core structure behind a mutex, shared by Python threads.
 //!
 //! Every binding class keeps its core structure in a `Shared` and reaches it only through
-//! [`Shared::with`] (short operations, GIL held) or [`Shared::detached`] (long operations,
-//! GIL released). Both hand the closure `&mut T` and drop the guard before they return, so
+//! [`Shared::with`] (short operations, GIL held) or [`Shared::with_gil_released`] (long
+//! operations, GIL released). Both hand the closure `&mut T` and drop the guard before they return, so
 //! the lock is never held outside them. The rules that make this deadlock-free and sound
 //! (docs/ARCHITECTURE.md, "Concurrency"):
 //!
@@ -17,10 +17,17 @@
 //! 4. A panic inside the closure poisons the lock (the guard drops while unwinding); the
 //!    call raises `RuntimeError` and every later call on that object raises `RuntimeError`
 //!    too, instead of working on a possibly half-updated structure.
+//! 5. After `fork()`, a lock another thread held at that moment stays locked for good in
+//!    the child (that thread does not exist there), and the structure may be half-updated.
+//!    A `pthread_atfork` child handler bumps [`FORK_GENERATION`]; the first call on each
+//!    object in a new child process checks its lock once (see [`Shared::check_fork`]):
+//!    free, the object is usable; held, every call raises `RuntimeError` instead of
+//!    waiting forever.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, TryLockError};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -29,12 +36,45 @@ use pyo3::prelude::*;
 enum Failure {
     Poisoned,
     Panicked(String),
+    /// Another thread was inside a call on the object when the process forked.
+    ForkedInUse,
+}
+
+/// Number of `fork()`s this process descends from (0 in the original process); bumped in
+/// the child by the handler [`install_fork_handler`] registers.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// `Shared::generation` while one thread checks the lock after a fork.
+const CHECKING: u64 = u64::MAX;
+
+extern "C" fn bump_fork_generation() {
+    // Async-signal-safe: one atomic add, no allocation, no lock.
+    FORK_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Registers the fork handler (once per process; called by the module initialiser).
+pub fn install_fork_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        #[cfg(unix)]
+        // SAFETY: `pthread_atfork` only records the three function pointers; the child
+        // handler is a plain `extern "C" fn()` that performs one atomic add, which is
+        // async-signal-safe as POSIX requires of code run in a forked child.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(bump_fork_generation));
+        }
+    });
 }
 
 pub struct Shared<T> {
     inner: Mutex<T>,
     /// The Python class name, for messages.
     name: &'static str,
+    /// The fork generation in which this object's lock was last known usable
+    /// ([`CHECKING`] while a thread checks it).
+    generation: AtomicU64,
+    /// Set when a fork found the lock held: the object is unusable in this process.
+    forked_in_use: AtomicBool,
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -65,7 +105,42 @@ impl<T: Send> Shared<T> {
         Shared {
             inner: Mutex::new(value),
             name,
+            generation: AtomicU64::new(FORK_GENERATION.load(Ordering::Acquire)),
+            forked_in_use: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the lock can be used in this process: after a fork, the first thread to call
+    /// checks whether the lock is held. No thread of the child can hold it yet (every call
+    /// passes here first, and the others wait until the check is done), so a held lock was
+    /// held at the fork by a thread that does not exist here: it is never released.
+    fn check_fork(&self) -> Result<(), Failure> {
+        let now = FORK_GENERATION.load(Ordering::Acquire);
+        loop {
+            let seen = self.generation.load(Ordering::Acquire);
+            if seen == now {
+                break;
+            }
+            if seen == CHECKING {
+                std::thread::yield_now();
+                continue;
+            }
+            if self
+                .generation
+                .compare_exchange(seen, CHECKING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                if matches!(self.inner.try_lock(), Err(TryLockError::WouldBlock)) {
+                    self.forked_in_use.store(true, Ordering::Release);
+                }
+                self.generation.store(now, Ordering::Release);
+                break;
+            }
+        }
+        if self.forked_in_use.load(Ordering::Acquire) {
+            return Err(Failure::ForkedInUse);
+        }
+        Ok(())
     }
 
     fn error(&self, f: Failure) -> PyErr {
@@ -80,6 +155,12 @@ impl<T: Send> Shared<T> {
                  this {} is unusable from now on",
                 self.name, self.name
             )),
+            Failure::ForkedInUse => PyRuntimeError::new_err(format!(
+                "{} is unusable in this process: another thread was inside a call on it when \
+                 the process forked, so its state here is unknown; create a new one in the \
+                 child (or fork before starting threads, or use the 'spawn' start method)",
+                self.name
+            )),
         }
     }
 
@@ -87,6 +168,7 @@ impl<T: Send> Shared<T> {
     /// waits for it with the GIL released, then retries. `f` may read borrowed (numpy)
     /// inputs: it runs in one stretch with the GIL held, so no Python code runs meanwhile.
     pub fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> PyResult<R> {
+        self.check_fork().map_err(|e| self.error(e))?;
         loop {
             match self.inner.try_lock() {
                 Ok(guard) => return run_locked(guard, f).map_err(|e| self.error(e)),
@@ -102,11 +184,12 @@ impl<T: Send> Shared<T> {
 
     /// Long operation: releases the GIL, takes the lock and runs `f`. `f` must own its
     /// inputs (`Send`): copy borrowed numpy buffers first.
-    pub fn detached<R: Send>(
+    pub fn with_gil_released<R: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut T) -> R + Send,
     ) -> PyResult<R> {
+        self.check_fork().map_err(|e| self.error(e))?;
         py.detach(|| match self.inner.lock() {
             Ok(guard) => run_locked(guard, f),
             Err(_) => Err(Failure::Poisoned),
@@ -114,15 +197,15 @@ impl<T: Send> Shared<T> {
         .map_err(|e| self.error(e))
     }
 
-    /// [`Shared::detached`] when `detach`, else [`Shared::with`].
-    pub fn run<R: Send>(
+    /// [`Shared::with_gil_released`] when `release_gil`, else [`Shared::with`].
+    pub fn with_gil_released_if<R: Send>(
         &self,
         py: Python<'_>,
-        detach: bool,
+        release_gil: bool,
         f: impl FnOnce(&mut T) -> R + Send,
     ) -> PyResult<R> {
-        if detach {
-            self.detached(py, f)
+        if release_gil {
+            self.with_gil_released(py, f)
         } else {
             self.with(py, f)
         }
@@ -144,9 +227,12 @@ mod tests {
         Python::attach(|py| {
             for detach in [false, true] {
                 let s = Shared::new("Thing", vec![1u32]);
-                assert_eq!(s.run(py, detach, |v| v.len()).ok(), Some(1));
+                assert_eq!(
+                    s.with_gil_released_if(py, detach, |v| v.len()).ok(),
+                    Some(1)
+                );
                 let err = s
-                    .run(py, detach, |v: &mut Vec<u32>| -> usize {
+                    .with_gil_released_if(py, detach, |v: &mut Vec<u32>| -> usize {
                         v.push(2);
                         panic!("boom")
                     })
@@ -154,7 +240,7 @@ mod tests {
                 let err = err.map(|e| message(py, &e)).unwrap_or_default();
                 assert!(err.contains("internal error in Thing") && err.contains("boom"));
                 for again in [false, true] {
-                    let e = s.run(py, again, |v| v.len()).err();
+                    let e = s.with_gil_released_if(py, again, |v| v.len()).err();
                     let e = e.map(|e| message(py, &e)).unwrap_or_default();
                     assert!(e.contains("Thing is unusable"), "{e}");
                 }

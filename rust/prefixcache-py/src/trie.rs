@@ -1,5 +1,5 @@
 //! `BlockTrie`, `Claim`, `Lookup`: bindings of `trie::BlockTrie` (TensorRT-LLM's block
-//! reuse). Every call that does core work releases the GIL (`Shared::detached`) and takes
+//! reuse). Every call that does core work releases the GIL (`Shared::with_gil_released`) and takes
 //! the trie's lock inside; the lock is never held while the GIL is acquired.
 
 use prefixcache_core::trie::{
@@ -126,7 +126,7 @@ impl BlockTrie {
         py: Python<'_>,
         f: impl FnOnce(&mut CoreTrie) -> R + Send,
     ) -> PyResult<R> {
-        self.inner.detached(py, f)
+        self.inner.with_gil_released(py, f)
     }
 
     /// Short reads: with the GIL held (when another thread holds the trie, waits for it

@@ -1,56 +1,85 @@
-//! The free block queue: an intrusive doubly linked list of block ids.
+//! The free block queue: an intrusive doubly linked list of block ids, grown on demand.
 //!
 //! vLLM keeps its free blocks in a doubly linked list threaded through the blocks
 //! themselves, so any block can leave the queue in O(1) when a request hits it. Here the
-//! links live in two `Vec<u32>` indexed by block id, with two sentinel slots (`head` at
-//! index `n`, `tail` at `n + 1`) so every real block always has both neighbours.
+//! links live in two `Vec<u32>` indexed by slot (block id + 3), with three sentinel slots:
+//! `HEAD`, `TAIL`, and `FRESH`, which stands for the run of ids never handed out yet
+//! (`fresh..end`, in id order). A new queue is just `[FRESH]`: its links grow one block at
+//! a time as blocks leave the run (popped, or removed by a hit on a never-used id), so
+//! memory follows the blocks in use, not the pool size. The order is exactly vLLM's: the
+//! run sits where those ids would be in a queue built with every id up front.
 //! The HEAD is reused (and its cached hash evicted) first.
+
+use std::collections::TryReserveError;
 
 /// Marks a block that is not in the queue.
 const NOT_LINKED: u32 = u32::MAX;
+/// `prev` of an unlinked block flagged by [`FreeQueue::mark`].
+const MARKED: u32 = u32::MAX - 1;
+const HEAD: u32 = 0;
+const TAIL: u32 = 1;
+const FRESH: u32 = 2;
+/// Slots before the first block.
+const SLOT0: u32 = 3;
 
-/// Free queue over block ids `0..n`.
+/// Free queue over block ids `0..end`.
 #[derive(Debug, Clone)]
 pub struct FreeQueue {
     prev: Vec<u32>,
     next: Vec<u32>,
+    /// Number of queued ids, the fresh run included.
     len: usize,
+    /// First id of the fresh run; every id below has its links.
+    fresh: u32,
+    end: u32,
 }
 
 impl FreeQueue {
-    /// A queue holding every block `0..n` in id order. `n` must be below `u32::MAX - 2`.
+    /// A queue holding every block `0..n` in id order, allocating nothing per block.
+    /// `n` must be below `u32::MAX - 3`.
     pub fn new(n: u32) -> Self {
-        let head = n;
-        let tail = n + 1;
-        let slots = n as usize + 2;
-        let mut prev = vec![NOT_LINKED; slots];
-        let mut next = vec![NOT_LINKED; slots];
-        let mut last = head;
-        for id in 0..n {
-            next[last as usize] = id;
-            prev[id as usize] = last;
-            last = id;
-        }
-        next[last as usize] = tail;
-        prev[tail as usize] = last;
-        FreeQueue {
-            prev,
-            next,
+        let mut q = FreeQueue {
+            prev: vec![NOT_LINKED; SLOT0 as usize],
+            next: vec![NOT_LINKED; SLOT0 as usize],
             len: n as usize,
+            fresh: 0,
+            end: n,
+        };
+        q.next[HEAD as usize] = TAIL;
+        q.prev[TAIL as usize] = HEAD;
+        if n > 0 {
+            q.next[HEAD as usize] = FRESH;
+            q.prev[FRESH as usize] = HEAD;
+            q.next[FRESH as usize] = TAIL;
+            q.prev[TAIL as usize] = FRESH;
         }
-    }
-
-    fn head(&self) -> u32 {
-        (self.prev.len() - 2) as u32
-    }
-
-    fn tail(&self) -> u32 {
-        (self.prev.len() - 1) as u32
+        q
     }
 
     /// Number of block ids the queue can hold.
     pub fn capacity(&self) -> usize {
-        self.prev.len() - 2
+        self.end as usize
+    }
+
+    /// Ids below this have links (were handed out or hit at least once).
+    pub fn materialized(&self) -> u32 {
+        self.fresh
+    }
+
+    /// Reserves the links for every id up to `id` (inclusive), so that no operation until
+    /// then allocates. Grows by at least a quarter, so reservations stay amortised O(1).
+    pub fn reserve_through(&mut self, id: u32) -> Result<(), TryReserveError> {
+        let want = (id.min(self.end.saturating_sub(1)) + 1 + SLOT0) as usize;
+        if want <= self.prev.capacity().min(self.next.capacity()) {
+            return Ok(());
+        }
+        let grown = (self.prev.len() + self.prev.len() / 4)
+            .max(want)
+            .min((self.end + SLOT0) as usize);
+        for v in [&mut self.prev, &mut self.next] {
+            v.try_reserve_exact(grown - v.len())?;
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
@@ -63,81 +92,137 @@ impl FreeQueue {
 
     /// Whether block `id` is in the queue (false for ids out of range).
     pub fn contains(&self, id: u32) -> bool {
-        (id as usize) < self.capacity() && self.next[id as usize] != NOT_LINKED
+        id < self.end && (id >= self.fresh || self.next[(id + SLOT0) as usize] != NOT_LINKED)
     }
 
     /// The first block id (the next to be reused), if any.
     pub fn front(&self) -> Option<u32> {
-        let first = self.next[self.head() as usize];
-        (first != self.tail()).then_some(first)
+        match self.next[HEAD as usize] {
+            TAIL => None,
+            FRESH => Some(self.fresh),
+            s => Some(s - SLOT0),
+        }
+    }
+
+    /// Gives the next fresh id its (unlinked) slots.
+    fn materialize_one(&mut self) -> u32 {
+        let id = self.fresh;
+        self.prev.push(NOT_LINKED);
+        self.next.push(NOT_LINKED);
+        self.fresh += 1;
+        if self.fresh == self.end {
+            let (p, n) = (self.prev[FRESH as usize], self.next[FRESH as usize]);
+            self.next[p as usize] = n;
+            self.prev[n as usize] = p;
+        }
+        id
     }
 
     /// Remove and return the first block id.
     pub fn pop_front(&mut self) -> Option<u32> {
         let first = self.front()?;
-        self.unlink(first);
+        if first >= self.fresh {
+            self.materialize_one();
+            self.len -= 1;
+        } else {
+            self.unlink(first + SLOT0);
+            self.len -= 1;
+        }
         Some(first)
     }
 
     /// Remove `id` from wherever it is. Returns false (and changes nothing) when `id` is
-    /// not in the queue.
+    /// not in the queue. An id of the fresh run first gives links to the ids before it
+    /// (queued where the run was).
     pub fn remove(&mut self, id: u32) -> bool {
         if !self.contains(id) {
             return false;
         }
-        self.unlink(id);
+        while self.fresh <= id {
+            let j = self.materialize_one();
+            let s = j + SLOT0;
+            // Before the run; when `j` was its last id the run was just unlinked, and its
+            // own links still name its old neighbours: `j` takes its place.
+            let after = if self.fresh < self.end {
+                FRESH
+            } else {
+                self.next[FRESH as usize]
+            };
+            let before = self.prev[after as usize];
+            self.next[before as usize] = s;
+            self.prev[s as usize] = before;
+            self.next[s as usize] = after;
+            self.prev[after as usize] = s;
+        }
+        self.unlink(id + SLOT0);
+        self.len -= 1;
         true
     }
 
     /// Put `id` at the tail (reused last). Returns false when it is already queued or out
     /// of range.
     pub fn push_back(&mut self, id: u32) -> bool {
-        if (id as usize) >= self.capacity() || self.contains(id) {
+        if id >= self.fresh || self.contains(id) {
             return false;
         }
-        let tail = self.tail();
-        let before = self.prev[tail as usize];
-        self.link_between(before, id, tail);
+        let before = self.prev[TAIL as usize];
+        self.link_between(before, id + SLOT0, TAIL);
         true
     }
 
     /// Put `id` at the head (reused first). Returns false when it is already queued or out
     /// of range.
     pub fn push_front(&mut self, id: u32) -> bool {
-        if (id as usize) >= self.capacity() || self.contains(id) {
+        if id >= self.fresh || self.contains(id) {
             return false;
         }
-        let head = self.head();
-        let after = self.next[head as usize];
-        self.link_between(head, id, after);
+        let after = self.next[HEAD as usize];
+        self.link_between(HEAD, id + SLOT0, after);
         true
+    }
+
+    /// Flags an id that has links and is not queued (scratch for one call's validation).
+    pub fn mark(&mut self, id: u32) {
+        if id < self.fresh && self.next[(id + SLOT0) as usize] == NOT_LINKED {
+            self.prev[(id + SLOT0) as usize] = MARKED;
+        }
+    }
+
+    pub fn is_marked(&self, id: u32) -> bool {
+        id < self.fresh && self.prev[(id + SLOT0) as usize] == MARKED
+    }
+
+    pub fn unmark(&mut self, id: u32) {
+        if self.is_marked(id) {
+            self.prev[(id + SLOT0) as usize] = NOT_LINKED;
+        }
     }
 
     /// The queued ids from head to tail.
     pub fn iter(&self) -> Iter<'_> {
         Iter {
             queue: self,
-            at: self.next[self.head() as usize],
+            at: self.next[HEAD as usize],
+            run: 0..0,
         }
     }
 
-    /// `id` must be linked (checked by every caller).
-    fn unlink(&mut self, id: u32) {
-        let i = id as usize;
+    /// Unlinks slot `s` (linked, checked by every caller); `len` is the caller's.
+    fn unlink(&mut self, s: u32) {
+        let i = s as usize;
         let (p, n) = (self.prev[i], self.next[i]);
         self.next[p as usize] = n;
         self.prev[n as usize] = p;
         self.prev[i] = NOT_LINKED;
         self.next[i] = NOT_LINKED;
-        self.len -= 1;
     }
 
-    /// `before` and `after` must be adjacent and `id` unlinked (checked by every caller).
-    fn link_between(&mut self, before: u32, id: u32, after: u32) {
-        self.next[before as usize] = id;
-        self.prev[id as usize] = before;
-        self.next[id as usize] = after;
-        self.prev[after as usize] = id;
+    /// `before` and `after` must be adjacent and slot `s` unlinked (checked by callers).
+    fn link_between(&mut self, before: u32, s: u32, after: u32) {
+        self.next[before as usize] = s;
+        self.prev[s as usize] = before;
+        self.next[s as usize] = after;
+        self.prev[after as usize] = s;
         self.len += 1;
     }
 }
@@ -146,18 +231,28 @@ impl FreeQueue {
 pub struct Iter<'a> {
     queue: &'a FreeQueue,
     at: u32,
+    run: std::ops::Range<u32>,
 }
 
 impl Iterator for Iter<'_> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
-        if self.at == self.queue.tail() {
-            return None;
+        if let Some(id) = self.run.next() {
+            return Some(id);
         }
-        let id = self.at;
-        self.at = self.queue.next[id as usize];
-        Some(id)
+        match self.at {
+            TAIL => None,
+            FRESH => {
+                self.run = self.queue.fresh..self.queue.end;
+                self.at = self.queue.next[FRESH as usize];
+                self.run.next()
+            }
+            s => {
+                self.at = self.queue.next[s as usize];
+                Some(s - SLOT0)
+            }
+        }
     }
 }
 
@@ -167,6 +262,48 @@ mod tests {
 
     fn ids(q: &FreeQueue) -> Vec<u32> {
         q.iter().collect()
+    }
+
+    #[test]
+    fn hits_on_never_used_ids_keep_the_order_of_a_full_queue() {
+        use std::collections::VecDeque;
+        for n in [1u32, 2, 5, 40] {
+            let mut q = FreeQueue::new(n);
+            let mut model: VecDeque<u32> = (0..n).collect();
+            let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ u64::from(n);
+            for _ in 0..3000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let id = (x % u64::from(n)) as u32;
+                match (x >> 8) % 5 {
+                    0 => assert_eq!(q.pop_front(), model.pop_front()),
+                    1 | 4 => {
+                        let pos = model.iter().position(|&b| b == id);
+                        assert_eq!(q.remove(id), pos.is_some());
+                        if let Some(p) = pos {
+                            model.remove(p);
+                        }
+                    }
+                    2 => {
+                        let ok = id < q.materialized() && !model.contains(&id);
+                        assert_eq!(q.push_back(id), ok);
+                        if ok {
+                            model.push_back(id);
+                        }
+                    }
+                    _ => {
+                        let ok = id < q.materialized() && !model.contains(&id);
+                        assert_eq!(q.push_front(id), ok);
+                        if ok {
+                            model.push_front(id);
+                        }
+                    }
+                }
+                assert_eq!(q.len(), model.len());
+                assert_eq!(ids(&q), model.iter().copied().collect::<Vec<_>>());
+            }
+        }
     }
 
     #[test]

@@ -10,13 +10,17 @@
 //!   (vLLM does not de-duplicate; lookups return the first, i.e. the oldest entry).
 //!
 //! Every fallible operation validates all of its input before changing anything.
+//!
+//! Memory follows the blocks in use, not `num_blocks`: a block gets its 56 bytes (48 in
+//! [`Block`], 8 of free-queue links) when it is first handed out or hit, and the table
+//! holds 4 bytes per cached key. Growth is reserved fallibly before anything changes.
 
 use crate::error::{Error, Result};
 use crate::events::{untag_extra_keys, KvEvent};
 use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
-use super::table::HashTable;
+use super::table::{key_hash, Block, HashTable32};
 
 /// The id of the null block (vLLM's placeholder for skipped sliding-window blocks).
 pub const NULL_BLOCK: u32 = 0;
@@ -30,34 +34,20 @@ pub struct CacheKey {
 }
 
 impl std::hash::Hash for CacheKey {
-    /// Every byte of the hash is folded in (one multiply per 8 bytes): digests are
-    /// uniform, but hashes given by a caller need not be (a counter in the last bytes
-    /// made every key collide when only the first 8 bytes were read: quadratic inserts).
+    /// Every byte of the hash is folded in ([`key_hash`]).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let b = self.hash.as_bytes();
-        let mut h = (u64::from(self.group) << 40) ^ b.len() as u64;
-        for chunk in b.chunks(8) {
-            let mut w = [0u8; 8];
-            for (dst, src) in w.iter_mut().zip(chunk) {
-                *dst = *src;
-            }
-            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            h ^= h >> 32;
-        }
-        // MurmurHash3's finaliser: every input bit reaches the low (bucket) bits.
-        h = (h ^ (h >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-        h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-        state.write_u64(h ^ (h >> 33));
+        state.write_u64(key_hash(self.hash.as_bytes(), self.group));
     }
 }
 
-#[derive(Debug, Clone, Default)]
-struct Block {
-    ref_cnt: u32,
-    key: Option<CacheKey>,
-    /// Scratch flag used while validating one call (always false between calls).
-    mark: bool,
-}
+/// A block that never left the fresh run: free, unreferenced, uncached.
+const UNUSED: Block = Block {
+    ref_cnt: 0,
+    group: 0,
+    chain_prev: super::table::NO_KEY,
+    chain_next: u32::MAX - 1,
+    hash: [0; 32],
+};
 
 /// What `cache_full_blocks` needs to know about the request that owns the blocks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,9 +75,14 @@ impl StoreInfo<'_> {
 /// The block pool.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
+    num_blocks: usize,
+    /// Blocks `0..blocks.len()` (as many as the free queue has links for); the others have
+    /// never been handed out or hit and are [`UNUSED`].
     blocks: Vec<Block>,
     free: FreeQueue,
-    cached: HashTable,
+    cached: HashTable32,
+    /// Cached blocks whose hash was dropped because the block was reused.
+    evictions: u64,
     /// Length of the hashes this pool holds, fixed by the first hash it sees.
     hash_len: Option<usize>,
     enable_caching: bool,
@@ -115,22 +110,85 @@ impl BlockPool {
                 u32::MAX - 3
             )));
         }
-        let mut free = FreeQueue::new(num_blocks as u32);
-        free.pop_front(); // the null block
-        Ok(BlockPool {
-            blocks: vec![Block::default(); num_blocks],
-            free,
-            cached: HashTable::new(num_blocks),
+        let mut pool = BlockPool {
+            num_blocks,
+            blocks: Vec::new(),
+            free: FreeQueue::new(num_blocks as u32),
+            cached: HashTable32::new(),
+            evictions: 0,
             hash_len: None,
             enable_caching,
             events_enabled: enable_kv_cache_events,
             events: Vec::new(),
             scratch: Vec::new(),
+        };
+        pool.reserve_through(NULL_BLOCK)?;
+        pool.free.pop_front(); // the null block
+        pool.sync_blocks();
+        Ok(pool)
+    }
+
+    /// Reserves block storage for every id up to `id` (inclusive), so that the free
+    /// queue can hand out or drop any block up to it without allocating.
+    fn reserve_through(&mut self, id: u32) -> Result<()> {
+        let id = id.min(self.num_blocks as u32 - 1);
+        self.free
+            .reserve_through(id)
+            .map_err(|e| Error::out_of_memory("the block pool", e))?;
+        let want = id as usize + 1;
+        if want > self.blocks.capacity() {
+            let grown = (self.blocks.len() + self.blocks.len() / 4)
+                .max(want)
+                .min(self.num_blocks);
+            self.blocks
+                .try_reserve_exact(grown - self.blocks.len())
+                .map_err(|e| Error::out_of_memory("the block pool", e))?;
+        }
+        Ok(())
+    }
+
+    /// Gives storage to the blocks the free queue just took out of its fresh run
+    /// (reserved before by [`reserve_through`](Self::reserve_through)).
+    #[inline]
+    fn sync_blocks(&mut self) {
+        let n = self.free.materialized() as usize;
+        if self.blocks.len() < n {
+            self.blocks.resize(n, UNUSED);
+        }
+    }
+
+    #[inline]
+    fn block(&self, id: u32) -> &Block {
+        self.blocks.get(id as usize).unwrap_or(&UNUSED)
+    }
+
+    /// The key of a block, if cached.
+    #[inline]
+    fn key_of(&self, id: u32) -> Option<CacheKey> {
+        let b = self.block(id);
+        if !b.has_key() {
+            return None;
+        }
+        let hash = BlockHash::from_bytes(&b.hash[..self.cached.hash_len()])?;
+        Some(CacheKey {
+            hash,
+            group: b.group,
         })
     }
 
-    pub fn num_blocks(&self) -> usize {
+    /// Blocks that ever held content or a reference (what the pool's memory follows).
+    pub fn num_touched_blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Cached blocks whose hash was dropped because the block was reused (vLLM's
+    /// evictions; one `BlockRemoved` event each when events are enabled).
+    pub fn num_evicted_blocks(&self) -> u64 {
+        self.evictions
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
     }
 
     pub fn enable_caching(&self) -> bool {
@@ -147,7 +205,7 @@ impl BlockPool {
 
     /// `1 - free / (N - 1)`; 0 for a pool holding only the null block.
     pub fn usage(&self) -> f64 {
-        let usable = self.blocks.len() - 1;
+        let usable = self.num_blocks - 1;
         if usable == 0 {
             return 0.0;
         }
@@ -160,12 +218,12 @@ impl BlockPool {
     }
 
     fn check_id(&self, id: u32) -> Result<()> {
-        if (id as usize) < self.blocks.len() {
+        if (id as usize) < self.num_blocks {
             Ok(())
         } else {
             Err(Error::InvalidArgument(format!(
                 "block id {id} is out of range: the pool has {} blocks",
-                self.blocks.len()
+                self.num_blocks
             )))
         }
     }
@@ -184,13 +242,13 @@ impl BlockPool {
 
     pub fn ref_cnt(&self, id: u32) -> Result<u32> {
         self.check_id(id)?;
-        Ok(self.blocks[id as usize].ref_cnt)
+        Ok(self.block(id).ref_cnt)
     }
 
     /// The hash a block is cached under (`None` if not cached).
     pub fn block_key(&self, id: u32) -> Result<Option<CacheKey>> {
         self.check_id(id)?;
-        Ok(self.blocks[id as usize].key)
+        Ok(self.key_of(id))
     }
 
     /// Free block ids from the head (next reused) to the tail.
@@ -205,7 +263,11 @@ impl BlockPool {
 
     /// The blocks cached under `key`, oldest first (empty when none).
     pub fn cached_blocks(&self, key: &CacheKey) -> Vec<u32> {
-        self.cached.blocks(key)
+        if key.hash.len() != self.cached.hash_len() {
+            return Vec::new();
+        }
+        self.cached
+            .blocks(&self.blocks, key.hash.as_bytes(), key.group)
     }
 
     /// The first block cached under `hash` for each group, or `None` if any group misses.
@@ -225,14 +287,14 @@ impl BlockPool {
     /// length simply misses).
     #[inline]
     pub fn lookup(&self, hash: &BlockHash, group: u32) -> Option<u32> {
-        self.cached.first(&CacheKey { hash: *hash, group })
+        self.cached.first(&self.blocks, hash.as_bytes(), group)
     }
 
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
     /// each with `ref_cnt = 1`.
     pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
-        // Capacity bounded by what can be returned: a huge `n` is an error, not a panic.
-        let mut out = Vec::with_capacity(n.min(self.free.len()));
+        // Reserved fallibly by `get_new_blocks_into`, once `n` is known to be available.
+        let mut out = Vec::new();
         self.get_new_blocks_into(n, &mut out)?;
         Ok(out)
     }
@@ -245,13 +307,20 @@ impl BlockPool {
                 available: self.free.len(),
             });
         }
-        out.reserve(n);
+        out.try_reserve(n)
+            .map_err(|e| Error::out_of_memory("the block ids", e))?;
+        let fresh = self.free.materialized();
+        if n > 0 {
+            self.reserve_through(fresh.saturating_add((n - 1) as u32))?;
+        }
         for _ in 0..n {
             let Some(id) = self.free.pop_front() else {
                 break; // unreachable: n <= len was checked
             };
-            if self.enable_caching {
-                self.evict_hash(id);
+            if id >= fresh {
+                self.sync_blocks();
+            } else if self.enable_caching && self.evict_hash(id) {
+                self.evictions += 1;
             }
             self.blocks[id as usize].ref_cnt = 1;
             out.push(id);
@@ -261,10 +330,13 @@ impl BlockPool {
 
     /// Drop block `id`'s cache entry (if any) and emit `BlockRemoved`.
     fn evict_hash(&mut self, id: u32) -> bool {
-        let Some(key) = self.blocks[id as usize].key.take() else {
+        if (id as usize) >= self.blocks.len() {
+            return false;
+        }
+        let Some(key) = self.key_of(id) else {
             return false;
         };
-        self.cached.remove(&key, id);
+        self.cached.remove(&mut self.blocks, id);
         if self.events_enabled {
             self.events.push(KvEvent::BlockRemoved {
                 block_hashes: vec![key.hash],
@@ -278,33 +350,47 @@ impl BlockPool {
     /// the free queue. The null block cannot be touched (vLLM skips it silently; the
     /// manager filters it out before calling).
     pub fn touch(&mut self, ids: &[u32]) -> Result<()> {
+        let mut top = 0;
         for &id in ids {
             self.check_id(id)?;
             if id == NULL_BLOCK {
                 return Err(block_state("cannot touch the null block (block 0)".into()));
             }
+            if self.block(id).ref_cnt == u32::MAX {
+                return Err(block_state(format!("block {id} has 2**32 - 1 references")));
+            }
+            top = top.max(id);
         }
+        // A hit on a never-used block gives it (and the fresh blocks before it) storage.
+        self.reserve_through(top)?;
         for &id in ids {
-            self.touch_one(id);
+            if id >= self.free.materialized() {
+                self.free.remove(id);
+                self.sync_blocks();
+                self.blocks[id as usize].ref_cnt = 1;
+            } else {
+                self.touch_one(id);
+            }
         }
         Ok(())
     }
 
-    /// Touch one non-null block (ids out of range are ignored: callers validate first).
+    /// Touch one non-null block that has storage (others are ignored: the manager only
+    /// touches cached blocks, which have).
     #[inline]
     pub(crate) fn touch_one(&mut self, id: u32) {
         if let Some(b) = self.blocks.get_mut(id as usize) {
             if b.ref_cnt == 0 {
                 self.free.remove(id);
             }
-            b.ref_cnt += 1;
+            b.ref_cnt = b.ref_cnt.saturating_add(1);
         }
     }
 
     /// Whether a block is an eviction candidate a hit would take out of the free queue.
     #[inline]
     pub(crate) fn is_unreferenced(&self, id: u32) -> bool {
-        id != NULL_BLOCK && self.blocks.get(id as usize).is_some_and(|b| b.ref_cnt == 0)
+        id != NULL_BLOCK && (id as usize) < self.num_blocks && self.block(id).ref_cnt == 0
     }
 
     /// Drop one reference from each block, in eviction order (the first block freed is
@@ -315,14 +401,14 @@ impl BlockPool {
     pub fn free_blocks(&mut self, ids: &[u32]) -> Result<()> {
         // Validate: decrement, undoing everything on the first failure.
         for (i, &id) in ids.iter().enumerate() {
-            let err = if (id as usize) >= self.blocks.len() {
+            let err = if (id as usize) >= self.num_blocks {
                 Some(Error::InvalidArgument(format!(
                     "block id {id} is out of range: the pool has {} blocks",
-                    self.blocks.len()
+                    self.num_blocks
                 )))
             } else if id == NULL_BLOCK {
                 Some(block_state("cannot free the null block (block 0)".into()))
-            } else if self.blocks[id as usize].ref_cnt == 0 {
+            } else if self.block(id).ref_cnt == 0 {
                 Some(block_state(format!(
                     "cannot free block {id}: it has no reference left (double free?)"
                 )))
@@ -350,14 +436,15 @@ impl BlockPool {
             if id == NULL_BLOCK {
                 continue;
             }
-            let Some(b) = self.blocks.get_mut(id as usize) else {
+            let Some(b) = self.blocks.get(id as usize) else {
                 continue;
             };
-            if b.ref_cnt != 0 || b.mark {
+            if b.ref_cnt != 0 || self.free.is_marked(id) || self.free.contains(id) {
                 continue;
             }
-            b.mark = true;
-            if b.key.is_none() || !self.enable_caching {
+            let keyed = b.has_key();
+            self.free.mark(id);
+            if !keyed || !self.enable_caching {
                 first.push(id);
             } else {
                 last.push(id);
@@ -366,11 +453,11 @@ impl BlockPool {
         // `first` and `last` are in reverse order: prepend `first` back to front so the
         // earliest-freed block ends at the head, append `last` front to back.
         for &id in &first {
-            self.blocks[id as usize].mark = false;
+            self.free.unmark(id);
             self.free.push_front(id);
         }
         for &id in last.iter().rev() {
-            self.blocks[id as usize].mark = false;
+            self.free.unmark(id);
             self.free.push_back(id);
         }
     }
@@ -391,7 +478,7 @@ impl BlockPool {
             }
             b.ref_cnt -= 1;
             if b.ref_cnt == 0 {
-                if b.key.is_some() && self.enable_caching {
+                if b.has_key() && self.enable_caching {
                     self.free.push_back(id);
                 } else {
                     first.push(id);
@@ -472,12 +559,12 @@ impl BlockPool {
             if id == NULL_BLOCK {
                 continue;
             }
-            let b = &self.blocks[id as usize];
-            let msg = if b.mark {
+            let b = self.block(id);
+            let msg = if self.free.is_marked(id) {
                 Some(format!(
                     "block {id} appears twice among the blocks to cache"
                 ))
-            } else if b.key.is_some() {
+            } else if b.has_key() {
                 Some(format!("block {id} is already cached"))
             } else if b.ref_cnt == 0 {
                 Some(format!(
@@ -490,15 +577,22 @@ impl BlockPool {
                 bad = Some(block_state(m));
                 break;
             }
-            self.blocks[id as usize].mark = true;
+            self.free.mark(id);
         }
         for &id in new {
-            if let Some(b) = self.blocks.get_mut(id as usize) {
-                b.mark = false;
-            }
+            self.free.unmark(id);
         }
         if let Some(e) = bad {
             return Err(e);
+        }
+        let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
+        self.cached
+            .reserve_for(&self.blocks, new_keys)
+            .map_err(|e| Error::out_of_memory("the prefix-cache table", e))?;
+        if self.events_enabled {
+            self.events
+                .try_reserve(1)
+                .map_err(|e| Error::out_of_memory("the event list", e))?;
         }
         self.hash_len = hash_len;
 
@@ -512,9 +606,7 @@ impl BlockPool {
                 event_keys.push(info.extra_keys(num_cached + i).map(untag_extra_keys));
             }
             let hash = block_hashes[num_cached + i];
-            let key = CacheKey { hash, group };
-            self.blocks[id as usize].key = Some(key);
-            self.cached.insert(key, id);
+            self.cached.insert(&mut self.blocks, id, &hash, group);
             if self.events_enabled {
                 stored.push(hash);
             }
@@ -553,12 +645,13 @@ impl BlockPool {
     /// Forget every cached hash; only possible when no block but the null block is in use.
     /// Returns whether it happened (emits `AllBlocksCleared` when it did).
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if self.free.len() != self.blocks.len() - 1 {
+        if self.free.len() != self.num_blocks - 1 {
             return false;
         }
         self.cached.clear();
         for b in &mut self.blocks {
-            b.key = None;
+            b.chain_prev = UNUSED.chain_prev;
+            b.chain_next = UNUSED.chain_next;
         }
         if self.events_enabled {
             self.events.push(KvEvent::AllBlocksCleared);
@@ -578,18 +671,23 @@ impl BlockPool {
         if self.free.contains(NULL_BLOCK) {
             return Err("the null block is in the free queue".into());
         }
-        let mut n_free = 0;
+        if self.blocks.len() != self.free.materialized() as usize {
+            return Err("block storage and free-queue links disagree".into());
+        }
+        let mut n_free = self.num_blocks - self.blocks.len();
+        let mut n_keyed = 0;
         for (id, b) in self.blocks.iter().enumerate().skip(1) {
             let id = id as u32;
             let free = self.free.contains(id);
             n_free += usize::from(free);
-            if free != (b.ref_cnt == 0) {
+            if free != (b.ref_cnt == 0) || self.free.is_marked(id) {
                 return Err(format!(
                     "block {id}: ref_cnt {} but free = {free}",
                     b.ref_cnt
                 ));
             }
-            if let Some(key) = b.key {
+            if let Some(key) = self.key_of(id) {
+                n_keyed += 1;
                 if !self.cached_blocks(&key).contains(&id) {
                     return Err(format!(
                         "block {id} has a hash the table does not map to it"
@@ -600,17 +698,28 @@ impl BlockPool {
         if n_free != self.free.len() {
             return Err("free queue length mismatch".into());
         }
-        for (key, ids) in self.cached.entries() {
-            if ids.is_empty() {
-                return Err("empty table entry".into());
+        let mut n_listed = 0;
+        for head in self.cached.heads() {
+            let Some(key) = self.key_of(head) else {
+                return Err(format!("table holds block {head}, which has no hash"));
+            };
+            let ids = self.cached_blocks(&key);
+            if ids.first() != Some(&head) {
+                return Err(format!("block {head} is not the oldest of its key"));
             }
             for id in ids {
-                if self.blocks.get(id as usize).and_then(|b| b.key) != Some(*key) {
+                n_listed += 1;
+                if self.key_of(id) != Some(key) {
                     return Err(format!(
                         "table maps a hash to block {id}, which has another"
                     ));
                 }
             }
+        }
+        if n_listed != n_keyed {
+            return Err(format!(
+                "{n_keyed} blocks have a hash, the table lists {n_listed}"
+            ));
         }
         Ok(())
     }

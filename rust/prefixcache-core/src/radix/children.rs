@@ -135,6 +135,19 @@ impl Children {
         }
     }
 
+    /// Every child, in no particular order, without allocating.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let (inline, mapped) = match self {
+            Children::Empty => (&[][..], None),
+            Children::Inline(v) => (v.as_slice(), None),
+            Children::Map { map, .. } => (&[][..], Some(map.values())),
+        };
+        inline
+            .iter()
+            .map(|&(_, c)| c)
+            .chain(mapped.into_iter().flatten().flat_map(|b| b.iter().copied()))
+    }
+
     /// Every child, in no particular order.
     pub(crate) fn ids(&self) -> Vec<u32> {
         match self {

@@ -153,8 +153,13 @@ pub struct RadixTree {
     pub(crate) num_nodes: usize,
     /// Evictable leaves ordered by policy key (which ends with the serial: unique).
     pub(crate) evictable: BTreeSet<(PolicyKey, u32)>,
-    namespaces: Vec<Namespace>,
+    /// Interned namespaces by id, with the number of live nodes in each: a namespace is
+    /// dropped with its last node (id 0, no namespace, is permanent), so memory follows
+    /// what is cached, not every namespace ever seen.
+    pub(crate) namespaces: Vec<(Namespace, usize)>,
     namespace_ids: FxHashMap<Namespace, u32>,
+    /// Ids of dropped namespaces, reused first.
+    free_namespaces: Vec<u32>,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -186,9 +191,6 @@ impl RadixTree {
                 "page_size must be >= 1, got 0".into(),
             ));
         }
-        let none = Namespace::default();
-        let mut namespace_ids = FxHashMap::default();
-        namespace_ids.insert(none.clone(), 0);
         let mut tree = RadixTree {
             id: NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed),
             page_size,
@@ -201,8 +203,9 @@ impl RadixTree {
             protected_size: 0,
             num_nodes: 0,
             evictable: BTreeSet::new(),
-            namespaces: vec![none],
-            namespace_ids,
+            namespaces: Vec::new(),
+            namespace_ids: FxHashMap::default(),
+            free_namespaces: Vec::new(),
         };
         tree.reset();
         Ok(tree)
@@ -211,9 +214,15 @@ impl RadixTree {
     /// Empties the tree. Every handle issued before becomes stale; the clock and the
     /// serial counter keep running.
     pub fn reset(&mut self) {
-        self.nodes.clear();
-        self.free_slots.clear();
+        // Fresh containers: the memory of what was cached goes back to the allocator.
+        self.nodes = Vec::new();
+        self.free_slots = Vec::new();
         self.evictable.clear();
+        let none = Namespace::default();
+        self.namespace_ids = FxHashMap::default();
+        self.namespace_ids.insert(none.clone(), 0);
+        self.namespaces = vec![(none, 0)];
+        self.free_namespaces = Vec::new();
         self.evictable_size = 0;
         self.protected_size = 0;
         self.num_nodes = 0;
@@ -288,14 +297,42 @@ impl RadixTree {
         self.namespace_ids.get(ns).copied()
     }
 
+    /// The id of `ns`, interning it (with no node yet) when new. An insert that ends up
+    /// creating no node in it drops it again ([`RadixTree::drop_unused_namespace`]).
     fn intern_namespace(&mut self, ns: &Namespace) -> u32 {
         if let Some(id) = self.namespace_ids.get(ns) {
             return *id;
         }
-        let id = self.namespaces.len() as u32;
-        self.namespaces.push(ns.clone());
+        let id = match self.free_namespaces.pop() {
+            Some(id) => {
+                self.namespaces[id as usize] = (ns.clone(), 0);
+                id
+            }
+            None => {
+                self.namespaces.push((ns.clone(), 0));
+                (self.namespaces.len() - 1) as u32
+            }
+        };
         self.namespace_ids.insert(ns.clone(), id);
         id
+    }
+
+    /// Forgets namespace `id` when no node is in it (never namespace 0, no namespace).
+    fn drop_unused_namespace(&mut self, id: u32) {
+        if id == 0 || self.namespaces.get(id as usize).is_none_or(|e| e.1 != 0) {
+            return;
+        }
+        let (ns, _) = std::mem::take(&mut self.namespaces[id as usize]);
+        self.namespace_ids.remove(&ns);
+        self.free_namespaces.push(id);
+        if self.namespace_ids.len() * 4 < self.namespace_ids.capacity() {
+            self.namespace_ids.shrink_to_fit();
+        }
+    }
+
+    /// Number of namespaces with at least one node (plus "no namespace", always kept).
+    pub fn num_namespaces(&self) -> usize {
+        self.namespace_ids.len()
     }
 
     fn aligned(&self, len: usize) -> usize {
@@ -323,6 +360,9 @@ impl RadixTree {
 
     fn alloc(&mut self, node: Node) -> u32 {
         self.num_nodes += 1;
+        if let Some(e) = self.namespaces.get_mut(node.ns as usize) {
+            e.1 += 1;
+        }
         match self.free_slots.pop() {
             Some(slot) => {
                 self.nodes[slot as usize] = node;
@@ -337,6 +377,7 @@ impl RadixTree {
 
     pub(crate) fn release(&mut self, slot: u32) {
         let n = &mut self.nodes[slot as usize];
+        let ns = n.ns;
         n.serial = u64::MAX;
         n.parent = NO_PARENT;
         n.key = Vec::new();
@@ -344,6 +385,10 @@ impl RadixTree {
         n.children = Children::Empty;
         self.free_slots.push(slot);
         self.num_nodes -= 1;
+        if let Some(e) = self.namespaces.get_mut(ns as usize) {
+            e.1 -= 1;
+        }
+        self.drop_unused_namespace(ns);
     }
 
     /// Splits `child` after `p` tokens: a new node takes the first `p` tokens and becomes
@@ -523,6 +568,7 @@ impl RadixTree {
             self.relist(slot);
             node = slot;
         }
+        self.drop_unused_namespace(ns);
         Ok(InsertOutcome {
             prefix_len: total,
             node: self.handle(node),
@@ -553,9 +599,28 @@ impl RadixTree {
     }
 
     /// Unlocks the path from `node` up to the root. Returns the change of the evictable
-    /// size (>= 0). Fails, changing nothing, if any lock on the path is already zero.
+    /// size (>= 0). Fails, changing nothing, if `node` holds no lock of its own: its lock
+    /// count must exceed the sum of its children's (a node locked only through a
+    /// descendant belongs to that descendant's owner), and every lock on the path must be
+    /// positive.
     pub fn dec_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
         let start = self.resolve(node)?;
+        if start != ROOT {
+            let n = &self.nodes[start as usize];
+            let child_locks: u64 = n
+                .children
+                .iter()
+                .map(|c| self.nodes[c as usize].lock_ref)
+                .sum();
+            if n.lock_ref > 0 && n.lock_ref <= child_locks {
+                return Err(Error::LockRef(format!(
+                    "dec_lock_ref on a node that is locked only through its descendants \
+                     (lock_ref {}, its children hold {child_locks}): unlock the node that \
+                     was locked",
+                    n.lock_ref
+                )));
+            }
+        }
         let mut cur = start;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
@@ -626,7 +691,7 @@ impl RadixTree {
             creation_time: n.creation,
             num_children: n.children.len(),
             is_root: slot == ROOT,
-            namespace: self.namespaces[n.ns as usize].clone(),
+            namespace: self.namespaces[n.ns as usize].0.clone(),
         })
     }
 
@@ -642,8 +707,9 @@ impl RadixTree {
         ids.sort_by(|&a, &b| {
             let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
             self.namespaces[na.ns as usize]
+                .0
                 .sort_key()
-                .cmp(&self.namespaces[nb.ns as usize].sort_key())
+                .cmp(&self.namespaces[nb.ns as usize].0.sort_key())
                 .then_with(|| na.key.cmp(&nb.key))
         });
         ids
@@ -669,7 +735,7 @@ impl RadixTree {
                 priority: n.priority,
                 last_access_time: n.last_access,
                 creation_time: n.creation,
-                namespace: self.namespaces[n.ns as usize].clone(),
+                namespace: self.namespaces[n.ns as usize].0.clone(),
             });
             stack.extend(
                 self.sorted_children(slot)

@@ -8,7 +8,8 @@
 //! so the number of free blocks is exactly what can be allocated.
 
 use super::key::DEFAULT_PRIORITY;
-use super::trie::{BlockTrie, TrieEvent};
+use super::trie::BlockTrie;
+use super::types::TrieEvent;
 
 impl BlockTrie {
     fn evict_entry(&self, b: u32) -> (u8, u64, u32) {
@@ -93,6 +94,12 @@ impl BlockTrie {
         };
         self.num_cached -= 1;
         self.num_cached_tokens -= key.tokens.len();
+        if let Some(s) = key.scope.salt {
+            self.salts.release(s);
+        }
+        for &(id, _) in &key.mm {
+            self.mm_hashes.release(id);
+        }
         let removed = self.blocks[parent as usize]
             .children
             .remove_exact(key.exact_hash(), b);

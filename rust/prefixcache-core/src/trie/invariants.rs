@@ -138,6 +138,37 @@ impl BlockTrie {
         {
             return Err("the expiry set holds stale entries".into());
         }
+        self.check_interned()
+    }
+
+    /// Each interned salt and multimodal hash has exactly as many holders as cached keys
+    /// and live requests use it, and none is kept without a holder.
+    fn check_interned(&self) -> Result<(), String> {
+        let mut salts: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut mm: FxHashMap<u32, u32> = FxHashMap::default();
+        let keys = self.blocks.iter().filter_map(|b| b.key.as_ref());
+        for (salt, ids) in keys
+            .map(|k| (k.scope.salt, k.mm.iter().map(|m| m.0).collect::<Vec<_>>()))
+            .chain(self.requests_interned())
+        {
+            if let Some(s) = salt {
+                *salts.entry(s).or_default() += 1;
+            }
+            for id in ids {
+                *mm.entry(id).or_default() += 1;
+            }
+        }
+        for (what, interner, want) in [
+            ("salt", &self.salts, salts),
+            ("multimodal hash", &self.mm_hashes, mm),
+        ] {
+            let have: FxHashMap<u32, u32> = interner.holders().collect();
+            if have != want {
+                return Err(format!(
+                    "interned {what} holders {have:?}, but keys and requests hold {want:?}"
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -6,21 +6,32 @@
 //! - [`children`]: the per-block child index: exact keys in a hash map, partial-match
 //!   candidates in an ordered index so the longest common prefix is found in O(log n).
 //! - [`evict`]: the priority-LRU set of evictable free blocks and retention expiry.
-//! - [`trie`]: claim (phase one) / complete (phase two) / store / extend / release.
+//! - [`trie`]: the blocks, requests and state of the trie, constructor and getters.
+//! - [`types`]: the public argument and result types.
+//! - [`interner`]: salts and multimodal hashes, reference-counted by their holders.
+//! - [`lookup`]: keys, the event hash and the plan of a claim.
+//! - [`refs`]: references, allocation and the partial-match index.
+//! - [`requests`]: claim (phase one) / complete (phase two) / store / extend / release.
 //! - [`invariants`]: the full consistency check used by tests.
 
 mod children;
 mod evict;
+mod interner;
 mod invariants;
 mod key;
+mod lookup;
+mod refs;
+mod requests;
 #[allow(clippy::module_inception)] // the layout names the file after the structure
 mod trie;
+mod types;
 
 #[cfg(test)]
 mod tests;
 
 pub use key::{DEFAULT_PRIORITY, MAX_PRIORITY};
-pub use trie::{
-    BlockDump, BlockTrie, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind,
-    PartialReuse, TrieEvent, TrieStats,
+pub use trie::BlockTrie;
+pub use types::{
+    BlockDump, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind, PartialReuse,
+    TrieEvent, TrieStats,
 };

@@ -214,3 +214,58 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn salts_and_multimodal_hashes_follow_what_is_cached_and_claimed() {
+    let mut t = BlockTrie::new(8, 4, true, true).unwrap();
+    let p = toks(0..9);
+    for i in 0..200u64 {
+        let salt = format!("salt{i}");
+        let mm = [MmSpan {
+            hash: i.to_le_bytes().to_vec(),
+            start: 1,
+            len: 2,
+        }];
+        let params = ClaimParams {
+            cache_salt: Some(&salt),
+            mm: &mm,
+            ..ClaimParams::default()
+        };
+        t.lookup(&p, &params).unwrap();
+        t.claim(i, &p, &params).unwrap();
+        t.store(i, &p).unwrap();
+        t.release(i).unwrap();
+        t.check_invariants().unwrap();
+        let (salts, mms) = t.num_interned();
+        // At most 8 blocks are cached: at most 8 salts and hashes are held.
+        assert!(salts <= 8 && mms <= 8, "{salts} salts, {mms} hashes");
+    }
+    // Claimed but not stored: the request alone holds them.
+    let mm = [MmSpan {
+        hash: vec![7; 32],
+        start: 0,
+        len: 8,
+    }];
+    let params = ClaimParams {
+        cache_salt: Some("held"),
+        mm: &mm,
+        ..ClaimParams::default()
+    };
+    let mut t = BlockTrie::new(8, 4, true, true).unwrap();
+    t.claim(1, &p, &params).unwrap();
+    assert_eq!(t.num_interned(), (1, 1));
+    t.check_invariants().unwrap();
+    t.release(1).unwrap();
+    assert_eq!(t.num_interned(), (0, 0));
+    // Ids dropped and reused: a new claim with a new salt matches nothing of the old.
+    t.claim(2, &p, &params).unwrap();
+    t.store(2, &p).unwrap();
+    t.release(2).unwrap();
+    let other = ClaimParams {
+        cache_salt: Some("other"),
+        ..ClaimParams::default()
+    };
+    assert_eq!(t.lookup(&p, &other).unwrap().num_matched_tokens, 0);
+    assert_eq!(t.lookup(&p, &params).unwrap().num_matched_tokens, 8);
+    t.check_invariants().unwrap();
+}

@@ -1,0 +1,64 @@
+"""Sizes a user controls never abort the process: under a 3 GB address-space limit, huge
+pools are created cheaply (memory follows the blocks in use) or raise MemoryError, and
+the object stays usable. Each case runs in a subprocess (the limit is per process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("resource")
+
+PRELUDE = textwrap.dedent(
+    """
+    import resource
+    import prefixcache as pc
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    def oom(f):
+        try:
+            f()
+        except MemoryError as e:
+            assert "cannot allocate memory" in str(e), e
+            return True
+        return False
+    """
+)
+
+CASES = {
+    "BlockPool": """
+        p = pc.BlockPool(4_294_967_292)
+        assert p.num_free_blocks == 4_294_967_291 and p.num_touched_blocks == 1
+        assert oom(lambda: p.get_new_blocks(2_000_000_000))
+        assert p.num_free_blocks == 4_294_967_291
+        assert p.get_new_blocks(3).tolist() == [1, 2, 3]
+        assert oom(lambda: p.touch([4_000_000_000]))  # gives storage to every id below
+        assert p.ref_cnt(4_000_000_000) == 0
+        p.check_invariants()
+    """,
+    "KVCacheManager": """
+        m = pc.KVCacheManager(10**9, block_size=16)
+        assert m.num_free_blocks == 10**9 - 1
+        m.add_request(1, list(range(100)))
+        assert oom(lambda: m.allocate_slots(1, 16 * 300_000_000))
+        assert m.allocate_slots(1, 100) is not None
+        m.check_invariants()
+    """,
+    "BlockTrie": """
+        assert oom(lambda: pc.BlockTrie(10**8, 4))
+        t = pc.BlockTrie(1000, 4)
+        t.claim(1, list(range(9)))
+        t.check_invariants()
+    """,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_huge_sizes_raise_memory_error_or_work(kind: str) -> None:
+    script = PRELUDE + textwrap.dedent(CASES[kind]) + "\nprint('ok')\n"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
