@@ -54,6 +54,16 @@ def _capacity(text: str) -> int:
     return v
 
 
+def _jobs(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be an integer >= 1, got {text!r}")
+    return v
+
+
 def _capacities(text: str) -> list[int]:
     return [_capacity(x) for x in text.split(",") if x.strip()]
 
@@ -133,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capacities", type=_capacities, required=True,
                    help="comma separated token budgets, e.g. 64k,256k,1M")
     s.add_argument("--plot", metavar="PNG", help="write the plot (matplotlib)")
+    s.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="worker processes running capacities and policies in parallel "
+                   "(default: the number of cores; 1 runs them one after the other)")
     _add_common(s, capacity=False)
     _add_model(s)
 
@@ -173,6 +186,24 @@ def _run(args: argparse.Namespace, requests: Sequence[Request], capacity: int | 
         return replay(requests, _policies(args.policies), capacity,
                       scheduler=_scheduler(args), eviction_policy=args.eviction,
                       hash_algo=args.hash_algo, progress=bars)
+
+
+def _sweep_runs(args: argparse.Namespace, label: str, requests: Sequence[Request],
+                caps: Sequence[int], err: Console) -> list[dict[str, Any]]:
+    """Every (capacity, policy) of the sweep, in that order, as summaries (with the peak
+    RSS of the process that ran it)."""
+    from prefixcache.sim.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(
+        trace=args.trace, fmt=args.format, skip_bad_lines=args.skip_bad_lines, seed=args.seed,
+        policies=_policies(args.policies), eviction_policy=args.eviction,
+        hash_algo=args.hash_algo, model=args.model, max_running=args.max_running,
+        cost=PrefillCost(args.prefill_base_ms, args.prefill_ms_per_token,
+                         args.prefill_attention_ms, args.decode_step_ms),
+        preemption=not args.no_preemption,
+    )
+    with progress_bars(err, enabled=not args.quiet) as bars:
+        return run_sweep(spec, requests, caps, jobs=args.jobs, progress=bars)
 
 
 def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
@@ -243,12 +274,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     if not caps:
         raise PrefixCacheError("--capacities is empty")
     rates: dict[str, list[float]] = {}
-    all_sums: list[dict[str, Any]] = []
-    for cap in caps:
-        for res in _run(args, reqs, cap, console, err):
-            s = summarize(res)
-            rates.setdefault(res.policy, []).append(float(s["hit_rate"]))
-            all_sums.append(s)
+    all_sums = _sweep_runs(args, label, reqs, caps, err)
+    for s in all_sums:
+        rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     console.print(sweep_table(caps, rates))
     if args.plot:
         write_sweep_plot(args.plot, caps, rates,
@@ -291,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrefixCacheError, OSError) as e:
         err.print(f"[red]error:[/red] {e}")
         return 2
+    except KeyboardInterrupt:
+        # Files are written only once everything ran: nothing partial was left behind.
+        err.print(f"interrupted: {args.command} stopped, no output files written")
+        return 130
 
 
 if __name__ == "__main__":

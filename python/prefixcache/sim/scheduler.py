@@ -306,7 +306,7 @@ class TimeScheduler:
             if nxt < n and not waiting and len(running) < self.max_running:
                 gap = requests[order[nxt]].arrival - t
                 k = min(k, max(1, math.ceil(gap / step - 1e-9)))
-            g = policy.max_uniform_growth(run)
+            g = policy.max_uniform_growth(run, k)
             while g == 0:
                 if not self.preemption:  # pragma: no cover - the output was reserved
                     raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
@@ -324,7 +324,7 @@ class TimeScheduler:
                 admit_paused = True
                 if check:
                     policy.check()
-                g = policy.max_uniform_growth(run)
+                g = policy.max_uniform_growth(run, k)
             if not running:
                 continue
             k = min(k, g)

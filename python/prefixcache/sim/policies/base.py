@@ -46,7 +46,8 @@ class PolicyStats:
 class CachePolicy(Protocol):
     """What a scheduler needs from a prefix cache (docs/SIMULATOR.md, "Policies").
 
-    ``grow(rids, k, fed_from, outputs)``: one decode stretch of ``k`` steps for every
+    ``max_uniform_growth(rids, limit)``: the most decode steps every request in ``rids``
+    can still take (capped at ``limit``). ``grow(rids, k, fed_from, outputs)``: one decode stretch of ``k`` steps for every
     request in ``rids`` (ints, in running order), each feeding the tokens
     ``outputs(rid)[fed_from[j] : fed_from[j] + k]`` and taking KV for them; the scheduler
     calls it with ``k <= max_uniform_growth(rids)``. Returns the tokens evicted for each
@@ -74,7 +75,9 @@ class CachePolicy(Protocol):
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None: ...
 
-    def max_uniform_growth(self, rids: Sequence[RequestId] | IndexArray) -> int: ...
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int: ...
 
     def evicted_tokens(self) -> int: ...
 
@@ -83,12 +86,18 @@ class CachePolicy(Protocol):
     def check(self) -> None: ...
 
 
-def max_k(needed: Callable[[int], int], available: int) -> int:
+def max_k(needed: Callable[[int], int], available: int, limit: int | None = None) -> int:
     """The largest k >= 0 with needed(k) <= available (needed is non-decreasing, and
-    grows by at least 1 per step once k passes every request's reserve)."""
+    grows by at least 1 per step once k passes every request's reserve), at most
+    ``limit`` when given (then one evaluation when the limit fits)."""
+    if limit is not None and needed(limit) <= available:
+        return limit
     lo, hi = 0, 1
     while needed(hi) <= available:
         lo, hi = hi, hi * 2
+        if limit is not None and hi >= limit:
+            hi = limit  # needed(limit) > available
+            break
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if needed(mid) <= available:

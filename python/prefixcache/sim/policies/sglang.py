@@ -277,13 +277,15 @@ class RadixPolicy:
             self.tree.dec_lock_ref(seq.node)
         self._note_cached()
 
-    def max_uniform_growth(self, rids: Sequence[RequestId] | IndexArray) -> int:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
         if not len(rids):
             return 0
         idx = np.asarray(rids, dtype=np.int64)
         slack = self._held[idx] - self._filled[idx]
         return max_k(lambda k: int(np.maximum(k - slack, 0).sum()),
-                     self.pool.free + int(self.tree.evictable_size()))
+                     self.pool.free + int(self.tree.evictable_size()), limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens

@@ -182,7 +182,9 @@ class TrtllmPolicy:
         self.trie.release(seq.iid)
         self._note_cached()
 
-    def max_uniform_growth(self, rids: Sequence[RequestId] | IndexArray) -> int:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
         if not len(rids):
             return 0
         seqs = [self.seqs[r] for r in (rids.tolist() if isinstance(rids, np.ndarray) else rids)]
@@ -193,7 +195,7 @@ class TrtllmPolicy:
         def blocks_needed(k: int) -> int:
             return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
 
-        return max_k(blocks_needed, int(self.trie.num_free_blocks))
+        return max_k(blocks_needed, int(self.trie.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return int(self.trie.stats["evicted_tokens"])

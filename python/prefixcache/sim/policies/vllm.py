@@ -274,7 +274,9 @@ class BlocksPolicy:
         del self.blocks[i]
         self.flagged.pop(i, None)
 
-    def max_uniform_growth(self, rids: Sequence[RequestId] | IndexArray) -> int:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
         if not len(rids):
             return 0
         idx = np.asarray(rids, dtype=np.int64)
@@ -285,7 +287,7 @@ class BlocksPolicy:
             return int(((np.maximum(have, known + k) + bs - 1) // bs
                         - (have + bs - 1) // bs).sum())
 
-        return max_k(blocks_needed, int(self.mgr.num_free_blocks))
+        return max_k(blocks_needed, int(self.mgr.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_blocks * self.block_size
