@@ -113,6 +113,19 @@ def test_sweep_in_worker_processes_equals_a_serial_run() -> None:
     assert all(t["advanced"] == t["total"] and t["done"] == 1 for t in rec.tasks)
 
 
+def test_replay_in_worker_processes_equals_a_serial_run(tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "3"):
+        js = tmp_path / f"r{jobs}.json"
+        assert main(["replay", "workload:F", "--model", "time", "--quiet",
+                     "--policies", *POLICIES, "--jobs", jobs, "--json", str(js)]) == 0
+        outs.append(json.loads(js.read_text()))
+    assert _comparable(outs[0]["summaries"]) == _comparable(outs[1]["summaries"])
+    assert outs[0]["records"] == outs[1]["records"] and outs[0]["differences"] == \
+        outs[1]["differences"]
+    assert all(s["peak_rss_bytes"] > 0 for s in outs[1]["summaries"])
+
+
 def test_sweep_command_jobs_give_the_same_json(tmp_path: Path) -> None:
     outs = []
     for jobs in ("1", "2"):
@@ -129,12 +142,12 @@ def test_sweep_command_jobs_give_the_same_json(tmp_path: Path) -> None:
 def test_interrupt_in_process_is_one_line_and_writes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import prefixcache.sim.cli as cli
+    import prefixcache.sim.sweep as sweep
 
     def interrupted(*a: Any, **k: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "replay", interrupted)
+    monkeypatch.setattr(sweep, "run_pairs", interrupted)
     js, cs = tmp_path / "r.json", tmp_path / "r.csv"
     assert main(["replay", "workload:F", "--quiet", "--json", str(js), "--csv", str(cs)]) == 130
     err = capsys.readouterr().err.strip().splitlines()

@@ -109,6 +109,13 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms)
 
 
+def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help=f"worker processes running {what} in parallel, one process per "
+                   "replay (default: the number of cores; 1 runs them one after the other "
+                   "in this process)")
+
+
 def _add_trace(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="a trace file (Mooncake or token JSONL), or workload:A..F")
     p.add_argument("--format", choices=("auto", "mooncake", "tokens"), default="auto")
@@ -137,15 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     _add_model(r)
     r.add_argument("--records-csv", metavar="PATH", help="write one row per request and policy")
+    _add_jobs(r, "policies")
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
     _add_trace(s)
     s.add_argument("--capacities", type=_capacities, required=True,
                    help="comma separated token budgets, e.g. 64k,256k,1M")
     s.add_argument("--plot", metavar="PNG", help="write the plot (matplotlib)")
-    s.add_argument("--jobs", type=_jobs, default=None, metavar="N",
-                   help="worker processes running capacities and policies in parallel "
-                   "(default: the number of cores; 1 runs them one after the other)")
+    _add_jobs(s, "capacities and policies")
     _add_common(s, capacity=False)
     _add_model(s)
 
@@ -188,13 +194,10 @@ def _run(args: argparse.Namespace, requests: Sequence[Request], capacity: int | 
                       hash_algo=args.hash_algo, progress=bars)
 
 
-def _sweep_runs(args: argparse.Namespace, label: str, requests: Sequence[Request],
-                caps: Sequence[int], err: Console) -> list[dict[str, Any]]:
-    """Every (capacity, policy) of the sweep, in that order, as summaries (with the peak
-    RSS of the process that ran it)."""
-    from prefixcache.sim.sweep import SweepSpec, run_sweep
+def _spec(args: argparse.Namespace) -> Any:
+    from prefixcache.sim.sweep import SweepSpec
 
-    spec = SweepSpec(
+    return SweepSpec(
         trace=args.trace, fmt=args.format, skip_bad_lines=args.skip_bad_lines, seed=args.seed,
         policies=_policies(args.policies), eviction_policy=args.eviction,
         hash_algo=args.hash_algo, model=args.model, max_running=args.max_running,
@@ -202,8 +205,25 @@ def _sweep_runs(args: argparse.Namespace, label: str, requests: Sequence[Request
                          args.prefill_attention_ms, args.decode_step_ms),
         preemption=not args.no_preemption,
     )
+
+
+def _sweep_runs(args: argparse.Namespace, requests: Sequence[Request], caps: Sequence[int],
+                err: Console) -> list[dict[str, Any]]:
+    """Every (capacity, policy) of the sweep, in that order, as summaries."""
+    from prefixcache.sim.sweep import run_sweep
+
     with progress_bars(err, enabled=not args.quiet) as bars:
-        return run_sweep(spec, requests, caps, jobs=args.jobs, progress=bars)
+        return run_sweep(_spec(args), requests, caps, jobs=args.jobs, progress=bars)
+
+
+def _replay_runs(args: argparse.Namespace, requests: Sequence[Request],
+                 err: Console) -> list[ReplayResult]:
+    """Every policy at ``args.capacity``, in worker processes unless ``--jobs 1``."""
+    from prefixcache.sim.sweep import run_pairs
+
+    pairs = [(args.capacity, p) for p in _policies(args.policies)]
+    with progress_bars(err, enabled=not args.quiet) as bars:
+        return run_pairs(_spec(args), requests, pairs, jobs=args.jobs, progress=bars)
 
 
 def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
@@ -243,7 +263,7 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
     reqs = tr.requests
-    results = _run(args, reqs, args.capacity, console, err)
+    results = _replay_runs(args, reqs, err)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
     cap_text = "unlimited" if args.capacity is None else f"{args.capacity:,} tokens"
@@ -274,7 +294,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     if not caps:
         raise PrefixCacheError("--capacities is empty")
     rates: dict[str, list[float]] = {}
-    all_sums = _sweep_runs(args, label, reqs, caps, err)
+    all_sums = _sweep_runs(args, reqs, caps, err)
     for s in all_sums:
         rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     console.print(sweep_table(caps, rates))

@@ -57,6 +57,7 @@ class ReplayResult:
     stats: PolicyStats
     seconds: float  # wall time of the replay
     peak_rss_bytes: int = 0  # the process's peak resident memory during the replay
+    summary_only: dict[str, Any] | None = None  # the summary, when records were dropped
 
     def summary(self) -> dict[str, Any]:
         return summarize(self)
@@ -125,6 +126,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(res: ReplayResult) -> dict[str, Any]:
+    if res.summary_only is not None:  # the records were dropped after summarising
+        return dict(res.summary_only)
     recs = res.records
     served = [r for r in recs if not r.rejected]
     prompt = sum(r.prompt_tokens for r in served)

@@ -1,10 +1,13 @@
-"""Sweep: every (capacity, policy) pair of a trace, in parallel worker processes.
+"""Replays of (capacity, policy) pairs in parallel worker processes (``replay --jobs``,
+``sweep --jobs``).
 
 Each pair is one independent replay (a fresh cache, the same scheduler), so running them
-in worker processes gives exactly the summaries a serial run gives; they are returned in
-(capacity, policy) order whatever order they finish in. Workers get the requests by
-``fork`` where the platform has it (nothing is copied until touched) and read the trace
-again otherwise. Progress reaches the parent through a queue, batched per 64 requests.
+in worker processes gives exactly the results a serial run gives; they are returned in
+(capacity, policy) order whatever order they finish in. Every pair gets a fresh worker
+process, so its ``peak_rss_bytes`` is its own (the interpreter and the trace included).
+Workers get the requests by ``fork`` where the platform has it (nothing is copied until
+touched) and read the trace again otherwise. Progress reaches the parent through a queue,
+batched per 64 requests.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefixcache.sim.replay import ProgressFactory, make_scheduler, replay, summarize
+from prefixcache.sim.replay import (
+    ProgressFactory,
+    ReplayResult,
+    make_scheduler,
+    replay,
+    summarize,
+)
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
 
-__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_sweep"]
+__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_pairs", "run_sweep"]
 
 
 @dataclass(frozen=True)
@@ -62,15 +71,16 @@ def _label(cap: int, policy: str) -> str:
     return f"{cap:,} tokens: {policy}"
 
 
-def _one(spec: SweepSpec, requests: Sequence[Request], cap: int, policy: str,
-         progress: ProgressFactory | None) -> dict[str, Any]:
+def _one(spec: SweepSpec, requests: Sequence[Request], cap: int | None, policy: str,
+         progress: ProgressFactory | None, label: bool) -> ReplayResult:
     sched = make_scheduler(spec.model, max_running=spec.max_running, cost=spec.cost,
                            preemption=spec.preemption)
-    labelled = None if progress is None else (lambda name, total: progress(_label(cap, name),
-                                                                            total))
-    res = replay(requests, [policy], cap, scheduler=sched, eviction_policy=spec.eviction_policy,
-                 hash_algo=spec.hash_algo, progress=labelled)[0]
-    return summarize(res)
+    labelled = progress
+    if progress is not None and label and cap is not None:
+        labelled = lambda name, total: progress(_label(cap, name), total)  # noqa: E731
+    return replay(requests, [policy], cap, scheduler=sched,
+                  eviction_policy=spec.eviction_policy, hash_algo=spec.hash_algo,
+                  progress=labelled)[0]
 
 
 # -- worker processes -------------------------------------------------------------------
@@ -102,24 +112,50 @@ class _QueueTask:
         self.pending = 0
 
 
-def _work(spec: SweepSpec, key: int, cap: int, policy: str, report: bool) -> dict[str, Any]:
+def _work(spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool,
+          records: bool) -> ReplayResult:
     if _worker_requests is None:  # pragma: no cover - set by the initializer
         raise RuntimeError("sweep worker without requests")
     progress = (lambda name, total: _QueueTask(key)) if report else None
     if report:
         _worker_queue.put((key, 0))  # the bar appears as the replay starts
-    return _one(spec, _worker_requests, cap, policy, progress)
+    res = _one(spec, _worker_requests, cap, policy, progress, False)
+    if not records:  # the caller wants the summary only: do not ship the records back
+        res.summary_only = summarize(res)
+        res.records = []
+    return res
 
 
 def run_sweep(spec: SweepSpec, requests: Sequence[Request], capacities: Sequence[int], *,
               jobs: int | None = None, progress: ProgressFactory | None = None,
               ) -> list[dict[str, Any]]:
     """Summaries of every (capacity, policy) pair, capacity-major, as a serial run."""
+    pairs = [(cap, pol) for cap in capacities for pol in spec.policies]
+    results = run_pairs(spec, requests, pairs, jobs=jobs, progress=progress, records=False,
+                        label=True)
+    return [r.summary_only or summarize(r) for r in results]
+
+
+def run_pairs(spec: SweepSpec, requests: Sequence[Request],
+              pairs: Sequence[tuple[int | None, str]], *, jobs: int | None = None,
+              progress: ProgressFactory | None = None, records: bool = True,
+              label: bool = False) -> list[ReplayResult]:
+    """Replay every (capacity, policy) pair, up to ``jobs`` at once in worker processes
+    (1: one after the other in this process). ``records=False`` drops the per-request
+    records (``ReplayResult.summary_only`` holds the summary); ``label`` names each
+    progress bar after its capacity."""
     global _worker_requests
-    tasks = [(cap, pol) for cap in capacities for pol in spec.policies]
+    tasks = list(pairs)
     jobs = min(jobs or default_jobs(), len(tasks))
     if jobs <= 1:
-        return [_one(spec, requests, cap, pol, progress) for cap, pol in tasks]
+        out = []
+        for cap, pol in tasks:
+            res = _one(spec, requests, cap, pol, progress, label)
+            if not records:
+                res.summary_only = summarize(res)
+                res.records = []
+            out.append(res)
+        return out
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     q = ctx.Queue()
@@ -130,11 +166,13 @@ def run_sweep(spec: SweepSpec, requests: Sequence[Request], capacities: Sequence
     def bar(key: int) -> Any:
         if bars[key] is None and progress is not None:
             cap, pol = tasks[key]
-            bars[key] = progress(_label(cap, pol), n)
+            bars[key] = progress(_label(cap, pol) if label and cap is not None else pol, n)
         return bars[key]
-    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q))
+    # One process per replay: each pair's peak RSS is its own.
+    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
     try:
-        pending = [pool.apply_async(_work, (spec, key, cap, pol, progress is not None))
+        pending = [pool.apply_async(_work, (spec, key, cap, pol, progress is not None,
+                                            records))
                    for key, (cap, pol) in enumerate(tasks)]
         finished = [False] * len(tasks)
         counted = [0] * len(tasks)
