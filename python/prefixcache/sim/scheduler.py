@@ -147,7 +147,7 @@ class _Seq:
     def __init__(self, index: int, req: Request) -> None:
         self.index = index
         self.req = req
-        self.generated = 0  # output tokens sampled so far
+        self.generated = 0  # output tokens sampled so far (kept in the array while running)
         self.admitted_once = False
         self._output: TokenArray | None = None
 
@@ -194,6 +194,14 @@ class TimeScheduler:
         t = 0.0
         nxt = 0
         admit_paused = False  # after a preemption, until a running request finishes
+        gen = np.zeros(n, dtype=np.int64)  # output tokens sampled, per running request
+        out_len = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
+        run = np.zeros(0, dtype=np.int64)
+        run_dirty = False
+        in_flight: dict[int, _Seq] = {}  # running requests by index
+
+        def outputs(i: int) -> TokenArray:
+            return in_flight[i].output
 
         def enqueue(seq: _Seq, at: float) -> None:
             s = seq.req.session
@@ -288,50 +296,64 @@ class TimeScheduler:
                         complete(seq)
                     else:
                         running.append(seq)
+                        gen[seq.index] = seq.generated
+                        in_flight[seq.index] = seq
+                        run_dirty = True
                 continue
             if not running:
                 continue  # waiting requests were rejected; loop picks up arrivals
             # -- decode: advance every running request k steps -------------------------
-            k = min(s.req.output_len - s.generated for s in running)
+            # Per running request nothing but array operations: `gen` and `out_len` are
+            # indexed by request, `run` lists the running ones in order.
+            if run_dirty:
+                run = np.fromiter((s.index for s in running), dtype=np.int64,
+                                  count=len(running))
+                run_dirty = False
+            k = int((out_len[run] - gen[run]).min())
             # An arrival matters only if it could be admitted: nothing queued before it
             # (a queue blocked on KV stays blocked until a finish) and a free seat.
             if nxt < n and not waiting and len(running) < self.max_running:
                 gap = requests[order[nxt]].arrival - t
                 k = min(k, max(1, math.ceil(gap / step - 1e-9)))
-            g = policy.max_uniform_growth([s.index for s in running])
+            g = policy.max_uniform_growth(run, k)
             while g == 0:
                 if not self.preemption:  # pragma: no cover - the output was reserved
                     raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
                 victim = running.pop()  # the newest running request
+                run = run[:-1]
+                victim.generated = int(gen[victim.index])
+                policy.finish(victim.index, _EMPTY)
+                del in_flight[victim.index]
                 if not running:
                     # It cannot finish even alone: give up on it, visibly.
-                    policy.finish(victim.index, _EMPTY)
                     reject(victim)
                     break
-                policy.finish(victim.index, _EMPTY)
                 records[victim.index].preemptions += 1
                 waiting.appendleft(victim)
                 admit_paused = True
                 if check:
                     policy.check()
-                g = policy.max_uniform_growth([s.index for s in running])
+                g = policy.max_uniform_growth(run, k)
             if not running:
                 continue
             k = min(k, g)
-            for s in running:
-                # Each step feeds the last sampled token: its KV is computed.
-                fed = s.output[s.generated - 1 : s.generated - 1 + k]
-                before = policy.evicted_tokens()
-                if not policy.append(s.index, fed):
-                    raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
-                records[s.index].evicted_tokens += policy.evicted_tokens() - before
-                s.generated += k
+            # Each step feeds the last sampled token: its KV is computed.
+            evicted = policy.grow(run, k, gen[run] - 1, outputs)
+            if evicted is not None:
+                for j in np.flatnonzero(evicted).tolist():
+                    records[int(run[j])].evicted_tokens += int(evicted[j])
+            gen[run] += k
             t += k * step
-            still: list[_Seq] = []
-            for s in running:
-                if s.generated >= s.req.output_len:
-                    complete(s)
-                else:
-                    still.append(s)
-            running = still
+            done = gen[run] >= out_len[run]
+            if done.any():
+                still: list[_Seq] = []
+                for s, d in zip(running, done.tolist(), strict=True):
+                    if d:
+                        s.generated = int(gen[s.index])
+                        complete(s)
+                        del in_flight[s.index]
+                    else:
+                        still.append(s)
+                running = still
+                run_dirty = True
         return records
