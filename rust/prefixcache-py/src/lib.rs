@@ -17,15 +17,17 @@ mod manager;
 mod pool;
 mod radix;
 mod shared;
+mod token_buffer;
 mod trie;
 
 /// `gil_used = false`: the module is safe on free-threaded CPython without the GIL. Every
 /// class is a frozen pyclass whose mutable core state sits behind a `Mutex` (`shared.rs`),
-/// the `PyOnceLock` statics are thread-safe, and numpy inputs are copied rather than
-/// borrowed when there is no GIL (`convert.rs`). See docs/ARCHITECTURE.md, "Concurrency".
+/// the `PyOnceLock` statics are thread-safe, and inputs are read into owned buffers, never
+/// borrowed (`convert.rs`). See docs/ARCHITECTURE.md, "Concurrency".
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<token_buffer::TokenBuffer>()?;
     m.add_class::<radix::RadixCache>()?;
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;

@@ -19,7 +19,7 @@ mod trie;
 #[cfg(test)]
 mod tests;
 
-pub use key::{DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use key::{DEFAULT_PRIORITY, DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY};
 pub use trie::{
     BlockDump, BlockTrie, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind,
     PartialReuse, TrieEvent, TrieStats,
