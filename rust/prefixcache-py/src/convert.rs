@@ -168,29 +168,32 @@ unsafe fn gather<S: Src, T: Elem>(
             x
         }
     };
-    let out: Vec<T> = if stride == size && !swap {
-        // Contiguous, native order: a loop the compiler vectorises.
+    let mut out: Vec<T> = Vec::new();
+    if out.try_reserve_exact(n).is_err() {
+        return Err((usize::MAX, 0));
+    }
+    let dst = &mut out.spare_capacity_mut()[..n];
+    if stride == size && !swap {
+        // Contiguous, native order: a branch-free loop the compiler vectorises.
         let p = base as *const S;
-        (0..n)
-            .map(|i| {
-                // SAFETY: as above, with stride == size_of::<S>().
-                let x = unsafe { std::ptr::read_unaligned(p.add(i)) };
-                let (w, exact) = x.to_i64();
-                let (v, fits) = T::narrow(w);
-                ok &= exact & fits;
-                v
-            })
-            .collect()
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: as above, with stride == size_of::<S>().
+            let x = unsafe { std::ptr::read_unaligned(p.add(i)) };
+            let (w, exact) = x.to_i64();
+            let (v, fits) = T::narrow(w);
+            ok &= exact & fits;
+            d.write(v);
+        }
     } else {
-        (0..n)
-            .map(|i| {
-                let (w, exact) = read(i).to_i64();
-                let (v, fits) = T::narrow(w);
-                ok &= exact & fits;
-                v
-            })
-            .collect()
-    };
+        for (i, d) in dst.iter_mut().enumerate() {
+            let (w, exact) = read(i).to_i64();
+            let (v, fits) = T::narrow(w);
+            ok &= exact & fits;
+            d.write(v);
+        }
+    }
+    // SAFETY: the first `n` elements were all written above.
+    unsafe { out.set_len(n) };
     if ok {
         return Ok(out);
     }
@@ -243,7 +246,13 @@ unsafe fn read_array<T: Elem>(
             }
         }
     };
-    r.map_err(|(i, v)| range_error::<T>(what, i, v))
+    r.map_err(|(i, v)| {
+        if i == usize::MAX {
+            PyMemoryError::new_err(format!("cannot allocate {n} elements"))
+        } else {
+            range_error::<T>(what, i, v)
+        }
+    })
 }
 
 /// A Vec with room for `n` elements, or `MemoryError`.
@@ -447,6 +456,10 @@ fn items_slow<T: Elem>(
     }
 }
 
+/// How many items ahead the int objects of a list are prefetched: a list that is not in
+/// the cache costs one memory access per int object otherwise.
+const PREFETCH: usize = 16;
+
 /// Items of a list or tuple (`items`, `n` of them, owned by `obj`).
 ///
 /// # Safety
@@ -462,28 +475,55 @@ unsafe fn read_item_array<T: Elem>(
     let mut out = with_capacity::<T>(n)?;
     // Only the address of the static is taken (no read or write).
     let int_type = &raw mut ffi::PyLong_Type;
-    for i in 0..n {
+    let dst = &mut out.spare_capacity_mut()[..n];
+    let mut done = n;
+    let mut failed: Option<(usize, Option<i64>)> = None;
+    for (i, d) in dst.iter_mut().enumerate() {
         // SAFETY: i < n; no Python code ran since `items` was read (the calls below are
         // C reads of exact ints), so the array and its items are still alive.
         let item = unsafe { *items.add(i) };
-        // SAFETY: `item` is a live object.
-        if unsafe { ffi::Py_TYPE(item) } != int_type {
-            // Not an exact int: Python code may run from here on (`__index__`).
-            items_slow(obj, i, &mut out, what)?;
-            return Ok(out);
-        }
-        // SAFETY: a live exact int, GIL held.
-        match unsafe { exact_int(item, fast) } {
-            Some(v) => match T::from_i64(v) {
-                Some(x) => out.push(x), // capacity n reserved above
-                None => return Err(range_error::<T>(what, i, v)),
-            },
-            None => {
-                // SAFETY: a live object; borrowed only to format the message.
-                let b = unsafe { Bound::from_borrowed_ptr(py, item) };
-                return Err(range_error::<T>(what, i, display(&b)));
+        #[cfg(target_arch = "x86_64")]
+        if i + PREFETCH < n {
+            // SAFETY: in bounds (checked); a prefetch is only a hint and never faults.
+            unsafe {
+                let ahead = *items.add(i + PREFETCH);
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    ahead as *const i8,
+                );
             }
         }
+        // SAFETY: `item` is a live object.
+        if unsafe { ffi::Py_TYPE(item) } != int_type {
+            done = i;
+            break;
+        }
+        // SAFETY: a live exact int, GIL held.
+        let v = unsafe { exact_int(item, fast) };
+        match v.and_then(T::from_i64) {
+            Some(x) => {
+                d.write(x);
+            }
+            None => {
+                failed = Some((i, v));
+                break;
+            }
+        }
+    }
+    if let Some((i, v)) = failed {
+        return Err(match v {
+            Some(v) => range_error::<T>(what, i, v),
+            None => {
+                // SAFETY: still alive (no Python code ran); borrowed to format the message.
+                let b = unsafe { Bound::from_borrowed_ptr(py, *items.add(i)) };
+                range_error::<T>(what, i, display(&b))
+            }
+        });
+    }
+    // SAFETY: elements [0, done) were written above.
+    unsafe { out.set_len(done) };
+    if done < n {
+        // Not an exact int at `done`: Python code may run from here on (`__index__`).
+        items_slow(obj, done, &mut out, what)?;
     }
     Ok(out)
 }
@@ -963,7 +1003,7 @@ pub fn int_in(obj: &Bound<'_, PyAny>, what: &str, lo: i128, hi: i128) -> PyResul
         return Err(type_err());
     }
     let range_err = |shown: String, below: bool| {
-        if below && (hi == SIZE_MAX || hi == I64_MAX) {
+        if below && lo >= 0 && (hi == SIZE_MAX || hi == I64_MAX) {
             invalid_input(format!("{what} must be >= {}, got {shown}", bound_str(lo)))
         } else {
             invalid_input(format!(
