@@ -632,7 +632,7 @@ fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<V
     if rc != 0 {
         let err = PyErr::fetch(obj.py());
         // numpy arrays of dtypes without a buffer format (datetime, ...) raise here.
-        if obj.hasattr("dtype").unwrap_or(false) {
+        if obj.cast::<numpy::PyUntypedArray>().is_ok() {
             return Err(dtype_error(obj, what, "?"));
         }
         if err.is_instance_of::<PyTypeError>(obj.py()) {
