@@ -112,27 +112,8 @@ pub struct RadixCache {
 
 impl RadixCache {
     fn node(&self, py: Python<'_>, r: NodeRef) -> PyResult<Py<Node>> {
-        untracked(py, Node { r })
+        Py::new(py, Node { r })
     }
-}
-
-/// A new result or handle that CPython's cyclic GC does not track. They cannot be part of
-/// a reference cycle: a `Node` holds no Python reference, a result holds its node, its
-/// cache and an int64 array, none of which refers back to it. Untracked, they never
-/// survive into the older generations, so a scheduler calling `match_prefix` / `insert`
-/// in a loop no longer makes CPython walk every tracked object of the process in a full
-/// collection every ~35,000 calls (milliseconds in an engine's heap: a per-call p99
-/// outlier, docs/BENCHMARKS.md "Input forms").
-fn untracked<T: pyo3::PyClass>(py: Python<'_>, value: T) -> PyResult<Py<T>>
-where
-    T: Into<pyo3::PyClassInitializer<T>>,
-{
-    let obj = Py::new(py, value)?;
-    // SAFETY: `obj` is a live object just created by us (GIL held); untracking an object
-    // that cannot be part of a cycle (see above) is what CPython itself does for tuples of
-    // atomic values; `PyObject_GC_UnTrack` is a no-op for an object that is not tracked.
-    unsafe { pyo3::ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
-    Ok(obj)
 }
 
 fn namespace(extra_key: Option<String>, cache_salt: Option<String>) -> Namespace {
@@ -189,7 +170,7 @@ impl RadixCache {
         tokens: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = convert::extra_key)] extra_key: Option<String>,
         #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
-    ) -> PyResult<Py<MatchResult>> {
+    ) -> PyResult<MatchResult> {
         let py = slf.py();
         let tokens = convert::tokens(tokens, "tokens")?;
         let ns = namespace(extra_key, cache_salt);
@@ -198,16 +179,12 @@ impl RadixCache {
         let m = this.inner.run(py, key.len() >= DETACH_MIN_MATCH, |t| {
             t.match_prefix(key, &ns)
         })?;
-        let node = this.node(py, m.node)?;
-        untracked(
-            py,
-            MatchResult {
-                length: m.length,
-                node,
-                cache: slf.clone().unbind(),
-                indices: PyOnceLock::new(),
-            },
-        )
+        Ok(MatchResult {
+            length: m.length,
+            node: this.node(py, m.node)?,
+            cache: slf.clone().unbind(),
+            indices: PyOnceLock::new(),
+        })
     }
 
     /// Inserts `tokens` with KV indices `values` (default: the tokens). Existing values
@@ -223,7 +200,7 @@ impl RadixCache {
         #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
         priority: Option<&Bound<'_, PyAny>>,
         inserted_len: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<InsertResult>> {
+    ) -> PyResult<InsertResult> {
         let tokens = convert::tokens(tokens, "tokens")?;
         let values = values.map(|v| convert::values(v, "values")).transpose()?;
         let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
@@ -236,14 +213,10 @@ impl RadixCache {
                 t.insert(key, values, &ns, priority, inserted_len)
             })?
             .py_err()?;
-        let node = self.node(py, r.node)?;
-        untracked(
-            py,
-            InsertResult {
-                prefix_len: r.prefix_len,
-                node,
-            },
-        )
+        Ok(InsertResult {
+            prefix_len: r.prefix_len,
+            node: self.node(py, r.node)?,
+        })
     }
 
     /// Locks the path from `node` to the root; returns the change of the evictable size.
