@@ -460,7 +460,7 @@ fn items_slow<T: Elem>(
 
 /// How many items ahead the int objects of a list are prefetched: a list that is not in
 /// the cache costs one memory access per int object otherwise.
-const PREFETCH: usize = 16;
+const PREFETCH: usize = 64;
 
 /// Items of a list or tuple (`items`, `n` of them, owned by `obj`).
 ///
