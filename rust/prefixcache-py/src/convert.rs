@@ -441,7 +441,7 @@ fn items_slow<T: Elem>(
         // SAFETY (of the call below): `exact_int` only reads an exact int.
         let v = if item
             .get_type()
-            .is(&obj.py().get_type::<pyo3::types::PyInt>())
+            .is(obj.py().get_type::<pyo3::types::PyInt>())
         {
             // SAFETY: `item` is a live exact int.
             match unsafe { exact_int(item.as_ptr(), fast_ints_ok(obj.py())) } {
@@ -846,8 +846,8 @@ fn torch_to_dlpack<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     if let Some((tensor, f)) = TORCH.get(py) {
         return ty.is(tensor.bind(py)).then(|| f.bind(py).clone());
     }
-    let is_tensor = ty.name().is_ok_and(|n| n.to_string() == "Tensor")
-        && ty.module().is_ok_and(|m| m.to_string() == "torch");
+    let is_tensor =
+        ty.name().is_ok_and(|n| n == "Tensor") && ty.module().is_ok_and(|m| m == "torch");
     if !is_tensor {
         return None;
     }
@@ -909,8 +909,10 @@ fn from_dlpack<'py, T: Elem>(
     }
     let dt = &t.dtype;
     let size = usize::from(dt.bits / 8);
-    if !(matches!(dt.code, DL_INT | DL_UINT) && dt.lanes == 1 && dt.bits % 8 == 0)
-        || !matches!(size, 1 | 2 | 4 | 8)
+    if !(matches!(dt.code, DL_INT | DL_UINT)
+        && dt.lanes == 1
+        && dt.bits % 8 == 0
+        && matches!(size, 1 | 2 | 4 | 8))
     {
         return Err(dtype_error(
             obj,
