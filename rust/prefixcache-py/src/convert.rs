@@ -935,6 +935,9 @@ fn from_dlpack<'py, T: Elem>(
     if n == 0 {
         return Ok(Some(Vec::new()));
     }
+    if t.data.is_null() {
+        return Err(invalid_type(format!("{what}: DLPack tensor without data")));
+    }
     let base = (t.data as *const u8).wrapping_add(t.byte_offset as usize);
     // SAFETY: the producer guarantees `n` elements at `base + i * stride` in host memory
     // while the capsule lives; GIL held, no Python code runs while reading.
