@@ -20,6 +20,7 @@ from prefixcache._core import (
     MatchResult,
     Node,
     RadixCache,
+    TokenBuffer,
     hash_block_tokens,
 )
 from prefixcache.errors import (
@@ -62,6 +63,7 @@ __all__ = [
     "PrefixCacheError",
     "RadixCache",
     "StaleHandleError",
+    "TokenBuffer",
     "TrieBlockRemoved",
     "TrieBlockStored",
     "UnknownRequestError",

@@ -172,6 +172,10 @@ fn parent_hash(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<BlockHash>> {
             type_name(obj)
         )));
     };
+    if b.as_bytes().is_empty() {
+        // vLLM: an empty (falsy) parent is the root, hashed with NONE_HASH.
+        return Ok(None);
+    }
     BlockHash::from_bytes(b.as_bytes())
         .map(Some)
         .ok_or_else(|| {
@@ -186,16 +190,6 @@ fn algo(name: &str) -> PyResult<HashAlgo> {
     HashAlgo::from_name(name).py_err()
 }
 
-fn seed_or_default(seed: Option<&str>) -> String {
-    match seed {
-        Some(s) => s.to_owned(),
-        None => {
-            let env = std::env::var_os("PYTHONHASHSEED").map(|v| v.to_string_lossy().into_owned());
-            BlockHasher::default_seed(env.as_deref())
-        }
-    }
-}
-
 /// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
 #[pyclass(frozen, name = "BlockHasher", module = "prefixcache._core")]
 pub struct PyBlockHasher {
@@ -205,18 +199,15 @@ pub struct PyBlockHasher {
 #[pymethods]
 impl PyBlockHasher {
     #[new]
-    #[pyo3(signature = (block_size=16, algo="sha256", seed=None))]
+    #[pyo3(signature = (block_size=16, algo="sha256".to_owned(), seed=None))]
+    #[pyo3(text_signature = "(block_size=16, algo='sha256', seed=None)")]
     fn new(
-        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
-        algo: &str,
-        seed: Option<&str>,
+        #[pyo3(from_py_with = convert::block_size)] block_size: usize,
+        #[pyo3(from_py_with = convert::algo)] algo: String,
+        #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
     ) -> PyResult<Self> {
-        let algo = self::algo(algo)?;
-        let bs = usize::try_from(block_size)
-            .ok()
-            .filter(|&b| b >= 1)
-            .ok_or_else(|| invalid_input(format!("block_size must be >= 1, got {block_size}")))?;
-        let inner = BlockHasher::new(algo, bs, &seed_or_default(seed)).py_err()?;
+        let algo = self::algo(&algo)?;
+        let inner = BlockHasher::new(algo, block_size, &convert::seed_or_default(seed)).py_err()?;
         Ok(PyBlockHasher { inner })
     }
 
@@ -257,9 +248,8 @@ impl PyBlockHasher {
         let extra = extra.as_deref();
         let parent = parent.as_ref();
         let hashes = if tokens.len() >= DETACH_MIN_TOKENS {
-            // Owned: Python code may write into a borrowed array once the GIL is released.
-            let toks = tokens.into_vec();
-            py.detach(|| inner.hash_blocks(&toks, extra, parent))
+            let toks = tokens.as_slice();
+            py.detach(|| inner.hash_blocks(toks, extra, parent))
         } else {
             inner.hash_blocks(tokens.as_slice(), extra, parent)
         }
@@ -302,21 +292,21 @@ impl PyBlockHasher {
 #[pyo3(signature = (algo, parent, tokens, extra_keys=None, seed=None))]
 pub fn hash_block_tokens<'py>(
     py: Python<'py>,
-    algo: &str,
+    #[pyo3(from_py_with = convert::algo)] algo: String,
     parent: Option<&Bound<'py, PyAny>>,
     tokens: &Bound<'py, PyAny>,
     extra_keys: Option<&Bound<'py, PyAny>>,
-    seed: Option<&str>,
+    #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = self::algo(algo)?;
+    let algo = self::algo(&algo)?;
     let parent = parent_hash(parent)?;
     let tokens = convert::tokens(tokens, "tokens")?;
     let extra = single_block_keys(extra_keys)?;
-    let hasher = BlockHasher::new(algo, 1, &seed_or_default(seed)).py_err()?;
+    let hasher = BlockHasher::new(algo, 1, &convert::seed_or_default(seed)).py_err()?;
     let (parent, extra) = (parent.as_ref(), extra.as_deref());
     let h = if tokens.len() >= DETACH_MIN_TOKENS {
-        let toks = tokens.into_vec();
-        py.detach(|| hasher.hash_block_tokens(parent, &toks, extra))
+        let toks = tokens.as_slice();
+        py.detach(|| hasher.hash_block_tokens(parent, toks, extra))
     } else {
         hasher.hash_block_tokens(parent, tokens.as_slice(), extra)
     }

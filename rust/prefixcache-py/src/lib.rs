@@ -17,17 +17,19 @@ mod manager;
 mod pool;
 mod radix;
 mod shared;
+mod token_buffer;
 mod trie;
 
 /// The module does not declare `gil_used = false`: the code is written to be sound without
-/// the GIL (frozen pyclasses, state behind `Mutex`es, numpy inputs copied on a
-/// free-threaded build, see `convert.rs`), but no free-threaded CPython runs in CI, so a
-/// free-threaded interpreter keeps the GIL on when it imports `_core`. See
-/// docs/ARCHITECTURE.md, "Concurrency".
+/// the GIL (frozen pyclasses, state behind `Mutex`es, inputs read into owned buffers, never
+/// borrowed, see `convert.rs`), but no free-threaded CPython runs in CI, so a free-threaded
+/// interpreter keeps the GIL on when it imports `_core`. See docs/ARCHITECTURE.md,
+/// "Concurrency".
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     shared::install_fork_handler();
+    m.add_class::<token_buffer::TokenBuffer>()?;
     m.add_class::<radix::RadixCache>()?;
     m.add_class::<radix::Node>()?;
     m.add_class::<radix::MatchResult>()?;

@@ -5,10 +5,10 @@ use numpy::PyArray1;
 use prefixcache_core::blocks::{KVCacheManager, PrefixCacheStats, RequestOptions};
 use prefixcache_core::hash::{BlockHasher, HashAlgo, KeyValue};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert;
-use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::errors::IntoPyResult;
 use crate::hasher::{all_block_keys, block_keys};
 use crate::pool::{block_ids, events_to_py, ids_array, HashFormat, DETACH_MIN_BLOCKS};
 use crate::shared::Shared;
@@ -19,29 +19,7 @@ use crate::shared::Shared;
 /// ~0.05 ns per token for copying the prompt (docs/BENCHMARKS.md, "Threads and the GIL").
 const DETACH_MIN_TOKENS: usize = 1024;
 
-/// A request id: an int in [0, 2**64).
-fn rid(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let type_err = || {
-        let tn = crate::convert::type_name(obj);
-        invalid_type(format!("request_id must be an int, not {tn}"))
-    };
-    if obj.is_instance_of::<PyBool>() {
-        return Err(type_err());
-    }
-    if let Ok(v) = obj.extract::<u64>() {
-        return Ok(v); // ints and integer scalars (numpy) alike
-    }
-    if obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false) {
-        return Err(invalid_input(format!(
-            "request_id must be an int in [0, 2**64), got {obj}"
-        )));
-    }
-    Err(type_err())
-}
-
-fn count(n: i64, what: &str) -> PyResult<usize> {
-    usize::try_from(n).map_err(|_| invalid_input(format!("{what} must be >= 0, got {n}")))
-}
+use crate::convert::request_id as rid;
 
 fn stats_dict<'py>(py: Python<'py>, s: PrefixCacheStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -87,31 +65,28 @@ pub struct PyKVCacheManager {
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = "sha256", enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = "u64"))]
+    #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = "sha256".to_owned(), enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = "u64".to_owned()))]
+    #[pyo3(
+        text_signature = "(num_blocks, block_size=16, hash_algo='sha256', enable_caching=True, sliding_window=None, enable_kv_cache_events=False, seed=None, event_hash_format='u64')"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
-        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
-        hash_algo: &str,
+        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = convert::block_size)] block_size: usize,
+        #[pyo3(from_py_with = convert::algo)] hash_algo: String,
         enable_caching: bool,
-        #[pyo3(from_py_with = convert::opt_i64_arg)] sliding_window: Option<i64>,
+        #[pyo3(from_py_with = convert::sliding_window)] sliding_window: Option<usize>,
         enable_kv_cache_events: bool,
-        seed: Option<&str>,
-        event_hash_format: &str,
+        #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
+        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
     ) -> PyResult<Self> {
-        let fmt = HashFormat::parse(event_hash_format)?;
-        let algo = HashAlgo::from_name(hash_algo).py_err()?;
-        let seed = match seed {
-            Some(s) => s.to_owned(),
-            None => BlockHasher::default_seed(std::env::var("PYTHONHASHSEED").ok().as_deref()),
-        };
-        let block_size = count(block_size, "block_size")?;
+        let fmt = HashFormat::parse(&event_hash_format)?;
+        let algo = HashAlgo::from_name(&hash_algo).py_err()?;
+        let seed = convert::seed_or_default(seed);
         let hasher = BlockHasher::new(algo, block_size, &seed).py_err()?;
-        let window = sliding_window
-            .map(|w| count(w, "sliding_window"))
-            .transpose()?;
+        let window = sliding_window;
         let mgr = KVCacheManager::new(
-            count(num_blocks, "num_blocks")?,
+            num_blocks,
             hasher,
             enable_caching,
             window,
@@ -190,21 +165,18 @@ impl PyKVCacheManager {
         prompt_tokens: &Bound<'_, PyAny>,
         extra_keys: Option<&Bound<'_, PyAny>>,
         default_extra_keys: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
-        lora_name: Option<String>,
+        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<()> {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
-        if tokens.len() >= DETACH_MIN_TOKENS {
-            let t = tokens.into_vec();
-            self.inner
-                .with_gil_released(py, |m| m.add_request(request_id, &t, opts))?
-        } else {
-            self.inner
-                .with(py, |m| m.add_request(request_id, tokens.as_slice(), opts))?
-        }
-        .py_err()
+        let t = tokens.as_slice();
+        self.inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
+                m.add_request(request_id, t, opts)
+            })?
+            .py_err()
     }
 
     fn append_tokens(
@@ -215,15 +187,12 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(tokens, "tokens")?;
-        if tokens.len() >= DETACH_MIN_TOKENS {
-            let t = tokens.into_vec();
-            self.inner
-                .with_gil_released(py, |m| m.append_tokens(request_id, &t))?
-        } else {
-            self.inner
-                .with(py, |m| m.append_tokens(request_id, tokens.as_slice()))?
-        }
-        .py_err()
+        let t = tokens.as_slice();
+        self.inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
+                m.append_tokens(request_id, t)
+            })?
+            .py_err()
     }
 
     /// (hit block ids, hit length in tokens); null blocks (0) mark skipped window blocks.
@@ -245,19 +214,18 @@ impl PyKVCacheManager {
         &self,
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = convert::int_arg)] num_new_tokens: i64,
-        #[pyo3(from_py_with = convert::int_arg)] num_new_computed_tokens: i64,
+        #[pyo3(from_py_with = convert::num_new_tokens)] num_new_tokens: usize,
+        #[pyo3(from_py_with = convert::num_new_computed_tokens)] num_new_computed_tokens: usize,
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        #[pyo3(from_py_with = convert::int_arg)] num_lookahead_tokens: i64,
+        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
         let request_id = rid(request_id)?;
         let hit_blocks = match new_computed_blocks {
             Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
             _ => Vec::new(),
         };
-        let new = count(num_new_tokens, "num_new_tokens")?;
-        let computed = count(num_new_computed_tokens, "num_new_computed_tokens")?;
-        let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        let (new, computed) = (num_new_tokens, num_new_computed_tokens);
+        let lookahead = num_lookahead_tokens;
         let blocks = new.saturating_add(lookahead) / self.block_size.max(1);
         let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
         let got = self
@@ -288,26 +256,23 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'py, PyAny>,
-        #[pyo3(from_py_with = convert::int_arg)] num_lookahead_tokens: i64,
+        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
         extra_keys: Option<&Bound<'py, PyAny>>,
         default_extra_keys: Option<&Bound<'py, PyAny>>,
-        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
-        lora_name: Option<String>,
+        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
-        let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        let got = if tokens.len() >= DETACH_MIN_TOKENS {
-            let t = tokens.into_vec();
-            self.inner
-                .with_gil_released(py, |m| m.admit(request_id, &t, opts, lookahead))?
-        } else {
-            self.inner.with(py, |m| {
-                m.admit(request_id, tokens.as_slice(), opts, lookahead)
+        let lookahead = num_lookahead_tokens;
+        let t = tokens.as_slice();
+        let got = self
+            .inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
+                m.admit(request_id, t, opts, lookahead)
             })?
-        }
-        .py_err()?;
+            .py_err()?;
         Ok(got.map(|a| (a.num_hit_tokens, ids_array(py, &a.block_ids))))
     }
 
@@ -325,18 +290,12 @@ impl PyKVCacheManager {
             Some(o) if !o.is_none() => Some(convert::tokens(o, "output_tokens")?),
             _ => None,
         };
-        match out {
-            Some(t) if t.len() >= DETACH_MIN_TOKENS => {
-                let t = t.into_vec();
-                self.inner
-                    .with_gil_released(py, |m| m.finish(request_id, &t))?
-            }
-            out => self.inner.with(py, |m| {
-                let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
+        let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
+        self.inner
+            .with_gil_released_if(py, out.len() >= DETACH_MIN_TOKENS, |m| {
                 m.finish(request_id, out)
-            })?,
-        }
-        .py_err()
+            })?
+            .py_err()
     }
 
     fn block_ids<'py>(
@@ -426,20 +385,18 @@ impl PyKVCacheManager {
     fn ref_cnt(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+        #[pyo3(from_py_with = convert::block_id)] block_id: u32,
     ) -> PyResult<u32> {
-        let id = u32::try_from(block_id)
-            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        let id = block_id;
         self.inner.with(py, |m| m.pool().ref_cnt(id))?.py_err()
     }
 
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+        #[pyo3(from_py_with = convert::block_id)] block_id: u32,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let id = u32::try_from(block_id)
-            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        let id = block_id;
         let key = self.inner.with(py, |m| m.pool().block_key(id))?.py_err()?;
         Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
     }

@@ -182,19 +182,7 @@ pub fn events_to_py<'py>(
 
 /// Block ids from any int sequence / integer array.
 pub fn block_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
-    let vals = convert::values(obj, what)?;
-    let mut out = Vec::with_capacity(vals.as_slice().len());
-    for (i, &v) in vals.as_slice().iter().enumerate() {
-        match u32::try_from(v) {
-            Ok(id) => out.push(id),
-            Err(_) => {
-                return Err(invalid_input(format!(
-                    "{what}[{i}] = {v} is not a valid block id"
-                )))
-            }
-        }
-    }
-    Ok(out)
+    convert::u32_list(obj, what)
 }
 
 /// A block hash from `bytes` (1..=32 bytes).
@@ -214,12 +202,12 @@ pub fn block_hash(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<BlockHash> {
         .ok_or_else(|| invalid_input(format!("{what} is longer than 32 bytes")))
 }
 
-pub fn ids_array<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i64>> {
-    convert::i64_array(py, ids.iter().map(|&b| i64::from(b)).collect())
+fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    convert::u32_list(obj, "group_ids")
 }
 
-fn count(n: i64, what: &str) -> PyResult<usize> {
-    usize::try_from(n).map_err(|_| invalid_input(format!("{what} must be >= 0, got {n}")))
+pub fn ids_array<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i64>> {
+    convert::i64_array(py, ids.iter().map(|&b| i64::from(b)).collect())
 }
 
 /// vLLM v1's block pool: N blocks, block 0 reserved as the null block, an LRU free queue
@@ -233,15 +221,18 @@ pub struct PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, enable_caching = true, enable_kv_cache_events = false, event_hash_format = "u64"))]
+    #[pyo3(signature = (num_blocks, enable_caching = true, enable_kv_cache_events = false, event_hash_format = "u64".to_owned()))]
+    #[pyo3(
+        text_signature = "(num_blocks, enable_caching=True, enable_kv_cache_events=False, event_hash_format='u64')"
+    )]
     fn new(
-        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
+        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
         enable_caching: bool,
         enable_kv_cache_events: bool,
-        event_hash_format: &str,
+        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
     ) -> PyResult<Self> {
-        let fmt = HashFormat::parse(event_hash_format)?;
-        let n = count(num_blocks, "num_blocks")?;
+        let fmt = HashFormat::parse(&event_hash_format)?;
+        let n = num_blocks;
         Ok(PyBlockPool {
             inner: Shared::new(
                 "BlockPool",
@@ -287,9 +278,9 @@ impl PyBlockPool {
     fn get_new_blocks<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = convert::int_arg)] num_blocks: i64,
+        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let n = count(num_blocks, "num_blocks")?;
+        let n = num_blocks;
         let ids = self
             .inner
             .with_gil_released_if(py, n >= DETACH_MIN_BLOCKS, |p| p.get_new_blocks(n))?
@@ -320,13 +311,13 @@ impl PyBlockPool {
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
         block_hashes: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = convert::int_arg)] num_cached_blocks: i64,
-        #[pyo3(from_py_with = convert::int_arg)] num_full_blocks: i64,
-        #[pyo3(from_py_with = convert::int_arg)] block_size: i64,
-        #[pyo3(from_py_with = convert::u32_arg)] group_id: u32,
+        #[pyo3(from_py_with = convert::num_cached_blocks)] num_cached_blocks: usize,
+        #[pyo3(from_py_with = convert::num_full_blocks)] num_full_blocks: usize,
+        #[pyo3(from_py_with = convert::block_size)] block_size: usize,
+        #[pyo3(from_py_with = convert::group_id)] group_id: u32,
         token_ids: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::opt_i64_arg)] lora_id: Option<i64>,
-        lora_name: Option<String>,
+        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
+        #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
         extra_keys: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let ids = self::block_ids(block_ids, "block_ids")?;
@@ -335,19 +326,16 @@ impl PyBlockPool {
         for (i, h) in block_hashes.try_iter()?.enumerate() {
             hashes.push(block_hash(&h?, &format!("block_hashes[{i}]"))?);
         }
-        // Copied (not borrowed): the call may run with the GIL released.
         let tokens = match token_ids {
-            Some(t) if !t.is_none() => Some(convert::tokens(t, "token_ids")?.into_vec()),
+            Some(t) if !t.is_none() => Some(convert::tokens(t, "token_ids")?),
             _ => None,
         };
-        let num_cached = count(num_cached_blocks, "num_cached_blocks")?;
-        let num_full = count(num_full_blocks, "num_full_blocks")?;
-        let block_size = count(block_size, "block_size")?;
+        let (num_cached, num_full) = (num_cached_blocks, num_full_blocks);
         let long = num_full.saturating_sub(num_cached) >= DETACH_MIN_BLOCKS;
         self.inner
             .with_gil_released_if(py, long, |p| {
                 let info = StoreInfo {
-                    token_ids: tokens.as_deref(),
+                    token_ids: tokens.as_ref().map(|t| t.as_slice()),
                     lora_id,
                     lora_name: lora_name.as_deref(),
                     block_extra_keys: &keys,
@@ -365,7 +353,7 @@ impl PyBlockPool {
         &self,
         py: Python<'_>,
         block_hash: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = convert::u32_list)] group_ids: Vec<u32>,
+        #[pyo3(from_py_with = group_ids)] group_ids: Vec<u32>,
     ) -> PyResult<Option<Vec<u32>>> {
         let h = self::block_hash(block_hash, "block_hash")?;
         self.inner
@@ -394,20 +382,18 @@ impl PyBlockPool {
     fn ref_cnt(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+        #[pyo3(from_py_with = convert::block_id)] block_id: u32,
     ) -> PyResult<u32> {
-        let id = u32::try_from(block_id)
-            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        let id = block_id;
         self.inner.with(py, |p| p.ref_cnt(id))?.py_err()
     }
 
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = convert::int_arg)] block_id: i64,
+        #[pyo3(from_py_with = convert::block_id)] block_id: u32,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let id = u32::try_from(block_id)
-            .map_err(|_| invalid_input(format!("bad block id {block_id}")))?;
+        let id = block_id;
         let key = self.inner.with(py, |p| p.block_key(id))?.py_err()?;
         Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
     }

@@ -140,15 +140,7 @@ impl RadixCache {
         page_size: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
     ) -> PyResult<Self> {
-        let page_size = convert::count_or(page_size, 1, "page_size")?;
-        if page_size < 1 {
-            return Err(crate::errors::invalid_input(format!(
-                "page_size must be >= 1, got {page_size}"
-            )));
-        }
-        let page_size = usize::try_from(page_size).map_err(|_| {
-            crate::errors::invalid_input(format!("page_size {page_size} is too large"))
-        })?;
+        let page_size = convert::positive_or(page_size, 1, "page_size")?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
         Ok(RadixCache {
             inner: Shared::new("RadixCache", RadixTree::new(page_size, policy).py_err()?),
@@ -183,14 +175,10 @@ impl RadixCache {
         let tokens = convert::tokens(tokens, "tokens")?;
         let ns = namespace(extra_key, cache_salt);
         let this = slf.get();
-        let m = if tokens.len() >= DETACH_MIN_MATCH {
-            let key = tokens.into_vec();
-            this.inner
-                .with_gil_released(py, |t| t.match_prefix(&key, &ns))?
-        } else {
-            this.inner
-                .with(py, |t| t.match_prefix(tokens.as_slice(), &ns))?
-        };
+        let key = tokens.as_slice();
+        let m = this.inner.with_gil_released_if(py, key.len() >= DETACH_MIN_MATCH, |t| {
+            t.match_prefix(key, &ns)
+        })?;
         Ok(MatchResult {
             length: m.length,
             node: this.node(py, m.node)?,
@@ -215,25 +203,16 @@ impl RadixCache {
     ) -> PyResult<InsertResult> {
         let tokens = convert::tokens(tokens, "tokens")?;
         let values = values.map(|v| convert::values(v, "values")).transpose()?;
-        let priority = convert::count_or(priority, 0, "priority")?;
-        let inserted_len = convert::count_or(inserted_len, 0, "inserted_len")?;
-        let inserted_len = usize::try_from(inserted_len).map_err(|_| {
-            crate::errors::invalid_input(format!("inserted_len must be >= 0, got {inserted_len}"))
-        })?;
+        let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
+        let inserted_len = convert::size_or(inserted_len, 0, "inserted_len")?;
         let ns = namespace(extra_key, cache_salt);
-        let r = if tokens.len() >= DETACH_MIN_ALLOC {
-            let key = tokens.into_vec();
-            let values = values.map(convert::Values::into_vec);
-            self.inner.with_gil_released(py, |t| {
-                t.insert(&key, values.as_deref(), &ns, priority, inserted_len)
+        let (key, values) = (tokens.as_slice(), values.as_ref().map(|v| v.as_slice()));
+        let r = self
+            .inner
+            .with_gil_released_if(py, key.len() >= DETACH_MIN_ALLOC, |t| {
+                t.insert(key, values, &ns, priority, inserted_len)
             })?
-        } else {
-            self.inner.with(py, |t| {
-                let values = values.as_ref().map(|v| v.as_slice());
-                t.insert(tokens.as_slice(), values, &ns, priority, inserted_len)
-            })?
-        }
-        .py_err()?;
+            .py_err()?;
         Ok(InsertResult {
             prefix_len: r.prefix_len,
             node: self.node(py, r.node)?,
@@ -267,7 +246,7 @@ impl RadixCache {
         py: Python<'py>,
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let n = convert::count(num_tokens, "num_tokens")?;
+        let n = convert::size_arg(num_tokens, "num_tokens")? as i64;
         let freed = self
             .inner
             .with_gil_released_if(py, n >= DETACH_MIN_EVICT, |t| t.evict(n))?

@@ -4,6 +4,7 @@
 
 use prefixcache_core::trie::{
     BlockTrie as CoreTrie, ClaimParams, MmSpan, PartialReuse, TrieEvent, TrieStats,
+    DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY,
 };
 use pyo3::exceptions::PyAssertionError;
 use pyo3::prelude::*;
@@ -11,7 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::convert;
-use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::errors::{invalid_type, IntoPyResult};
 use crate::shared::Shared;
 
 /// The result of `BlockTrie.claim`.
@@ -136,20 +137,11 @@ impl BlockTrie {
     }
 }
 
-fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let v = convert::count(obj, "request_id")?;
-    if !(0..i64::MAX).contains(&v) {
-        return Err(invalid_input(format!(
-            "request_id must be in [0, 2**63 - 1), got {}",
-            obj.str().map(|s| s.to_string()).unwrap_or_default()
-        )));
-    }
-    Ok(v as u64)
-}
+use crate::convert::request_id;
 
-fn nonneg(obj: Option<&Bound<'_, PyAny>>, default: i64, what: &str) -> PyResult<u64> {
-    let v = convert::count_or(obj, default, what)?;
-    u64::try_from(v).map_err(|_| invalid_input(format!("{what} must be >= 0, got {v}")))
+/// A non-negative integer argument (`[0, 2**63 - 1]`), or `default` when None / absent.
+fn nonneg(obj: Option<&Bound<'_, PyAny>>, default: u64, what: &str) -> PyResult<u64> {
+    convert::int_or(obj, i128::from(default), what, 0, convert::SIZE_MAX).map(|v| v as u64)
 }
 
 fn mm_spans(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmSpan>> {
@@ -171,19 +163,14 @@ fn mm_spans(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmSpan>> {
         let h = t.get_item(0)?;
         let hash = if let Ok(b) = h.cast::<PyBytes>() {
             b.as_bytes().to_vec()
-        } else if let Ok(s) = h.cast::<PyString>() {
-            s.to_str()?.as_bytes().to_vec()
+        } else if h.is_instance_of::<PyString>() {
+            convert::str_arg(&h, &format!("mm_items[{i}] hash"))?.into_bytes()
         } else {
             return Err(bad());
         };
-        let start = nonneg(Some(&t.get_item(1)?), 0, "mm_items start")?;
-        let len = nonneg(Some(&t.get_item(2)?), 0, "mm_items length")?;
-        out.push(MmSpan {
-            hash,
-            start: usize::try_from(start)
-                .map_err(|_| invalid_input("mm_items start is too large"))?,
-            len: usize::try_from(len).map_err(|_| invalid_input("mm_items length is too large"))?,
-        });
+        let start = convert::size_arg(&t.get_item(1)?, &format!("mm_items[{i}] start"))?;
+        let len = convert::size_arg(&t.get_item(2)?, &format!("mm_items[{i}] length"))?;
+        out.push(MmSpan { hash, start, len });
     }
     Ok(out)
 }
@@ -236,11 +223,12 @@ impl BlockTrie {
         enable_partial_reuse: bool,
         copy_on_partial_reuse: bool,
     ) -> PyResult<Self> {
-        let n = nonneg(Some(num_blocks), 0, "num_blocks")?;
-        let tpb = nonneg(tokens_per_block, 64, "tokens_per_block")?;
-        let n = usize::try_from(n).map_err(|_| invalid_input("num_blocks is too large"))?;
-        let tpb =
-            usize::try_from(tpb).map_err(|_| invalid_input("tokens_per_block is too large"))?;
+        let n = convert::size_arg(num_blocks, "num_blocks")?;
+        let tpb = convert::size_or(
+            tokens_per_block,
+            DEFAULT_TOKENS_PER_BLOCK,
+            "tokens_per_block",
+        )?;
         let t = CoreTrie::new(n, tpb, enable_partial_reuse, copy_on_partial_reuse).py_err()?;
         Ok(BlockTrie {
             inner: Shared::new("BlockTrie", t),
@@ -308,41 +296,37 @@ impl BlockTrie {
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        cache_salt: Option<&str>,
+        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
         mm_items: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         retention: Option<&Bound<'_, PyAny>>,
         reserve_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Claim> {
         let rid = self::request_id(request_id)?;
-        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
+        let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
         let mm = mm_spans(mm_items)?;
+        let max = i128::from(MAX_PRIORITY);
         let priority = match priority.filter(|o| !o.is_none()) {
             None => None,
-            Some(o) => {
-                let v = convert::count(o, "priority")?;
-                Some(u8::try_from(v).ok().filter(|&p| p <= 100).ok_or_else(|| {
-                    invalid_input(format!("priority must be in [0, 100], got {v}"))
-                })?)
-            }
+            Some(o) => Some(convert::int_in(o, "priority", 0, max)? as u8),
         };
         let retention = match retention.filter(|o| !o.is_none()) {
             None => None,
             Some(o) => Some(nonneg(Some(o), 0, "retention")?),
         };
-        let reserve = nonneg(reserve_tokens, 0, "reserve_tokens")?;
-        let reserve =
-            usize::try_from(reserve).map_err(|_| invalid_input("reserve_tokens is too large"))?;
+        let reserve = convert::size_or(reserve_tokens, 0, "reserve_tokens")?;
         let params = ClaimParams {
             lora_id,
-            cache_salt,
+            cache_salt: cache_salt.as_deref(),
             mm: &mm,
             priority,
             retention,
             reserve_tokens: reserve,
         };
-        let c = self.with(py, |t| t.claim(rid, &toks, &params))?.py_err()?;
+        let c = self
+            .with(py, |t| t.claim(rid, toks.as_slice(), &params))?
+            .py_err()?;
         Ok(Claim {
             block_ids: c.block_ids,
             num_matched_tokens: c.num_matched_tokens,
@@ -363,19 +347,21 @@ impl BlockTrie {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        cache_salt: Option<&str>,
+        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
         mm_items: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Lookup> {
-        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
+        let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
         let mm = mm_spans(mm_items)?;
         let params = ClaimParams {
             lora_id,
-            cache_salt,
+            cache_salt: cache_salt.as_deref(),
             mm: &mm,
             ..ClaimParams::default()
         };
-        let l = self.with(py, |t| t.lookup(&toks, &params))?.py_err()?;
+        let l = self
+            .with(py, |t| t.lookup(toks.as_slice(), &params))?
+            .py_err()?;
         Ok(Lookup {
             num_matched_tokens: l.num_matched_tokens,
             num_reused_blocks: l.num_reused_blocks,
@@ -398,8 +384,8 @@ impl BlockTrie {
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         let rid = self::request_id(request_id)?;
-        let toks = convert::tokens(tokens, "tokens")?.as_slice().to_vec();
-        self.with(py, |t| t.store(rid, &toks))?.py_err()
+        let toks = convert::tokens(tokens, "tokens")?;
+        self.with(py, |t| t.store(rid, toks.as_slice()))?.py_err()
     }
 
     /// Grows the request to `ceil(num_tokens / tokens_per_block)` blocks; returns the new ids.
@@ -410,8 +396,7 @@ impl BlockTrie {
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u32>> {
         let rid = self::request_id(request_id)?;
-        let n = nonneg(Some(num_tokens), 0, "num_tokens")?;
-        let n = usize::try_from(n).map_err(|_| invalid_input("num_tokens is too large"))?;
+        let n = convert::size_arg(num_tokens, "num_tokens")?;
         self.with(py, |t| t.extend(rid, n))?.py_err()
     }
 

@@ -12,6 +12,8 @@ use rustc_hash::FxHasher;
 pub const DEFAULT_PRIORITY: u8 = 35;
 /// The highest retention priority (the lowest is 0).
 pub const MAX_PRIORITY: u8 = 100;
+/// TensorRT-LLM's default `tokens_per_block`.
+pub const DEFAULT_TOKENS_PER_BLOCK: usize = 64;
 
 /// The non-token, non-multimodal dimensions of a key: blocks of different scopes never
 /// share anything, not even a partial match.

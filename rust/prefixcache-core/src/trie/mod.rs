@@ -29,7 +29,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use key::{DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use key::{DEFAULT_PRIORITY, DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY};
 pub use trie::BlockTrie;
 pub use types::{
     BlockDump, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind, PartialReuse,

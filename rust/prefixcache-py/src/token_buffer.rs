@@ -1,0 +1,125 @@
+//! `TokenBuffer`: a request's token ids, converted once and passed to every call as-is.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::exceptions::{PyIndexError, PyMemoryError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::convert;
+
+/// A growable buffer of token ids (u32), converted once from any accepted form. Every
+/// method that takes tokens accepts it without converting again; a call sees the tokens
+/// as they were when it started (appends by other threads meanwhile do not change it).
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct TokenBuffer {
+    /// Copy-on-write: a call takes a snapshot (one reference count); an append while a
+    /// snapshot is alive copies the buffer first, so snapshots never change.
+    inner: Mutex<Arc<Vec<u32>>>,
+}
+
+impl TokenBuffer {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Arc<Vec<u32>>>> {
+        // Only held for a push or a reference-count increment (no Python code, no
+        // panic), so it is never poisoned in practice; if it were, report it.
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("TokenBuffer is unusable (poisoned lock)"))
+    }
+
+    /// The tokens now, shared (no copy).
+    pub fn snapshot(&self) -> Arc<Vec<u32>> {
+        match self.inner.lock() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    fn extend_with(&self, more: &[u32]) -> PyResult<()> {
+        let mut g = self.lock()?;
+        let v = Arc::make_mut(&mut g);
+        v.try_reserve(more.len())
+            .map_err(|_| PyMemoryError::new_err("cannot grow the TokenBuffer"))?;
+        v.extend_from_slice(more);
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl TokenBuffer {
+    /// A buffer holding `tokens` (any accepted form; empty by default).
+    #[new]
+    #[pyo3(signature = (tokens = None))]
+    fn new(tokens: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let v = match tokens {
+            Some(t) if !t.is_none() => convert::token_vec(t, "tokens")?,
+            _ => Vec::new(),
+        };
+        Ok(TokenBuffer {
+            inner: Mutex::new(Arc::new(v)),
+        })
+    }
+
+    /// Appends one token id.
+    fn append(&self, token: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = convert::u32_arg(token, "token")?;
+        self.extend_with(&[t])
+    }
+
+    /// Appends token ids (any accepted form).
+    fn extend(&self, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(b) = tokens.cast::<TokenBuffer>() {
+            let more = b.get().snapshot();
+            return self.extend_with(&more);
+        }
+        let more = convert::token_vec(tokens, "tokens")?;
+        self.extend_with(&more)
+    }
+
+    /// Keeps the first `length` tokens (no-op when it holds fewer).
+    fn truncate(&self, length: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = convert::size_arg(length, "length")?;
+        let mut g = self.lock()?;
+        if n < g.len() {
+            Arc::make_mut(&mut g).truncate(n);
+        }
+        Ok(())
+    }
+
+    /// Removes every token.
+    fn clear(&self) -> PyResult<()> {
+        let mut g = self.lock()?;
+        *g = Arc::new(Vec::new());
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.snapshot().len()
+    }
+
+    /// The token at `index` (negative indices count from the end).
+    fn __getitem__(&self, index: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let i = convert::i64_arg(index, "index")?;
+        let s = self.snapshot();
+        let n = s.len() as i64;
+        let j = if i < 0 { i + n } else { i };
+        if j < 0 || j >= n {
+            return Err(PyIndexError::new_err("TokenBuffer index out of range"));
+        }
+        Ok(s[j as usize])
+    }
+
+    /// The tokens as a list of ints.
+    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.snapshot().iter())
+    }
+
+    /// The tokens as a new uint32 numpy array (a copy).
+    fn numpy<'py>(&self, py: Python<'py>) -> Bound<'py, numpy::PyArray1<u32>> {
+        numpy::PyArray1::from_slice(py, &self.snapshot())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TokenBuffer(len={})", self.snapshot().len())
+    }
+}

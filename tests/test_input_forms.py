@@ -1,0 +1,346 @@
+"""Every form a caller holds tokens or KV indices in gives exactly what the equivalent list
+gives, for every class; anything else raises a prefixcache error and changes nothing; no
+input, hook or concurrent writer can abort the process (docs/API.md, "Input forms")."""
+
+from __future__ import annotations
+
+import array
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefixcache import (
+    BlockHasher,
+    BlockPool,
+    BlockTrie,
+    KVCacheManager,
+    RadixCache,
+    TokenBuffer,
+    hash_block_tokens,
+)
+from prefixcache.errors import InvalidInputError, InvalidTypeError
+
+TOKENS = [5, 0, 7, 2**31 + 3, 9, 65536, 11, 12, 300, 4, 2**32 - 1, 6, 1, 2, 3, 8, 10]
+
+
+class ArrayInterface:
+    """A CPU array known only through ``__array_interface__`` (no buffer protocol)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+class DLPackOnly:
+    """A CPU tensor known only through ``__dlpack__`` (numpy's producer underneath)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def unaligned(values: list[int], dtype: Any) -> np.ndarray:
+    """An array of `values` at an odd address (numpy flags it unaligned)."""
+    raw = np.array(values, dtype=dtype).tobytes()
+    a = np.frombuffer(b"\0" + raw, dtype=dtype, offset=1)
+    assert not a.flags.aligned
+    return a
+
+
+def forms(values: list[int], signed_ok: bool = True) -> dict[str, Any]:
+    """`values` in every accepted form whose element type can hold them."""
+    out: dict[str, Any] = {
+        "list": list(values),
+        "tuple": tuple(values),
+        "list of numpy ints": [np.uint64(v) for v in values],
+        "TokenBuffer": TokenBuffer(values),
+        "uint32 unaligned": unaligned(values, np.uint32),
+        "int64 unaligned": unaligned(values, np.int64),
+        "int64 big-endian": np.array(values, dtype=">i8"),
+        "uint32 big-endian unaligned": unaligned(values, ">u4"),
+        "int64 strided": np.repeat(np.array(values, dtype=np.int64), 2)[::2],
+        "int64 reversed": np.array(values[::-1], dtype=np.int64)[::-1],
+        "memoryview": memoryview(array.array("q", values)),
+        "__array_interface__ int64": ArrayInterface(np.array(values, dtype=np.int64)),
+        "__array_interface__ uint32 big-endian": ArrayInterface(np.array(values, dtype=">u4")),
+        "__dlpack__ int64": DLPackOnly(np.array(values, dtype=np.int64)),
+        "__dlpack__ uint32 strided": DLPackOnly(np.repeat(np.array(values, np.uint32), 3)[::3]),
+        "range-like sequence": _Seq(values),
+    }
+    for code in "bBhHiIlLqQ":
+        a = array.array(code)
+        try:
+            a.extend(values)
+        except OverflowError:
+            continue
+        out[f"array('{code}')"] = a
+    for dt in ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]:
+        info = np.iinfo(dt)
+        if all(info.min <= v <= info.max for v in values):
+            out[f"numpy {dt}"] = np.array(values, dtype=dt)
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        out["torch int64"] = torch.tensor(values, dtype=torch.int64)
+    except ImportError:
+        pass
+    return out
+
+
+class _Seq:
+    """A plain sequence (``__len__`` + ``__getitem__``), neither list nor array."""
+
+    def __init__(self, v: list[int]) -> None:
+        self._v = v
+
+    def __len__(self) -> int:
+        return len(self._v)
+
+    def __getitem__(self, i: int) -> int:
+        return self._v[i]
+
+
+SMALL = [5, 0, 7, 100, 9, 65, 11, 12, 30, 4, 127, 6, 1, 2, 3, 8, 10]
+CASES = {**{f"small {k}": v for k, v in forms(SMALL).items()},
+         **{f"wide {k}": v for k, v in forms(TOKENS).items()}}
+
+
+def expected(name: str) -> list[int]:
+    return SMALL if name.startswith("small") else TOKENS
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_form_gives_the_list_result(name: str) -> None:
+    toks, want = CASES[name], expected(name)
+    # RadixCache: insert, match, values from the same form
+    a, b = RadixCache(), RadixCache()
+    a.insert(want)
+    b.insert(toks, values=toks)
+    assert b.dump() == a.dump()
+    assert b.match_prefix(toks).length == len(want)
+    assert list(b.match_prefix(want).indices) == want
+    # BlockHasher and hash_block_tokens
+    h = BlockHasher(4, "sha256")
+    assert h.hash_blocks(toks) == h.hash_blocks(want)
+    assert hash_block_tokens("sha256", None, toks) == hash_block_tokens("sha256", None, want)
+    # KVCacheManager
+    m1, m2 = KVCacheManager(32, block_size=4), KVCacheManager(32, block_size=4)
+    r1, r2 = m1.admit(1, want), m2.admit(1, toks)
+    assert r1 is not None and r2 is not None
+    assert r2[0] == r1[0] and list(r2[1]) == list(r1[1])
+    assert m2.block_hashes(1) == m1.block_hashes(1)
+    # BlockTrie
+    t1, t2 = BlockTrie(32, tokens_per_block=4), BlockTrie(32, tokens_per_block=4)
+    t1.claim(1, want)
+    t2.claim(1, toks)
+    t1.store(1, want)
+    t2.store(1, toks)
+    assert t2.dump() == t1.dump()
+    assert t2.lookup(toks).num_matched_tokens == t1.lookup(want).num_matched_tokens
+
+
+IDS = [5, 7, 100, 9, 65, 11]
+
+
+@pytest.mark.parametrize("name", sorted(forms(IDS)))
+def test_block_ids_from_every_form(name: str) -> None:
+    def freed(ids: Any) -> list[int]:
+        p = BlockPool(200)
+        p.get_new_blocks(199)
+        p.free_blocks(ids)
+        return [int(x) for x in p.free_block_ids()]
+
+    assert freed(forms(IDS)[name]) == freed(IDS)
+
+
+@pytest.mark.parametrize("bad", [
+    {1, 2}, frozenset({1}), {1: 2}, "12", b"12", bytearray(b"12"), 3, 1.5, object(),
+    [1, True], [1, 2.0], np.array([1.0]), np.array([True]), array.array("d", [1.0]),
+    np.zeros((2, 2), np.int64), memoryview(np.zeros((2, 2), np.int64)),
+    np.array(["a"]), np.zeros(2, "datetime64[s]"), [1, -1], [2**32], [10**40],
+    np.array([-1], np.int32), np.array([2**32], np.uint64), array.array("b", [-1]),
+])
+def test_anything_else_raises_and_changes_nothing(bad: Any) -> None:
+    calls: list[tuple[Any, Callable[[Any], Any]]] = []
+    tree = RadixCache()
+    tree.insert([1, 2, 3])
+    calls += [(tree, lambda x: tree.insert(x)), (tree, lambda x: tree.match_prefix(x))]
+    pool = BlockPool(8)
+    pool.get_new_blocks(3)
+    calls += [(pool, lambda x: pool.touch(x)), (pool, lambda x: pool.free_blocks(x))]
+    mgr = KVCacheManager(16, block_size=2)
+    calls += [(mgr, lambda x: mgr.admit(1, x))]
+    trie = BlockTrie(8, tokens_per_block=2)
+    calls += [(trie, lambda x: trie.claim(1, x))]
+    hasher = BlockHasher(2)
+    calls += [(hasher, lambda x: hasher.hash_blocks(x)), (None, lambda x: TokenBuffer(x))]
+    before = (tree.dump(), list(pool.free_block_ids()), len(mgr), trie.dump())
+    for _, call in calls:
+        with pytest.raises((InvalidTypeError, InvalidInputError)):
+            call(bad)
+    assert (tree.dump(), list(pool.free_block_ids()), len(mgr), trie.dump()) == before
+
+
+def test_2d_memoryview_is_refused_alike_everywhere() -> None:
+    mv = memoryview(np.arange(4, dtype=np.int64).reshape(2, 2))
+    pool = BlockPool(8)
+    for call in (RadixCache().insert, pool.touch, pool.free_blocks, BlockHasher(2).hash_blocks):
+        with pytest.raises(InvalidInputError, match="1-dimensional"):
+            call(mv)
+
+
+def test_unaligned_arrays_are_not_read_as_empty() -> None:
+    toks = list(range(1, 33))
+    for dt in (np.uint32, np.int32, np.int64):
+        a = unaligned(toks, dt)
+        tree = RadixCache()
+        assert tree.insert(a).prefix_len == 0
+        assert tree.total_size() == 32
+        h = BlockHasher(16)
+        assert h.hash_blocks(a) == h.hash_blocks(toks)
+        assert hash_block_tokens("sha256", None, a) == hash_block_tokens("sha256", None, toks)
+        got = KVCacheManager(8, block_size=16).admit(1, a)
+        assert got is not None and len(got[1]) == 2
+    v = unaligned(toks, np.int64)
+    tree = RadixCache()
+    tree.insert(toks, values=v)
+    assert list(tree.match_prefix(toks).indices) == toks
+
+
+def test_int32_written_after_the_check_is_not_read_as_a_huge_token() -> None:
+    a = np.array([1, 2, 3], dtype=np.int32)
+
+    class Hook:
+        def __index__(self) -> int:
+            a[1] = -1  # written while insert converts its next argument
+            return 0
+
+    tree = RadixCache()
+    tree.insert(a, priority=Hook())
+    keys = [t for n in tree.dump() for t in n["key"]]
+    assert keys == [1, 2, 3]
+    assert 4294967295 not in keys
+
+
+def test_token_buffer_is_a_snapshot_per_call() -> None:
+    buf = TokenBuffer([1, 2, 3])
+    tree = RadixCache()
+    tree.insert(buf)
+    buf.append(4)
+    buf.extend(np.array([5, 6], np.int64))
+    assert len(buf) == 6 and buf[-1] == 6 and buf.tolist() == [1, 2, 3, 4, 5, 6]
+    assert tree.match_prefix(buf).length == 3
+    tree.insert(buf)
+    assert tree.match_prefix([1, 2, 3, 4, 5, 6, 7]).length == 6
+    buf.truncate(2)
+    assert buf.tolist() == [1, 2] and list(buf.numpy()) == [1, 2]
+    with pytest.raises(InvalidInputError):
+        buf.append(-1)
+    with pytest.raises(InvalidTypeError):
+        buf.append(True)
+    assert buf.tolist() == [1, 2]
+    buf.clear()
+    assert len(buf) == 0
+
+
+RESIZE_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from prefixcache import BlockHasher, KVCacheManager, RadixCache
+
+    def resizer(a):
+        class Hook:
+            def __index__(self):
+                a.resize(1 << 20, refcheck=False)
+                return 0
+        return Hook()
+
+    a = np.arange(64, dtype=np.uint32)
+    t = RadixCache()
+    t.insert(a, priority=resizer(a))
+    b = np.arange(64, dtype=np.int64)
+    t.insert(list(range(64)), values=b, inserted_len=resizer(b))
+    c = np.arange(64, dtype=np.uint32)
+
+    class Keys(list):
+        def __iter__(self):
+            c.resize(1 << 20, refcheck=False)
+            return super().__iter__()
+    BlockHasher(16).hash_blocks(c, extra_keys=Keys([None] * 4))
+    d = np.arange(64, dtype=np.uint32)
+    KVCacheManager(16, block_size=16).admit(1, d, num_lookahead_tokens=resizer(d))
+    print("ok", t.total_size())
+""")
+
+
+def test_an_array_resized_by_a_hook_during_a_call_does_not_abort() -> None:
+    r = subprocess.run([sys.executable, "-c", RESIZE_SCRIPT], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok", "64"]
+
+
+def test_request_ids_share_one_range() -> None:
+    top = 2**64 - 1
+    m = KVCacheManager(8, block_size=2)
+    m.add_request(top, [1, 2, 3])
+    assert top in m
+    t = BlockTrie(8, tokens_per_block=2)
+    t.claim(top, [1, 2, 3])
+    assert t.request_blocks(top)
+    for call in (m.free, t.release):
+        with pytest.raises(InvalidInputError, match=r"request_id must be an int in \[0, 2\*\*64\)"):
+            call(2**64)
+        with pytest.raises(InvalidTypeError):
+            call(True)
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64, 2**127, 2**200, -(2**63) - 1])
+def test_integers_beyond_the_range_are_refused_not_clamped(value: int) -> None:
+    tree = RadixCache()
+    with pytest.raises(InvalidInputError, match="priority must be an int in"):
+        tree.insert([1], priority=value)
+    assert tree.total_size() == 0
+    with pytest.raises(InvalidInputError, match="page_size"):
+        RadixCache(value)
+    with pytest.raises(InvalidInputError, match="inserted_len"):
+        tree.insert([1], inserted_len=value)
+    with pytest.raises(InvalidInputError, match="num_tokens"):
+        tree.evict(value)
+    with pytest.raises(InvalidInputError, match="retention"):
+        BlockTrie(8, tokens_per_block=2).claim(1, [1, 2], retention=value)
+    with pytest.raises(InvalidInputError, match="num_blocks"):
+        BlockPool(8).get_new_blocks(value)
+
+
+def test_strings_with_lone_surrogates_raise_prefixcache_errors() -> None:
+    s = "\ud800"
+    with pytest.raises(InvalidInputError, match="cache_salt"):
+        RadixCache().insert([1], cache_salt=s)
+    with pytest.raises(InvalidInputError, match="extra_key"):
+        RadixCache().match_prefix([1], extra_key=s)
+    with pytest.raises(InvalidInputError, match="lora_name"):
+        KVCacheManager(8).add_request(1, [1], lora_name=s)
+    with pytest.raises(InvalidInputError, match="seed"):
+        BlockHasher(4, seed=s)
+    with pytest.raises(InvalidInputError, match="seed"):
+        hash_block_tokens("sha256", None, [1], seed=s)
+    with pytest.raises(InvalidInputError, match="mm_items"):
+        BlockTrie(8, tokens_per_block=2).lookup([1, 2], mm_items=[(s, 0, 1)])
+
+
+def test_an_empty_parent_is_the_root() -> None:
+    h = BlockHasher(4, "sha256")
+    toks = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert h.hash_blocks(toks, parent=b"") == h.hash_blocks(toks)
+    assert h.hash_block(b"", toks[:4]) == h.hash_block(None, toks[:4])
+    assert hash_block_tokens("sha256", b"", toks) == hash_block_tokens("sha256", None, toks)
