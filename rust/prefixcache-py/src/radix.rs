@@ -176,9 +176,11 @@ impl RadixCache {
         let ns = namespace(extra_key, cache_salt);
         let this = slf.get();
         let key = tokens.as_slice();
-        let m = this.inner.with_gil_released_if(py, key.len() >= DETACH_MIN_MATCH, |t| {
-            t.match_prefix(key, &ns)
-        })?;
+        let m = this
+            .inner
+            .with_gil_released_if(py, key.len() >= DETACH_MIN_MATCH, |t| {
+                t.match_prefix(key, &ns)
+            })?;
         Ok(MatchResult {
             length: m.length,
             node: this.node(py, m.node)?,
