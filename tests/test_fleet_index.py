@@ -162,11 +162,29 @@ def test_sequence_gap_replay_duplicate_restart() -> None:
     assert not ix.status("a")["stale"]
     assert ix.apply("a", [{**s, "block_hashes": [9]}], seq=2) == "duplicate"
     assert ix.cached_hashes("a") == [1, 2, 3]
-    # publisher restart: sequence 0 again, the engine starts empty
-    assert ix.apply("a", [{**s, "block_hashes": [5]}], seq=0) == "applied"
-    assert ix.cached_hashes("a") == [5]
+    # a repeated batch 0 (a replay from 0, a second copy) is a duplicate
+    assert ix.apply("a", [{**s, "block_hashes": [5]}], seq=0) == "duplicate"
     st = ix.status("a")
-    assert (st["restarts"], st["gaps"], st["duplicates"]) == (1, 1, 1)
+    assert (st["restarts"], st["gaps"], st["duplicates"]) == (0, 1, 2)
+
+
+def test_publisher_restart_starts_a_new_stream() -> None:
+    """Sequence 0 again with another batch timestamp: the engine restarted empty."""
+    ix = KvIndex()
+    s = {"type": "BlockStored", "block_size": 16}
+
+    def frame(seq: int, ts: float, hashes: list[int]) -> list[bytes]:
+        return [b"t", seq.to_bytes(8, "big"), _payload([{**s, "block_hashes": hashes}], ts=ts)]
+
+    assert ix.apply_frames("a", frame(0, 1.0, [1])) == "applied"
+    assert ix.apply_frames("a", frame(1, 2.0, [2])) == "applied"
+    assert ix.apply_frames("a", frame(0, 1.0, [1])) == "duplicate"  # replayed batch 0
+    assert ix.cached_hashes("a") == [1, 2]
+    assert ix.apply_frames("a", frame(0, 9.0, [5])) == "applied"  # a new stream
+    assert ix.cached_hashes("a") == [5]
+    assert ix.apply_frames("a", frame(1, 9.5, [6])) == "applied"
+    assert ix.cached_hashes("a") == [5, 6]
+    assert ix.status("a")["restarts"] == 1
     # a worker first seen mid-stream is stale until the batches from 0 arrive
     assert ix.apply("late", [{**s, "block_hashes": [5]}], seq=7) == "gap"
     assert ix.status("late")["stale"]
@@ -310,11 +328,11 @@ def test_differential_against_reference(steps: list, query: list[int]) -> None:
         assert got == ref.apply(worker, ops, seq)
         ix.check_invariants()
     m = ix.longest_prefix(query, now=0.0, weights={"CPU": 0.5, "DISK": 0.25})
+    assert ix.media == ref.media
     for w in ref.held:
         assert ix.cached_hashes(w) == ref.cached_hashes(w)
         assert m.blocks(w) == ref.longest(w, query)
         for medium in ref.media:
-            assert m.blocks(w, medium if medium else "GPU") == ref.longest(
-                w, query, medium or "GPU")
+            assert m.blocks(w, medium) == ref.longest(w, query, medium)
         assert m.stale(w) == ref.stale(w)
         assert m.score(w) == pytest.approx(ref.score(w, query, {"CPU": 0.5, "DISK": 0.25}))

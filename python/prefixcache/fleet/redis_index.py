@@ -154,7 +154,13 @@ class RedisKvIndex:
         return args
 
     def _apply_ops(
-        self, worker: str, ops: Sequence[Op], seq: int | None, dp_rank: int | None, now: float
+        self,
+        worker: str,
+        ops: Sequence[Op],
+        seq: int | None,
+        dp_rank: int | None,
+        now: float,
+        ts: float | None = None,
     ) -> str:
         if seq is not None and seq < 0:
             raise InvalidInputError(f"seq must be >= 0, got {seq}")
@@ -162,6 +168,7 @@ class RedisKvIndex:
             "" if seq is None else seq,
             "" if dp_rank is None else dp_rank,
             MAX_MEDIA,
+            "" if ts is None else repr(float(ts)),
             *self._op_args(ops),
         ]
         if seq is None:
@@ -172,7 +179,7 @@ class RedisKvIndex:
             head = _s(res[0])
             if head == "epoch":
                 self._state_lost()
-                return self._apply_ops(worker, ops, seq, dp_rank, now)
+                return self._apply_ops(worker, ops, seq, dp_rank, now, ts)
             if head == "error":
                 raise InvalidEventError(_s(res[1]))
             self._known.add(worker)
@@ -216,11 +223,11 @@ class RedisKvIndex:
         """Applies one ZMQ message ``[topic, seq, payload]``."""
         t = self._now(now)
         try:
-            seq, _ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
+            seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
         except InvalidEventError as e:
             self._record_error(worker, str(e), t)
             raise
-        return self._apply_ops(worker, ops, seq, dp_rank, t)
+        return self._apply_ops(worker, ops, seq, dp_rank, t, ts)
 
     def apply_many(
         self, messages: Iterable[tuple[str, Sequence[bytes]]], now: float | None = None
@@ -232,12 +239,18 @@ class RedisKvIndex:
         outcomes: list[str] = []
         for worker, frames in messages:
             try:
-                seq, _ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
+                seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
             except InvalidEventError as e:
                 self._record_error(worker, str(e), t)
                 decoded.append(None)
                 continue
-            args = [seq, "" if dp_rank is None else dp_rank, MAX_MEDIA, *self._op_args(ops)]
+            args = [
+                seq,
+                "" if dp_rank is None else dp_rank,
+                MAX_MEDIA,
+                repr(float(ts)),
+                *self._op_args(ops),
+            ]
             decoded.append((worker, args))
         todo = [d for d in decoded if d is not None]
         results: list[str] = []

@@ -49,7 +49,7 @@ local function clear(slot)
 end
 """
 
-# ARGV: head, seq ('' = none), dp_rank ('' = none), max_media, then ops:
+# ARGV: head, seq ('' = none), dp_rank ('' = none), max_media, ts ('' = none), then ops:
 # kind ('s' stored, 'r' removed, 'c' cleared), medium, n, n hex hashes.
 # Returns {outcome} with outcome 'applied' / 'duplicate' / 'gap', or {'error', msg}.
 APPLY = _COMMON + r"""
@@ -59,7 +59,8 @@ local mkey = P .. ':media'
 local known = redis.call('HLEN', mkey)
 local new = {}
 local nnew = 0
-local i = 8
+local ts = ARGV[8]
+local i = 9
 while i <= #ARGV do
   local kind, medium, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   if kind ~= 'c' and not new[medium] and redis.call('HEXISTS', mkey, medium) == 0 then
@@ -78,7 +79,7 @@ if tonumber(now) > last then redis.call('HSET', wkey, 'last_seen', now) end
 if ARGV[5] ~= '' then
   local seq = tonumber(ARGV[5])
   local nxt = tonumber(redis.call('HGET', wkey, 'next_seq'))
-  if seq == 0 and nxt > 0 then
+  if seq == 0 and nxt > 0 and ts ~= '' and ts ~= redis.call('HGET', wkey, 'first_ts') then
     redis.call('HINCRBY', wkey, 'restarts', 1)
     redis.call('HDEL', wkey, 'max_seen')
     clear(slot)
@@ -97,7 +98,7 @@ end
 
 local events = 0
 local unknown = 0
-i = 8
+i = 9
 while i <= #ARGV do
   local kind, medium, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   if kind == 'c' then
@@ -140,6 +141,9 @@ if ARGV[6] ~= '' then redis.call('HSET', wkey, 'dp_rank', ARGV[6]) end
 if ARGV[5] ~= '' then
   local nxt = tonumber(ARGV[5]) + 1
   redis.call('HSET', wkey, 'next_seq', nxt)
+  if nxt == 1 then
+    if ts ~= '' then redis.call('HSET', wkey, 'first_ts', ts) else redis.call('HDEL', wkey, 'first_ts') end
+  end
   local ms = redis.call('HGET', wkey, 'max_seen')
   if ms and tonumber(ms) < nxt then redis.call('HDEL', wkey, 'max_seen') end
 end
@@ -181,7 +185,7 @@ if ARGV[5] == 'remove' then
 else
   clear(slot)
   redis.call('HSET', wkey, 'next_seq', ARGV[6])
-  redis.call('HDEL', wkey, 'max_seen')
+  redis.call('HDEL', wkey, 'max_seen', 'first_ts')
   health(slot)
 end
 return {'ok'}

@@ -31,21 +31,18 @@ class FleetReference:
 
     def apply(self, w: str, ops: list[tuple[str, str | None, list[int]]], seq: int | None,
               now: float = 0.0) -> str:
-        for _, m, _ in ops:
-            if m is not None and m not in self.media:
-                self.media.append(m)
         self.add_worker(w, now)
         self.last_seen[w] = max(self.last_seen[w], now)
         if seq is not None:
-            if seq == 0 and self.next_seq[w] > 0:
-                self.held[w] = {}
-                self.max_seen[w] = None
-            elif seq < self.next_seq[w]:
+            if seq < self.next_seq[w]:  # without a batch timestamp, a repeated 0 too
                 return "duplicate"
             elif seq > self.next_seq[w]:
                 ms = self.max_seen[w]
                 self.max_seen[w] = seq if ms is None else max(ms, seq)
                 return "gap"
+        for kind, m, _ in ops:
+            if kind != "cleared" and (m or "GPU") not in self.media:
+                self.media.append(m or "GPU")
         for kind, m, hashes in ops:
             if kind == "cleared":
                 self.held[w] = {}

@@ -77,6 +77,9 @@ struct Worker {
     held: Vec<FxHashMap<u64, u32>>,
     next_seq: u64,
     max_seen: Option<u64>,
+    /// Timestamp of the applied batch with sequence number 0 (tells a publisher restart,
+    /// a new batch 0, from a repeated one).
+    first_ts: Option<u64>,
     last_seen: f64,
     batches: u64,
     block_events: u64,
@@ -96,6 +99,7 @@ impl Worker {
             held: Vec::new(),
             next_seq: 0,
             max_seen: None,
+            first_ts: None,
             last_seen: now,
             batches: 0,
             block_events: 0,
@@ -253,6 +257,7 @@ impl KvIndex {
         let w = self.worker_mut(slot);
         w.next_seq = next_seq;
         w.max_seen = None;
+        w.first_ts = None;
         Ok(())
     }
 
@@ -279,12 +284,12 @@ impl KvIndex {
             .map(|i| i as u8)
     }
 
-    /// Interns every medium of `events`, or fails (changing nothing) past [`MAX_MEDIA`].
-    fn intern_media(&mut self, events: &[FleetEvent]) -> Result<()> {
-        let mut new: SmallVec<[&str; 2]> = SmallVec::new();
+    /// The media of `events` not interned yet; fails past [`MAX_MEDIA`] (changes nothing).
+    fn new_media(&self, events: &[FleetEvent]) -> Result<Vec<Arc<str>>> {
+        let mut new: Vec<Arc<str>> = Vec::new();
         for m in events.iter().filter_map(FleetEvent::medium) {
-            if self.medium_id(m).is_none() && !new.contains(&m) {
-                new.push(m);
+            if self.medium_id(m).is_none() && !new.iter().any(|x| &**x == m) {
+                new.push(Arc::from(m));
             }
         }
         if self.media.len() + new.len() > MAX_MEDIA {
@@ -292,10 +297,7 @@ impl KvIndex {
                 "more than {MAX_MEDIA} distinct media (new: {new:?})"
             )));
         }
-        for m in new {
-            self.media.push(Arc::from(m));
-        }
-        Ok(())
+        Ok(new)
     }
 
     /// Records a rejected batch for `name` (adding the worker when new).
@@ -326,7 +328,7 @@ impl KvIndex {
         seq: Option<u64>,
         now: f64,
     ) -> Result<ApplyOutcome> {
-        let out = self.apply(name, &batch.events, seq, now);
+        let out = self.apply_stamped(name, &batch.events, seq, Some(batch.ts), now);
         if out.is_ok() {
             if let Some(&slot) = self.names.get(name) {
                 self.worker_mut(slot).dp_rank = batch.dp_rank;
@@ -336,8 +338,7 @@ impl KvIndex {
     }
 
     /// Applies `events` to worker `name` (added when new). With `seq`, the batch is
-    /// applied only if it is the next one expected (see [`ApplyOutcome`]); a sequence
-    /// number 0 after others means the publisher restarted: its holdings are cleared first.
+    /// applied only if it is the next one expected (see [`ApplyOutcome`]).
     pub fn apply(
         &mut self,
         name: &str,
@@ -345,16 +346,35 @@ impl KvIndex {
         seq: Option<u64>,
         now: f64,
     ) -> Result<ApplyOutcome> {
-        if let Err(e) = self.intern_media(events) {
-            self.record_error(name, &e.to_string(), now);
-            return Err(e);
-        }
+        self.apply_stamped(name, events, seq, None, now)
+    }
+
+    /// [`KvIndex::apply`] with the batch's timestamp `ts`: a batch with sequence number 0
+    /// after others, with another timestamp than the first batch 0, means the publisher
+    /// restarted (a new stream): the worker's holdings are cleared first. Without a
+    /// timestamp a repeated sequence number 0 is a duplicate.
+    pub fn apply_stamped(
+        &mut self,
+        name: &str,
+        events: &[FleetEvent],
+        seq: Option<u64>,
+        ts: Option<f64>,
+        now: f64,
+    ) -> Result<ApplyOutcome> {
+        let ts_bits = ts.map(f64::to_bits);
+        let new_media = match self.new_media(events) {
+            Ok(m) => m,
+            Err(e) => {
+                self.record_error(name, &e.to_string(), now);
+                return Err(e);
+            }
+        };
         let slot = self.add_worker(name, now);
         {
             let w = self.worker_mut(slot);
             w.last_seen = w.last_seen.max(now);
             if let Some(s) = seq {
-                if s == 0 && w.next_seq > 0 {
+                if s == 0 && w.next_seq > 0 && ts_bits.is_some() && ts_bits != w.first_ts {
                     w.restarts += 1;
                     w.max_seen = None;
                     w.next_seq = 0;
@@ -369,6 +389,7 @@ impl KvIndex {
                 }
             }
         }
+        self.media.extend(new_media);
         for ev in events {
             self.apply_event(slot, ev);
         }
@@ -376,6 +397,9 @@ impl KvIndex {
         w.batches += 1;
         w.block_events += events.iter().map(|e| e.num_block_events() as u64).sum::<u64>();
         if let Some(s) = seq {
+            if s == 0 {
+                w.first_ts = ts_bits;
+            }
             w.next_seq = s + 1;
             if w.max_seen.is_some_and(|m| m < w.next_seq) {
                 w.max_seen = None;
@@ -386,7 +410,7 @@ impl KvIndex {
 
     fn apply_event(&mut self, slot: u32, ev: &FleetEvent) {
         let medium = match ev.medium() {
-            // Interned by `intern_media` before any event is applied.
+            // Interned (`new_media`) before any event is applied.
             Some(m) => self.medium_id(m).unwrap_or(0),
             None => {
                 self.clear_slot(slot);

@@ -67,8 +67,17 @@ fn sequence_gap_duplicate_restart() {
     assert!(!ix.status("a", 0.0).unwrap().stale);
     assert_eq!(ix.apply("a", &[stored(&[9], None)], Some(1), 0.0).unwrap(), ApplyOutcome::Duplicate);
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![1, 2, 3]);
-    assert_eq!(ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Applied);
+    // Without timestamps a repeated batch 0 is a duplicate; with a new one, a restart.
+    assert_eq!(ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Duplicate);
+    assert_eq!(
+        ix.apply_stamped("a", &[stored(&[7], None)], Some(0), Some(5.0), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![7]);
+    assert_eq!(
+        ix.apply_stamped("a", &[stored(&[8], None)], Some(0), Some(5.0), 0.0).unwrap(),
+        ApplyOutcome::Duplicate
+    );
     assert_eq!(ix.status("a", 0.0).unwrap().restarts, 1);
     ix.check_invariants().unwrap();
 }
