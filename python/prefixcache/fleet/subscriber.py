@@ -56,7 +56,10 @@ class SubscriberStats:
 
 class KvEventSubscriber:
     """Feeds ``index`` (a ``KvIndex`` or ``RedisKvIndex``) from ``publishers`` in a
-    background thread. Use as a context manager, or ``start()`` / ``stop()``."""
+    background thread. Use as a context manager, or ``start()`` / ``stop()``.
+
+    With ``sync_on_start`` each publisher with a replay endpoint is asked at start for the
+    batches the index lacks (from its ``next_seq``: 0 for a new worker)."""
 
     def __init__(
         self,
@@ -67,6 +70,7 @@ class KvEventSubscriber:
         replay_interval: float = 0.2,
         poll_ms: int = 50,
         max_batch: int = 512,
+        sync_on_start: bool = True,
         context: zmq.Context[Any] | None = None,
     ) -> None:
         self.index = index
@@ -78,6 +82,7 @@ class KvEventSubscriber:
         self.replay_interval = replay_interval
         self.poll_ms = poll_ms
         self.max_batch = max_batch
+        self.sync_on_start = sync_on_start
         self._ctx = context or zmq.Context.instance()
         self.stats: dict[str, SubscriberStats] = {p.worker: SubscriberStats() for p in self.publishers}
         self._last_replay: dict[str, float] = {}
@@ -134,6 +139,14 @@ class KvEventSubscriber:
                 s.connect(p.endpoint)
                 socks[s] = p
                 poller.register(s, zmq.POLLIN)
+            if self.sync_on_start:
+                # Batches published before we connected (or while this process was down)
+                # are only in the publishers' replay buffers: ask for them now rather than
+                # at the next live batch.
+                for p in self.publishers:
+                    if p.replay_endpoint:
+                        self.index.add_worker(p.worker)
+                        self._replay(p)
             self._ready.set()
             while not self._stop.is_set():
                 try:
