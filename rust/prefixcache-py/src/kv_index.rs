@@ -77,6 +77,16 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
             a.dtype()
         )));
     }
+    if let Ok(list) = obj.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, h) in list.iter().enumerate() {
+            out.push(
+                fleet_events::hash_key(&h, form, "hashes")
+                    .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
+            );
+        }
+        return Ok(out);
+    }
     if obj.is_instance_of::<PyString>() {
         return Err(invalid_type("hashes must be a sequence of block hashes, got str"));
     }
@@ -87,7 +97,8 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
     for (i, h) in it.enumerate() {
         let h = h?;
         out.push(
-            fleet_events::hash_key(&h, form, &format!("hashes[{i}]")).map_err(invalid_input)?,
+            fleet_events::hash_key(&h, form, "hashes")
+                .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
         );
     }
     Ok(out)
