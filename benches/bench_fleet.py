@@ -46,8 +46,9 @@ def _rng_hashes(rng: random.Random, n: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(n)]
 
 
-def apply_stream(n_workers: int = N_WORKERS, steps: int = STEPS_PER_WORKER,
-                 seed: int = 0) -> tuple[list[tuple[str, list[bytes]]], int]:
+def apply_stream(
+    n_workers: int = N_WORKERS, steps: int = STEPS_PER_WORKER, seed: int = 0
+) -> tuple[list[tuple[str, list[bytes]]], int]:
     """(worker, frames) messages in publish order and their number of block events."""
     rng = random.Random(seed)
     msgs = []
@@ -57,12 +58,23 @@ def apply_stream(n_workers: int = N_WORKERS, steps: int = STEPS_PER_WORKER,
         for w in range(n_workers):
             hashes = _rng_hashes(rng, UNIQUE_BLOCKS)
             tokens = list(range(step * 256, step * 256 + UNIQUE_BLOCKS * BLOCK))
-            stored = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
-                      "token_ids": tokens, "block_size": BLOCK, "lora_id": None,
-                      "medium": "GPU", "lora_name": None, "extra_keys": [None] * len(hashes),
-                      "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
-            removed = [{"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU",
-                        "group_idx": 0} for h in reversed(hashes)]
+            stored = {
+                "type": "BlockStored",
+                "block_hashes": hashes,
+                "parent_block_hash": None,
+                "token_ids": tokens,
+                "block_size": BLOCK,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+                "extra_keys": [None] * len(hashes),
+                "group_idx": 0,
+                "kv_cache_spec_kind": "full_attention",
+            }
+            removed = [
+                {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", "group_idx": 0}
+                for h in reversed(hashes)
+            ]
             for events in ([stored], removed):
                 payload = msgpack.packb([1.7e9 + step, events, 0])
                 msgs.append((f"w{w}", [f"kv@w{w}@m".encode(), seqs[w].to_bytes(8, "big"), payload]))
@@ -80,10 +92,12 @@ def query_fleet(seed: int = 1) -> tuple[list[tuple[str, list[dict[str, Any]]]], 
         events = []
         for s in rng.sample(range(N_SYSTEM), 3):
             n = rng.randint(1, SYSTEM_BLOCKS)
-            events.append({"type": "BlockStored", "block_hashes": systems[s][:n],
-                           "block_size": BLOCK})
-            events.append({"type": "BlockStored", "block_hashes": _rng_hashes(rng, 64),
-                           "block_size": BLOCK})
+            events.append(
+                {"type": "BlockStored", "block_hashes": systems[s][:n], "block_size": BLOCK}
+            )
+            events.append(
+                {"type": "BlockStored", "block_hashes": _rng_hashes(rng, 64), "block_size": BLOCK}
+            )
         fills.append((f"w{w}", events))
     requests = [systems[i % N_SYSTEM] + _rng_hashes(rng, UNIQUE_BLOCKS) for i in range(64)]
     return fills, requests
@@ -96,7 +110,9 @@ def filled(index: Any) -> list[list[int]]:
     return requests
 
 
-def mooncake_ops(path: str, removal_fraction: float = 0.25) -> tuple[list[dict[str, Any]], list[list[int]]]:
+def mooncake_ops(
+    path: str, removal_fraction: float = 0.25
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
     """Dynamo's kv_indexer benchmark events and requests from a Mooncake trace."""
     seen: set[int] = set()
     events = []
@@ -108,8 +124,14 @@ def mooncake_ops(path: str, removal_fraction: float = 0.25) -> tuple[list[dict[s
         if start is None:
             continue
         new = ids[start:]
-        events.append({"type": "BlockStored", "block_hashes": new, "block_size": 512,
-                       "parent_block_hash": ids[start - 1] if start else None})
+        events.append(
+            {
+                "type": "BlockStored",
+                "block_hashes": new,
+                "block_size": 512,
+                "parent_block_hash": ids[start - 1] if start else None,
+            }
+        )
         keep = int(len(new) * (1 - removal_fraction))
         seen.update(new[:keep])
         if new[keep:]:
@@ -198,14 +220,18 @@ def _best(f: Any, repeat: int = 5) -> float:
 
 def main() -> None:
     msgs, block_events = apply_stream()
+
     def apply_all() -> None:
         ix = KvIndex()
         for w, frames in msgs:
             ix.apply_frames(w, frames, now=0.0)
+
     t = _best(apply_all)
-    print(f"embedded apply_frames: {len(msgs)} messages, {block_events} block events: "
-          f"{t * 1e3:.1f} ms = {block_events / t / 1e6:.2f} M block events/s "
-          f"({t / len(msgs) * 1e6:.2f} us per message)")
+    print(
+        f"embedded apply_frames: {len(msgs)} messages, {block_events} block events: "
+        f"{t * 1e3:.1f} ms = {block_events / t / 1e6:.2f} M block events/s "
+        f"({t / len(msgs) * 1e6:.2f} us per message)"
+    )
 
     ix = KvIndex()
     reqs = filled(ix)
@@ -220,23 +246,29 @@ def main() -> None:
     trace = os.environ.get("PREFIXCACHE_MOONCAKE_TRACE")
     if trace:
         events, requests = mooncake_ops(trace)
+
         def run_events() -> None:
             ix = KvIndex()
             for ev in events:
                 ix.apply("w0", [ev], now=0.0)
+
         t = _best(run_events, 3)
         blocks = sum(len(e["block_hashes"]) for e in events)
-        print(f"Dynamo op definition, {Path(trace).name}: {len(events)} events "
-              f"({blocks} blocks) in {t * 1e3:.0f} ms = {len(events) / t:,.0f} event ops/s "
-              f"({blocks / t / 1e6:.1f} M blocks/s), one Python call per event")
+        print(
+            f"Dynamo op definition, {Path(trace).name}: {len(events)} events "
+            f"({blocks} blocks) in {t * 1e3:.0f} ms = {len(events) / t:,.0f} event ops/s "
+            f"({blocks / t / 1e6:.1f} M blocks/s), one Python call per event"
+        )
         ix = KvIndex()
         for ev in events:
             ix.apply("w0", [ev], now=0.0)
         arrs = [np.array(r, dtype=np.uint64) for r in requests]
         t = _best(lambda: [ix.longest_prefix(a, now=0.0) for a in arrs], 3)
         nb = sum(len(r) for r in requests)
-        print(f"  requests: {len(requests)} in {t * 1e3:.0f} ms = {len(requests) / t:,.0f} "
-              f"request ops/s ({nb / t / 1e6:.1f} M blocks/s)")
+        print(
+            f"  requests: {len(requests)} in {t * 1e3:.0f} ms = {len(requests) / t:,.0f} "
+            f"request ops/s ({nb / t / 1e6:.1f} M blocks/s)"
+        )
 
     url = os.environ.get("PREFIXCACHE_REDIS_URL")
     if url:
@@ -248,16 +280,20 @@ def main() -> None:
         for i in range(0, len(msgs), 256):
             ix.apply_many(msgs[i : i + 256], now=0.0)
         t = time.perf_counter() - t0
-        print(f"redis apply_many (256 messages per pipeline): {block_events / t / 1e3:.0f}k "
-              f"block events/s")
+        print(
+            f"redis apply_many (256 messages per pipeline): {block_events / t / 1e3:.0f}k "
+            f"block events/s"
+        )
         ix2 = RedisKvIndex(url, prefix="bench-" + uuid.uuid4().hex[:8])
         few = msgs[: len(msgs) // 4]
         t0 = time.perf_counter()
         for w, frames in few:
             ix2.apply_frames(w, frames, now=0.0)
         t = time.perf_counter() - t0
-        print(f"redis apply_frames (one round trip each): {block_events / 4 / t / 1e3:.0f}k "
-              f"block events/s")
+        print(
+            f"redis apply_frames (one round trip each): {block_events / 4 / t / 1e3:.0f}k "
+            f"block events/s"
+        )
         ix3 = RedisKvIndex(url, prefix="bench-" + uuid.uuid4().hex[:8])
         reqs = filled(ix3)
         lat = []
@@ -266,8 +302,10 @@ def main() -> None:
             ix3.longest_prefix(reqs[i % 64], now=0.0)
             lat.append(time.perf_counter() - t0)
         lat.sort()
-        print(f"redis longest_prefix 144 x 64: p50 {statistics.median(lat) * 1e6:.0f} us, "
-              f"p99 {lat[int(len(lat) * 0.99)] * 1e6:.0f} us, max {lat[-1] * 1e6:.0f} us")
+        print(
+            f"redis longest_prefix 144 x 64: p50 {statistics.median(lat) * 1e6:.0f} us, "
+            f"p99 {lat[int(len(lat) * 0.99)] * 1e6:.0f} us, max {lat[-1] * 1e6:.0f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from fleet_support import load_vectors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefixcache import AllBlocksCleared as Cleared
 from prefixcache import (
     BlockHasher,
     BlockRemoved,
@@ -19,10 +21,8 @@ from prefixcache import (
     KvIndex,
     UnknownWorkerError,
 )
-from prefixcache import AllBlocksCleared as Cleared
 from prefixcache.fleet import decode_kv_events, decode_kv_frames, open_index
 from prefixcache.reference.fleet import FleetReference
-from fleet_support import load_vectors
 
 VECTORS = load_vectors()
 
@@ -108,11 +108,19 @@ def test_a_hash_on_several_blocks_is_lost_with_its_last_copy() -> None:
 
 def test_media_are_tracked_separately() -> None:
     ix = KvIndex()
-    ix.apply("a", [
-        {"type": "BlockStored", "block_hashes": [1, 2, 3], "block_size": 16, "medium": "GPU"},
-        {"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16, "medium": "CPU_PINNED"},
-        {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
-    ])
+    ix.apply(
+        "a",
+        [
+            {"type": "BlockStored", "block_hashes": [1, 2, 3], "block_size": 16, "medium": "GPU"},
+            {
+                "type": "BlockStored",
+                "block_hashes": [1, 2],
+                "block_size": 16,
+                "medium": "CPU_PINNED",
+            },
+            {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
+        ],
+    )
     m = ix.longest_prefix([1, 2, 3, 4])
     assert (m.blocks("a", "GPU"), m.blocks("a", "CPU_PINNED"), m.blocks("a")) == (1, 2, 3)
     assert m.blocks("a", "DISK") == 0
@@ -121,8 +129,11 @@ def test_media_are_tracked_separately() -> None:
     weighted = ix.longest_prefix([1, 2, 3], weights={"CPU_PINNED": 0.25})
     assert weighted.score("a") == 2.25
     assert m.to_dict()["a"] == {
-        "blocks": 3, "media": {"GPU": 1, "CPU_PINNED": 2}, "score": 3.0,
-        "stale": False, "expired": False,
+        "blocks": 3,
+        "media": {"GPU": 1, "CPU_PINNED": 2},
+        "score": 3.0,
+        "stale": False,
+        "expired": False,
     }
 
 
@@ -231,8 +242,16 @@ BAD_MESSAGES = {
     "block_size as str": [b"t", (1).to_bytes(8, "big"), _payload([{**GOOD, "block_size": "16"}])],
     "token as float": [b"t", (1).to_bytes(8, "big"), _payload([{**GOOD, "token_ids": [1.5]}])],
     "medium as int": [b"t", (1).to_bytes(8, "big"), _payload([{**GOOD, "medium": 3}])],
-    "hash too wide (int)": [b"t", (1).to_bytes(8, "big"), _payload([{**GOOD, "block_hashes": [-1]}])],
-    "hash of 7 bytes": [b"t", (1).to_bytes(8, "big"), _payload([{**GOOD, "block_hashes": [b"1234567"]}])],
+    "hash too wide (int)": [
+        b"t",
+        (1).to_bytes(8, "big"),
+        _payload([{**GOOD, "block_hashes": [-1]}]),
+    ],
+    "hash of 7 bytes": [
+        b"t",
+        (1).to_bytes(8, "big"),
+        _payload([{**GOOD, "block_hashes": [b"1234567"]}]),
+    ],
     "missing block_hashes": [b"t", (1).to_bytes(8, "big"), _payload([{"type": "BlockRemoved"}])],
     "payload not an array": [b"t", (1).to_bytes(8, "big"), msgpack.packb({"ts": 1})],
     "events not an array": [b"t", (1).to_bytes(8, "big"), _payload(5)],
@@ -248,8 +267,17 @@ BAD_MESSAGES = {
 @pytest.mark.parametrize("case", sorted(BAD_MESSAGES))
 def test_bad_messages_are_counted_and_change_nothing(case: str) -> None:
     ix = KvIndex()
-    assert ix.apply_frames("a", [b"t", (0).to_bytes(8, "big"), _payload([
-        {"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16}])]) == "applied"
+    assert (
+        ix.apply_frames(
+            "a",
+            [
+                b"t",
+                (0).to_bytes(8, "big"),
+                _payload([{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16}]),
+            ],
+        )
+        == "applied"
+    )
     before = (ix.cached_hashes("a"), ix.status("a")["next_seq"], ix.num_hashes)
     with pytest.raises(InvalidEventError) as err:
         ix.apply_frames("a", BAD_MESSAGES[case])
@@ -269,8 +297,15 @@ def test_bad_event_objects_are_counted_and_change_nothing() -> None:
         [{**GOOD, "block_hashes": [1 << 64]}],
         [{**GOOD, "block_hashes": [b"\x00" * 16]}],
         [{**GOOD, "lora_id": "x"}],
-        [BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[0.5], block_size=16,
-                     lora_id=None)],
+        [
+            BlockStored(
+                block_hashes=[1],
+                parent_block_hash=None,
+                token_ids=[0.5],
+                block_size=16,
+                lora_id=None,
+            )
+        ],
         [object()],
         5,
     ):
@@ -309,8 +344,9 @@ def _as_events(ops: list) -> list[dict]:
     out = []
     for kind, medium, hashes in ops:
         if kind == "stored":
-            out.append({"type": "BlockStored", "block_hashes": hashes, "block_size": 4,
-                        "medium": medium})
+            out.append(
+                {"type": "BlockStored", "block_hashes": hashes, "block_size": 4, "medium": medium}
+            )
         elif kind == "removed":
             out.append({"type": "BlockRemoved", "block_hashes": hashes, "medium": medium})
         else:

@@ -47,7 +47,9 @@ def test_pipelined_apply_many_agrees(url: str) -> None:
     emb = KvIndex()
     for i in range(0, len(VECTORS), 37):
         chunk = VECTORS[i : i + 37]
-        assert ix.apply_many([(d["name"], d["frames"]) for d in chunk], now=0.0) == ["applied"] * len(chunk)
+        assert ix.apply_many([(d["name"], d["frames"]) for d in chunk], now=0.0) == [
+            "applied"
+        ] * len(chunk)
         for d in chunk:
             emb.apply_frames(d["name"], d["frames"], now=0.0)
         last = {d["name"]: d["cached_hashes"] for d in chunk}
@@ -82,14 +84,24 @@ def test_concurrent_writers_apply_each_batch_once(url: str) -> None:
 def test_sequence_media_ttl_workers(url: str) -> None:
     ix = fresh(url, ttl=30.0)
     s = {"type": "BlockStored", "block_size": 16}
-    assert ix.apply("a", [{**s, "block_hashes": [1, 2, 3]}, {**s, "block_hashes": [1, 2],
-                                                             "medium": "CPU"}], seq=0, now=100.0) == "applied"
+    assert (
+        ix.apply(
+            "a",
+            [{**s, "block_hashes": [1, 2, 3]}, {**s, "block_hashes": [1, 2], "medium": "CPU"}],
+            seq=0,
+            now=100.0,
+        )
+        == "applied"
+    )
     assert ix.apply("a", [{"type": "BlockRemoved", "block_hashes": [2]}], seq=2, now=100.0) == "gap"
     m = ix.longest_prefix([1, 2, 3], now=100.0)
     assert m.stale("a") and (m.blocks("a", "GPU"), m.blocks("a", "CPU"), m.blocks("a")) == (3, 2, 3)
     assert ix.top_k([1], now=100.0) == []
     assert ix.apply("a", [], seq=1, now=100.0) == "applied"
-    assert ix.apply("a", [{"type": "BlockRemoved", "block_hashes": [2]}], seq=2, now=100.0) == "applied"
+    assert (
+        ix.apply("a", [{"type": "BlockRemoved", "block_hashes": [2]}], seq=2, now=100.0)
+        == "applied"
+    )
     assert ix.longest_prefix([1, 2, 3], weights={"CPU": 0.5}, now=100.0).score("a") == 2.5
     # b publishes later; a falls silent and ages out
     ix.apply("b", [{**s, "block_hashes": [1]}], seq=0, now=125.0)
@@ -113,8 +125,11 @@ def test_bad_input_is_counted_and_changes_nothing(url: str, case: str) -> None:
         "truncated": [b"t", seq1, VECTORS[1]["payload"][:-9]],
         "unknown tag": [b"t", seq1, msgpack.packb([1.0, [{"type": "Zap"}], 0])],
         "wrong type": [b"t", seq1, msgpack.packb([1.0, [{**good[1][0], "block_size": []}], 0])],
-        "wide hash": [b"t", seq1, msgpack.packb([1.0, [{"type": "BlockRemoved",
-                                                         "block_hashes": [b"\x01" * 9]}], 0])],
+        "wide hash": [
+            b"t",
+            seq1,
+            msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01" * 9]}], 0]),
+        ],
         "parts": [seq1, VECTORS[1]["payload"]],
     }[case]
     before = ix.cached_hashes("a")
@@ -187,21 +202,31 @@ def test_connection_dropped_during_a_pipeline() -> None:
 
 
 def test_open_index_redis(url: str) -> None:
-    ix = open_index(url.replace("redis://", "valkey://"), ttl=3.0, prefix="open-" + uuid.uuid4().hex)
+    ix = open_index(
+        url.replace("redis://", "valkey://"), ttl=3.0, prefix="open-" + uuid.uuid4().hex
+    )
     assert isinstance(ix, RedisKvIndex) and ix.ttl == 3.0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.tuples(
             st.sampled_from(["w0", "w1", "w2"]),
             st.lists(
                 st.one_of(
-                    st.tuples(st.just("BlockStored"), st.sampled_from([None, "GPU", "CPU"]),
-                              st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9), max_size=5)),
-                    st.tuples(st.just("BlockRemoved"), st.sampled_from([None, "GPU", "CPU"]),
-                              st.lists(st.integers(0, 9), max_size=3)),
+                    st.tuples(
+                        st.just("BlockStored"),
+                        st.sampled_from([None, "GPU", "CPU"]),
+                        st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9), max_size=5),
+                    ),
+                    st.tuples(
+                        st.just("BlockRemoved"),
+                        st.sampled_from([None, "GPU", "CPU"]),
+                        st.lists(st.integers(0, 9), max_size=3),
+                    ),
                     st.tuples(st.just("AllBlocksCleared"), st.none(), st.just([])),
                 ),
                 max_size=4,
@@ -217,11 +242,14 @@ def test_differential_against_embedded(url: str, steps: list, query: list[int]) 
     emb = KvIndex()
     for worker, ops, seq in steps:
         events = [
-            {"type": t, "block_hashes": h, "block_size": 4, "medium": m} if t != "AllBlocksCleared"
+            {"type": t, "block_hashes": h, "block_size": 4, "medium": m}
+            if t != "AllBlocksCleared"
             else {"type": t}
             for t, m, h in ops
         ]
-        assert ix.apply(worker, events, seq=seq, now=0.0) == emb.apply(worker, events, seq=seq, now=0.0)
+        assert ix.apply(worker, events, seq=seq, now=0.0) == emb.apply(
+            worker, events, seq=seq, now=0.0
+        )
     for w in emb.workers():
         assert ix.cached_hashes(w) == emb.cached_hashes(w)
         assert ix.status(w, now=0.0)["stale"] == emb.status(w, now=0.0)["stale"]

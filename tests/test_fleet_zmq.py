@@ -55,7 +55,10 @@ def publishers(ctx: zmq.Context[Any], names: list[str]) -> dict[str, ReplayPubli
 def subscribe(index: Any, pubs: dict[str, ReplayPublisher], **kw: Any) -> KvEventSubscriber:
     return KvEventSubscriber(
         index,
-        [Publisher(p.endpoint, w, p.replay_endpoint, topic=f"kv@{w}@model") for w, p in pubs.items()],
+        [
+            Publisher(p.endpoint, w, p.replay_endpoint, topic=f"kv@{w}@model")
+            for w, p in pubs.items()
+        ],
         **kw,
     ).start()
 
@@ -130,8 +133,11 @@ def test_bad_messages_are_counted_and_the_thread_lives(
             [topic, seq1, mine[1]["payload"][:-5]],  # truncated msgpack
             [topic, seq1, msgpack.packb([1.0, [{"type": "BlockEvicted"}], 0])],  # unknown tag
             [topic, seq1, msgpack.packb([1.0, [{**good[1][0], "block_hashes": "x"}], 0])],
-            [topic, seq1, msgpack.packb([1.0, [{"type": "BlockRemoved",
-                                                 "block_hashes": [b"\x00" * 5]}], 0])],
+            [
+                topic,
+                seq1,
+                msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [b"\x00" * 5]}], 0]),
+            ],
             [topic, seq1],  # two frames
             [topic, seq1, mine[1]["payload"], b"extra"],  # four frames
         ]

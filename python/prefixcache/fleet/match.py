@@ -65,7 +65,7 @@ class RemoteFleetMatch:
         return {
             e.worker: {
                 "blocks": e.blocks,
-                "media": dict(zip(self.media, e.per_medium)),
+                "media": dict(zip(self.media, e.per_medium, strict=True)),
                 "score": e.score,
                 "stale": e.stale,
                 "expired": e.expired,

@@ -137,7 +137,9 @@ class RedisKvIndex:
                 raise InvalidEventError(_s(res[1]))
             self._known.add(worker)
             return head, failed
-        raise RuntimeError(f"Redis fleet index: server state lost {self._retries + 1} times in a row")
+        raise RuntimeError(
+            f"Redis fleet index: server state lost {self._retries + 1} times in a row"
+        )
 
     @staticmethod
     def _now(now: float | None) -> float:
@@ -173,9 +175,7 @@ class RedisKvIndex:
         ]
         if seq is None:
             # Without a sequence number a retry could apply the batch twice: no retry.
-            res = self._apply(
-                keys=[], args=[self._p, self._epoch, worker, repr(now), *args]
-            )
+            res = self._apply(keys=[], args=[self._p, self._epoch, worker, repr(now), *args])
             head = _s(res[0])
             if head == "epoch":
                 self._state_lost()
@@ -338,7 +338,9 @@ class RedisKvIndex:
             return [self._key(h, i) for i, h in enumerate(hashes)]
         if hashes is None and tokens is not None and hasher is not None:
             return [int.from_bytes(d[-8:], "big") for d in hasher.hash_blocks(tokens)]
-        raise InvalidInputError("give either hashes, or tokens together with a hasher (BlockHasher)")
+        raise InvalidInputError(
+            "give either hashes, or tokens together with a hasher (BlockHasher)"
+        )
 
     def _key(self, h: Any, i: int) -> int:
         """A query hash as the index key (as ``KvIndex``: an int < 2**64, or a digest of
@@ -466,13 +468,13 @@ class RedisKvIndex:
                 if not active:
                     break
                 covered = 0
-                for w, m in wt:
+                for wgt, m in wt:
                     add = active & holds[m][i] & ~covered
                     covered |= add
                     while add:
                         low = add & -add
                         name = worker_at[low.bit_length() - 1]
-                        score[name] = score.get(name, 0.0) + w
+                        score[name] = score.get(name, 0.0) + wgt
                         add ^= low
         entries = []
         for w in sorted(health, key=lambda x: health[x][0]):
@@ -575,7 +577,8 @@ class RedisKvIndex:
         slots = {h[0] for h in health.values()}
         bits = 0
         for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
-            v = self._r.get(k) or b""
+            raw = self._r.get(k)
+            v = raw if isinstance(raw, bytes) else b""
             x = int.from_bytes(v, "little")
             if x == 0:
                 raise AssertionError(f"empty holder bitmap {_s(k)}")

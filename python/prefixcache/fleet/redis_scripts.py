@@ -52,7 +52,9 @@ end
 # ARGV: head, seq ('' = none), dp_rank ('' = none), max_media, ts ('' = none), then ops:
 # kind ('s' stored, 'r' removed, 'c' cleared), medium, n, n hex hashes.
 # Returns {outcome} with outcome 'applied' / 'duplicate' / 'gap', or {'error', msg}.
-APPLY = _COMMON + r"""
+APPLY = (
+    _COMMON
+    + r"""
 local max_media = tonumber(ARGV[7])
 -- validate: new media within the limit (before any write)
 local mkey = P .. ':media'
@@ -142,7 +144,11 @@ if ARGV[5] ~= '' then
   local nxt = tonumber(ARGV[5]) + 1
   redis.call('HSET', wkey, 'next_seq', nxt)
   if nxt == 1 then
-    if ts ~= '' then redis.call('HSET', wkey, 'first_ts', ts) else redis.call('HDEL', wkey, 'first_ts') end
+    if ts ~= '' then
+      redis.call('HSET', wkey, 'first_ts', ts)
+    else
+      redis.call('HDEL', wkey, 'first_ts')
+    end
   end
   local ms = redis.call('HGET', wkey, 'max_seen')
   if ms and tonumber(ms) < nxt then redis.call('HDEL', wkey, 'max_seen') end
@@ -150,27 +156,36 @@ end
 health(slot)
 return {'applied'}
 """
+)
 
 # ARGV: head, message. Counts a rejected batch on the worker (registering it).
-RECORD_ERROR = _COMMON + r"""
+RECORD_ERROR = (
+    _COMMON
+    + r"""
 local slot = register()
 redis.call('HINCRBY', wkey, 'errors', 1)
 redis.call('HSET', wkey, 'last_error', ARGV[5])
 health(slot)
 return {'ok'}
 """
+)
 
 # ARGV: head. Registers a worker.
-ADD_WORKER = _COMMON + r"""
+ADD_WORKER = (
+    _COMMON
+    + r"""
 local slot = register()
 health(slot)
 return {'ok'}
 """
+)
 
 # ARGV: head, mode ('remove' | 'reset'), next_seq (reset) or last_seen limit (remove;
 # '' = unconditional: a worker seen after the limit is kept).
 # Returns {'ok'} / {'unknown'} / {'kept'}.
-DROP_WORKER = _COMMON + r"""
+DROP_WORKER = (
+    _COMMON
+    + r"""
 local slot = redis.call('HGET', wkey, 'slot')
 if not slot then return {'unknown'} end
 slot = tonumber(slot)
@@ -190,3 +205,4 @@ else
 end
 return {'ok'}
 """
+)

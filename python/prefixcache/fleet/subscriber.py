@@ -84,7 +84,9 @@ class KvEventSubscriber:
         self.max_batch = max_batch
         self.sync_on_start = sync_on_start
         self._ctx = context or zmq.Context.instance()
-        self.stats: dict[str, SubscriberStats] = {p.worker: SubscriberStats() for p in self.publishers}
+        self.stats: dict[str, SubscriberStats] = {
+            p.worker: SubscriberStats() for p in self.publishers
+        }
         self._last_replay: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -189,7 +191,7 @@ class KvEventSubscriber:
         apply_many = getattr(self.index, "apply_many", None)
         if apply_many is not None:
             outcomes = apply_many([(p.worker, parts) for p, parts in batch])
-            for (p, _), out in zip(batch, outcomes):
+            for (p, _), out in zip(batch, outcomes, strict=True):
                 self._count(p, out, None if out != "error" else "rejected (see index status)")
                 if out == "gap":
                     gapped.add(p.worker)

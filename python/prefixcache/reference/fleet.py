@@ -29,8 +29,13 @@ class FleetReference:
         for d in (self.held, self.next_seq, self.max_seen, self.last_seen):
             del d[w]
 
-    def apply(self, w: str, ops: list[tuple[str, str | None, list[int]]], seq: int | None,
-              now: float = 0.0) -> str:
+    def apply(
+        self,
+        w: str,
+        ops: list[tuple[str, str | None, list[int]]],
+        seq: int | None,
+        now: float = 0.0,
+    ) -> str:
         self.add_worker(w, now)
         self.last_seen[w] = max(self.last_seen[w], now)
         if seq is not None:

@@ -42,17 +42,27 @@ fn payload(ts: f64, events: Vec<Value>) -> Vec<u8> {
 fn stored_event(hashes: &[u64], first_token: u64) -> Value {
     Value::Map(vec![
         (s("type"), s("BlockStored")),
-        (s("block_hashes"), Value::Array(hashes.iter().map(|&h| Value::from(h)).collect())),
+        (
+            s("block_hashes"),
+            Value::Array(hashes.iter().map(|&h| Value::from(h)).collect()),
+        ),
         (s("parent_block_hash"), Value::Nil),
         (
             s("token_ids"),
-            Value::Array((0..hashes.len() as u64 * 16).map(|t| Value::from(first_token + t)).collect()),
+            Value::Array(
+                (0..hashes.len() as u64 * 16)
+                    .map(|t| Value::from(first_token + t))
+                    .collect(),
+            ),
         ),
         (s("block_size"), Value::from(16)),
         (s("lora_id"), Value::Nil),
         (s("medium"), s("GPU")),
         (s("lora_name"), Value::Nil),
-        (s("extra_keys"), Value::Array(hashes.iter().map(|_| Value::Nil).collect())),
+        (
+            s("extra_keys"),
+            Value::Array(hashes.iter().map(|_| Value::Nil).collect()),
+        ),
         (s("group_idx"), Value::from(0)),
         (s("kv_cache_spec_kind"), s("full_attention")),
     ])
@@ -113,7 +123,10 @@ fn main() {
         for (w, seq) in seqs.iter_mut().enumerate() {
             let hashes: Vec<u64> = (0..16).map(|_| rng.next()).collect();
             let st = payload(1.7e9 + step as f64, vec![stored_event(&hashes, step * 256)]);
-            let rm = payload(1.7e9 + step as f64, hashes.iter().rev().map(|&h| removed_event(h)).collect());
+            let rm = payload(
+                1.7e9 + step as f64,
+                hashes.iter().rev().map(|&h| removed_event(h)).collect(),
+            );
             for p in [st, rm] {
                 msgs.push((w, [b"kv@w@m".to_vec(), seq.to_be_bytes().to_vec(), p]));
                 *seq += 1;
@@ -158,14 +171,17 @@ fn main() {
     );
 
     // query: 64 workers holding random prefixes of 8 system prompts of 128 blocks
-    let systems: Vec<Vec<u64>> = (0..8).map(|_| (0..128).map(|_| rng.next()).collect()).collect();
+    let systems: Vec<Vec<u64>> = (0..8)
+        .map(|_| (0..128).map(|_| rng.next()).collect())
+        .collect();
     let mut ix = KvIndex::new(HashForm::default(), None).expect("index");
     for name in &names {
         for k in 0..3 {
             let sys = &systems[(rng.next() % 8) as usize];
             let n = 1 + (rng.next() % 128) as usize;
             let tail: Vec<u64> = (0..64).map(|_| rng.next()).collect();
-            ix.apply(name, &[stored(sys[..n].to_vec()), stored(tail)], None, 0.0).expect("fill");
+            ix.apply(name, &[stored(sys[..n].to_vec()), stored(tail)], None, 0.0)
+                .expect("fill");
             let _ = k;
         }
     }
@@ -179,14 +195,21 @@ fn main() {
     let n = 20_000;
     let t = best(7, || {
         for i in 0..n {
-            let m = ix.longest_prefix(&requests[i % 64], 0.0, None).expect("query");
+            let m = ix
+                .longest_prefix(&requests[i % 64], 0.0, None)
+                .expect("query");
             std::hint::black_box(m);
         }
     });
-    println!("longest_prefix 144 blocks x 64 workers: {:.2} us", t / n as f64 * 1e6);
+    println!(
+        "longest_prefix 144 blocks x 64 workers: {:.2} us",
+        t / n as f64 * 1e6
+    );
     let t = best(7, || {
         for i in 0..n {
-            let m = ix.top_k(&requests[i % 64], 4, 0.0, None, false).expect("query");
+            let m = ix
+                .top_k(&requests[i % 64], 4, 0.0, None, false)
+                .expect("query");
             std::hint::black_box(m);
         }
     });
@@ -211,9 +234,16 @@ fn main() {
                         .collect(),
                 )
             };
-            let ids: Vec<u64> = v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("u64")).collect();
+            let ids: Vec<u64> = v
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|x| x.as_u64().expect("u64"))
+                .collect();
             reqs.push(ids.clone());
-            let Some(start) = ids.iter().position(|h| !seen.contains(h)) else { continue };
+            let Some(start) = ids.iter().position(|h| !seen.contains(h)) else {
+                continue;
+            };
             let new = ids[start..].to_vec();
             let keep = (new.len() as f64 * 0.75) as usize;
             seen.extend(new[..keep].iter().copied());
@@ -231,7 +261,8 @@ fn main() {
         let t = best(3, || {
             ix = KvIndex::new(HashForm::default(), None).expect("index");
             for e in &events {
-                ix.apply("w0", std::slice::from_ref(e), None, 0.0).expect("apply");
+                ix.apply("w0", std::slice::from_ref(e), None, 0.0)
+                    .expect("apply");
             }
         });
         println!(

@@ -102,7 +102,10 @@ impl PyFleetMatch {
                 &*self.inner.workers[i],
                 self.inner.blocks[i]
             ),
-            None => format!("FleetMatch(num_blocks={}, workers=0)", self.inner.num_blocks),
+            None => format!(
+                "FleetMatch(num_blocks={}, workers=0)",
+                self.inner.num_blocks
+            ),
         }
     }
 }

@@ -455,7 +455,10 @@ impl KvIndex {
         }
         let w = self.worker_mut(slot);
         w.batches += 1;
-        w.block_events += events.iter().map(|e| e.num_block_events() as u64).sum::<u64>();
+        w.block_events += events
+            .iter()
+            .map(|e| e.num_block_events() as u64)
+            .sum::<u64>();
         if let Some(s) = seq {
             if s == 0 {
                 w.first_ts = ts_bits;
@@ -691,7 +694,11 @@ impl KvIndex {
             let b = lens[nm * nslots + s];
             blocks.push(b);
             per_medium.extend((0..nm).map(|m| lens[m * nslots + s]));
-            scores.push(if weights.is_some() { score[s] } else { f64::from(b) });
+            scores.push(if weights.is_some() {
+                score[s]
+            } else {
+                f64::from(b)
+            });
             let w = self.worker(slot);
             stale.push(w.stale());
             expired.push(self.expired(w, now));
@@ -736,12 +743,19 @@ impl KvIndex {
         for (name, &slot) in &self.names {
             match self.slots.get(slot as usize) {
                 Some(Some(w)) if *w.name == **name => {}
-                _ => return Err(format!("name {name:?} maps to slot {slot}, which is not it")),
+                _ => {
+                    return Err(format!(
+                        "name {name:?} maps to slot {slot}, which is not it"
+                    ))
+                }
             }
         }
         let occupied = self.slots.iter().flatten().count();
         if occupied != self.names.len() {
-            return Err(format!("{occupied} occupied slots, {} names", self.names.len()));
+            return Err(format!(
+                "{occupied} occupied slots, {} names",
+                self.names.len()
+            ));
         }
         let mut pairs = 0usize;
         for (s, w) in self.slots.iter().enumerate() {

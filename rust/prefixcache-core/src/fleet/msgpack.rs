@@ -133,7 +133,10 @@ impl<'a> Reader<'a> {
     }
 
     fn be(&mut self, n: usize) -> ReadResult<u64> {
-        Ok(self.take(n)?.iter().fold(0u64, |a, &b| (a << 8) | u64::from(b)))
+        Ok(self
+            .take(n)?
+            .iter()
+            .fold(0u64, |a, &b| (a << 8) | u64::from(b)))
     }
 
     fn peek(&self) -> ReadResult<Marker> {

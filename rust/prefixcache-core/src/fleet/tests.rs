@@ -28,7 +28,8 @@ fn index() -> KvIndex {
 #[test]
 fn last_copy_removal_only() {
     let mut ix = index();
-    ix.apply("a", &[stored(&[1, 2], None), stored(&[2], None)], None, 0.0).unwrap();
+    ix.apply("a", &[stored(&[1, 2], None), stored(&[2], None)], None, 0.0)
+        .unwrap();
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![1, 2]);
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
@@ -39,8 +40,13 @@ fn last_copy_removal_only() {
 #[test]
 fn media_are_separate() {
     let mut ix = index();
-    ix.apply("a", &[stored(&[1, 2, 3], None), stored(&[1, 2], Some("CPU"))], None, 0.0)
-        .unwrap();
+    ix.apply(
+        "a",
+        &[stored(&[1, 2, 3], None), stored(&[1, 2], Some("CPU"))],
+        None,
+        0.0,
+    )
+    .unwrap();
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
     let m = ix.longest_prefix(&[1, 2, 3], 0.0, None).unwrap();
     let w = m.get(0).unwrap();
@@ -58,24 +64,44 @@ fn media_are_separate() {
 #[test]
 fn sequence_gap_duplicate_restart() {
     let mut ix = index();
-    assert_eq!(ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Applied);
-    assert_eq!(ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(), ApplyOutcome::Gap);
+    assert_eq!(
+        ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
+    assert_eq!(
+        ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(),
+        ApplyOutcome::Gap
+    );
     assert!(ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[2], None)], Some(1), 0.0).unwrap(), ApplyOutcome::Applied);
+    assert_eq!(
+        ix.apply("a", &[stored(&[2], None)], Some(1), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert!(ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(), ApplyOutcome::Applied);
+    assert_eq!(
+        ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert!(!ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[9], None)], Some(1), 0.0).unwrap(), ApplyOutcome::Duplicate);
+    assert_eq!(
+        ix.apply("a", &[stored(&[9], None)], Some(1), 0.0).unwrap(),
+        ApplyOutcome::Duplicate
+    );
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![1, 2, 3]);
     // Without timestamps a repeated batch 0 is a duplicate; with a new one, a restart.
-    assert_eq!(ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Duplicate);
     assert_eq!(
-        ix.apply_stamped("a", &[stored(&[7], None)], Some(0), Some(5.0), 0.0).unwrap(),
+        ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(),
+        ApplyOutcome::Duplicate
+    );
+    assert_eq!(
+        ix.apply_stamped("a", &[stored(&[7], None)], Some(0), Some(5.0), 0.0)
+            .unwrap(),
         ApplyOutcome::Applied
     );
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![7]);
     assert_eq!(
-        ix.apply_stamped("a", &[stored(&[8], None)], Some(0), Some(5.0), 0.0).unwrap(),
+        ix.apply_stamped("a", &[stored(&[8], None)], Some(0), Some(5.0), 0.0)
+            .unwrap(),
         ApplyOutcome::Duplicate
     );
     assert_eq!(ix.status("a", 0.0).unwrap().restarts, 1);
@@ -102,9 +128,12 @@ fn many_workers_and_removal() {
     let mut ix = index();
     for w in 0..130u64 {
         let hs: Vec<u64> = (0..=w % 7).collect();
-        ix.apply(&format!("w{w}"), &[stored(&hs, None)], None, 0.0).unwrap();
+        ix.apply(&format!("w{w}"), &[stored(&hs, None)], None, 0.0)
+            .unwrap();
     }
-    let m = ix.longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7], 0.0, None).unwrap();
+    let m = ix
+        .longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7], 0.0, None)
+        .unwrap();
     for (i, &b) in m.blocks.iter().enumerate() {
         assert_eq!(u64::from(b), i as u64 % 7 + 1);
     }
@@ -120,10 +149,17 @@ fn wire_errors_leave_index_unchanged() {
     ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap();
     let seq = 1u64.to_be_bytes();
     // [ts, [{"type": "Nope"}], 0]
-    let payload = [0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4, b't', b'y', b'p', b'e', 0xa4, b'N', b'o', b'p', b'e', 0x00];
-    let err = ix.apply_frames("a", &[b"t", &seq, &payload], 0.0).unwrap_err();
+    let payload = [
+        0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4, b't', b'y', b'p', b'e', 0xa4, b'N',
+        b'o', b'p', b'e', 0x00,
+    ];
+    let err = ix
+        .apply_frames("a", &[b"t", &seq, &payload], 0.0)
+        .unwrap_err();
     assert!(err.to_string().contains("unknown event type"), "{err}");
-    let err = ix.apply_frames("a", &[b"t", &seq, &payload[..5]], 0.0).unwrap_err();
+    let err = ix
+        .apply_frames("a", &[b"t", &seq, &payload[..5]], 0.0)
+        .unwrap_err();
     assert!(err.to_string().contains("msgpack"), "{err}");
     let err = ix.apply_frames("a", &[b"t", &seq], 0.0).unwrap_err();
     assert!(err.to_string().contains("3 frames"), "{err}");
@@ -142,14 +178,26 @@ fn sample_payload() -> Vec<u8> {
     use rmpv::Value as V;
     let stored = V::Map(vec![
         (V::from("type"), V::from("BlockStored")),
-        (V::from("block_hashes"), V::Array(vec![V::from(u64::MAX), V::from(3)])),
+        (
+            V::from("block_hashes"),
+            V::Array(vec![V::from(u64::MAX), V::from(3)]),
+        ),
         (V::from("parent_block_hash"), V::Binary(vec![7; 32])),
-        (V::from("token_ids"), V::Array((0..32u32).map(V::from).collect())),
+        (
+            V::from("token_ids"),
+            V::Array((0..32u32).map(V::from).collect()),
+        ),
         (V::from("block_size"), V::from(16)),
         (V::from("lora_id"), V::from(-4)),
         (V::from("medium"), V::from("CPU")),
-        (V::from("cache_salt"), V::Map(vec![(V::from("x"), V::Array(vec![V::Nil]))])),
-        (V::from("extra_keys"), V::Array(vec![V::Nil, V::Array(vec![V::from("a"), V::F32(1.0)])])),
+        (
+            V::from("cache_salt"),
+            V::Map(vec![(V::from("x"), V::Array(vec![V::Nil]))]),
+        ),
+        (
+            V::from("extra_keys"),
+            V::Array(vec![V::Nil, V::Array(vec![V::from("a"), V::F32(1.0)])]),
+        ),
         (V::from("group_idx"), V::from(1)),
     ]);
     let removed_array_form = V::Array(vec![
@@ -180,7 +228,11 @@ fn decodes_both_event_encodings_and_skips_unknown_fields() {
     }
     assert_eq!(
         b.events[1],
-        FleetEvent::Removed { block_hashes: vec![3], medium: None, group_idx: 0 }
+        FleetEvent::Removed {
+            block_hashes: vec![3],
+            medium: None,
+            group_idx: 0
+        }
     );
     assert_eq!(b.events[2], FleetEvent::Cleared);
 }

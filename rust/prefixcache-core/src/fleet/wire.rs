@@ -75,7 +75,10 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
             Int::I(i) => i as f64,
         }
     } else {
-        return Err(bad(format!("payload: ts must be a number, got {}", r.kind()?.name())));
+        return Err(bad(format!(
+            "payload: ts must be a number, got {}",
+            r.kind()?.name()
+        )));
     };
     let count = match r.array_len()? {
         Some(c) => c,
@@ -92,7 +95,10 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
     }
     let dp_rank = if n == 3 && !r.nil()? {
         match r.int()? {
-            Some(i) => Some(i.as_i64().ok_or_else(|| bad("payload: dp_rank out of range"))?),
+            Some(i) => Some(
+                i.as_i64()
+                    .ok_or_else(|| bad("payload: dp_rank out of range"))?,
+            ),
             None => {
                 return Err(bad(format!(
                     "payload: dp_rank must be an int, got {}",
@@ -153,12 +159,22 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
         for _ in 0..n {
             let key = match r.str_bytes()? {
                 Some(k) => k,
-                None => return Err(bad(format!("event map keys must be str, got {}", r.kind()?.name()))),
+                None => {
+                    return Err(bad(format!(
+                        "event map keys must be str, got {}",
+                        r.kind()?.name()
+                    )))
+                }
             };
             if key == b"type" {
                 match r.str_bytes()? {
                     Some(t) => found = Some(String::from_utf8_lossy(t).into_owned()),
-                    None => return Err(bad(format!("\"type\" must be a str, got {}", r.kind()?.name()))),
+                    None => {
+                        return Err(bad(format!(
+                            "\"type\" must be a str, got {}",
+                            r.kind()?.name()
+                        )))
+                    }
                 }
             } else {
                 read_field(r, key, &mut f, form)?;
@@ -182,11 +198,16 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
             }
         }
     } else {
-        return Err(bad(format!("an event must be a map or an array, got {}", r.kind()?.name())));
+        return Err(bad(format!(
+            "an event must be a map or an array, got {}",
+            r.kind()?.name()
+        )));
     }
     match tag.as_str() {
         "BlockStored" => {
-            let block_hashes = f.block_hashes.ok_or_else(|| bad("BlockStored without block_hashes"))?;
+            let block_hashes = f
+                .block_hashes
+                .ok_or_else(|| bad("BlockStored without block_hashes"))?;
             if let Some(k) = f.num_extra_keys {
                 if k != block_hashes.len() {
                     return Err(bad(format!(
@@ -199,7 +220,9 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
                 block_hashes,
                 parent_block_hash: f.parent_block_hash,
                 num_tokens: f.num_tokens,
-                block_size: f.block_size.ok_or_else(|| bad("BlockStored without block_size"))?,
+                block_size: f
+                    .block_size
+                    .ok_or_else(|| bad("BlockStored without block_size"))?,
                 lora_id: f.lora_id,
                 lora_name: f.lora_name,
                 medium: f.medium,
@@ -207,7 +230,9 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
             }))
         }
         "BlockRemoved" => Ok(FleetEvent::Removed {
-            block_hashes: f.block_hashes.ok_or_else(|| bad("BlockRemoved without block_hashes"))?,
+            block_hashes: f
+                .block_hashes
+                .ok_or_else(|| bad("BlockRemoved without block_hashes"))?,
             medium: f.medium,
             group_idx: f.group_idx.unwrap_or(0),
         }),
@@ -222,7 +247,11 @@ fn read_field(r: &mut Reader<'_>, key: &[u8], f: &mut Fields, form: HashForm) ->
     match key {
         b"block_hashes" => f.block_hashes = Some(hashes(r, "block_hashes", form)?),
         b"parent_block_hash" => {
-            f.parent_block_hash = if r.nil()? { None } else { Some(hash(r, "parent_block_hash", form)?) }
+            f.parent_block_hash = if r.nil()? {
+                None
+            } else {
+                Some(hash(r, "parent_block_hash", form)?)
+            }
         }
         b"token_ids" => f.num_tokens = token_ids(r)?,
         b"block_size" => {
@@ -233,7 +262,12 @@ fn read_field(r: &mut Reader<'_>, key: &[u8], f: &mut Fields, form: HashForm) ->
                         .filter(|&x| x > 0)
                         .ok_or_else(|| bad("block_size must be a positive int below 2**32"))?,
                 ),
-                None => return Err(bad(format!("block_size must be an int, got {}", r.kind()?.name()))),
+                None => {
+                    return Err(bad(format!(
+                        "block_size must be an int, got {}",
+                        r.kind()?.name()
+                    )))
+                }
             }
         }
         b"lora_id" => f.lora_id = opt_int(r, "lora_id")?,
@@ -242,7 +276,9 @@ fn read_field(r: &mut Reader<'_>, key: &[u8], f: &mut Fields, form: HashForm) ->
         b"group_idx" => {
             f.group_idx = match opt_int(r, "group_idx")? {
                 None => None,
-                Some(g) => Some(u32::try_from(g).map_err(|_| bad("group_idx must be an int in 0..2**32"))?),
+                Some(g) => Some(
+                    u32::try_from(g).map_err(|_| bad("group_idx must be an int in 0..2**32"))?,
+                ),
             }
         }
         b"extra_keys" => {
@@ -299,7 +335,12 @@ fn hash(r: &mut Reader<'_>, what: &str, form: HashForm) -> Result<u64> {
 fn hashes(r: &mut Reader<'_>, what: &str, form: HashForm) -> Result<Vec<u64>> {
     let n = match r.array_len()? {
         Some(n) => n,
-        None => return Err(bad(format!("{what} must be an array, got {}", r.kind()?.name()))),
+        None => {
+            return Err(bad(format!(
+                "{what} must be an array, got {}",
+                r.kind()?.name()
+            )))
+        }
     };
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -314,7 +355,12 @@ fn token_ids(r: &mut Reader<'_>) -> Result<usize> {
     }
     let n = match r.array_len()? {
         Some(n) => n,
-        None => return Err(bad(format!("token_ids must be an array, got {}", r.kind()?.name()))),
+        None => {
+            return Err(bad(format!(
+                "token_ids must be an array, got {}",
+                r.kind()?.name()
+            )))
+        }
     };
     for _ in 0..n {
         match r.int()? {
@@ -340,7 +386,10 @@ fn opt_int(r: &mut Reader<'_>, what: &str) -> Result<Option<i64>> {
             .as_i64()
             .map(Some)
             .ok_or_else(|| bad(format!("{what} is out of range"))),
-        None => Err(bad(format!("{what} must be an int or nil, got {}", r.kind()?.name()))),
+        None => Err(bad(format!(
+            "{what} must be an int or nil, got {}",
+            r.kind()?.name()
+        ))),
     }
 }
 
@@ -352,6 +401,9 @@ fn opt_str(r: &mut Reader<'_>, what: &str) -> Result<Option<String>> {
         Some(b) => std::str::from_utf8(b)
             .map(|s| Some(s.to_owned()))
             .map_err(|_| bad(format!("{what} is not valid UTF-8"))),
-        None => Err(bad(format!("{what} must be a str or nil, got {}", r.kind()?.name()))),
+        None => Err(bad(format!(
+            "{what} must be a str or nil, got {}",
+            r.kind()?.name()
+        ))),
     }
 }
