@@ -1,9 +1,9 @@
 """The answer of a fleet-index query computed outside the core (the Redis backend): the
-same interface as ``prefixcache.FleetMatch``."""
+same interface as ``prefixcache.FleetMatch``, column by column."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefixcache.errors import UnknownWorkerError
 
@@ -20,58 +20,97 @@ class WorkerPrefix:
     expired: bool
 
 
-@dataclass(frozen=True)
 class RemoteFleetMatch:
     """Each worker's longest held prefix of one request (in blocks), per medium and on any
-    medium, its score and its health; read by worker name like ``FleetMatch``."""
+    medium, its score and its health; read by worker name like ``FleetMatch``.
+    ``per_medium[i]`` lists worker ``i``'s prefix on each medium of ``media``."""
 
-    num_blocks: int
-    media: list[str]
-    entries: list[WorkerPrefix]
-    _by_name: dict[str, WorkerPrefix] = field(init=False, repr=False, compare=False)
+    __slots__ = (
+        "_pos",
+        "blocks_",
+        "expired_",
+        "media",
+        "num_blocks",
+        "per_medium",
+        "score_",
+        "stale_",
+        "workers",
+    )
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_name", {e.worker: e for e in self.entries})
+    def __init__(
+        self,
+        num_blocks: int,
+        media: list[str],
+        workers: list[str],
+        blocks: list[int],
+        per_medium: list[tuple[int, ...]],
+        score: list[float],
+        stale: list[bool],
+        expired: list[bool],
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.media = media
+        self.workers = workers
+        self.blocks_ = blocks
+        self.per_medium = per_medium
+        self.score_ = score
+        self.stale_ = stale
+        self.expired_ = expired
+        self._pos = {w: i for i, w in enumerate(workers)}
 
-    def _get(self, worker: str) -> WorkerPrefix:
+    def _i(self, worker: str) -> int:
         try:
-            return self._by_name[worker]
+            return self._pos[worker]
         except KeyError:
             raise UnknownWorkerError(f"unknown worker {worker!r}") from None
 
-    @property
-    def workers(self) -> list[str]:
-        return [e.worker for e in self.entries]
-
     def blocks(self, worker: str, medium: str | None = None) -> int:
-        e = self._get(worker)
+        i = self._i(worker)
         if medium is None:
-            return e.blocks
+            return self.blocks_[i]
         try:
-            return e.per_medium[self.media.index(medium)]
+            return self.per_medium[i][self.media.index(medium)]
         except ValueError:
             return 0
 
     def score(self, worker: str) -> float:
-        return self._get(worker).score
+        return self.score_[self._i(worker)]
 
     def stale(self, worker: str) -> bool:
-        return self._get(worker).stale
+        return self.stale_[self._i(worker)]
 
     def expired(self, worker: str) -> bool:
-        return self._get(worker).expired
+        return self.expired_[self._i(worker)]
+
+    def entry(self, worker: str) -> WorkerPrefix:
+        i = self._i(worker)
+        return WorkerPrefix(
+            worker,
+            self.blocks_[i],
+            self.per_medium[i],
+            self.score_[i],
+            self.stale_[i],
+            self.expired_[i],
+        )
+
+    @property
+    def entries(self) -> list[WorkerPrefix]:
+        return [self.entry(w) for w in self.workers]
 
     def to_dict(self) -> dict[str, dict[str, object]]:
         return {
-            e.worker: {
-                "blocks": e.blocks,
-                "media": dict(zip(self.media, e.per_medium, strict=True)),
-                "score": e.score,
-                "stale": e.stale,
-                "expired": e.expired,
+            w: {
+                "blocks": self.blocks_[i],
+                "media": dict(zip(self.media, self.per_medium[i], strict=True)),
+                "score": self.score_[i],
+                "stale": self.stale_[i],
+                "expired": self.expired_[i],
             }
-            for e in self.entries
+            for i, w in enumerate(self.workers)
         }
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.workers)
+
+    def __repr__(self) -> str:
+        return f"RemoteFleetMatch(num_blocks={self.num_blocks}, workers={len(self.workers)})"

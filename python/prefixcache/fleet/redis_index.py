@@ -21,7 +21,7 @@ from prefixcache.errors import (
     UnknownWorkerError,
 )
 from prefixcache.fleet import redis_scripts
-from prefixcache.fleet.match import RemoteFleetMatch, WorkerPrefix
+from prefixcache.fleet.match import RemoteFleetMatch
 
 MAX_MEDIA = 64
 
@@ -345,6 +345,8 @@ class RedisKvIndex:
     def _key(self, h: Any, i: int) -> int:
         """A query hash as the index key (as ``KvIndex``: an int < 2**64, or a digest of
         ``hash_bytes`` bytes reduced to its last 8 bytes big-endian)."""
+        if type(h) is int and 0 <= h < 1 << 64:
+            return h
         if isinstance(h, bytes):
             if len(h) != self._hash_bytes:
                 raise InvalidInputError(
@@ -380,7 +382,8 @@ class RedisKvIndex:
         for _ in range(3):
             media = dict(self._media)
             order = sorted(media, key=media.__getitem__)
-            keys = [f"{self._p}:b:{media[m]}:{x}" for m in order for x in hexes]
+            heads = [f"{self._p}:b:{media[m]}:" for m in order]
+            keys = [head + x for head in heads for x in hexes]
 
             def query(keys: list[str] = keys) -> list[Any]:
                 pipe = self._r.pipeline(transaction=False)
@@ -406,13 +409,10 @@ class RedisKvIndex:
 
     def _lost_answer(self, n: int, media: list[str]) -> RemoteFleetMatch:
         """The server lost its data: every worker this client knew is stale, with nothing."""
+        ws = sorted(self._known)
+        k = len(ws)
         return RemoteFleetMatch(
-            n,
-            media,
-            [
-                WorkerPrefix(w, 0, tuple(0 for _ in media), 0.0, True, False)
-                for w in sorted(self._known)
-            ],
+            n, media, ws, [0] * k, [(0,) * len(media)] * k, [0.0] * k, [True] * k, [False] * k
         )
 
     def _answer(
@@ -476,22 +476,22 @@ class RedisKvIndex:
                         name = worker_at[low.bit_length() - 1]
                         score[name] = score.get(name, 0.0) + wgt
                         add ^= low
-        entries = []
-        for w in sorted(health, key=lambda x: health[x][0]):
-            _slot, nxt, ms, seen = health[w]
-            blocks = lens[nm].get(w, n)
-            entries.append(
-                WorkerPrefix(
-                    w,
-                    blocks,
-                    tuple(lens[m].get(w, n) for m in range(nm)),
-                    score.get(w, 0.0) if weights is not None else float(blocks),
-                    ms is not None and ms >= nxt,
-                    self._ttl is not None and now - seen > self._ttl,
-                )
-            )
-            self._known.add(w)
-        return RemoteFleetMatch(n, media, entries)
+        workers = sorted(health, key=lambda x: health[x][0])
+        blocks = [lens[nm].get(w, n) for w in workers]
+        ttl = self._ttl
+        self._known.update(workers)
+        return RemoteFleetMatch(
+            n,
+            media,
+            workers,
+            blocks,
+            [tuple(lens[m].get(w, n) for m in range(nm)) for w in workers],
+            [score.get(w, 0.0) for w in workers]
+            if weights is not None
+            else [float(b) for b in blocks],
+            [health[w][2] is not None and health[w][2] >= health[w][1] for w in workers],  # type: ignore[operator]
+            [ttl is not None and now - health[w][3] > ttl for w in workers],
+        )
 
     def top_k(
         self,
@@ -506,9 +506,9 @@ class RedisKvIndex:
     ) -> list[tuple[str, float, int]]:
         """The ``k`` best workers as ``(worker, score, blocks)``, best first."""
         m = self.longest_prefix(hashes, tokens=tokens, hasher=hasher, weights=weights, now=now)
-        es = [e for e in m.entries if include_unhealthy or not (e.stale or e.expired)]
-        es.sort(key=lambda e: (-e.score, -e.blocks))
-        return [(e.worker, e.score, e.blocks) for e in es[:k]]
+        idx = [i for i in range(len(m)) if include_unhealthy or not (m.stale_[i] or m.expired_[i])]
+        idx.sort(key=lambda i: (-m.score_[i], -m.blocks_[i]))
+        return [(m.workers[i], m.score_[i], m.blocks_[i]) for i in idx[:k]]
 
     def status(self, worker: str, now: float | None = None) -> dict[str, Any]:
         """Sequence state, health and counters of one worker (as ``KvIndex.status``)."""
