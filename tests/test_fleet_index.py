@@ -362,6 +362,8 @@ def test_differential_against_reference(steps: list, query: list[int]) -> None:
     for worker, ops, seq in steps:
         got = ix.apply(worker, _as_events(ops), seq=seq, now=0.0)
         assert got == ref.apply(worker, ops, seq)
+        for medium in [None, *ref.media]:
+            assert ix.cached_hashes(worker, medium) == ref.cached_hashes(worker, medium)
         ix.check_invariants()
     m = ix.longest_prefix(query, now=0.0, weights={"CPU": 0.5, "DISK": 0.25})
     assert ix.media == ref.media
