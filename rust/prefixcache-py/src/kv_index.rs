@@ -17,8 +17,13 @@ use crate::fleet_match::PyFleetMatch;
 use crate::hasher::PyBlockHasher;
 use crate::shared::Shared;
 
-/// Payloads from which `apply_frames` decodes with the GIL released (after a copy).
+/// Payloads from which `apply_frames` decodes with the GIL released (after a copy):
+/// ~64 KiB of msgpack is >= ~10 us of work.
 const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
+
+/// Request lengths from which queries run with the GIL released (the hashes are owned
+/// already): 2048 blocks over a fleet is >= ~10 us of work.
+const DETACH_MIN_BLOCKS: usize = 2048;
 
 fn now_or(now: Option<f64>) -> PyResult<f64> {
     match now {
@@ -325,7 +330,9 @@ impl PyKvIndex {
         let weights = weights_arg(weights)?;
         let m = self
             .inner
-            .with(py, |ix| ix.longest_prefix(&hs, now, weights.as_deref()))?
+            .run(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {
+                ix.longest_prefix(&hs, now, weights.as_deref())
+            })?
             .py_err()?;
         Ok(PyFleetMatch { inner: m })
     }
@@ -349,7 +356,7 @@ impl PyKvIndex {
         let weights = weights_arg(weights)?;
         let top = self
             .inner
-            .with(py, |ix| {
+            .run(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {
                 ix.top_k(&hs, k, now, weights.as_deref(), include_unhealthy)
             })?
             .py_err()?;
