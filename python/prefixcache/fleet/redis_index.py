@@ -424,60 +424,12 @@ class RedisKvIndex:
         weights: dict[str, float] | None,
         now: float,
     ) -> RemoteFleetMatch:
-        n = len(hs)
-        nm = len(media)
-        bit_of = {w: _bit(h[0]) for w, h in health.items()}
-        worker_at = {b: w for w, b in bit_of.items()}
-        live = 0
-        for b in bit_of.values():
-            live |= 1 << b
-        holds = [
-            [int.from_bytes(r, "little") if r else 0 for r in rows[m * n : (m + 1) * n]]
-            for m in range(nm)
-        ]
-        lens: list[dict[str, int]] = [{} for _ in range(nm + 1)]
-
-        def walk(row: list[int], out: dict[str, int]) -> None:
-            active = live
-            for i, hold in enumerate(row):
-                kept = active & hold
-                dropped = active ^ kept
-                while dropped:
-                    low = dropped & -dropped
-                    out[worker_at[low.bit_length() - 1]] = i
-                    dropped ^= low
-                active = kept
-                if not active:
-                    break
-
-        for m in range(nm):
-            walk(holds[m], lens[m])
-        any_row = [0] * n
-        for m in range(nm):
-            for i, h in enumerate(holds[m]):
-                any_row[i] |= h
-        walk(any_row, lens[nm])
-        score: dict[str, float] = {}
-        if weights is not None:
-            wt = sorted(
-                ((float(weights.get(md, 1.0)), m) for m, md in enumerate(media)), reverse=True
-            )
-            active = live
-            for i in range(n):
-                active &= any_row[i]
-                if not active:
-                    break
-                covered = 0
-                for wgt, m in wt:
-                    add = active & holds[m][i] & ~covered
-                    covered |= add
-                    while add:
-                        low = add & -add
-                        name = worker_at[low.bit_length() - 1]
-                        score[name] = score.get(name, 0.0) + wgt
-                        add ^= low
+        n, nm = len(hs), len(media)
         workers = sorted(health, key=lambda x: health[x][0])
-        blocks = [lens[nm].get(w, n) for w in workers]
+        wt = None if weights is None else [float(weights.get(m, 1.0)) for m in media]
+        blocks, flat, score = _core.fleet_bitmap_walk(
+            list(rows), nm, [health[w][0] for w in workers], wt
+        )
         ttl = self._ttl
         self._known.update(workers)
         return RemoteFleetMatch(
@@ -485,11 +437,9 @@ class RedisKvIndex:
             media,
             workers,
             blocks,
-            [tuple(lens[m].get(w, n) for m in range(nm)) for w in workers],
-            [score.get(w, 0.0) for w in workers]
-            if weights is not None
-            else [float(b) for b in blocks],
-            [health[w][2] is not None and health[w][2] >= health[w][1] for w in workers],  # type: ignore[operator]
+            [tuple(flat[i * nm : (i + 1) * nm]) for i in range(len(workers))],
+            score,
+            [h[2] is not None and h[2] >= h[1] for h in (health[w] for w in workers)],
             [ttl is not None and now - health[w][3] > ttl for w in workers],
         )
 
