@@ -76,6 +76,8 @@ class RedisKvIndex:
         self._drop = self._r.register_script(redis_scripts.DROP_WORKER)
         self._media: dict[str, int] = {}
         self._known: set[str] = set()
+        # Workers known when the server lost its data and not seen since: reported stale.
+        self._lost: set[str] = set()
         #: Times this client found the server's data gone (restart, flush) and re-created it.
         self.state_losses = 0
         self._epoch = self._retry(self._ensure_epoch)
@@ -114,6 +116,7 @@ class RedisKvIndex:
 
     def _state_lost(self) -> None:
         self.state_losses += 1
+        self._lost |= self._known
         self._media.clear()
         self._epoch = self._retry(self._ensure_epoch)
 
@@ -201,6 +204,7 @@ class RedisKvIndex:
         if out == "unknown":
             raise UnknownWorkerError(f"unknown worker {worker!r}")
         self._known.discard(worker)
+        self._lost.discard(worker)
 
     def reset_worker(self, worker: str, next_seq: int = 0) -> None:
         out, _ = self._script(self._drop, worker, self._now(None), ["reset", next_seq])
@@ -425,6 +429,12 @@ class RedisKvIndex:
         now: float,
     ) -> RemoteFleetMatch:
         n, nm = len(hs), len(media)
+        self._lost -= health.keys()
+        # Workers lost with the server's data and not re-registered yet: stale, nothing held
+        # (a slot no bitmap uses, after the real ones).
+        top = max((h[0] for h in health.values()), default=-1)
+        for k, w in enumerate(sorted(self._lost)):
+            health[w] = (top + 1 + k, 0, 0, float("inf"))
         workers = sorted(health, key=lambda x: health[x][0])
         wt = None if weights is None else [float(weights.get(m, 1.0)) for m in media]
         blocks, flat, score = _core.fleet_bitmap_walk(

@@ -8,6 +8,9 @@ publisher has a replay endpoint (vLLM's ROUTER ``replay_endpoint``), the missing
 are requested: a DEALER sends ``[b"", start_seq (8 bytes big-endian)]`` and reads
 ``[b"", seq, payload]`` replies until ``seq`` is -1 (``END_SEQ``).
 
+When the index reports that its store lost its data (``RedisKvIndex.state_losses``
+grows: the server restarted empty), every publisher is asked for a replay from 0.
+
 Bad messages are counted (by the index, per worker, and here) and never stop the thread.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from prefixcache.errors import PrefixCacheError
+from prefixcache.errors import PrefixCacheError, UnknownWorkerError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ class KvEventSubscriber:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self.loop_errors = 0
+        self._losses_seen = getattr(index, "state_losses", 0)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -205,6 +209,13 @@ class KvEventSubscriber:
                 self._count(p, out)
                 if out == "gap":
                     gapped.add(p.worker)
+        losses = getattr(self.index, "state_losses", 0)
+        if losses != self._losses_seen:
+            # The index's store lost its data (a Redis restart): every worker must be
+            # rebuilt from its publisher's replay buffer, not only those that spoke.
+            self._losses_seen = losses
+            gapped = {p.worker for p in self.publishers}
+            self._last_replay.clear()
         for p in self.publishers:
             if p.worker in gapped and p.replay_endpoint:
                 self._replay(p)
@@ -224,7 +235,10 @@ class KvEventSubscriber:
         if now - self._last_replay.get(p.worker, -1e9) < self.replay_interval:
             return 0
         self._last_replay[p.worker] = now
-        start = int(self.index.status(p.worker)["next_seq"])
+        try:
+            start = int(self.index.status(p.worker)["next_seq"])
+        except UnknownWorkerError:  # e.g. a Redis index whose server lost its data
+            start = 0
         st = self.stats[p.worker]
         st.replays += 1
         applied = 0
