@@ -526,7 +526,6 @@ pub fn decode_kv_events<'py>(
 #[pyo3(signature = (rows, num_media, slots, weights=None))]
 #[allow(clippy::type_complexity)]
 pub fn fleet_bitmap_walk(
-    py: Python<'_>,
     rows: &Bound<'_, PyAny>,
     num_media: &Bound<'_, PyAny>,
     slots: &Bound<'_, PyAny>,
@@ -561,7 +560,6 @@ pub fn fleet_bitmap_walk(
     }
     let n = owned.len().checked_div(nm).unwrap_or(0);
     let refs: Vec<Option<&[u8]>> = owned.iter().map(|r| r.as_deref()).collect();
-    let _ = py;
     let r = prefixcache_core::fleet::bitmaps::walk(&refs, nm, n, &slots, weights.as_deref());
     Ok((r.blocks, r.per_medium, r.score))
 }
