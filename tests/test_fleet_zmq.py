@@ -48,8 +48,13 @@ def ctx() -> Iterator[zmq.Context[Any]]:
     c.term()
 
 
-def publishers(ctx: zmq.Context[Any], names: list[str]) -> dict[str, ReplayPublisher]:
-    return {w: ReplayPublisher(ctx, topic=f"kv@{w}@model".encode()) for w in names}
+def publishers(
+    ctx: zmq.Context[Any], names: list[str], replay_topic: bool = True
+) -> dict[str, ReplayPublisher]:
+    return {
+        w: ReplayPublisher(ctx, topic=f"kv@{w}@model".encode(), replay_topic=replay_topic)
+        for w in names
+    }
 
 
 def subscribe(index: Any, pubs: dict[str, ReplayPublisher], **kw: Any) -> KvEventSubscriber:
@@ -86,11 +91,15 @@ def test_replayed_frames_agree_after_every_batch(ctx: zmq.Context[Any], make_ind
             p.close()
 
 
-def test_dropped_messages_are_replayed(ctx: zmq.Context[Any], make_index: Any) -> None:
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.33", "older-replies"])
+def test_dropped_messages_are_replayed(
+    ctx: zmq.Context[Any], make_index: Any, replay_topic: bool
+) -> None:
     """Every 7th batch never reaches the subscriber (as with a PUB high-water mark): the
-    next one is a gap, the subscriber asks the replay socket, the index is exact again."""
+    next one is a gap, the subscriber asks the replay socket, the index is exact again.
+    Both replay reply shapes (vLLM 0.33 includes the topic; earlier versions do not)."""
     index = make_index()
-    pubs = publishers(ctx, WORKERS)
+    pubs = publishers(ctx, WORKERS, replay_topic)
     # a batch published before the subscriber exists: fetched by the start-up sync
     first = VECTORS[0]
     pubs[first["name"]].send(first["seq"], first["payload"])
@@ -230,3 +239,25 @@ def test_redis_restart_mid_stream_resyncs_through_replay(ctx: zmq.Context[Any]) 
         for p in pubs.values():
             p.close()
         srv.stop()
+
+
+def test_a_connecting_publisher_with_a_binding_subscriber(ctx: zmq.Context[Any]) -> None:
+    """vLLM's PUB connects when its endpoint names a host: the subscriber binds."""
+    from fleet_support import free_port
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    index = KvIndex()
+    sub = KvEventSubscriber(index, [Publisher(endpoint, "w", bind=True)]).start()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(endpoint)
+    try:
+        time.sleep(0.3)
+        mine = [d for d in VECTORS if d["name"] == "worker0"]
+        for d in mine:
+            pub.send_multipart(d["frames"])
+        assert sub.wait_for(caught_up(index, "w", mine[-1]["seq"]))
+        assert index.cached_hashes("w") == mine[-1]["cached_hashes"]
+    finally:
+        sub.stop()
+        pub.close(0)
