@@ -110,9 +110,9 @@ def redis_url() -> tuple[str, RedisServer | None]:
 class ReplayPublisher:
     """vLLM's ZmqEventPublisher protocol: PUB frames ``[topic, seq, payload]`` and a ROUTER
     replay socket answering ``[b"", start_seq]`` with one reply per buffered batch from
-    ``start_seq`` on, then an end marker. ``replay_topic`` (vLLM 0.33): replies
-    ``[b"", topic, seq, payload]``, end ``[b"", b"", END_SEQ, b""]``; otherwise (earlier
-    vLLM, SGLang) ``[b"", seq, payload]``, end ``[b"", END_SEQ, b""]``."""
+    ``start_seq`` on, then an end marker. ``replay_topic`` (vLLM 0.33, SGLang 0.5.23):
+    replies ``[b"", topic, seq, payload]``, end ``[b"", b"", END_SEQ, b""]``; otherwise
+    (earlier vLLM) ``[b"", seq, payload]``, end ``[b"", END_SEQ, b""]``."""
 
     def __init__(
         self, ctx: Any, topic: bytes = b"", buffer_steps: int = 10_000, replay_topic: bool = True

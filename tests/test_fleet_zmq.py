@@ -91,7 +91,7 @@ def test_replayed_frames_agree_after_every_batch(ctx: zmq.Context[Any], make_ind
             p.close()
 
 
-@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.33", "older-replies"])
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.33-sglang", "older-vllm"])
 def test_dropped_messages_are_replayed(
     ctx: zmq.Context[Any], make_index: Any, replay_topic: bool
 ) -> None:

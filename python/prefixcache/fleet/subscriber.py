@@ -6,8 +6,8 @@ publisher), read by one background thread. Each message ``[topic, seq, payload]`
 messages read in one poll go in one pipelined call). When a sequence gap appears and the
 publisher has a replay endpoint (vLLM's ROUTER ``replay_endpoint``), the missing batches
 are requested: a DEALER sends ``[b"", start_seq (8 bytes big-endian)]`` and reads the
-replies until ``seq`` is -1 (``END_SEQ``): ``[b"", topic, seq, payload]`` from vLLM 0.33,
-``[b"", seq, payload]`` from earlier vLLM versions and SGLang.
+replies until ``seq`` is -1 (``END_SEQ``): ``[b"", topic, seq, payload]`` from vLLM 0.33
+and SGLang 0.5.23, ``[b"", seq, payload]`` from earlier vLLM versions.
 
 When the index reports that its store lost its data (``RedisKvIndex.state_losses``
 grows: the server restarted empty), every publisher is asked for a replay from 0.
@@ -264,8 +264,8 @@ class KvEventSubscriber:
                 frames = d.recv_multipart()
                 if frames and frames[0] == b"":
                     frames = frames[1:]
-                # vLLM 0.33 replies [topic, seq, payload] (end: [b"", END_SEQ, b""]);
-                # earlier versions and SGLang [seq, payload] (end: [END_SEQ, b""]).
+                # vLLM 0.33 / SGLang 0.5.23 reply [topic, seq, payload] (end: [b"",
+                # END_SEQ, b""]); earlier vLLM versions [seq, payload] (end: [END_SEQ, b""]).
                 if len(frames) == 3:
                     topic, seq, payload = frames
                 elif len(frames) == 2:
