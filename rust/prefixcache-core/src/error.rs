@@ -20,6 +20,10 @@ pub enum Error {
     OutOfBlocks { requested: usize, available: usize },
     /// A value the hash encoders cannot encode exactly as vLLM does.
     UnsupportedHashInput(String),
+    /// A worker name the fleet index does not know.
+    UnknownWorker(String),
+    /// A KV event batch that cannot be decoded or applied (bad frame, msgpack, tag, field).
+    InvalidEvent(String),
     /// Memory for a size the caller chose could not be reserved (nothing was changed).
     OutOfMemory(String),
 }
@@ -42,6 +46,8 @@ impl fmt::Display for Error {
             | Error::BlockState(m)
             | Error::UnknownRequest(m)
             | Error::UnsupportedHashInput(m)
+            | Error::UnknownWorker(m)
+            | Error::InvalidEvent(m)
             | Error::OutOfMemory(m) => f.write_str(m),
             Error::OutOfBlocks {
                 requested,

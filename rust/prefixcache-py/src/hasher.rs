@@ -193,7 +193,7 @@ fn algo(name: &str) -> PyResult<HashAlgo> {
 /// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
 #[pyclass(frozen, name = "BlockHasher", module = "prefixcache._core")]
 pub struct PyBlockHasher {
-    inner: BlockHasher,
+    pub(crate) inner: BlockHasher,
 }
 
 #[pymethods]
