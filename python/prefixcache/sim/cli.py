@@ -83,8 +83,9 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
-    g.add_argument("--model", choices=("slots", "time"), default="slots",
-                   help="slots: the A-F study's model; time: continuous batching on a clock")
+    g.add_argument("--model", choices=("slots", "time", "sequence"), default="slots",
+                   help="slots: the A-F study's model; time: continuous batching on a "
+                   "clock; sequence: one request at a time in trace order (docs/LAB.md)")
     g.add_argument("--max-running", type=int, default=None,
                    help="requests holding KV at once (default 8 slots, 256 time)")
     g.add_argument("--no-preemption", action="store_true",

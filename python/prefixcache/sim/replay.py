@@ -19,6 +19,7 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
 from prefixcache.sim.requests import Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
+from prefixcache.sim.sequence import SequenceScheduler
 
 __all__ = [
     "ReplayResult",
@@ -29,7 +30,7 @@ __all__ = [
     "summarize",
 ]
 
-Scheduler = SlotScheduler | TimeScheduler
+Scheduler = SlotScheduler | TimeScheduler | SequenceScheduler
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
@@ -59,7 +60,10 @@ def make_scheduler(model: str, *, max_running: int | None = None,
         return SlotScheduler(max_running or 8)
     if model == "time":
         return TimeScheduler(max_running or 256, cost, preemption)
-    raise InvalidInputError(f"unknown scheduler model {model!r}; expected slots or time")
+    if model == "sequence":
+        return SequenceScheduler()
+    raise InvalidInputError(
+        f"unknown scheduler model {model!r}; expected slots, time or sequence")
 
 
 def replay(
@@ -91,6 +95,9 @@ def replay(
             if isinstance(p, str) else p
         tick = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
+        prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)
+        if prepare is not None:
+            prepare(requests)
         records = sched.run(requests, pol, tick, check)
         dt = time.perf_counter() - t0
         results.append(ReplayResult(pol.name, sched.model, pol.capacity, records, pol.stats(),

@@ -7,11 +7,14 @@
 //! - [`hash`]: vLLM v1 chained block hashes (pickle / CBOR byte streams, SHA-256, XXH3).
 //! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
 //! - [`trie`]: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
+//! - [`lab`]: not an engine rule: the offline optimum (Belady) and online eviction and
+//!   admission policies over a prefix-closed block cache, for the simulator's lab.
 
 pub mod blocks;
 pub mod error;
 pub mod events;
 pub mod hash;
+pub mod lab;
 pub mod radix;
 pub mod trie;
 

@@ -13,6 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod convert;
 mod errors;
 mod hasher;
+mod lab;
 mod manager;
 mod pool;
 mod radix;
@@ -37,5 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
+    m.add_class::<lab::LabCache>()?;
+    m.add_function(wrap_pyfunction!(lab::lab_block_keys, m)?)?;
     Ok(())
 }

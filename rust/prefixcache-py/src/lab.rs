@@ -1,0 +1,146 @@
+//! `LabCache` and `lab_block_keys`: bindings of `prefixcache_core::lab` (not an engine
+//! rule: the simulator's eviction and admission lab). Argument and error mapping only.
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use prefixcache_core::lab::{block_keys, Admission, LabCache as Core, NextUse, Rule};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{invalid_input, IntoPyResult};
+use crate::shared::Shared;
+
+/// The chained 64-bit keys of the full blocks of `tokens` (uint32), from namespace `seed`.
+#[pyfunction]
+#[pyo3(signature = (tokens, block_size, seed = 0))]
+pub fn lab_block_keys<'py>(
+    py: Python<'py>,
+    tokens: PyReadonlyArray1<'py, u32>,
+    block_size: usize,
+    seed: u64,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    if block_size == 0 {
+        return Err(invalid_input("block_size must be >= 1".to_owned()));
+    }
+    let keys = block_keys(tokens.as_slice()?, block_size, seed);
+    Ok(PyArray1::from_vec(py, keys))
+}
+
+/// A prefix-closed block cache with a lab eviction rule and admission filter.
+#[pyclass(frozen, module = "prefixcache._core")]
+pub struct LabCache {
+    inner: Shared<Core>,
+}
+
+#[pymethods]
+impl LabCache {
+    #[new]
+    #[pyo3(signature = (capacity, rule = "lru", admit_after = 1, overcommit = false,
+                        protected = 0.8, depth_cost = 0.0))]
+    fn new(
+        capacity: usize,
+        rule: &str,
+        admit_after: u32,
+        overcommit: bool,
+        protected: f64,
+        depth_cost: f64,
+    ) -> PyResult<Self> {
+        let rule = Rule::parse(rule, protected, depth_cost).py_err()?;
+        let admission = if admit_after <= 1 {
+            Admission::All
+        } else {
+            Admission::Seen(admit_after)
+        };
+        Ok(LabCache {
+            inner: Shared::new("LabCache", Core::new(capacity, rule, admission, overcommit)),
+        })
+    }
+
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |c| c.capacity())
+    }
+
+    #[getter]
+    fn num_free(&self, py: Python<'_>) -> PyResult<i64> {
+        self.inner.with(py, |c| c.num_free())
+    }
+
+    #[getter]
+    fn num_evictable(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |c| c.num_evictable())
+    }
+
+    fn set_overcommit(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        self.inner.with(py, |c| c.set_overcommit(on))
+    }
+
+    /// The future for the opt rule: every request's keys back to back (request r's from
+    /// `offsets[r]` to `offsets[r + 1]`), the first `hittable[r]` of them hittable.
+    fn set_future(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, u64>,
+        offsets: PyReadonlyArray1<'_, u64>,
+        hittable: PyReadonlyArray1<'_, u32>,
+    ) -> PyResult<()> {
+        let f =
+            NextUse::new(keys.as_slice()?, offsets.as_slice()?, hittable.as_slice()?).py_err()?;
+        self.inner.with(py, |c| c.set_future(f))
+    }
+
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, u64>,
+        hittable: usize,
+    ) -> PyResult<usize> {
+        let k = keys.as_slice()?;
+        self.inner.with(py, |c| c.lookup(k, hittable))
+    }
+
+    /// Hit in blocks, or None (nothing changed) when the budget is short.
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        rid: u64,
+        keys: PyReadonlyArray1<'_, u64>,
+        hittable: usize,
+        total: usize,
+    ) -> PyResult<Option<usize>> {
+        let k = keys.as_slice()?;
+        self.inner
+            .with(py, |c| c.acquire(rid, k, hittable, total))?
+            .py_err()
+    }
+
+    fn grow(
+        &self,
+        py: Python<'_>,
+        rid: u64,
+        keys: PyReadonlyArray1<'_, u64>,
+        total: usize,
+    ) -> PyResult<bool> {
+        let k = keys.as_slice()?;
+        self.inner.with(py, |c| c.grow(rid, k, total))?.py_err()
+    }
+
+    fn release(&self, py: Python<'_>, rid: u64) -> PyResult<()> {
+        self.inner.with(py, |c| c.release(rid))?.py_err()
+    }
+
+    /// Counters: evicted, not_admitted, cached, used, hit_blocks (blocks).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.with(py, |c| c.stats())?;
+        let d = PyDict::new(py);
+        d.set_item("evicted", s.evicted)?;
+        d.set_item("not_admitted", s.not_admitted)?;
+        d.set_item("cached", s.cached)?;
+        d.set_item("used", s.used)?;
+        d.set_item("hit_blocks", s.hit_blocks)?;
+        Ok(d)
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.with(py, |c| c.check_invariants())?.py_err()
+    }
+}
