@@ -8,7 +8,7 @@ blocks that fits the budget and keeps the best total over the rest of the sequen
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ def brute_force_hits(prompts: list[list[int]], block: int, cap_blocks: int) -> i
 
     seq = [(blocks(p), (len(p) - 1) // block) for p in prompts]
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(t: int, cached: frozenset[tuple[int, ...]]) -> int:
         if t == len(seq):
             return 0
@@ -96,7 +96,8 @@ def test_opt_equals_brute_force(prompts: list[list[int]], cap: int, block: int) 
 @given(prompts=st.lists(prompt_st, min_size=1, max_size=8), cap=st.integers(0, 4))
 def test_opt_bounds_every_online_policy(prompts: list[list[int]], cap: int) -> None:
     reqs = make_requests(prompts)
-    names = ["opt@1", "lab-lru@1", "lab-slru@1", "lab-lfu@1", "lab-cost@1",
+    names = ["opt@1", "lab-lru@1", "lab-slru@1", "lab-lfu@1", "lab-cost@1", "lab-2q@1",
+             "lab-session@1", "lab-density@1",
              "lab-lru-admit2@1"]
     res = replay(reqs, names, cap, model="sequence", check=True)
     hits = {r.policy: summarize(r)["hit_tokens"] for r in res}

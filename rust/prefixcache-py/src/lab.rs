@@ -35,7 +35,7 @@ pub struct LabCache {
 impl LabCache {
     #[new]
     #[pyo3(signature = (capacity, rule = "lru", admit_after = 1, overcommit = false,
-                        protected = 0.8, depth_cost = 0.0))]
+                        protected = 0.8, depth_cost = 0.0, min_hit = 0.25))]
     fn new(
         capacity: usize,
         rule: &str,
@@ -43,8 +43,9 @@ impl LabCache {
         overcommit: bool,
         protected: f64,
         depth_cost: f64,
+        min_hit: f64,
     ) -> PyResult<Self> {
-        let rule = Rule::parse(rule, protected, depth_cost).py_err()?;
+        let rule = Rule::parse(rule, protected, depth_cost, min_hit).py_err()?;
         let admission = if admit_after <= 1 {
             Admission::All
         } else {

@@ -37,8 +37,8 @@ from prefixcache.sim.requests import Request, RequestId, TokenArray
 
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
 
-LAB_RULES = ("lru", "slru", "lfu", "cost", "opt")
-_NAME = re.compile(r"^(?:(opt)|lab-(lru|slru|lfu|cost|opt)|(tree-trim))"
+LAB_RULES = ("lru", "slru", "session", "2q", "density", "lfu", "cost", "opt")
+_NAME = re.compile(r"^(?:(opt)|lab-(lru|slru|session|2q|density|lfu|cost|opt)|(tree-trim))"
                    r"(?:-admit(\d+))?(?:@(\d+))?$")
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
@@ -100,7 +100,7 @@ class LabPolicy:
 
     def __init__(self, capacity: int, *, rule: str = "lru", admit_after: int = 1,
                  block_size: int = 16, name: str | None = None, protected: float = 0.8,
-                 depth_cost: float = 0.0) -> None:
+                 depth_cost: float = 0.0, min_hit: float = 0.25) -> None:
         from prefixcache._core import LabCache
 
         if block_size < 1:
@@ -110,7 +110,8 @@ class LabPolicy:
         self.block_size = block_size
         self.rule = rule
         self.blocks = capacity // block_size
-        self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost)
+        self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost,
+                              min_hit)
         self.held: dict[RequestId, _Held] = {}
         self._peak = 0
         self._prepared = False

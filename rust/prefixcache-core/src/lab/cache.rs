@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
 
+use super::density::Density;
 use super::future::{NextUse, NEVER};
 use super::rule::{Admission, Rule};
 use crate::error::{Error, Result};
@@ -30,6 +31,7 @@ struct Block {
     refs: u32,
     last: u64,
     hits: u32,
+    uses: u32,
     next_use: u64,
     protected: bool,
     live: bool,
@@ -80,6 +82,15 @@ pub struct LabCache {
     aging: f64,
     protected: BTreeSet<(u64, u32)>,
     protected_cap: usize,
+    /// Live blocks outside the protected / main segment (Rule::TwoQ).
+    window_len: usize,
+    window_cap: usize,
+    /// Rule::Density: learned densities, the evictable blocks as a vector to sample
+    /// from (with each slot's position in it), the sampler's state.
+    density: Density,
+    pool: Vec<u32>,
+    pool_pos: Vec<u32>,
+    rng: u64,
     stats: LabStats,
 }
 
@@ -87,7 +98,9 @@ impl LabCache {
     /// A cache of `capacity` blocks.
     pub fn new(capacity: usize, rule: Rule, admission: Admission, overcommit: bool) -> Self {
         let protected_cap = match rule {
-            Rule::Slru { protected } => (capacity as f64 * protected) as usize,
+            Rule::Slru { protected } | Rule::Session { protected, .. } => {
+                (capacity as f64 * protected) as usize
+            }
             _ => 0,
         };
         LabCache {
@@ -108,6 +121,15 @@ impl LabCache {
             aging: 0.0,
             protected: BTreeSet::new(),
             protected_cap,
+            window_len: 0,
+            window_cap: match rule {
+                Rule::TwoQ { window } => (capacity as f64 * window) as usize,
+                _ => 0,
+            },
+            density: Density::default(),
+            pool: Vec::new(),
+            pool_pos: Vec::new(),
+            rng: 0x9E37_79B9_7F4A_7C15,
             stats: LabStats::default(),
         }
     }
@@ -159,8 +181,11 @@ impl LabCache {
         let (p, s) = match self.rule {
             Rule::Lru => (b.last, 0),
             Rule::Opt => (u64::MAX - b.next_use, 0),
-            Rule::Slru { .. } => (u64::from(b.protected), b.last),
+            Rule::Slru { .. } | Rule::Session { .. } | Rule::TwoQ { .. } => {
+                (u64::from(b.protected), b.last)
+            }
             Rule::Lfu => (u64::from(b.hits), b.last),
+            Rule::Density { .. } => (0, 0),
             // Priorities are >= 0, so their IEEE bits order as the values do.
             Rule::Cost { .. } => (b.priority.to_bits(), b.last),
         };
@@ -173,12 +198,68 @@ impl LabCache {
         let k = self.evict_key(b, slot);
         self.evictable.insert(k);
         self.blocks[slot as usize].listed = Some(k);
+        if matches!(self.rule, Rule::Density { .. }) {
+            if self.pool_pos.len() <= slot as usize {
+                self.pool_pos.resize(slot as usize + 1, NONE);
+            }
+            self.pool_pos[slot as usize] = self.pool.len() as u32;
+            self.pool.push(slot);
+        }
     }
 
     fn unlist(&mut self, slot: u32) {
         if let Some(k) = self.blocks[slot as usize].listed.take() {
             self.evictable.remove(&k);
+            if matches!(self.rule, Rule::Density { .. }) {
+                let i = self.pool_pos[slot as usize] as usize;
+                self.pool.swap_remove(i);
+                if let Some(&moved) = self.pool.get(i) {
+                    self.pool_pos[moved as usize] = i as u32;
+                }
+                self.pool_pos[slot as usize] = NONE;
+            }
         }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
+
+    /// Rule::Density: the evictable block of least hit density among `samples` drawn
+    /// (all of them when there are no more); ties to the older, then the deeper block.
+    fn density_victim(&mut self, samples: u32) -> Option<u32> {
+        let n = self.pool.len();
+        if n == 0 {
+            return None;
+        }
+        let draws = (samples as usize).max(1);
+        let mut best: Option<(f64, u64, u32, u32)> = None;
+        for i in 0..draws.min(n) {
+            let idx = if n <= draws {
+                i
+            } else {
+                (self.next_random() % n as u64) as usize
+            };
+            let s = self.pool[idx];
+            let b = &self.blocks[s as usize];
+            let age = self.clock - b.last.min(self.clock);
+            let d = self.density.get(Density::class(b.uses), age);
+            let better = match best {
+                None => true,
+                Some((bd, ba, bdep, _)) => {
+                    d < bd || (d == bd && (age > ba || (age == ba && b.depth > bdep)))
+                }
+            };
+            if better {
+                best = Some((d, age, b.depth, s));
+            }
+        }
+        best.map(|b| b.3)
     }
 
     fn relist(&mut self, slot: u32) {
@@ -189,18 +270,38 @@ impl LabCache {
     }
 
     fn evict_one(&mut self) -> bool {
-        let Some(k) = self.evictable.pop_first() else {
+        let main_first =
+            matches!(self.rule, Rule::TwoQ { .. }) && self.window_len <= self.window_cap;
+        let pick = if let Rule::Density { samples } = self.rule {
+            self.density_victim(samples)
+                .and_then(|s| self.blocks[s as usize].listed)
+        } else if main_first {
+            self.evictable
+                .range((1, 0, 0, 0)..)
+                .next()
+                .copied()
+                .or_else(|| self.evictable.first().copied())
+        } else {
+            self.evictable.first().copied()
+        };
+        let Some(k) = pick else {
             return false;
         };
         let slot = k.3;
-        let (key, parent, protected, last, priority) = {
+        self.unlist(slot);
+        let (key, parent, protected, last, priority, uses) = {
             let b = &mut self.blocks[slot as usize];
-            b.listed = None;
             b.live = false;
-            (b.key, b.parent, b.protected, b.last, b.priority)
+            (b.key, b.parent, b.protected, b.last, b.priority, b.uses)
         };
+        if matches!(self.rule, Rule::Density { .. }) {
+            self.density
+                .evicted(Density::class(uses), self.clock - last.min(self.clock));
+        }
         if protected {
             self.protected.remove(&(last, slot));
+        } else {
+            self.window_len -= 1;
         }
         if let Rule::Cost { .. } = self.rule {
             self.aging = self.aging.max(priority);
@@ -233,6 +334,7 @@ impl LabCache {
             refs: 0,
             last: 0,
             hits: 0,
+            uses: 0,
             next_use: NEVER,
             protected: false,
             live: true,
@@ -254,6 +356,7 @@ impl LabCache {
         }
         self.map.insert(key, slot);
         self.used += 1;
+        self.window_len += 1;
         slot
     }
 
@@ -286,19 +389,25 @@ impl LabCache {
         }
         b.protected = true;
         self.protected.insert((b.last, slot));
+        self.window_len -= 1;
+        if matches!(self.rule, Rule::TwoQ { .. }) {
+            self.relist(slot);
+            return; // the main segment is not capped
+        }
         while self.protected.len() > self.protected_cap {
             let Some((_, s)) = self.protected.pop_first() else {
                 break;
             };
             let c = &mut self.blocks[s as usize];
             c.protected = false;
+            self.window_len += 1;
             c.last = self.clock; // to the probationary segment's most recent end
             self.relist(s);
         }
     }
 
     /// Stamp an access at request `rid`: recency, frequency, next use, priority.
-    fn touch(&mut self, slot: u32, rid: u64, hit: bool) {
+    fn touch(&mut self, slot: u32, rid: u64, hit: bool, promote: bool) {
         let clock = self.clock;
         let next = match &self.future {
             Some(f) if self.rule == Rule::Opt => f.after(self.blocks[slot as usize].key, rid),
@@ -308,6 +417,12 @@ impl LabCache {
         let b = &mut self.blocks[slot as usize];
         let was_protected = b.protected;
         let old_last = b.last;
+        if b.uses > 0 && matches!(self.rule, Rule::Density { .. }) {
+            let (class, age) = (Density::class(b.uses), clock - old_last.min(clock));
+            self.density.hit(class, age);
+        }
+        let b = &mut self.blocks[slot as usize];
+        b.uses = b.uses.saturating_add(1);
         b.last = clock;
         b.next_use = next;
         if hit {
@@ -320,12 +435,16 @@ impl LabCache {
         if was_protected {
             self.protected.remove(&(old_last, slot));
             self.protected.insert((clock, slot));
-        } else if hit && matches!(self.rule, Rule::Slru { .. }) {
+        } else if promote {
             self.protect(slot);
         }
-        if let Admission::Seen(_) = self.admission {
+        if matches!(self.admission, Admission::Seen(_)) || matches!(self.rule, Rule::TwoQ { .. }) {
             let key = self.blocks[slot as usize].key;
-            *self.seen.entry(key).or_insert(0) += 1;
+            let n = self.seen.entry(key).or_insert(0);
+            *n += 1;
+            if *n >= 2 && matches!(self.rule, Rule::TwoQ { .. }) {
+                self.protect(slot);
+            }
         }
     }
 
@@ -387,6 +506,13 @@ impl LabCache {
             }
         }
         self.clock += 1;
+        if matches!(self.rule, Rule::Density { .. }) {
+            self.density.maybe_update(self.clock);
+        }
+        let session = match self.rule {
+            Rule::Session { min_hit, .. } => hit > 0 && hit as f64 >= min_hit * hittable as f64,
+            _ => false,
+        };
         let mut slots = Vec::with_capacity(keys.len());
         let mut parent = NONE;
         for (i, (k, p)) in keys.iter().zip(present).enumerate() {
@@ -398,7 +524,12 @@ impl LabCache {
                     s
                 }
             };
-            self.touch(s, rid, i < hit);
+            let promote = match self.rule {
+                Rule::Slru { .. } => i < hit,
+                Rule::Session { .. } => session,
+                _ => false,
+            };
+            self.touch(s, rid, i < hit, promote);
             slots.push(s);
             parent = s;
         }
@@ -466,7 +597,11 @@ impl LabCache {
                     s
                 }
             };
-            self.touch(s, rid, false);
+            let promote = match self.rule {
+                Rule::Session { .. } => self.blocks[parent_of(s, &self.blocks)].protected,
+                _ => false,
+            };
+            self.touch(s, rid, false, promote);
             slots.push(s);
             parent = s;
         }
@@ -516,6 +651,8 @@ impl LabCache {
                 b.live = false;
                 if protected {
                     self.protected.remove(&(last, s));
+                } else {
+                    self.window_len -= 1;
                 }
                 self.map.remove(&key);
                 self.free_slots.push(s);
@@ -579,6 +716,14 @@ impl LabCache {
                 }
             }
         }
+        let window = self
+            .blocks
+            .iter()
+            .filter(|b| b.live && !b.protected)
+            .count();
+        if window != self.window_len {
+            return fail(format!("window count {} != {window}", self.window_len));
+        }
         let cached = self.blocks.iter().filter(|b| b.live && b.refs == 0).count();
         if cached != self.cached {
             return fail(format!("cached count {} != {cached}", self.cached));
@@ -596,6 +741,16 @@ impl LabCache {
             return fail(format!("{} blocks used of {}", self.used, self.capacity));
         }
         Ok(())
+    }
+}
+
+/// The slot of `s`'s parent, or `s` itself for a root block.
+fn parent_of(s: u32, blocks: &[Block]) -> usize {
+    let p = blocks[s as usize].parent;
+    if p == NONE {
+        s as usize
+    } else {
+        p as usize
     }
 }
 

@@ -11,6 +11,7 @@
 //! | `keys.rs` | chained 64-bit block keys (xxh3 of the parent key and the block's tokens) |
 //! | `future.rs` | [`NextUse`]: every key's hittable uses by request index, for Belady |
 //! | `rule.rs` | [`Rule`] (eviction order) and [`Admission`] (what is kept at release) |
+//! | `density.rs` | hit density by age and use count, learned online ([`Rule::Density`]) |
 //! | `cache.rs` | [`LabCache`]: blocks, requests, eviction, admission, invariants |
 //!
 //! A cached block's parent is always cached (only childless blocks are evicted), so the
@@ -19,6 +20,7 @@
 //! of prefixes first.
 
 mod cache;
+mod density;
 mod future;
 mod keys;
 mod rule;
