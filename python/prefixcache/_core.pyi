@@ -16,12 +16,14 @@ __all__ = [
     "Claim",
     "InsertResult",
     "KVCacheManager",
+    "LabCache",
     "Lookup",
     "MatchResult",
     "Node",
     "RadixCache",
     "__version__",
     "hash_block_tokens",
+    "lab_block_keys",
 ]
 
 _Tokens = Sequence[int] | npt.NDArray[np.integer[Any]] | Any
@@ -346,4 +348,51 @@ class KVCacheManager:
     def free_block_ids(self) -> _I64Array: ...
     def ref_cnt(self, block_id: int) -> int: ...
     def block_hash(self, block_id: int) -> bytes | None: ...
+    def check_invariants(self) -> None: ...
+
+_U64Array = npt.NDArray[np.uint64]
+
+def lab_block_keys(
+    tokens: npt.NDArray[np.uint32], block_size: int, seed: int = 0
+) -> _U64Array:
+    """The chained 64-bit keys of the full blocks of ``tokens`` (uint32), from namespace
+    ``seed`` (lab caches only; not vLLM's hashes)."""
+
+@final
+class LabCache:
+    """The simulator lab's prefix-closed block cache (not an engine rule): eviction
+    ``rule`` lru, opt, slru, session, 2q, density, lfu or cost; a block is kept at release
+    only once brought ``admit_after`` times; ``overcommit`` = the request-sequence model
+    (take a request's blocks over budget, evict back down at release). docs/LAB.md."""
+
+    def __new__(
+        cls,
+        capacity: int,
+        rule: str = "lru",
+        admit_after: int = 1,
+        overcommit: bool = False,
+        protected: float = 0.8,
+        depth_cost: float = 0.0,
+        min_hit: float = 0.25,
+    ) -> LabCache: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def num_free(self) -> int: ...
+    @property
+    def num_used(self) -> int: ...
+    @property
+    def num_evicted(self) -> int: ...
+    @property
+    def num_evictable(self) -> int: ...
+    def set_overcommit(self, on: bool) -> None: ...
+    def set_future(self, keys: _U64Array, offsets: _U64Array,
+                   hittable: npt.NDArray[np.uint32]) -> None:
+        """The future for ``opt``: every request's keys back to back."""
+    def lookup(self, keys: _U64Array, hittable: int) -> int: ...
+    def acquire(self, rid: int, keys: _U64Array, hittable: int, total: int) -> int | None:
+        """Hit in blocks, or None (nothing changed) when the budget is short."""
+    def grow(self, rid: int, keys: _U64Array, total: int) -> bool: ...
+    def release(self, rid: int) -> None: ...
+    def stats(self) -> dict[str, int]: ...
     def check_invariants(self) -> None: ...

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from prefixcache.errors import PrefixCacheError
+from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.policies import POLICY_NAMES
 from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
 from prefixcache.sim.report import (
@@ -143,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="block size of the reuse ceiling (default 512 Mooncake, 16 else)")
     t.add_argument("--json", metavar="PATH")
     t.add_argument("--csv", metavar="PATH")
+    a = sub.add_parser("atlas", help="reference curves of every policy and opt (docs/ATLAS.md)")
+    a.add_argument("trace_dir", nargs="?", default=None,
+                   help="folder of *.jsonl traces (default: $PREFIXCACHE_TRACES; none: "
+                   "built-in workloads only)")
+    a.add_argument("--out", default="docs/ATLAS.md", help="the report (PNGs and JSON "
+                   "go to an atlas/ folder beside it)")
     return ap
 
 
@@ -223,10 +230,13 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(latency_table("time model", sums))
     if diffs:
         console.print(difference_table("per-request hit tokens, a - b", diffs))
+    gap = gap_rows(sums)
+    if gap:
+        console.print(gap_table("share of the LRU -> OPT gap closed", gap))
     if args.json:
         write_json(args.json, {
             "command": "replay", "trace": label, "skipped_lines": tr.skipped,
-            "summaries": sums, "differences": diffs,
+            "summaries": sums, "differences": diffs, "gap": gap,
             "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
         })
     if args.csv:
@@ -245,19 +255,26 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         raise PrefixCacheError("--capacities is empty")
     rates: dict[str, list[float]] = {}
     all_sums: list[dict[str, Any]] = []
+    gaps: list[dict[str, Any]] = []
     for cap in caps:
-        for res in _run(args, reqs, cap, console, err):
-            s = summarize(res)
-            rates.setdefault(res.policy, []).append(float(s["hit_rate"]))
+        sums = [summarize(res) for res in _run(args, reqs, cap, console, err)]
+        for s in sums:
+            rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
             all_sums.append(s)
+        gaps += [{"capacity": cap, **g} for g in gap_rows(sums)]
     console.print(sweep_table(caps, rates))
+    for cap in caps:
+        rows = [g for g in gaps if g["capacity"] == cap]
+        if rows:
+            console.print(gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens",
+                                    rows))
     if args.plot:
         write_sweep_plot(args.plot, caps, rates,
                          f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, "capacities": caps,
-                               "hit_rate": rates, "summaries": all_sums})
+                               "hit_rate": rates, "summaries": all_sums, "gap": gaps})
     if args.csv:
         write_csv(args.csv, all_sums)
     return 0
@@ -275,8 +292,16 @@ def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) ->
     return 0
 
 
+def cmd_atlas(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.atlas import run_atlas
+
+    out = run_atlas(args.trace_dir, args.out, log=lambda s: err.print(s))
+    console.print(f"atlas written to {out}")
+    return 0
+
+
 COMMANDS = {"compare": cmd_compare, "replay": cmd_replay, "sweep": cmd_sweep,
-            "trace-stats": cmd_trace_stats}
+            "trace-stats": cmd_trace_stats, "atlas": cmd_atlas}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

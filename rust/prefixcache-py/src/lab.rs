@@ -66,6 +66,18 @@ impl LabCache {
         self.inner.with(py, |c| c.num_free())
     }
 
+    /// Blocks in use: cached plus held by requests.
+    #[getter]
+    fn num_used(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |c| c.stats().used)
+    }
+
+    /// Cached blocks evicted so far.
+    #[getter]
+    fn num_evicted(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |c| c.stats().evicted)
+    }
+
     #[getter]
     fn num_evictable(&self, py: Python<'_>) -> PyResult<usize> {
         self.inner.with(py, |c| c.num_evictable())

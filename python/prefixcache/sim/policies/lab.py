@@ -115,6 +115,7 @@ class LabPolicy:
         self.held: dict[RequestId, _Held] = {}
         self._peak = 0
         self._prepared = False
+        self._future_keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None
 
     # -- the future (opt) and the request-sequence model --------------------------------
     def prepare(self, requests: Sequence[Request]) -> None:
@@ -137,6 +138,7 @@ class LabPolicy:
         flat = np.concatenate(keys) if keys else _EMPTY_KEYS
         self.cache.set_future(flat, offsets, hittable)
         self._prepared = True
+        self._future_keys = (flat, offsets)  # reused at admission instead of rehashing
 
     def set_sequence_model(self) -> None:
         """Request-sequence model: take a request's blocks over the budget, then evict
@@ -145,7 +147,7 @@ class LabPolicy:
 
     # -- the policy protocol ----------------------------------------------------------
     def _note_usage(self) -> None:
-        used = int(self.cache.stats()["used"]) * self.block_size
+        used = int(self.cache.num_used) * self.block_size
         self._peak = max(self._peak, used)
 
     def admit(self, rid: RequestId, prompt: TokenArray, reserve: int,
@@ -159,8 +161,10 @@ class LabPolicy:
         bs = self.block_size
         prompt = np.ascontiguousarray(prompt, dtype=np.uint32)
         seed = _namespace_seed(extra_key, cache_salt)
-        keys = lab_block_keys(prompt, bs, seed)
         n = len(prompt)
+        keys = self._known_keys(rid, n // bs)
+        if keys is None:
+            keys = lab_block_keys(prompt, bs, seed)
         total = -(-(n + reserve) // bs)
         got = self.cache.acquire(int(rid), keys, (n - 1) // bs, total)
         if got is None:
@@ -170,6 +174,17 @@ class LabPolicy:
                                n, n + reserve)
         self._note_usage()
         return int(got) * bs
+
+    def _known_keys(self, rid: RequestId, count: int) -> npt.NDArray[np.uint64] | None:
+        """Request ``rid``'s first ``count`` block keys as :meth:`prepare` computed them
+        (a prompt, or a prompt plus generated tokens, is a prefix of what it hashed)."""
+        if self._future_keys is None or not isinstance(rid, int):
+            return None
+        flat, offsets = self._future_keys
+        if not 0 <= rid < len(offsets) - 1:
+            return None
+        a, b = int(offsets[rid]), int(offsets[rid + 1])
+        return flat[a : a + count] if count <= b - a else None
 
     def on_prefill_done(self, rid: RequestId) -> None:
         return None
@@ -221,7 +236,7 @@ class LabPolicy:
         return max_k(blocks_needed, avail)
 
     def evicted_tokens(self) -> int:
-        return int(self.cache.stats()["evicted"]) * self.block_size
+        return int(self.cache.num_evicted) * self.block_size
 
     def stats(self) -> PolicyStats:
         s = self.cache.stats()

@@ -410,7 +410,9 @@ impl LabCache {
     fn touch(&mut self, slot: u32, rid: u64, hit: bool, promote: bool) {
         let clock = self.clock;
         let next = match &self.future {
-            Some(f) if self.rule == Rule::Opt => f.after(self.blocks[slot as usize].key, rid),
+            Some(f) if self.rule == Rule::Opt => {
+                f.at(rid, self.blocks[slot as usize].depth as usize)
+            }
             _ => NEVER,
         };
         let aging = self.aging;

@@ -1,5 +1,5 @@
 //! The future a Belady cache reads: for every block key, the requests (by index in the
-//! request sequence) in which that key is *hittable* - inside the prefix the request may
+//! request sequence) in which that key is next *hittable* - inside the prefix the request may
 //! reuse (the engines cap reuse at `len(prompt) - 1` tokens).
 
 use rustc_hash::FxHashMap;
@@ -9,12 +9,16 @@ use crate::error::{Error, Result};
 /// "Never used again".
 pub const NEVER: u64 = u64::MAX;
 
-/// Hittable uses per key, as one sorted index array (CSR): `uses[start[k]..start[k]+len]`.
+/// The next hittable use of every block of every request, computed in one backward
+/// pass over the sequence: `next[offsets[r] + i]` is the first request after `r` in which
+/// request r's block i is hittable.
 #[derive(Debug, Default, Clone)]
 pub struct NextUse {
-    ranges: FxHashMap<u64, (u32, u32)>,
-    uses: Vec<u32>,
+    offsets: Vec<u64>,
+    next: Vec<u32>,
 }
+
+const NEVER_U32: u32 = u32::MAX;
 
 impl NextUse {
     /// `keys` holds every request's block keys back to back, request r's from
@@ -28,7 +32,7 @@ impl NextUse {
                 offsets.len()
             )));
         }
-        if n > u32::MAX as usize {
+        if n >= NEVER_U32 as usize {
             return Err(Error::InvalidArgument("too many requests".into()));
         }
         for r in 0..n {
@@ -41,48 +45,46 @@ impl NextUse {
                 )));
             }
         }
-        // Pairs (key, request) of hittable uses, grouped by key in request order.
-        let total: usize = hittable.iter().map(|&h| h as usize).sum();
-        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(total);
-        for r in 0..n {
+        if offsets.first().is_some_and(|&o| o != 0) || offsets[n] != keys.len() as u64 {
+            return Err(Error::InvalidArgument(
+                "offsets must start at 0 and end at the number of keys".into(),
+            ));
+        }
+        let mut next = vec![NEVER_U32; keys.len()];
+        let mut later: FxHashMap<u64, u32> = FxHashMap::default();
+        for r in (0..n).rev() {
             let a = offsets[r] as usize;
-            let h = hittable[r] as usize;
-            pairs.extend(keys[a..a + h].iter().map(|&k| (k, r as u32)));
-        }
-        pairs.sort_unstable();
-        let mut ranges: FxHashMap<u64, (u32, u32)> = FxHashMap::default();
-        ranges.reserve(pairs.len() / 2);
-        let mut uses = Vec::with_capacity(pairs.len());
-        let mut i = 0;
-        while i < pairs.len() {
-            let k = pairs[i].0;
-            let start = uses.len() as u32;
-            while i < pairs.len() && pairs[i].0 == k {
-                if uses.len() as u32 == start || *uses.last().unwrap_or(&u32::MAX) != pairs[i].1 {
-                    uses.push(pairs[i].1);
+            let b = offsets[r + 1] as usize;
+            for (slot, k) in next[a..b].iter_mut().zip(&keys[a..b]) {
+                if let Some(&j) = later.get(k) {
+                    *slot = j;
                 }
-                i += 1;
             }
-            ranges.insert(k, (start, uses.len() as u32 - start));
-        }
-        Ok(NextUse { ranges, uses })
-    }
-
-    /// The first request after `now` in which `key` is hittable, or [`NEVER`].
-    pub fn after(&self, key: u64, now: u64) -> u64 {
-        match self.ranges.get(&key) {
-            None => NEVER,
-            Some(&(s, l)) => {
-                let u = &self.uses[s as usize..(s + l) as usize];
-                let i = u.partition_point(|&r| u64::from(r) <= now);
-                u.get(i).map_or(NEVER, |&r| u64::from(r))
+            for k in &keys[a..a + hittable[r] as usize] {
+                later.insert(*k, r as u32);
             }
         }
+        Ok(NextUse {
+            offsets: offsets.to_vec(),
+            next,
+        })
     }
 
-    /// How many keys have at least one hittable use.
-    pub fn keys(&self) -> usize {
-        self.ranges.len()
+    /// The first request after `rid` in which block `pos` of request `rid` is hittable,
+    /// or [`NEVER`] (also for a request or block the sequence does not have).
+    pub fn at(&self, rid: u64, pos: usize) -> u64 {
+        let r = rid as usize;
+        if r + 1 >= self.offsets.len() {
+            return NEVER;
+        }
+        let i = self.offsets[r] as usize + pos;
+        if i >= self.offsets[r + 1] as usize {
+            return NEVER;
+        }
+        match self.next[i] {
+            NEVER_U32 => NEVER,
+            j => u64::from(j),
+        }
     }
 }
 
@@ -94,10 +96,11 @@ mod tests {
     fn next_hittable_use() {
         // r0: [1, 2] (2 hittable), r1: [1, 3] (1 hittable), r2: [1, 2] (2)
         let f = NextUse::new(&[1, 2, 1, 3, 1, 2], &[0, 2, 4, 6], &[2, 1, 2]).unwrap();
-        assert_eq!(f.after(1, 0), 1);
-        assert_eq!(f.after(2, 0), 2);
-        assert_eq!(f.after(3, 0), NEVER); // never hittable
-        assert_eq!(f.after(1, 2), NEVER);
+        assert_eq!(f.at(0, 0), 1);
+        assert_eq!(f.at(0, 1), 2);
+        assert_eq!(f.at(1, 1), NEVER); // key 3 is never hittable
+        assert_eq!(f.at(2, 0), NEVER);
+        assert_eq!(f.at(7, 0), NEVER);
         assert!(NextUse::new(&[1], &[0, 2], &[1]).is_err());
     }
 }

@@ -9,7 +9,7 @@
 //! | file | holds |
 //! |---|---|
 //! | `keys.rs` | chained 64-bit block keys (xxh3 of the parent key and the block's tokens) |
-//! | `future.rs` | [`NextUse`]: every key's hittable uses by request index, for Belady |
+//! | `future.rs` | [`NextUse`]: the next hittable use of every block of every request (one backward pass), for Belady |
 //! | `rule.rs` | [`Rule`] (eviction order) and [`Admission`] (what is kept at release) |
 //! | `density.rs` | hit density by age and use count, learned online ([`Rule::Density`]) |
 //! | `cache.rs` | [`LabCache`]: blocks, requests, eviction, admission, invariants |
