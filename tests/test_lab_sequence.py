@@ -33,7 +33,7 @@ def write_mooncake(path: Path, n: int, seed: int) -> list[dict[str, object]]:
             ids += list(range(next_id, next_id + rng.randint(1, 3)))
             next_id += 3
         else:
-            ids = [rng.randint(0, 2)] + list(range(next_id, next_id + rng.randint(1, 4)))
+            ids = [rng.randint(0, 2), *range(next_id, next_id + rng.randint(1, 4))]
             next_id += 4
             sessions.append(ids)
         length = 512 * (len(ids) - 1) + rng.choice([1, 200, 512])
