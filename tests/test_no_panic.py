@@ -76,6 +76,15 @@ def instances() -> Iterator[tuple[str, Callable[[], Any]]]:
     yield "BlockTrie", trie
     yield "BlockHasher", lambda: _core.BlockHasher(4, "xxhash_cbor")
 
+    def lab() -> Any:
+        c = _core.LabCache(8, "opt")
+        c.set_future(np.array([1, 2], dtype=np.uint64), np.array([0, 2], dtype=np.uint64),
+                     np.array([1], dtype=np.uint32))
+        c.acquire(0, np.array([1, 2], dtype=np.uint64), 1, 3)
+        return c
+
+    yield "LabCache", lab
+
 
 def methods(obj: Any) -> list[str]:
     names = [n for n in dir(obj) if not n.startswith("_") or n in ("__contains__",)]
@@ -142,6 +151,7 @@ PLAUSIBLE: dict[str, Any] = {
     "request_id": 2, "reserve_tokens": 4, "retention": 1, "ticks": 1,
     "token_ids": np.arange(8, dtype=np.uint32), "tokens": np.arange(9, dtype=np.uint32),
     "values": np.arange(9, dtype=np.int64),
+    "rid": 1, "keys": np.array([1, 5], dtype=np.uint64), "total": 2, "on": True,
 }
 
 
@@ -176,7 +186,8 @@ def test_each_parameter_hostile_alone(name: str, make: Callable[[], Any]) -> Non
     assert not bad, "\n".join(bad[:40])
 
 
-CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher"]
+CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher",
+                "LabCache"]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)

@@ -353,7 +353,7 @@ class KVCacheManager:
 _U64Array = npt.NDArray[np.uint64]
 
 def lab_block_keys(
-    tokens: npt.NDArray[np.uint32], block_size: int, seed: int = 0
+    tokens: npt.NDArray[np.uint32], block_size: int, seed: int | None = None
 ) -> _U64Array:
     """The chained 64-bit keys of the full blocks of ``tokens`` (uint32), from namespace
     ``seed`` (lab caches only; not vLLM's hashes)."""
@@ -369,7 +369,7 @@ class LabCache:
         cls,
         capacity: int,
         rule: str = "lru",
-        admit_after: int = 1,
+        admit_after: int | None = None,
         overcommit: bool = False,
         protected: float = 0.8,
         depth_cost: float = 0.0,

@@ -6,18 +6,44 @@ use prefixcache_core::lab::{block_keys, Admission, LabCache as Core, NextUse, Ru
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{invalid_input, IntoPyResult};
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::shared::Shared;
+
+/// A non-negative integer argument below 2**64 (Python ints only: no bools or floats).
+fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(invalid_type(format!("{what} must be an int, got bool")));
+    }
+    let v: i128 = obj.extract().map_err(|_| {
+        let tn = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".to_owned());
+        invalid_type(format!("{what} must be an int, got {tn}"))
+    })?;
+    u64::try_from(v).map_err(|_| invalid_input(format!("{what} must be in [0, 2**64), got {v}")))
+}
+
+/// [`uint`] as a count of blocks or tokens.
+fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    usize::try_from(uint(obj, what)?).map_err(|_| invalid_input(format!("{what} is too large")))
+}
 
 /// The chained 64-bit keys of the full blocks of `tokens` (uint32), from namespace `seed`.
 #[pyfunction]
-#[pyo3(signature = (tokens, block_size, seed = 0))]
+#[pyo3(signature = (tokens, block_size, seed = None))]
 pub fn lab_block_keys<'py>(
     py: Python<'py>,
     tokens: PyReadonlyArray1<'py, u32>,
-    block_size: usize,
-    seed: u64,
+    block_size: &Bound<'py, PyAny>,
+    seed: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let block_size = size(block_size, "block_size")?;
+    let seed = match seed {
+        Some(s) => uint(s, "seed")?,
+        None => 0,
+    };
     if block_size == 0 {
         return Err(invalid_input("block_size must be >= 1".to_owned()));
     }
@@ -34,17 +60,23 @@ pub struct LabCache {
 #[pymethods]
 impl LabCache {
     #[new]
-    #[pyo3(signature = (capacity, rule = "lru", admit_after = 1, overcommit = false,
+    #[pyo3(signature = (capacity, rule = "lru", admit_after = None, overcommit = false,
                         protected = 0.8, depth_cost = 0.0, min_hit = 0.25))]
     fn new(
-        capacity: usize,
+        capacity: &Bound<'_, PyAny>,
         rule: &str,
-        admit_after: u32,
+        admit_after: Option<&Bound<'_, PyAny>>,
         overcommit: bool,
         protected: f64,
         depth_cost: f64,
         min_hit: f64,
     ) -> PyResult<Self> {
+        let capacity = size(capacity, "capacity")?;
+        let admit_after = match admit_after {
+            Some(a) => u32::try_from(uint(a, "admit_after")?)
+                .map_err(|_| invalid_input("admit_after must be below 2**32"))?,
+            None => 1,
+        };
         let rule = Rule::parse(rule, protected, depth_cost, min_hit).py_err()?;
         let admission = if admit_after <= 1 {
             Admission::All
@@ -115,11 +147,14 @@ impl LabCache {
     fn acquire(
         &self,
         py: Python<'_>,
-        rid: u64,
+        rid: &Bound<'_, PyAny>,
         keys: PyReadonlyArray1<'_, u64>,
-        hittable: usize,
-        total: usize,
+        hittable: &Bound<'_, PyAny>,
+        total: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
+        let rid = uint(rid, "rid")?;
+        let hittable = size(hittable, "hittable")?;
+        let total = size(total, "total")?;
         let k = keys.as_slice()?;
         self.inner
             .with(py, |c| c.acquire(rid, k, hittable, total))?
@@ -129,15 +164,18 @@ impl LabCache {
     fn grow(
         &self,
         py: Python<'_>,
-        rid: u64,
+        rid: &Bound<'_, PyAny>,
         keys: PyReadonlyArray1<'_, u64>,
-        total: usize,
+        total: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
+        let rid = uint(rid, "rid")?;
+        let total = size(total, "total")?;
         let k = keys.as_slice()?;
         self.inner.with(py, |c| c.grow(rid, k, total))?.py_err()
     }
 
-    fn release(&self, py: Python<'_>, rid: u64) -> PyResult<()> {
+    fn release(&self, py: Python<'_>, rid: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = uint(rid, "rid")?;
         self.inner.with(py, |c| c.release(rid))?.py_err()
     }
 

@@ -7,7 +7,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// from `seed` (a namespace: requests with different seeds never share a key).
 /// `block_size` 0 gives no keys.
 pub fn block_keys(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
-    if block_size == 0 {
+    if block_size == 0 || block_size > tokens.len() {
         return Vec::new();
     }
     let mut out = Vec::with_capacity(tokens.len() / block_size);
