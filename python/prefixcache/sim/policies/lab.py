@@ -16,7 +16,8 @@ Names (``make_lab_policy``), each optionally followed by ``@N`` for N tokens per
 | ``lab-lru`` | least recently used (the block pool and tree rules, trimmed to tails) |
 | ``lab-slru`` | segmented LRU: blocks hit once are protected (80% of the budget) |
 | ``lab-lfu`` | fewest hits per token, then least recent (SGLang's size-aware proposal) |
-| ``lab-cost`` | GreedyDual-Size-Frequency with deeper blocks dearer to recompute |
+| ``lab-cost`` | GreedyDual-Size-Frequency with deeper blocks dearer to recompute (the
+  time model's default prefill cost) |
 | ``tree-trim`` | ``lab-lru@1``: the radix tree's LRU evicting only the tail tokens it needs |
 | ``...-admit<k>`` | any of the above caching a block only once it was brought k times |
 """
@@ -100,7 +101,7 @@ class LabPolicy:
 
     def __init__(self, capacity: int, *, rule: str = "lru", admit_after: int = 1,
                  block_size: int = 16, name: str | None = None, protected: float = 0.8,
-                 depth_cost: float = 0.0, min_hit: float = 0.25) -> None:
+                 depth_cost: float | None = None, min_hit: float = 0.25) -> None:
         from prefixcache._core import LabCache
 
         if block_size < 1:
@@ -110,6 +111,13 @@ class LabPolicy:
         self.block_size = block_size
         self.rule = rule
         self.blocks = capacity // block_size
+        if depth_cost is None:
+            # The time model's prefill cost: a token at depth p costs per_token_ms +
+            # attention_ms * p, so a block of B tokens at block depth d costs, relative
+            # to a block at depth 0, 1 + (attention_ms / per_token_ms) * B * (d + 1/2).
+            # The defaults of sim.scheduler.PrefillCost (attention 1e-7 ms per pair, 0.01
+            # ms per token; not imported: policies sit below the scheduler).
+            depth_cost = 1e-7 / 0.01 * block_size
         self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost,
                               min_hit)
         self.held: dict[RequestId, _Held] = {}
