@@ -67,7 +67,8 @@ def _policies(values: Sequence[str]) -> list[str]:
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
     p.add_argument("--policies", nargs="+", default=[], metavar="NAME",
                    help="policies, space or comma separated: radix, radix-page<N>, "
-                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] "
+                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>], "
+                   "lab policies: opt, lab-lru, lab-2q, ... (docs/LAB.md) "
                    "(default: {})".format(", ".join(POLICY_NAMES)))
     if capacity:
         p.add_argument("--capacity", type=_capacity, default=None,
@@ -207,6 +208,10 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
         if diffs:
             console.print(difference_table(f"workload {w.name}: per-request hit tokens, a - b",
                                            diffs))
+        gap = gap_rows(sums)
+        if gap:
+            console.print(gap_table(f"workload {w.name}: share of the LRU -> OPT gap closed",
+                                    gap))
         out.append({"workload": w.name, "description": w.description,
                     "capacity": sums[0]["capacity"], "summaries": sums, "differences": diffs})
         rows += [{"workload": w.name, **s} for s in sums]

@@ -69,6 +69,7 @@ def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
     raise InvalidInputError(
         f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks, "
         "vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] or a lab policy (opt, "
-        "lab-lru, lab-slru, lab-lfu, lab-cost, tree-trim, with -admit<k> and @<block>)"
+        "lab-lru, lab-slru, lab-session, lab-2q, lab-density, lab-lfu, lab-cost, "
+        "tree-trim; optionally -admit<k> and @<block>)"
     )
 
