@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::density::Density;
 use super::future::{NextUse, NEVER};
@@ -482,6 +482,7 @@ impl LabCache {
                 keys.len()
             )));
         }
+        distinct(keys)?;
         let hit = self.lookup(keys, hittable);
         // Pin every present block first, so eviction cannot take them.
         let mut present: Vec<Option<u32>> = Vec::with_capacity(keys.len());
@@ -559,6 +560,15 @@ impl LabCache {
         if total < keyed {
             return Err(Error::InvalidArgument(format!(
                 "total {total} is below the {keyed} keyed blocks"
+            )));
+        }
+        distinct(new_keys)?;
+        if let Some(k) = new_keys
+            .iter()
+            .find(|k| self.map.get(k).is_some_and(|s| h.blocks.contains(s)))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "key {k} is already one of request {rid}'s blocks"
             )));
         }
         let old_anon = h.anon;
@@ -746,6 +756,20 @@ impl LabCache {
     }
 }
 
+/// A request's keys are a chain: no key may repeat.
+fn distinct(keys: &[u64]) -> Result<()> {
+    if keys.len() > 1 {
+        let mut seen = FxHashSet::default();
+        seen.reserve(keys.len());
+        if let Some(k) = keys.iter().find(|k| !seen.insert(**k)) {
+            return Err(Error::InvalidArgument(format!(
+                "key {k} repeats: a request's block keys are a chain (lab_block_keys)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The slot of `s`'s parent, or `s` itself for a root block.
 fn parent_of(s: u32, blocks: &[Block]) -> usize {
     let p = blocks[s as usize].parent;
@@ -774,6 +798,15 @@ mod tests {
         c.check_invariants().unwrap();
         assert_eq!(c.lookup(&[1, 2, 3], 3), 2);
         assert_eq!(c.stats().evicted, 1);
+    }
+
+    #[test]
+    fn repeated_keys_are_refused() {
+        let mut c = cache(4, Rule::Lru);
+        assert!(c.acquire(0, &[1, 1], 2, 2).is_err());
+        c.acquire(0, &[1, 2], 2, 2).unwrap();
+        assert!(c.grow(0, &[2], 2).is_err());
+        c.check_invariants().unwrap();
     }
 
     #[test]
