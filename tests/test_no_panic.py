@@ -85,6 +85,15 @@ def instances() -> Iterator[tuple[str, Callable[[], Any]]]:
     yield "BlockTrie", trie
     yield "BlockHasher", lambda: _core.BlockHasher(4, "xxhash_cbor")
 
+    def lab() -> Any:
+        c = _core.LabCache(8, "opt")
+        c.set_future(np.array([1, 2], dtype=np.uint64), np.array([0, 2], dtype=np.uint64),
+                     np.array([1], dtype=np.uint32))
+        c.acquire(0, np.array([1, 2], dtype=np.uint64), 1, 3)
+        return c
+
+    yield "LabCache", lab
+
 
 def methods(obj: Any) -> list[str]:
     names = [n for n in dir(obj) if not n.startswith("_") or n in ("__contains__",)]
@@ -156,6 +165,7 @@ PLAUSIBLE: dict[str, Any] = {
     "hasher": None, "weights": None, "include_unhealthy": False, "medium": None,
     "next_seq": 1,
     "frames": [b"t", (1).to_bytes(8, "big"), b"\x93\x01\x90\x00"],
+    "rid": 1, "keys": np.array([1, 5], dtype=np.uint64), "total": 2, "on": True,
 }
 
 
@@ -191,7 +201,7 @@ def test_each_parameter_hostile_alone(name: str, make: Callable[[], Any]) -> Non
 
 
 CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher",
-                "KvIndex"]
+                "KvIndex", "LabCache"]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)

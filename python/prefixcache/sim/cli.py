@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
+from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.policies import POLICY_NAMES
 from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
 from prefixcache.sim.report import (
@@ -146,7 +147,8 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
     p.add_argument("--policies", nargs="+", default=[], metavar="NAME",
                    help="policies, space or comma separated: radix, radix-page<N>, "
-                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] "
+                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>], "
+                   "lab policies: opt, lab-lru, lab-2q, ... (docs/LAB.md) "
                    "(default: {})".format(", ".join(POLICY_NAMES)))
     if capacity:
         p.add_argument("--capacity", type=parse_capacity, default=None, metavar="TOKENS",
@@ -163,8 +165,9 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
-    g.add_argument("--model", choices=("slots", "time"), default="slots",
-                   help="slots: the A-F study's model; time: continuous batching on a clock")
+    g.add_argument("--model", choices=("slots", "time", "sequence"), default="slots",
+                   help="slots: the A-F study's model; time: continuous batching on a "
+                   "clock; sequence: one request at a time in trace order (docs/LAB.md)")
     g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
                    help="requests holding KV at once, >= 1 (default 8 slots, 256 time)")
     g.add_argument("--no-preemption", action="store_true",
@@ -245,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--csv", metavar="PATH", help="write the row as CSV")
     t.add_argument("--quiet", action="store_true", help="accepted for symmetry: trace-stats "
                    "shows no progress bars")
+    a = sub.add_parser("atlas", help="reference curves of every policy and opt (docs/ATLAS.md)")
+    a.add_argument("trace_dir", nargs="?", default=None,
+                   help="folder of *.jsonl traces (default: $PREFIXCACHE_TRACES; none: "
+                   "built-in workloads only)")
+    a.add_argument("--out", default="docs/ATLAS.md", help="the report (PNGs and JSON "
+                   "go to an atlas/ folder beside it)")
     return ap
 
 
@@ -393,6 +402,9 @@ def _print_results(console: Console, heading: str, requests: Sequence[Request],
         _show(console, latency_table("time model: preemption and estimated latency", sums))
     if diffs:
         _show(console, difference_table("per-request hit tokens, a - b", diffs))
+    gap = gap_rows(sums)
+    if gap:
+        _show(console, gap_table("share of the LRU -> OPT gap closed", gap))
 
 
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
@@ -427,7 +439,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.json:
         write_json(args.json, {
             "command": "replay", "trace": label, "skipped_lines": tr.skipped,
-            "summaries": sums, "differences": diffs,
+            "summaries": sums, "differences": diffs, "gap": gap,
             "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
         })
     if args.csv:
@@ -447,13 +459,20 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     for s in all_sums:
         rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     _show(console, sweep_table(caps, rates))
+    gaps: list[dict[str, Any]] = []
+    for cap in caps:
+        rows = gap_rows([s for s in all_sums if s["capacity"] == cap])
+        gaps += [{"capacity": cap, **g} for g in rows]
+        if rows:
+            _show(console, gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens",
+                                     rows))
     if args.plot:
         write_sweep_plot(args.plot, caps, rates,
                          f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, "capacities": caps,
-                               "hit_rate": rates, "summaries": all_sums})
+                               "hit_rate": rates, "summaries": all_sums, "gap": gaps})
     if args.csv:
         write_csv(args.csv, all_sums)
     return 0
@@ -472,8 +491,16 @@ def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) ->
     return 0
 
 
+def cmd_atlas(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.atlas import run_atlas
+
+    out = run_atlas(args.trace_dir, args.out, log=lambda s: err.print(s))
+    console.print(f"atlas written to {out}")
+    return 0
+
+
 COMMANDS = {"compare": cmd_compare, "replay": cmd_replay, "sweep": cmd_sweep,
-            "trace-stats": cmd_trace_stats}
+            "trace-stats": cmd_trace_stats, "atlas": cmd_atlas}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
 from prefixcache.sim.requests import Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
+from prefixcache.sim.sequence import SequenceScheduler
 
 __all__ = [
     "ProgressFactory",
@@ -33,7 +34,7 @@ __all__ = [
     "summarize",
 ]
 
-Scheduler = SlotScheduler | TimeScheduler
+Scheduler = SlotScheduler | TimeScheduler | SequenceScheduler
 
 
 class ProgressTask(Protocol):
@@ -76,7 +77,10 @@ def make_scheduler(model: str, *, max_running: int | None = None,
         return SlotScheduler(8 if max_running is None else max_running)
     if model == "time":
         return TimeScheduler(256 if max_running is None else max_running, cost, preemption)
-    raise InvalidInputError(f"unknown scheduler model {model!r}; expected slots or time")
+    if model == "sequence":
+        return SequenceScheduler()
+    raise InvalidInputError(
+        f"unknown scheduler model {model!r}; expected slots, time or sequence")
 
 
 def replay(
@@ -110,6 +114,9 @@ def replay(
             if isinstance(p, str) else p
         task = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
+        prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)
+        if prepare is not None:
+            prepare(requests)
         records = sched.run(requests, pol, task.advance if task is not None else None, check)
         dt = time.perf_counter() - t0
         if task is not None:

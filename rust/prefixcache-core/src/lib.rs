@@ -8,12 +8,15 @@
 //! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
 //! - [`trie`]: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
 //! - [`fleet`]: the fleet index: which worker holds a prefix, fed by engines' KV events.
+//! - [`lab`]: not an engine rule: the offline optimum (Belady) and online eviction and
+//!   admission policies over a prefix-closed block cache, for the simulator's lab.
 
 pub mod blocks;
 pub mod error;
 pub mod events;
 pub mod fleet;
 pub mod hash;
+pub mod lab;
 pub mod radix;
 pub mod trie;
 

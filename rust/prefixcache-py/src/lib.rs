@@ -16,6 +16,7 @@ mod fleet_events;
 mod fleet_match;
 mod hasher;
 mod kv_index;
+mod lab;
 mod manager;
 mod pool;
 mod radix;
@@ -49,5 +50,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_frames, m)?)?;
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_events, m)?)?;
     m.add_function(wrap_pyfunction!(kv_index::fleet_bitmap_walk, m)?)?;
+    m.add_class::<lab::LabCache>()?;
+    m.add_function(wrap_pyfunction!(lab::lab_block_keys, m)?)?;
     Ok(())
 }

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import CachePolicy, PolicyStats
+from prefixcache.sim.policies.lab import LabPolicy, make_lab_policy
 from prefixcache.sim.policies.sglang import RadixPolicy, SlotBudget
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.sim.policies.vllm import BlocksPolicy, blocks_available
@@ -33,6 +34,7 @@ __all__ = [
     "POLICY_NAMES",
     "BlocksPolicy",
     "CachePolicy",
+    "LabPolicy",
     "PolicyStats",
     "RadixPolicy",
     "SlotBudget",
@@ -61,8 +63,13 @@ def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
     trt = parse_trtllm_name(name)
     if trt is not None:
         return TrtllmPolicy(capacity, tokens_per_block=trt[0], partial_reuse=trt[1], name=name)
+    lab = make_lab_policy(name, capacity)  # not engine rules: policies/lab.py
+    if lab is not None:
+        return lab
     raise InvalidInputError(
         f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks, "
-        "vllm-blocks<N>, trtllm[<N>] or trtllm-nopartial[<N>]"
+        "vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>] or a lab policy (opt, "
+        "lab-lru, lab-slru, lab-session, lab-2q, lab-density, lab-lfu, lab-cost, "
+        "tree-trim; optionally -admit<k> and @<block>)"
     )
 

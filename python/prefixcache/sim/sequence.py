@@ -1,0 +1,61 @@
+"""The request-sequence model (``--model sequence``): the Mooncake paper's cache study.
+
+Requests are taken in trace order, one at a time, with nothing else in flight: a
+request's prompt is looked up (the hit is its longest cached prefix, capped at
+``len(prompt) - 1`` tokens as the engines cap it), then all its prompt blocks are
+inserted, then the cache evicts down to its budget. Outputs are not cached (a trace's
+next turn carries them in its prompt). There is no clock, no batching and no KV held by
+running requests, so the hit rate depends only on the order of requests, the budget and
+the eviction and admission rules: the setting in which Belady's rule (``opt``) is exactly
+optimal (docs/LAB.md).
+
+Engine policies are driven through the ordinary policy protocol (``admit`` with no
+output reserve, ``finish`` at once): they evict before inserting, which for recency rules
+is the same as evicting after (the new blocks are the most recent). Lab policies are
+switched to evict after inserting (``set_sequence_model``), which lets a rule drop the
+new blocks themselves, as Belady may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from prefixcache.sim.policies import CachePolicy
+from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
+
+__all__ = ["SequenceScheduler"]
+
+_EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
+
+
+class SequenceScheduler:
+    """The request-sequence model (see the module docstring)."""
+
+    model = "sequence"
+
+    def run(
+        self, requests: Sequence[Request], policy: CachePolicy,
+        progress: Callable[[int], None] | None = None, check: bool = False,
+    ) -> list[RequestRecord]:
+        hook = getattr(policy, "set_sequence_model", None)
+        if hook is not None:
+            hook()
+        records = [new_record(r) for r in requests]
+        for i, req in enumerate(requests):
+            rec = records[i]
+            before = policy.evicted_tokens()
+            hit = policy.admit(i, req.prompt, 0, req.extra_key, req.cache_salt)
+            if hit is None:
+                rec.rejected = True  # the prompt alone exceeds the budget
+            else:
+                rec.hit_tokens = hit
+                policy.on_prefill_done(i)
+                policy.finish(i, _EMPTY)
+            rec.evicted_tokens += policy.evicted_tokens() - before
+            if check:
+                policy.check()
+            if progress is not None:
+                progress(1)
+        return records

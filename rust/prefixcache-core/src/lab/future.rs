@@ -1,0 +1,106 @@
+//! The future a Belady cache reads: for every block key, the requests (by index in the
+//! request sequence) in which that key is next *hittable* - inside the prefix the request may
+//! reuse (the engines cap reuse at `len(prompt) - 1` tokens).
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+
+/// "Never used again".
+pub const NEVER: u64 = u64::MAX;
+
+/// The next hittable use of every block of every request, computed in one backward
+/// pass over the sequence: `next[offsets[r] + i]` is the first request after `r` in which
+/// request r's block i is hittable.
+#[derive(Debug, Default, Clone)]
+pub struct NextUse {
+    offsets: Vec<u64>,
+    next: Vec<u32>,
+}
+
+const NEVER_U32: u32 = u32::MAX;
+
+impl NextUse {
+    /// `keys` holds every request's block keys back to back, request r's from
+    /// `offsets[r]` to `offsets[r + 1]`; its first `hittable[r]` keys are hittable.
+    pub fn new(keys: &[u64], offsets: &[u64], hittable: &[u32]) -> Result<Self> {
+        let n = hittable.len();
+        if offsets.len() != n + 1 {
+            return Err(Error::InvalidArgument(format!(
+                "offsets must have one entry more than hittable ({} + 1), got {}",
+                n,
+                offsets.len()
+            )));
+        }
+        if n >= NEVER_U32 as usize {
+            return Err(Error::InvalidArgument("too many requests".into()));
+        }
+        for r in 0..n {
+            let (a, b) = (offsets[r], offsets[r + 1]);
+            if a > b || b > keys.len() as u64 || u64::from(hittable[r]) > b - a {
+                return Err(Error::InvalidArgument(format!(
+                    "request {r}: offsets {a}..{b} / hittable {} do not fit {} keys",
+                    hittable[r],
+                    keys.len()
+                )));
+            }
+        }
+        if offsets.first().is_some_and(|&o| o != 0) || offsets[n] != keys.len() as u64 {
+            return Err(Error::InvalidArgument(
+                "offsets must start at 0 and end at the number of keys".into(),
+            ));
+        }
+        let mut next = vec![NEVER_U32; keys.len()];
+        let mut later: FxHashMap<u64, u32> = FxHashMap::default();
+        for r in (0..n).rev() {
+            let a = offsets[r] as usize;
+            let b = offsets[r + 1] as usize;
+            for (slot, k) in next[a..b].iter_mut().zip(&keys[a..b]) {
+                if let Some(&j) = later.get(k) {
+                    *slot = j;
+                }
+            }
+            for k in &keys[a..a + hittable[r] as usize] {
+                later.insert(*k, r as u32);
+            }
+        }
+        Ok(NextUse {
+            offsets: offsets.to_vec(),
+            next,
+        })
+    }
+
+    /// The first request after `rid` in which block `pos` of request `rid` is hittable,
+    /// or [`NEVER`] (also for a request or block the sequence does not have).
+    pub fn at(&self, rid: u64, pos: usize) -> u64 {
+        let r = rid as usize;
+        if r + 1 >= self.offsets.len() {
+            return NEVER;
+        }
+        let i = self.offsets[r] as usize + pos;
+        if i >= self.offsets[r + 1] as usize {
+            return NEVER;
+        }
+        match self.next[i] {
+            NEVER_U32 => NEVER,
+            j => u64::from(j),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_hittable_use() {
+        // r0: [1, 2] (2 hittable), r1: [1, 3] (1 hittable), r2: [1, 2] (2)
+        let f = NextUse::new(&[1, 2, 1, 3, 1, 2], &[0, 2, 4, 6], &[2, 1, 2]).unwrap();
+        assert_eq!(f.at(0, 0), 1);
+        assert_eq!(f.at(0, 1), 2);
+        assert_eq!(f.at(1, 1), NEVER); // key 3 is never hittable
+        assert_eq!(f.at(2, 0), NEVER);
+        assert_eq!(f.at(7, 0), NEVER);
+        assert!(NextUse::new(&[1], &[0, 2], &[1]).is_err());
+    }
+}

@@ -1,0 +1,155 @@
+"""The request-sequence model, the lab policies behind the policy protocol, the gap
+report and the atlas."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prefixcache._core import LabCache
+from prefixcache.errors import InvalidInputError, UnknownRequestError
+from prefixcache.sim.cli import main
+from prefixcache.sim.gap import gap_rows
+from prefixcache.sim.policies import make_policy
+from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.traces import read_trace
+from prefixcache.sim.workloads import study_workload
+
+
+def write_mooncake(path: Path, n: int, seed: int) -> list[dict[str, object]]:
+    """A small Mooncake-format trace: sessions that grow, shared roots, one-offs."""
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    sessions: list[list[int]] = []
+    next_id = 100
+    for i in range(n):
+        if sessions and rng.random() < 0.6:
+            ids = rng.choice(sessions)
+            ids += list(range(next_id, next_id + rng.randint(1, 3)))
+            next_id += 3
+        else:
+            ids = [rng.randint(0, 2), *range(next_id, next_id + rng.randint(1, 4))]
+            next_id += 4
+            sessions.append(ids)
+        length = 512 * (len(ids) - 1) + rng.choice([1, 200, 512])
+        rows.append({"timestamp": i * 10, "input_length": length, "output_length": 5,
+                     "hash_ids": list(ids)})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return rows
+
+
+def reference_lru(rows: list[dict[str, object]], cap_blocks: int) -> int:
+    """The Mooncake paper's method, plainly: look up the prefix, insert every full block,
+    evict least recent down to the budget (a request's tail before its root)."""
+    cache: OrderedDict[tuple[int, ...], None] = OrderedDict()
+    hit_tokens = 0
+    for r in rows:
+        ids = list(r["hash_ids"])  # type: ignore[call-overload]
+        n = int(r["input_length"])  # type: ignore[call-overload]
+        keys = [tuple(ids[: i + 1]) for i in range(n // 512)]
+        hit = 0
+        while hit < (n - 1) // 512 and keys[hit] in cache:
+            hit += 1
+        hit_tokens += 512 * hit
+        for k in reversed(keys):
+            cache[k] = None
+            cache.move_to_end(k)
+        while len(cache) > cap_blocks:
+            cache.popitem(last=False)
+    return hit_tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("cap_blocks", [2, 5, 12])
+def test_sequence_model_is_the_papers_method(tmp_path: Path, seed: int,
+                                             cap_blocks: int) -> None:
+    rows = write_mooncake(tmp_path / "t.jsonl", 60, seed)
+    reqs = read_trace(tmp_path / "t.jsonl").requests
+    res = replay(reqs, ["lab-lru@512", "vllm-blocks512", "opt@512"], cap_blocks * 512,
+                 model="sequence", check=True)
+    got = {r.policy: summarize(r)["hit_tokens"] for r in res}
+    assert got["lab-lru@512"] == reference_lru(rows, cap_blocks)
+    assert got["opt@512"] >= got["lab-lru@512"]
+    assert got["opt@512"] >= got["vllm-blocks512"]
+
+
+@pytest.mark.parametrize("model", ["slots", "time", "sequence"])
+@pytest.mark.parametrize("workload", ["E", "F"])
+def test_lab_policies_keep_invariants_under_every_model(model: str, workload: str) -> None:
+    w = study_workload(workload, 1)
+    names = ["lab-lru", "lab-2q", "lab-density-admit2", "lab-session", "tree-trim", "opt"]
+    res = replay(w.requests, names, w.capacity, model=model, check=True)
+    rates = {r.policy: summarize(r)["hit_rate"] for r in res}
+    if model == "sequence":  # exact optimum there
+        assert all(rates["opt"] >= v for v in rates.values())
+
+
+def test_opt_without_the_future_is_refused() -> None:
+    pol = make_policy("opt", 1024)
+    with pytest.raises(InvalidInputError, match="prepare"):
+        pol.admit(0, np.arange(40, dtype=np.uint32), 0)
+
+
+def test_lab_cache_errors_leave_it_unchanged() -> None:
+    with pytest.raises(InvalidInputError, match="unknown lab eviction rule"):
+        LabCache(4, "mru")
+    c = LabCache(4)
+    keys = np.array([1, 2], dtype=np.uint64)
+    assert c.acquire(0, keys, 2, 2) == 0
+    with pytest.raises(InvalidInputError, match="already holds"):
+        c.acquire(0, keys, 2, 2)
+    with pytest.raises(InvalidInputError, match="bracket"):
+        c.acquire(1, keys, 3, 2)
+    with pytest.raises(UnknownRequestError):
+        c.release(9)
+    assert c.num_used == 2
+    c.check_invariants()
+
+
+def test_unknown_lab_name_is_an_error() -> None:
+    with pytest.raises(InvalidInputError, match="lab policy"):
+        make_policy("lab-mru", 1024)
+
+
+def test_gap_closed() -> None:
+    sums = [{"policy": "lab-lru", "hit_rate": 0.2}, {"policy": "opt", "hit_rate": 0.5},
+            {"policy": "x", "hit_rate": 0.3}]
+    rows = {r["policy"]: r for r in gap_rows(sums)}
+    assert rows["x"]["gap_closed"] == pytest.approx(1 / 3)
+    assert rows["opt"]["gap_closed"] == pytest.approx(1.0)
+    assert gap_rows(sums[:1]) == []
+
+
+def test_cli_replay_sequence_reports_the_gap(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    write_mooncake(tmp_path / "t.jsonl", 40, 3)
+    out = tmp_path / "o.json"
+    assert main(["replay", str(tmp_path / "t.jsonl"), "--model", "sequence", "--capacity",
+                 "3k", "--policies", "lab-lru,opt,lab-2q", "--quiet", "--json",
+                 str(out)]) == 0
+    assert "gap closed" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert {g["policy"] for g in data["gap"]} == {"lab-lru", "opt", "lab-2q"}
+
+
+def test_atlas_writes_tables_and_curves(tmp_path: Path) -> None:
+    from prefixcache.sim.atlas import AtlasConfig, run_atlas
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    write_mooncake(traces / "small.jsonl", 30, 4)
+    cfg = AtlasConfig(trace_policies=["vllm-blocks", "lab-lru", "lab-2q", "opt"],
+                      trace_capacities=[2048, 4096], goal_capacity=4096,
+                      workload_policies=["radix", "lab-lru", "opt"],
+                      workload_capacities=[16384], workload_models=["sequence"])
+    out = run_atlas(traces, tmp_path / "docs" / "ATLAS.md", cfg)
+    text = out.read_text()
+    assert "small.jsonl - model `sequence`" in text and "small.jsonl - model `time`" in text
+    assert "workload F - model `sequence`" in text
+    assert (tmp_path / "docs" / "atlas" / "small_sequence.png").stat().st_size > 0
+    assert json.loads((tmp_path / "docs" / "atlas" / "atlas.json").read_text())["panels"]
