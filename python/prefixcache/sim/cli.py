@@ -420,7 +420,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
         _print_results(console, f"workload {w.name}: {w.description}", w.requests, cap,
                        args.model, sums, diffs)
         out.append({"workload": w.name, "description": w.description,
-                    "capacity": sums[0]["capacity"], "summaries": sums, "differences": diffs})
+                    "capacity": sums[0]["capacity"], "summaries": sums, "differences": diffs,
+                    "gap": gap_rows(sums)})
         rows += [{"workload": w.name, **s} for s in sums]
     if args.json:
         write_json(args.json, {"command": "compare", "seed": args.seed, "workloads": out})
@@ -439,7 +440,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.json:
         write_json(args.json, {
             "command": "replay", "trace": label, "skipped_lines": tr.skipped,
-            "summaries": sums, "differences": diffs, "gap": gap,
+            "summaries": sums, "differences": diffs, "gap": gap_rows(sums),
             "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
         })
     if args.csv:
