@@ -95,7 +95,7 @@ def _plot(panel: Panel, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for name, rates in panel.rates().items():
-        style = {"color": "black", "linewidth": 2.5} if name == "opt" else {}
+        style: dict[str, Any] = {"color": "black", "linewidth": 2.5} if name == "opt" else {}
         ls = "--" if not name.startswith(("lab-", "opt", "tree-")) else "-"
         ax.plot(panel.capacities, [100 * r for r in rates], marker="o", linestyle=ls,
                 label=name, **style)

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
 from prefixcache.sim.requests import Request, RequestId, TokenArray
 
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
@@ -229,11 +229,30 @@ class LabPolicy:
         self.cache.release(int(rid))
         del self.held[rid]
 
-    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
-        if not rids:
+    def grow(
+        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+    ) -> IndexArray | None:
+        evicted = None
+        for j, rid in enumerate(rids.tolist()):
+            before = self.evicted_tokens()
+            lo = int(fed_from[j])
+            if not self._grow(rid, outputs(rid)[lo : lo + k]):
+                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+            ev = self.evicted_tokens() - before
+            if ev:
+                if evicted is None:
+                    evicted = np.zeros(len(rids), dtype=np.int64)
+                evicted[j] = ev
+        return evicted
+
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
+        if not len(rids):
             return 0
-        have = np.array([self.held[r].allocated for r in rids], dtype=np.int64)
-        known = np.array([self.held[r].known for r in rids], dtype=np.int64)
+        ids = rids.tolist() if isinstance(rids, np.ndarray) else rids
+        have = np.array([self.held[r].allocated for r in ids], dtype=np.int64)
+        known = np.array([self.held[r].known for r in ids], dtype=np.int64)
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
@@ -241,7 +260,7 @@ class LabPolicy:
                         - (have + bs - 1) // bs).sum())
 
         avail = max(0, int(self.cache.num_free)) + int(self.cache.num_evictable)
-        return max_k(blocks_needed, avail)
+        return max_k(blocks_needed, avail, limit)
 
     def evicted_tokens(self) -> int:
         return int(self.cache.num_evicted) * self.block_size
