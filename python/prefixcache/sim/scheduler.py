@@ -30,6 +30,7 @@ holding KV is recorded as ``rejected``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy
 from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
-__all__ = ["PrefillCost", "SlotScheduler", "TimeScheduler"]
+__all__ = ["PrefillCost", "SessionGate", "SlotScheduler", "TimeInstance", "TimeScheduler"]
 
 _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
@@ -155,6 +156,206 @@ class _Seq:
         return np.concatenate([self.req.prompt, self.output[: self.generated]])
 
 
+class TimeInstance:
+    """One instance under the time model, advanced one iteration at a time.
+
+    :meth:`TimeScheduler.run` drives one of these over a request list; the fleet replay
+    (``prefixcache.sim.fleet``) drives several on one clock. The instance knows nothing
+    of sessions: the driver decides when a request is submitted (a session's next turn
+    after its previous one finished) and hears of every finished or rejected request
+    through ``on_done(index, t)``.
+
+    ``submit(index, request, at)`` queues a request that arrives at ``at`` (seconds); one
+    that arrives after the instance's clock waits in ``pending`` until the clock reaches
+    it. ``step(next_arrival)`` runs one iteration (a prefill batch or a decode run) from
+    :meth:`next_time`; ``next_arrival`` is the next time a request may be submitted from
+    outside (it bounds a decode run as an arrival does, so an arrival that could be
+    admitted is not kept waiting). ``load_tokens`` is the KV the queued and running
+    requests need: prompt plus generated tokens (what a router's load estimate counts).
+    """
+
+    def __init__(self, scheduler: TimeScheduler, policy: CachePolicy,
+                 records: list[RequestRecord], *,
+                 on_done: Callable[[int, float], None] | None = None,
+                 progress: Progress | None = None, check: bool = False) -> None:
+        self.max_running = scheduler.max_running
+        self.cost = scheduler.cost
+        self.preemption = scheduler.preemption
+        self.policy = policy
+        self.records = records
+        self.on_done = on_done
+        self.progress = progress
+        self.check = check
+        self.t = 0.0
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.pending: list[tuple[float, int, _Seq]] = []  # heap: (at, order, seq)
+        self._order = 0
+        self.admit_paused = False  # after a preemption, until a running request finishes
+        self.load_tokens = 0
+
+    # -- driver interface ----------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self.pending)
+
+    def next_time(self) -> float:
+        """When the next iteration starts (inf when there is nothing to do)."""
+        if self.running or self.waiting:
+            return self.t
+        if self.pending:
+            return max(self.t, self.pending[0][0])
+        return math.inf
+
+    def submit(self, index: int, req: Request, at: float) -> None:
+        seq = _Seq(index, req)
+        self.load_tokens += req.prompt_len
+        if at <= self.t:
+            self.records[index].arrival = at
+            self.waiting.append(seq)
+        else:
+            heapq.heappush(self.pending, (at, self._order, seq))
+            self._order += 1
+
+    def step(self, next_arrival: float | None = None) -> None:
+        """Run one iteration: a prefill batch, or a decode run to the next event."""
+        if not (self.running or self.waiting):
+            if not self.pending:
+                return
+            self.t = max(self.t, self.pending[0][0])
+        pend = self.pending
+        while pend and pend[0][0] <= self.t:
+            at, _, seq = heapq.heappop(pend)
+            self.records[seq.index].arrival = at
+            self.waiting.append(seq)
+        if pend:
+            nxt = pend[0][0]
+            next_arrival = nxt if next_arrival is None else min(next_arrival, nxt)
+        if self._prefill():
+            return
+        if self.running:
+            self._decode(next_arrival)
+
+    # -- one iteration ---------------------------------------------------------------
+    def _done(self, seq: _Seq) -> None:
+        self.load_tokens -= seq.req.prompt_len + seq.generated
+        if self.on_done is not None:
+            self.on_done(seq.index, self.t)
+        if self.progress is not None:
+            self.progress(1)
+
+    def _complete(self, seq: _Seq) -> None:
+        self.policy.finish(seq.index, _EMPTY)
+        self.records[seq.index].finished = self.t
+        self.admit_paused = False
+        self._done(seq)
+        if self.check:
+            self.policy.check()
+
+    def _reject(self, seq: _Seq) -> None:
+        self.records[seq.index].rejected = True
+        self._done(seq)
+
+    def _prefill(self) -> bool:
+        """Admit every queued request that fits, in order; False when none was."""
+        policy, records, running, waiting = self.policy, self.records, self.running, \
+            self.waiting
+        admitted: list[_Seq] = []
+        prefill_ms = 0.0
+        while waiting and len(running) + len(admitted) < self.max_running and not (
+            self.admit_paused and running
+        ):
+            seq = waiting[0]
+            req = seq.req
+            toks = seq.tokens()
+            rec = records[seq.index]
+            before = policy.evicted_tokens()
+            # Without preemption the output's KV is reserved up front (prompt +
+            # output[:-1] over the request's life), so decode never runs short.
+            reserve = 0 if self.preemption else max(0, req.output_len - 1)
+            hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
+            rec.evicted_tokens += policy.evicted_tokens() - before
+            if hit is None:
+                if not running and not admitted:
+                    waiting.popleft()
+                    self._reject(seq)
+                    continue
+                break
+            waiting.popleft()
+            policy.on_prefill_done(seq.index)
+            prefill_ms += self.cost.prefill_ms(len(toks), hit)
+            if seq.admitted_once:
+                rec.recompute_hit_tokens += hit
+                rec.recomputed_tokens += len(toks) - hit
+            else:
+                rec.hit_tokens = hit
+                seq.admitted_once = True
+            if seq.generated < req.output_len:
+                seq.generated += 1  # the prefill samples the next token
+                self.load_tokens += 1
+            admitted.append(seq)
+        if not admitted:
+            return False
+        self.t += prefill_ms / 1000.0
+        for seq in admitted:
+            rec = records[seq.index]
+            if math.isnan(rec.first_token):
+                rec.first_token = self.t
+                rec.ttft = self.t - rec.arrival
+            if seq.generated >= seq.req.output_len:
+                self._complete(seq)
+            else:
+                running.append(seq)
+        return True
+
+    def _decode(self, next_arrival: float | None) -> None:
+        """Advance every running request k steps (k up to the next event)."""
+        policy, records = self.policy, self.records
+        running = self.running
+        step = self.cost.decode_step_ms / 1000.0
+        k = min(s.req.output_len - s.generated for s in running)
+        # An arrival matters only if it could be admitted: nothing queued before it
+        # (a queue blocked on KV stays blocked until a finish) and a free seat.
+        if next_arrival is not None and not self.waiting and len(running) < self.max_running:
+            gap = next_arrival - self.t
+            k = min(k, max(1, math.ceil(gap / step - 1e-9)))
+        g = policy.max_uniform_growth([s.index for s in running])
+        while g == 0:
+            if not self.preemption:  # pragma: no cover - the output was reserved
+                raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
+            victim = running.pop()  # the newest running request
+            if not running:
+                # It cannot finish even alone: give up on it, visibly.
+                policy.finish(victim.index, _EMPTY)
+                self._reject(victim)
+                return
+            policy.finish(victim.index, _EMPTY)
+            records[victim.index].preemptions += 1
+            self.waiting.appendleft(victim)
+            self.admit_paused = True
+            if self.check:
+                policy.check()
+            g = policy.max_uniform_growth([s.index for s in running])
+        k = min(k, g)
+        for s in running:
+            # Each step feeds the last sampled token: its KV is computed.
+            fed = s.output[s.generated - 1 : s.generated - 1 + k]
+            before = policy.evicted_tokens()
+            if not policy.append(s.index, fed):
+                raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
+            records[s.index].evicted_tokens += policy.evicted_tokens() - before
+            s.generated += k
+        self.load_tokens += k * len(running)
+        self.t += k * step
+        still: list[_Seq] = []
+        for s in running:
+            if s.generated >= s.req.output_len:
+                self._complete(s)
+            else:
+                still.append(s)
+        self.running = still
+
+
 class TimeScheduler:
     """Continuous batching on a simulated clock (see the module docstring)."""
 
@@ -170,159 +371,62 @@ class TimeScheduler:
         if self.cost.decode_step_ms <= 0:
             raise InvalidInputError("decode_step_ms must be > 0")
 
+    def instance(self, policy: CachePolicy, records: list[RequestRecord], *,
+                 on_done: Callable[[int, float], None] | None = None,
+                 progress: Progress | None = None, check: bool = False) -> TimeInstance:
+        """A steppable instance of this model over ``policy`` (records indexed by request)."""
+        return TimeInstance(self, policy, records, on_done=on_done, progress=progress,
+                            check=check)
+
     def run(
         self, requests: Sequence[Request], policy: CachePolicy,
         progress: Progress | None = None, check: bool = False,
     ) -> list[RequestRecord]:
-        n = len(requests)
         records = [new_record(r) for r in requests]
-        order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
-        step = self.cost.decode_step_ms / 1000.0
-        waiting: deque[_Seq] = deque()
-        running: list[_Seq] = []
-        blocked: dict[RequestId, deque[_Seq]] = {}  # session -> turns waiting for a turn
-        active: dict[RequestId, int] = {}  # session -> unfinished turn count in flight
-        t = 0.0
-        nxt = 0
-        admit_paused = False  # after a preemption, until a running request finishes
-
-        def enqueue(seq: _Seq, at: float) -> None:
-            s = seq.req.session
-            if s is not None:
-                if active.get(s, 0) > 0:
-                    blocked.setdefault(s, deque()).append(seq)
-                    return
-                active[s] = 1
-            records[seq.index].arrival = at
-            waiting.append(seq)
-
-        def release_session(seq: _Seq) -> None:
-            s = seq.req.session
-            if s is None:
-                return
-            active[s] = 0
-            q = blocked.get(s)
-            if q:
-                enqueue(q.popleft(), t)  # it arrived earlier; it may start now
-
-        def complete(seq: _Seq) -> None:
-            nonlocal admit_paused
-            policy.finish(seq.index, _EMPTY)
-            records[seq.index].finished = t
-            admit_paused = False
-            release_session(seq)
-            if progress is not None:
-                progress(1)
-            if check:
-                policy.check()
-
-        def reject(seq: _Seq) -> None:
-            records[seq.index].rejected = True
-            release_session(seq)
-            if progress is not None:
-                progress(1)
-
-        while nxt < n or waiting or running:
-            while nxt < n and requests[order[nxt]].arrival <= t:
-                i = order[nxt]
-                enqueue(_Seq(i, requests[i]), requests[i].arrival)
-                nxt += 1
-            if not running and not waiting:
-                if nxt < n:
-                    t = max(t, requests[order[nxt]].arrival)
-                    continue
-                if any(blocked.values()):  # cannot happen: a finish releases its session
-                    raise AssertionError("session turns blocked with nothing running")
-                break
-            # -- prefill: admit every queued request that fits, in order --------------
-            admitted: list[_Seq] = []
-            prefill_ms = 0.0
-            while waiting and len(running) + len(admitted) < self.max_running and not (
-                admit_paused and running
-            ):
-                seq = waiting[0]
-                req = seq.req
-                toks = seq.tokens()
-                rec = records[seq.index]
-                before = policy.evicted_tokens()
-                # Without preemption the output's KV is reserved up front (prompt +
-                # output[:-1] over the request's life), so decode never runs short.
-                reserve = 0 if self.preemption else max(0, req.output_len - 1)
-                hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
-                rec.evicted_tokens += policy.evicted_tokens() - before
-                if hit is None:
-                    if not running and not admitted:
-                        waiting.popleft()
-                        reject(seq)
-                        continue
-                    break
-                waiting.popleft()
-                policy.on_prefill_done(seq.index)
-                prefill_ms += self.cost.prefill_ms(len(toks), hit)
-                if seq.admitted_once:
-                    rec.recompute_hit_tokens += hit
-                    rec.recomputed_tokens += len(toks) - hit
-                else:
-                    rec.hit_tokens = hit
-                    seq.admitted_once = True
-                if seq.generated < req.output_len:
-                    seq.generated += 1  # the prefill samples the next token
-                admitted.append(seq)
-            if admitted:
-                t += prefill_ms / 1000.0
-                for seq in admitted:
-                    rec = records[seq.index]
-                    if math.isnan(rec.first_token):
-                        rec.first_token = t
-                        rec.ttft = t - rec.arrival
-                    if seq.generated >= seq.req.output_len:
-                        complete(seq)
-                    else:
-                        running.append(seq)
-                continue
-            if not running:
-                continue  # waiting requests were rejected; loop picks up arrivals
-            # -- decode: advance every running request k steps -------------------------
-            k = min(s.req.output_len - s.generated for s in running)
-            # An arrival matters only if it could be admitted: nothing queued before it
-            # (a queue blocked on KV stays blocked until a finish) and a free seat.
-            if nxt < n and not waiting and len(running) < self.max_running:
-                gap = requests[order[nxt]].arrival - t
-                k = min(k, max(1, math.ceil(gap / step - 1e-9)))
-            g = policy.max_uniform_growth([s.index for s in running])
-            while g == 0:
-                if not self.preemption:  # pragma: no cover - the output was reserved
-                    raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
-                victim = running.pop()  # the newest running request
-                if not running:
-                    # It cannot finish even alone: give up on it, visibly.
-                    policy.finish(victim.index, _EMPTY)
-                    reject(victim)
-                    break
-                policy.finish(victim.index, _EMPTY)
-                records[victim.index].preemptions += 1
-                waiting.appendleft(victim)
-                admit_paused = True
-                if check:
-                    policy.check()
-                g = policy.max_uniform_growth([s.index for s in running])
-            if not running:
-                continue
-            k = min(k, g)
-            for s in running:
-                # Each step feeds the last sampled token: its KV is computed.
-                fed = s.output[s.generated - 1 : s.generated - 1 + k]
-                before = policy.evicted_tokens()
-                if not policy.append(s.index, fed):
-                    raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
-                records[s.index].evicted_tokens += policy.evicted_tokens() - before
-                s.generated += k
-            t += k * step
-            still: list[_Seq] = []
-            for s in running:
-                if s.generated >= s.req.output_len:
-                    complete(s)
-                else:
-                    still.append(s)
-            running = still
+        gate = SessionGate(requests)
+        inst = self.instance(policy, records, progress=progress, check=check)
+        inst.on_done = lambda i, t: gate.release(i, t, inst.submit)
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)  # stable
+        for i in order:
+            a = requests[i].arrival
+            while inst.next_time() < a:
+                inst.step(a)
+            gate.arrive(i, a, inst.submit)
+        while inst.busy:
+            inst.step(None)
+        gate.check_drained()
         return records
+
+
+class SessionGate:
+    """A session's next turn is submitted only after its previous turn finished (at that
+    moment, if it arrived earlier); requests without a session pass straight through."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        self.blocked: dict[RequestId, deque[int]] = {}  # session -> turns waiting
+        self.active: set[RequestId] = set()  # sessions with a turn in flight
+
+    def arrive(self, i: int, at: float, submit: Callable[[int, Request, float], None]) -> None:
+        req = self.requests[i]
+        s = req.session
+        if s is not None:
+            if s in self.active:
+                self.blocked.setdefault(s, deque()).append(i)
+                return
+            self.active.add(s)
+        submit(i, req, at)
+
+    def release(self, i: int, t: float, submit: Callable[[int, Request, float], None]) -> None:
+        """Request ``i`` finished (or was rejected) at ``t``: let its session's next turn in."""
+        s = self.requests[i].session
+        if s is None:
+            return
+        self.active.discard(s)
+        q = self.blocked.get(s)
+        if q:
+            self.arrive(q.popleft(), t, submit)  # it arrived earlier; it may start now
+
+    def check_drained(self) -> None:
+        if any(self.blocked.values()):  # cannot happen: a finish releases its session
+            raise AssertionError("session turns blocked with nothing running")
