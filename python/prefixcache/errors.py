@@ -46,8 +46,22 @@ class UnsupportedHashInputError(PrefixCacheError, TypeError):
     """An extra key holds a value vLLM's hash encoders cannot encode exactly."""
 
 
+class UnknownWorkerError(PrefixCacheError, KeyError):
+    """A worker name the fleet index does not know."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidEventError(InvalidInputError):
+    """A KV event batch that cannot be decoded or applied: a frame count other than 3, bad
+    msgpack, an unknown event tag, a field of the wrong type, a hash of the wrong width.
+    The fleet index counts it on the worker and is otherwise unchanged."""
+
+
 __all__ = [
     "BlockStateError",
+    "InvalidEventError",
     "InvalidInputError",
     "InvalidTypeError",
     "LockRefError",
@@ -55,5 +69,6 @@ __all__ = [
     "PrefixCacheError",
     "StaleHandleError",
     "UnknownRequestError",
+    "UnknownWorkerError",
     "UnsupportedHashInputError",
 ]

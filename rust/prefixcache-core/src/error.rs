@@ -20,6 +20,10 @@ pub enum Error {
     OutOfBlocks { requested: usize, available: usize },
     /// A value the hash encoders cannot encode exactly as vLLM does.
     UnsupportedHashInput(String),
+    /// A worker name the fleet index does not know.
+    UnknownWorker(String),
+    /// A KV event batch that cannot be decoded or applied (bad frame, msgpack, tag, field).
+    InvalidEvent(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -32,7 +36,9 @@ impl fmt::Display for Error {
             | Error::LockRef(m)
             | Error::BlockState(m)
             | Error::UnknownRequest(m)
-            | Error::UnsupportedHashInput(m) => f.write_str(m),
+            | Error::UnsupportedHashInput(m)
+            | Error::UnknownWorker(m)
+            | Error::InvalidEvent(m) => f.write_str(m),
             Error::OutOfBlocks {
                 requested,
                 available,

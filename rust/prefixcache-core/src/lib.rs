@@ -7,10 +7,12 @@
 //! - [`hash`]: vLLM v1 chained block hashes (pickle / CBOR byte streams, SHA-256, XXH3).
 //! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
 //! - [`trie`]: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
+//! - [`fleet`]: the fleet index: which worker holds a prefix, fed by engines' KV events.
 
 pub mod blocks;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod hash;
 pub mod radix;
 pub mod trie;

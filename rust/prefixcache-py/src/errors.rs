@@ -15,6 +15,8 @@ pub struct Classes {
     pub unknown_request: Py<PyType>,
     pub out_of_blocks: Py<PyType>,
     pub unsupported_hash_input: Py<PyType>,
+    pub unknown_worker: Py<PyType>,
+    pub invalid_event: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -34,6 +36,8 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             unknown_request: get("UnknownRequestError")?,
             out_of_blocks: get("OutOfBlocksError")?,
             unsupported_hash_input: get("UnsupportedHashInputError")?,
+            unknown_worker: get("UnknownWorkerError")?,
+            invalid_event: get("InvalidEventError")?,
         })
     })
 }
@@ -57,6 +61,8 @@ pub fn to_py(err: Error) -> PyErr {
             Error::UnknownRequest(_) => |c| &c.unknown_request,
             Error::OutOfBlocks { .. } => |c| &c.out_of_blocks,
             Error::UnsupportedHashInput(_) => |c| &c.unsupported_hash_input,
+            Error::UnknownWorker(_) => |c| &c.unknown_worker,
+            Error::InvalidEvent(_) => |c| &c.invalid_event,
         };
         raise(py, pick, msg)
     })

@@ -199,7 +199,7 @@ fn seed_or_default(seed: Option<&str>) -> String {
 /// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
 #[pyclass(frozen, name = "BlockHasher", module = "prefixcache._core")]
 pub struct PyBlockHasher {
-    inner: BlockHasher,
+    pub(crate) inner: BlockHasher,
 }
 
 #[pymethods]

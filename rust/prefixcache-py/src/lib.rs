@@ -12,7 +12,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod convert;
 mod errors;
+mod fleet_events;
+mod fleet_match;
 mod hasher;
+mod kv_index;
 mod manager;
 mod pool;
 mod radix;
@@ -37,5 +40,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
+    m.add_class::<kv_index::PyKvIndex>()?;
+    m.add_class::<fleet_match::PyFleetMatch>()?;
+    m.add_function(wrap_pyfunction!(kv_index::decode_kv_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::decode_kv_events, m)?)?;
     Ok(())
 }

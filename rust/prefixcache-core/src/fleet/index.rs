@@ -1,0 +1,709 @@
+//! `KvIndex`: which worker holds which block hash, on which medium, fed by KV events.
+//!
+//! - `blocks`: hash -> [`Holders`] (per medium, a bitset over worker slots).
+//! - per worker and medium: hash -> number of copies. vLLM may cache one hash on several
+//!   blocks (and in several KV-cache groups); a worker stops holding a hash on a medium
+//!   only when the last copy is removed.
+//! - per worker: the publisher's sequence state. Batches apply in sequence order; a batch
+//!   past the next expected number is not applied and marks the worker stale until the
+//!   missing batches arrive (a replay), since the events in between are unknown.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::event::{Batch, FleetEvent, HashForm, DEFAULT_MEDIUM};
+use super::holders::{for_each_bit, Holders};
+use super::wire;
+use crate::error::{Error, Result};
+
+/// Distinct media names an index accepts (GPU, CPU, disk tiers ... ); more is bad input.
+pub const MAX_MEDIA: usize = 64;
+
+/// What happened to a batch with a sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// Applied (its sequence number was the next expected one, or it had none).
+    Applied,
+    /// Already applied earlier (a replayed or repeated batch): ignored.
+    Duplicate,
+    /// Batches are missing before it: not applied, the worker is stale until they arrive.
+    Gap,
+}
+
+impl ApplyOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            ApplyOutcome::Applied => "applied",
+            ApplyOutcome::Duplicate => "duplicate",
+            ApplyOutcome::Gap => "gap",
+        }
+    }
+}
+
+/// Per-worker counters and sequence state (a snapshot).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerStatus {
+    pub worker: Arc<str>,
+    /// The sequence number the next batch must carry.
+    pub next_seq: u64,
+    /// The highest sequence number seen but not applied (set while batches are missing).
+    pub max_seen_seq: Option<u64>,
+    pub stale: bool,
+    pub expired: bool,
+    /// Time (caller's clock, seconds) of the last valid batch, or of `add_worker`.
+    pub last_seen: f64,
+    pub batches: u64,
+    pub block_events: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    /// Batches with sequence number 0 after others: the publisher restarted (the worker's
+    /// holdings were cleared first, as the engine starts empty).
+    pub restarts: u64,
+    /// `BlockRemoved` of a hash the worker did not hold on that medium.
+    pub unknown_removals: u64,
+    /// Rejected batches (bad frames, msgpack, tags, field types, hash widths).
+    pub errors: u64,
+    pub last_error: Option<String>,
+    pub dp_rank: Option<i64>,
+    /// Distinct (medium, hash) pairs held.
+    pub num_held: usize,
+}
+
+struct Worker {
+    name: Arc<str>,
+    /// Per medium id: hash -> copies (> 0).
+    held: Vec<FxHashMap<u64, u32>>,
+    next_seq: u64,
+    max_seen: Option<u64>,
+    last_seen: f64,
+    batches: u64,
+    block_events: u64,
+    duplicates: u64,
+    gaps: u64,
+    restarts: u64,
+    unknown_removals: u64,
+    errors: u64,
+    last_error: Option<String>,
+    dp_rank: Option<i64>,
+}
+
+impl Worker {
+    fn new(name: Arc<str>, now: f64) -> Self {
+        Worker {
+            name,
+            held: Vec::new(),
+            next_seq: 0,
+            max_seen: None,
+            last_seen: now,
+            batches: 0,
+            block_events: 0,
+            duplicates: 0,
+            gaps: 0,
+            restarts: 0,
+            unknown_removals: 0,
+            errors: 0,
+            last_error: None,
+            dp_rank: None,
+        }
+    }
+
+    fn stale(&self) -> bool {
+        self.max_seen.is_some_and(|m| m >= self.next_seq)
+    }
+}
+
+/// One worker's part of a query answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerMatch {
+    pub worker: Arc<str>,
+    /// Longest prefix held with each block on any medium.
+    pub blocks: u32,
+    /// Longest prefix held entirely on each medium (indexed like [`FleetMatch::media`]).
+    pub per_medium: SmallVec<[u32; 2]>,
+    /// Sum over the `blocks` prefix of the best weight among the media holding each block
+    /// (equals `blocks` with the default weights, 1 for every medium).
+    pub score: f64,
+    pub stale: bool,
+    pub expired: bool,
+}
+
+/// A query answer: every worker, in slot order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetMatch {
+    pub num_blocks: usize,
+    pub media: Vec<Arc<str>>,
+    pub workers: Vec<WorkerMatch>,
+}
+
+/// The fleet index (see the module docs).
+pub struct KvIndex {
+    form: HashForm,
+    ttl: Option<f64>,
+    media: Vec<Arc<str>>,
+    slots: Vec<Option<Worker>>,
+    free_slots: Vec<u32>,
+    names: FxHashMap<Arc<str>, u32>,
+    blocks: FxHashMap<u64, Holders>,
+}
+
+impl KvIndex {
+    /// `ttl`: seconds of silence after which a worker counts as expired (`None`: never).
+    pub fn new(form: HashForm, ttl: Option<f64>) -> Result<Self> {
+        if let Some(t) = ttl {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(Error::InvalidArgument(format!(
+                    "ttl must be a positive number of seconds, got {t}"
+                )));
+            }
+        }
+        Ok(KvIndex {
+            form,
+            ttl,
+            media: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            names: FxHashMap::default(),
+            blocks: FxHashMap::default(),
+        })
+    }
+
+    pub fn hash_form(&self) -> HashForm {
+        self.form
+    }
+
+    pub fn ttl(&self) -> Option<f64> {
+        self.ttl
+    }
+
+    /// Distinct hashes held by at least one worker.
+    pub fn num_hashes(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn media(&self) -> &[Arc<str>] {
+        &self.media
+    }
+
+    /// Worker names in slot order.
+    pub fn workers(&self) -> Vec<Arc<str>> {
+        self.slots.iter().flatten().map(|w| w.name.clone()).collect()
+    }
+
+    fn slot_of(&self, name: &str) -> Result<u32> {
+        self.names
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::UnknownWorker(format!("unknown worker {name:?}")))
+    }
+
+    fn worker(&self, slot: u32) -> &Worker {
+        match self.slots.get(slot as usize) {
+            Some(Some(w)) => w,
+            // `names` only maps to occupied slots (checked by `check_invariants`).
+            _ => unreachable!("slot {slot} of a known worker is empty"),
+        }
+    }
+
+    fn worker_mut(&mut self, slot: u32) -> &mut Worker {
+        match self.slots.get_mut(slot as usize) {
+            Some(Some(w)) => w,
+            _ => unreachable!("slot {slot} of a known worker is empty"),
+        }
+    }
+
+    /// Adds a worker (no-op when known); returns its slot. `now` starts its TTL.
+    pub fn add_worker(&mut self, name: &str, now: f64) -> u32 {
+        if let Some(&s) = self.names.get(name) {
+            return s;
+        }
+        let name: Arc<str> = Arc::from(name);
+        let w = Worker::new(name.clone(), now);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(w);
+                s
+            }
+            None => {
+                self.slots.push(Some(w));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.names.insert(name, slot);
+        slot
+    }
+
+    /// Removes a worker and everything it holds.
+    pub fn remove_worker(&mut self, name: &str) -> Result<()> {
+        let slot = self.slot_of(name)?;
+        self.clear_slot(slot);
+        self.slots[slot as usize] = None;
+        self.names.remove(name);
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
+    /// Forgets what the worker holds and expects `next_seq` next (a resync point chosen
+    /// by the caller, e.g. after a gap no replay can fill: the index then knows only the
+    /// blocks stored from there on).
+    pub fn reset_worker(&mut self, name: &str, next_seq: u64) -> Result<()> {
+        let slot = self.slot_of(name)?;
+        self.clear_slot(slot);
+        let w = self.worker_mut(slot);
+        w.next_seq = next_seq;
+        w.max_seen = None;
+        Ok(())
+    }
+
+    fn clear_slot(&mut self, slot: u32) {
+        let KvIndex { slots, blocks, .. } = self;
+        let Some(Some(w)) = slots.get_mut(slot as usize) else {
+            return;
+        };
+        for (m, held) in w.held.iter_mut().enumerate() {
+            for (h, _) in held.drain() {
+                if let Some(hs) = blocks.get_mut(&h) {
+                    if hs.clear(m as u8, slot) {
+                        blocks.remove(&h);
+                    }
+                }
+            }
+        }
+    }
+
+    fn medium_id(&self, name: &str) -> Option<u8> {
+        self.media
+            .iter()
+            .position(|m| &**m == name)
+            .map(|i| i as u8)
+    }
+
+    /// Interns every medium of `events`, or fails (changing nothing) past [`MAX_MEDIA`].
+    fn intern_media(&mut self, events: &[FleetEvent]) -> Result<()> {
+        let mut new: SmallVec<[&str; 2]> = SmallVec::new();
+        for m in events.iter().filter_map(FleetEvent::medium) {
+            if self.medium_id(m).is_none() && !new.contains(&m) {
+                new.push(m);
+            }
+        }
+        if self.media.len() + new.len() > MAX_MEDIA {
+            return Err(Error::InvalidEvent(format!(
+                "more than {MAX_MEDIA} distinct media (new: {new:?})"
+            )));
+        }
+        for m in new {
+            self.media.push(Arc::from(m));
+        }
+        Ok(())
+    }
+
+    /// Records a rejected batch for `name` (adding the worker when new).
+    pub fn record_error(&mut self, name: &str, message: &str, now: f64) {
+        let slot = self.add_worker(name, now);
+        let w = self.worker_mut(slot);
+        w.errors += 1;
+        w.last_error = Some(message.to_owned());
+    }
+
+    /// Decodes `[topic, seq, payload]` and applies it. A bad message is counted on the
+    /// worker, changes nothing else, and comes back as the error.
+    pub fn apply_frames(&mut self, name: &str, parts: &[&[u8]], now: f64) -> Result<ApplyOutcome> {
+        match wire::decode_frames(parts, self.form) {
+            Ok((seq, batch)) => self.apply_batch(name, &batch, Some(seq), now),
+            Err(e) => {
+                self.record_error(name, &e.to_string(), now);
+                Err(e)
+            }
+        }
+    }
+
+    /// Applies a decoded batch (its `dp_rank` is recorded).
+    pub fn apply_batch(
+        &mut self,
+        name: &str,
+        batch: &Batch,
+        seq: Option<u64>,
+        now: f64,
+    ) -> Result<ApplyOutcome> {
+        let out = self.apply(name, &batch.events, seq, now);
+        if out.is_ok() {
+            if let Some(&slot) = self.names.get(name) {
+                self.worker_mut(slot).dp_rank = batch.dp_rank;
+            }
+        }
+        out
+    }
+
+    /// Applies `events` to worker `name` (added when new). With `seq`, the batch is
+    /// applied only if it is the next one expected (see [`ApplyOutcome`]); a sequence
+    /// number 0 after others means the publisher restarted: its holdings are cleared first.
+    pub fn apply(
+        &mut self,
+        name: &str,
+        events: &[FleetEvent],
+        seq: Option<u64>,
+        now: f64,
+    ) -> Result<ApplyOutcome> {
+        if let Err(e) = self.intern_media(events) {
+            self.record_error(name, &e.to_string(), now);
+            return Err(e);
+        }
+        let slot = self.add_worker(name, now);
+        {
+            let w = self.worker_mut(slot);
+            w.last_seen = w.last_seen.max(now);
+            if let Some(s) = seq {
+                if s == 0 && w.next_seq > 0 {
+                    w.restarts += 1;
+                    w.max_seen = None;
+                    w.next_seq = 0;
+                    self.clear_slot(slot);
+                } else if s < w.next_seq {
+                    w.duplicates += 1;
+                    return Ok(ApplyOutcome::Duplicate);
+                } else if s > w.next_seq {
+                    w.gaps += 1;
+                    w.max_seen = Some(w.max_seen.map_or(s, |m| m.max(s)));
+                    return Ok(ApplyOutcome::Gap);
+                }
+            }
+        }
+        for ev in events {
+            self.apply_event(slot, ev);
+        }
+        let w = self.worker_mut(slot);
+        w.batches += 1;
+        w.block_events += events.iter().map(|e| e.num_block_events() as u64).sum::<u64>();
+        if let Some(s) = seq {
+            w.next_seq = s + 1;
+            if w.max_seen.is_some_and(|m| m < w.next_seq) {
+                w.max_seen = None;
+            }
+        }
+        Ok(ApplyOutcome::Applied)
+    }
+
+    fn apply_event(&mut self, slot: u32, ev: &FleetEvent) {
+        let medium = match ev.medium() {
+            // Interned by `intern_media` before any event is applied.
+            Some(m) => self.medium_id(m).unwrap_or(0),
+            None => {
+                self.clear_slot(slot);
+                return;
+            }
+        };
+        let KvIndex { slots, blocks, .. } = self;
+        let Some(Some(w)) = slots.get_mut(slot as usize) else {
+            return;
+        };
+        let m = medium as usize;
+        if w.held.len() <= m {
+            w.held.resize_with(m + 1, FxHashMap::default);
+        }
+        let held = &mut w.held[m];
+        match ev {
+            FleetEvent::Stored(s) => {
+                held.reserve(s.block_hashes.len());
+                for &h in &s.block_hashes {
+                    let c = held.entry(h).or_insert(0);
+                    *c += 1;
+                    if *c == 1 {
+                        blocks.entry(h).or_default().set(medium, slot);
+                    }
+                }
+            }
+            FleetEvent::Removed { block_hashes, .. } => {
+                for h in block_hashes {
+                    match held.get_mut(h) {
+                        None => w.unknown_removals += 1,
+                        Some(c) if *c > 1 => *c -= 1,
+                        Some(_) => {
+                            held.remove(h);
+                            if let Some(hs) = blocks.get_mut(h) {
+                                if hs.clear(medium, slot) {
+                                    blocks.remove(h);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            FleetEvent::Cleared => {}
+        }
+    }
+
+    fn expired(&self, w: &Worker, now: f64) -> bool {
+        self.ttl.is_some_and(|t| now - w.last_seen > t)
+    }
+
+    pub fn status(&self, name: &str, now: f64) -> Result<WorkerStatus> {
+        let w = self.worker(self.slot_of(name)?);
+        Ok(WorkerStatus {
+            worker: w.name.clone(),
+            next_seq: w.next_seq,
+            max_seen_seq: w.max_seen,
+            stale: w.stale(),
+            expired: self.expired(w, now),
+            last_seen: w.last_seen,
+            batches: w.batches,
+            block_events: w.block_events,
+            duplicates: w.duplicates,
+            gaps: w.gaps,
+            restarts: w.restarts,
+            unknown_removals: w.unknown_removals,
+            errors: w.errors,
+            last_error: w.last_error.clone(),
+            dp_rank: w.dp_rank,
+            num_held: w.held.iter().map(|h| h.len()).sum(),
+        })
+    }
+
+    /// The hashes `name` holds (on `medium`, or on any medium), sorted.
+    pub fn cached_hashes(&self, name: &str, medium: Option<&str>) -> Result<Vec<u64>> {
+        let w = self.worker(self.slot_of(name)?);
+        let mut out: Vec<u64> = match medium {
+            Some(m) => match self.medium_id(m) {
+                Some(id) => w
+                    .held
+                    .get(id as usize)
+                    .map(|h| h.keys().copied().collect())
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            },
+            None => w.held.iter().flat_map(|h| h.keys().copied()).collect(),
+        };
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Workers silent for longer than the TTL, removed; returns their names.
+    pub fn prune_expired(&mut self, now: f64) -> Vec<Arc<str>> {
+        let gone: Vec<Arc<str>> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|w| self.expired(w, now))
+            .map(|w| w.name.clone())
+            .collect();
+        for n in &gone {
+            // Listed just above, so known.
+            let _ = self.remove_worker(n);
+        }
+        gone
+    }
+
+    /// Per-medium weights by medium id (1.0 for media not named).
+    fn weight_table(&self, weights: Option<&[(String, f64)]>) -> Result<Option<Vec<f64>>> {
+        let Some(ws) = weights else {
+            return Ok(None);
+        };
+        let mut table = vec![1.0; self.media.len()];
+        for (name, w) in ws {
+            if !(w.is_finite() && *w >= 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "weight of medium {name:?} must be a finite number >= 0, got {w}"
+                )));
+            }
+            if let Some(id) = self.medium_id(name) {
+                table[id as usize] = *w;
+            }
+        }
+        Ok(Some(table))
+    }
+
+    /// Every worker's longest held prefix of `hashes` (a request's block hashes in order),
+    /// per medium and on any medium, with its score (see [`WorkerMatch`]).
+    pub fn longest_prefix(
+        &self,
+        hashes: &[u64],
+        now: f64,
+        weights: Option<&[(String, f64)]>,
+    ) -> Result<FleetMatch> {
+        let weights = self.weight_table(weights)?;
+        let n = hashes.len() as u32;
+        let nslots = self.slots.len();
+        let words = nslots.div_ceil(64);
+        let nm = self.media.len();
+        let mut live = vec![0u64; words];
+        for (s, w) in self.slots.iter().enumerate() {
+            if w.is_some() {
+                live[s / 64] |= 1 << (s % 64);
+            }
+        }
+        let live_count: usize = live.iter().map(|w| w.count_ones() as usize).sum();
+        // Rows 0..nm: per medium; row nm: any medium.
+        let mut active: Vec<u64> = Vec::with_capacity((nm + 1) * words);
+        for _ in 0..=nm {
+            active.extend_from_slice(&live);
+        }
+        let mut lens = vec![n; (nm + 1) * nslots];
+        let mut score = vec![0.0f64; if weights.is_some() { nslots } else { 0 }];
+        let mut remaining = live_count * (nm + 1);
+        let mut any_hold = vec![0u64; words];
+        let mut order: SmallVec<[(u8, f64); 4]> = SmallVec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            if remaining == 0 {
+                break;
+            }
+            let holders = self.blocks.get(h);
+            any_hold.fill(0);
+            for m in 0..nm {
+                let hb = holders.map_or(&[][..], |x| x.on(m as u8));
+                let row = &mut active[m * words..(m + 1) * words];
+                for (j, a) in row.iter_mut().enumerate() {
+                    let hw = hb.get(j).copied().unwrap_or(0);
+                    any_hold[j] |= hw;
+                    if *a == 0 {
+                        continue;
+                    }
+                    let kept = *a & hw;
+                    let dropped = *a & !kept;
+                    if dropped != 0 {
+                        remaining -= dropped.count_ones() as usize;
+                        let base = m * nslots;
+                        for_each_bit(j, dropped, |s| lens[base + s] = i as u32);
+                        *a = kept;
+                    }
+                }
+            }
+            let row = &mut active[nm * words..];
+            for (j, a) in row.iter_mut().enumerate() {
+                if *a == 0 {
+                    continue;
+                }
+                let kept = *a & any_hold[j];
+                let dropped = *a & !kept;
+                if dropped != 0 {
+                    remaining -= dropped.count_ones() as usize;
+                    let base = nm * nslots;
+                    for_each_bit(j, dropped, |s| lens[base + s] = i as u32);
+                    *a = kept;
+                }
+                if let (Some(wt), Some(hs)) = (&weights, holders) {
+                    // Best weight first: each worker counts the block once, at the best
+                    // weight among the media it holds the block on.
+                    order.clear();
+                    order.extend(hs.media().map(|(m, _)| (m, wt[m as usize])));
+                    order.sort_by(|x, y| y.1.total_cmp(&x.1));
+                    let mut covered = 0u64;
+                    for &(m, wm) in &order {
+                        let add = kept & hs.on(m).get(j).copied().unwrap_or(0) & !covered;
+                        covered |= add;
+                        for_each_bit(j, add, |s| score[s] += wm);
+                    }
+                }
+            }
+        }
+        let mut workers = Vec::with_capacity(live_count);
+        for (s, w) in self.slots.iter().enumerate() {
+            let Some(w) = w else { continue };
+            let blocks = lens[nm * nslots + s];
+            workers.push(WorkerMatch {
+                worker: w.name.clone(),
+                blocks,
+                per_medium: (0..nm).map(|m| lens[m * nslots + s]).collect(),
+                score: if weights.is_some() { score[s] } else { f64::from(blocks) },
+                stale: w.stale(),
+                expired: self.expired(w, now),
+            });
+        }
+        Ok(FleetMatch {
+            num_blocks: hashes.len(),
+            media: self.media.clone(),
+            workers,
+        })
+    }
+
+    /// The `k` best workers by score (ties: longer prefix, then slot order). Stale and
+    /// expired workers are left out unless `include_unhealthy`.
+    pub fn top_k(
+        &self,
+        hashes: &[u64],
+        k: usize,
+        now: f64,
+        weights: Option<&[(String, f64)]>,
+        include_unhealthy: bool,
+    ) -> Result<Vec<WorkerMatch>> {
+        let m = self.longest_prefix(hashes, now, weights)?;
+        let mut ws: Vec<WorkerMatch> = m
+            .workers
+            .into_iter()
+            .filter(|w| include_unhealthy || !(w.stale || w.expired))
+            .collect();
+        // Stable sort keeps slot order among equals.
+        ws.sort_by(|a, b| b.score.total_cmp(&a.score).then(b.blocks.cmp(&a.blocks)));
+        ws.truncate(k);
+        Ok(ws)
+    }
+
+    /// Full consistency check (tests): holders and per-worker copies agree exactly.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        for (name, &slot) in &self.names {
+            match self.slots.get(slot as usize) {
+                Some(Some(w)) if *w.name == **name => {}
+                _ => return Err(format!("name {name:?} maps to slot {slot}, which is not it")),
+            }
+        }
+        let occupied = self.slots.iter().flatten().count();
+        if occupied != self.names.len() {
+            return Err(format!("{occupied} occupied slots, {} names", self.names.len()));
+        }
+        let mut pairs = 0usize;
+        for (s, w) in self.slots.iter().enumerate() {
+            let Some(w) = w else { continue };
+            for (m, held) in w.held.iter().enumerate() {
+                for (h, &c) in held {
+                    if c == 0 {
+                        return Err(format!("worker {:?} holds {h} with 0 copies", w.name));
+                    }
+                    let set = self
+                        .blocks
+                        .get(h)
+                        .map(|hs| hs.on(m as u8))
+                        .and_then(|b| b.get(s / 64))
+                        .is_some_and(|word| word & (1 << (s % 64)) != 0);
+                    if !set {
+                        return Err(format!("worker {:?} holds {h} but is not listed", w.name));
+                    }
+                    pairs += 1;
+                }
+            }
+        }
+        let mut bits = 0usize;
+        for (h, hs) in &self.blocks {
+            if hs.is_empty() {
+                return Err(format!("hash {h} listed with no holder"));
+            }
+            for (m, b) in hs.media() {
+                if b.last() == Some(&0) {
+                    return Err(format!("hash {h} medium {m}: trailing zero word"));
+                }
+                for (j, word) in b.iter().enumerate() {
+                    let mut bad = None;
+                    for_each_bit(j, *word, |s| {
+                        let ok = matches!(self.slots.get(s), Some(Some(w))
+                            if w.held.get(m as usize).is_some_and(|x| x.contains_key(h)));
+                        if !ok {
+                            bad = Some(s);
+                        }
+                    });
+                    if let Some(s) = bad {
+                        return Err(format!("hash {h} lists slot {s}, which does not hold it"));
+                    }
+                    bits += word.count_ones() as usize;
+                }
+            }
+        }
+        if bits != pairs {
+            return Err(format!("{bits} holder bits, {pairs} held pairs"));
+        }
+        Ok(())
+    }
+}
+
+/// The default medium's name.
+pub fn default_medium() -> &'static str {
+    DEFAULT_MEDIUM
+}

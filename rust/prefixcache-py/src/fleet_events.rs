@@ -1,0 +1,185 @@
+//! KV event objects -> core `FleetEvent`s: prefixcache's own `prefixcache.events`
+//! classes, vLLM's (any object whose class is named `BlockStored` / `BlockRemoved` /
+//! `AllBlocksCleared`, read by vLLM's field names), and `"type"`-tagged dicts (a decoded
+//! msgpack payload). Every problem is a message (the caller counts it on the worker and
+//! raises `InvalidEventError`); nothing is applied unless the whole batch converts.
+
+use prefixcache_core::fleet::{FleetEvent, HashForm, Stored};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
+
+use crate::convert::type_name;
+
+type Conv<T> = std::result::Result<T, String>;
+
+/// A field by name: a dict key or an attribute; `None` when absent or None.
+fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Conv<Option<Bound<'py, PyAny>>> {
+    let v = if let Ok(d) = ev.cast::<PyDict>() {
+        d.get_item(name).map_err(|e| e.to_string())?
+    } else {
+        match ev.getattr(name) {
+            Ok(v) => Some(v),
+            Err(_) => None,
+        }
+    };
+    Ok(v.filter(|v| !v.is_none()))
+}
+
+/// One block hash: an int in [0, 2**64) or bytes of the configured width.
+pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
+    if let Ok(b) = h.cast::<PyBytes>() {
+        return form.key(b.as_bytes(), what).map_err(|e| e.to_string());
+    }
+    if h.is_instance_of::<PyInt>() && !h.is_instance_of::<PyBool>() {
+        return h.extract::<u64>().map_err(|_| {
+            format!(
+                "{what}: block hash {} is out of range (an int in [0, 2**64) or {} bytes)",
+                h.repr().map(|r| r.to_string()).unwrap_or_default(),
+                form.hash_bytes
+            )
+        });
+    }
+    // numpy integer scalars
+    if let Ok(v) = h.call_method0("__index__") {
+        return hash_key(&v, form, what);
+    }
+    Err(format!(
+        "{what}: a block hash must be an int or bytes, got {}",
+        type_name(h)
+    ))
+}
+
+fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<Vec<u64>> {
+    if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+        return Err(format!("{what} must be a list of hashes, got {}", type_name(v)));
+    }
+    let it = v
+        .try_iter()
+        .map_err(|_| format!("{what} must be a list of hashes, got {}", type_name(v)))?;
+    let mut out = Vec::with_capacity(v.len().unwrap_or(0));
+    for h in it {
+        out.push(hash_key(&h.map_err(|e| e.to_string())?, form, what)?);
+    }
+    Ok(out)
+}
+
+fn opt_int(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<i64>> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>() => v
+            .extract::<i64>()
+            .map(Some)
+            .map_err(|_| format!("{what} is out of the int64 range")),
+        Some(v) => Err(format!("{what} must be an int or None, got {}", type_name(&v))),
+    }
+}
+
+fn opt_str(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<String>> {
+    match v {
+        None => Ok(None),
+        Some(v) => match v.cast::<PyString>() {
+            Ok(s) => Ok(Some(s.to_str().map_err(|e| e.to_string())?.to_owned())),
+            Err(_) => Err(format!("{what} must be a str or None, got {}", type_name(&v))),
+        },
+    }
+}
+
+fn group(v: Option<Bound<'_, PyAny>>) -> Conv<u32> {
+    match opt_int(v, "group_idx")? {
+        None => Ok(0),
+        Some(g) => u32::try_from(g).map_err(|_| format!("group_idx {g} is out of range")),
+    }
+}
+
+fn token_count(v: Option<Bound<'_, PyAny>>) -> Conv<usize> {
+    match v {
+        None => Ok(0),
+        Some(v) => crate::convert::tokens(&v, "token_ids")
+            .map(|t| t.len())
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn event_tag(ev: &Bound<'_, PyAny>) -> Conv<String> {
+    if let Ok(d) = ev.cast::<PyDict>() {
+        return match d.get_item("type").map_err(|e| e.to_string())? {
+            Some(t) => match t.cast::<PyString>() {
+                Ok(s) => Ok(s.to_string()),
+                Err(_) => Err(format!("\"type\" must be a str, got {}", type_name(&t))),
+            },
+            None => Err("event dict has no \"type\" key".to_owned()),
+        };
+    }
+    ev.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// One event object.
+pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
+    let tag = event_tag(ev)?;
+    match tag.as_str() {
+        "BlockStored" => {
+            let block_hashes = match field(ev, "block_hashes")? {
+                Some(v) => hash_list(&v, form, "block_hashes")?,
+                None => return Err("BlockStored without block_hashes".to_owned()),
+            };
+            let parent_block_hash = match field(ev, "parent_block_hash")? {
+                Some(v) => Some(hash_key(&v, form, "parent_block_hash")?),
+                None => None,
+            };
+            let block_size = match opt_int(field(ev, "block_size")?, "block_size")? {
+                Some(b) if b > 0 && b <= i64::from(u32::MAX) => b as u32,
+                Some(b) => return Err(format!("block_size must be positive, got {b}")),
+                None => return Err("BlockStored without block_size".to_owned()),
+            };
+            if let Some(k) = field(ev, "extra_keys")? {
+                let n = k
+                    .len()
+                    .map_err(|_| format!("extra_keys must be a list, got {}", type_name(&k)))?;
+                if n != block_hashes.len() {
+                    return Err(format!(
+                        "extra_keys has {n} entries for {} blocks",
+                        block_hashes.len()
+                    ));
+                }
+            }
+            Ok(FleetEvent::Stored(Stored {
+                num_tokens: token_count(field(ev, "token_ids")?)?,
+                block_size,
+                lora_id: opt_int(field(ev, "lora_id")?, "lora_id")?,
+                lora_name: opt_str(field(ev, "lora_name")?, "lora_name")?,
+                medium: opt_str(field(ev, "medium")?, "medium")?,
+                group_idx: group(field(ev, "group_idx")?)?,
+                block_hashes,
+                parent_block_hash,
+            }))
+        }
+        "BlockRemoved" => Ok(FleetEvent::Removed {
+            block_hashes: match field(ev, "block_hashes")? {
+                Some(v) => hash_list(&v, form, "block_hashes")?,
+                None => return Err("BlockRemoved without block_hashes".to_owned()),
+            },
+            medium: opt_str(field(ev, "medium")?, "medium")?,
+            group_idx: group(field(ev, "group_idx")?)?,
+        }),
+        "AllBlocksCleared" => Ok(FleetEvent::Cleared),
+        other => Err(format!(
+            "unknown event type {other:?} (expected BlockStored, BlockRemoved or AllBlocksCleared)"
+        )),
+    }
+}
+
+/// A batch of event objects (any iterable), all or nothing.
+pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Conv<Vec<FleetEvent>> {
+    let it = objs
+        .try_iter()
+        .map_err(|_| format!("events must be an iterable of events, got {}", type_name(objs)))?;
+    let mut out = Vec::new();
+    for (i, ev) in it.enumerate() {
+        let ev = ev.map_err(|e| e.to_string())?;
+        out.push(event(&ev, form).map_err(|e| format!("event {i}: {e}"))?);
+    }
+    Ok(out)
+}

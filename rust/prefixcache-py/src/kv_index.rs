@@ -1,0 +1,438 @@
+//! `KvIndex`: the fleet index (prefixcache_core::fleet), plus the decoders the Redis
+//! backend shares with it. Argument and error mapping only.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex};
+use prefixcache_core::Error;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use crate::convert::{self, type_name};
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::fleet_events;
+use crate::fleet_match::PyFleetMatch;
+use crate::hasher::PyBlockHasher;
+use crate::shared::Shared;
+
+/// Payloads from which `apply_frames` decodes with the GIL released (after a copy).
+const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
+
+fn now_or(now: Option<f64>) -> PyResult<f64> {
+    match now {
+        Some(t) if t.is_finite() => Ok(t),
+        Some(t) => Err(invalid_input(format!("now must be a finite time, got {t}"))),
+        None => Ok(SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0)),
+    }
+}
+
+fn form_of(hash_bytes: i64) -> PyResult<HashForm> {
+    usize::try_from(hash_bytes)
+        .map_err(|_| invalid_input(format!("hash_bytes must be 8..=32, got {hash_bytes}")))
+        .and_then(|n| HashForm::new(n).py_err())
+}
+
+/// Frames as owned-or-borrowed byte buffers; a wrong count or type is a message.
+fn frame_parts(frames: &Bound<'_, PyAny>) -> std::result::Result<Vec<PyBackedBytes>, String> {
+    if frames.is_instance_of::<PyString>() {
+        return Err("frames must be a list of bytes, got str".to_owned());
+    }
+    let it = frames
+        .try_iter()
+        .map_err(|_| format!("frames must be a list of bytes, got {}", type_name(frames)))?;
+    let mut out = Vec::with_capacity(3);
+    for (i, f) in it.enumerate() {
+        let f = f.map_err(|e| e.to_string())?;
+        out.push(
+            f.extract::<PyBackedBytes>()
+                .map_err(|_| format!("frame {i} must be bytes, got {}", type_name(&f)))?,
+        );
+    }
+    Ok(out)
+}
+
+/// A request's block hashes: ints (list or uint64/int64 array) or digests of `hash_bytes`.
+fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
+    if let Ok(a) = obj.cast::<PyArray1<u64>>() {
+        return Ok(a.readonly().as_array().to_vec());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        let v = a.readonly().as_array().to_vec();
+        return v
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                u64::try_from(x).map_err(|_| invalid_input(format!("hashes[{i}] = {x} is negative")))
+            })
+            .collect();
+    }
+    if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
+        return Err(invalid_type(format!(
+            "hashes: a numpy array must have dtype uint64 or int64, got {}",
+            a.dtype()
+        )));
+    }
+    if obj.is_instance_of::<PyString>() {
+        return Err(invalid_type("hashes must be a sequence of block hashes, got str"));
+    }
+    let it = obj.try_iter().map_err(|_| {
+        invalid_type(format!("hashes must be a sequence of block hashes, got {}", type_name(obj)))
+    })?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for (i, h) in it.enumerate() {
+        let h = h?;
+        out.push(
+            fleet_events::hash_key(&h, form, &format!("hashes[{i}]")).map_err(invalid_input)?,
+        );
+    }
+    Ok(out)
+}
+
+/// `hashes`, or the hashes of `tokens` under `hasher` (last 8 bytes, big-endian).
+fn request_hashes(
+    py: Python<'_>,
+    form: HashForm,
+    hashes: Option<&Bound<'_, PyAny>>,
+    tokens: Option<&Bound<'_, PyAny>>,
+    hasher: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<u64>> {
+    match (hashes, tokens, hasher) {
+        (Some(h), None, None) => query_hashes(h, form),
+        (None, Some(t), Some(hs)) => {
+            let hs = hs.cast::<PyBlockHasher>().map_err(|_| {
+                invalid_type(format!("hasher must be a BlockHasher, got {}", type_name(hs)))
+            })?;
+            let toks = convert::tokens(t, "tokens")?;
+            let hasher = &hs.get().inner;
+            let digests = if toks.len() >= 1024 {
+                let v = toks.into_vec();
+                py.detach(|| hasher.hash_blocks(&v, None, None))
+            } else {
+                hasher.hash_blocks(toks.as_slice(), None, None)
+            }
+            .py_err()?;
+            Ok(digests.iter().map(|d| d.to_u64()).collect())
+        }
+        _ => Err(invalid_input(
+            "give either hashes, or tokens together with a hasher (BlockHasher)",
+        )),
+    }
+}
+
+fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(String, f64)>>> {
+    let Some(w) = weights.filter(|w| !w.is_none()) else {
+        return Ok(None);
+    };
+    let d = w.cast::<PyDict>().map_err(|_| {
+        invalid_type(format!("weights must be a dict of medium -> weight, got {}", type_name(w)))
+    })?;
+    let mut out = Vec::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let name: String = k.extract().map_err(|_| {
+            invalid_type(format!("weights: a medium name must be a str, got {}", type_name(&k)))
+        })?;
+        let x: f64 = v.extract().map_err(|_| {
+            invalid_type(format!("weights[{name:?}] must be a number, got {}", type_name(&v)))
+        })?;
+        out.push((name, x));
+    }
+    Ok(Some(out))
+}
+
+fn outcome(o: ApplyOutcome) -> &'static str {
+    o.name()
+}
+
+/// Which workers hold which block hashes, per medium, fed by the engines' KV events.
+#[pyclass(name = "KvIndex", module = "prefixcache._core", frozen)]
+pub struct PyKvIndex {
+    inner: Shared<KvIndex>,
+    form: HashForm,
+    ttl: Option<f64>,
+}
+
+#[pymethods]
+impl PyKvIndex {
+    #[new]
+    #[pyo3(signature = (ttl=None, hash_bytes=32))]
+    fn new(ttl: Option<f64>, hash_bytes: i64) -> PyResult<Self> {
+        let form = form_of(hash_bytes)?;
+        Ok(PyKvIndex {
+            inner: Shared::new("KvIndex", KvIndex::new(form, ttl).py_err()?),
+            form,
+            ttl,
+        })
+    }
+
+    #[getter]
+    fn ttl(&self) -> Option<f64> {
+        self.ttl
+    }
+
+    #[getter]
+    fn hash_bytes(&self) -> usize {
+        self.form.hash_bytes
+    }
+
+    /// Distinct hashes held by at least one worker.
+    #[getter]
+    fn num_hashes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |ix| ix.num_hashes())
+    }
+
+    #[getter]
+    fn media(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner
+            .with(py, |ix| ix.media().iter().map(|m| m.to_string()).collect())
+    }
+
+    fn workers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner
+            .with(py, |ix| ix.workers().iter().map(|m| m.to_string()).collect())
+    }
+
+    #[pyo3(signature = (worker, now=None))]
+    fn add_worker(&self, py: Python<'_>, worker: &str, now: Option<f64>) -> PyResult<()> {
+        let now = now_or(now)?;
+        self.inner.with(py, |ix| {
+            ix.add_worker(worker, now);
+        })
+    }
+
+    fn remove_worker(&self, py: Python<'_>, worker: &str) -> PyResult<()> {
+        self.inner.with(py, |ix| ix.remove_worker(worker))?.py_err()
+    }
+
+    #[pyo3(signature = (worker, next_seq=0))]
+    fn reset_worker(&self, py: Python<'_>, worker: &str, next_seq: u64) -> PyResult<()> {
+        self.inner
+            .with(py, |ix| ix.reset_worker(worker, next_seq))?
+            .py_err()
+    }
+
+    /// Applies event objects; returns "applied", "duplicate" or "gap".
+    #[pyo3(signature = (worker, events, seq=None, now=None))]
+    fn apply(
+        &self,
+        py: Python<'_>,
+        worker: &str,
+        events: &Bound<'_, PyAny>,
+        seq: Option<u64>,
+        now: Option<f64>,
+    ) -> PyResult<&'static str> {
+        let now = now_or(now)?;
+        let converted = fleet_events::events(events, self.form);
+        self.inner
+            .with(py, |ix| match converted {
+                Ok(evs) => ix.apply(worker, &evs, seq, now),
+                Err(msg) => {
+                    ix.record_error(worker, &msg, now);
+                    Err(Error::InvalidEvent(msg))
+                }
+            })?
+            .py_err()
+            .map(outcome)
+    }
+
+    /// Applies one ZMQ message `[topic, seq, payload]` as the engines send it.
+    #[pyo3(signature = (worker, frames, now=None))]
+    fn apply_frames(
+        &self,
+        py: Python<'_>,
+        worker: &str,
+        frames: &Bound<'_, PyAny>,
+        now: Option<f64>,
+    ) -> PyResult<&'static str> {
+        let now = now_or(now)?;
+        let parts = match frame_parts(frames) {
+            Ok(p) => p,
+            Err(msg) => {
+                return self
+                    .inner
+                    .with(py, |ix| {
+                        ix.record_error(worker, &msg, now);
+                        Err(Error::InvalidEvent(msg))
+                    })?
+                    .py_err();
+            }
+        };
+        let size: usize = parts.iter().map(|p| p.len()).sum();
+        let out = if size >= DETACH_MIN_PAYLOAD {
+            let owned: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+            let worker = worker.to_owned();
+            self.inner.detached(py, move |ix| {
+                let refs: Vec<&[u8]> = owned.iter().map(|p| p.as_slice()).collect();
+                ix.apply_frames(&worker, &refs, now)
+            })?
+        } else {
+            self.inner.with(py, |ix| {
+                let refs: Vec<&[u8]> = parts.iter().map(|p| &**p).collect();
+                ix.apply_frames(worker, &refs, now)
+            })?
+        };
+        out.py_err().map(outcome)
+    }
+
+    /// Every worker's longest held prefix of a request (its block hashes, or its tokens
+    /// and a `BlockHasher`), per medium and on any medium.
+    #[pyo3(signature = (hashes=None, *, tokens=None, hasher=None, weights=None, now=None))]
+    fn longest_prefix(
+        &self,
+        py: Python<'_>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        tokens: Option<&Bound<'_, PyAny>>,
+        hasher: Option<&Bound<'_, PyAny>>,
+        weights: Option<&Bound<'_, PyAny>>,
+        now: Option<f64>,
+    ) -> PyResult<PyFleetMatch> {
+        let now = now_or(now)?;
+        let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
+        let weights = weights_arg(weights)?;
+        let m = self
+            .inner
+            .with(py, |ix| ix.longest_prefix(&hs, now, weights.as_deref()))?
+            .py_err()?;
+        Ok(PyFleetMatch { inner: m })
+    }
+
+    /// The `k` best workers as `(worker, score, blocks)`, best first.
+    #[pyo3(signature = (hashes=None, k=1, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn top_k(
+        &self,
+        py: Python<'_>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        k: usize,
+        tokens: Option<&Bound<'_, PyAny>>,
+        hasher: Option<&Bound<'_, PyAny>>,
+        weights: Option<&Bound<'_, PyAny>>,
+        now: Option<f64>,
+        include_unhealthy: bool,
+    ) -> PyResult<Vec<(String, f64, u32)>> {
+        let now = now_or(now)?;
+        let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
+        let weights = weights_arg(weights)?;
+        let top = self
+            .inner
+            .with(py, |ix| {
+                ix.top_k(&hs, k, now, weights.as_deref(), include_unhealthy)
+            })?
+            .py_err()?;
+        Ok(top
+            .into_iter()
+            .map(|w| (w.worker.to_string(), w.score, w.blocks))
+            .collect())
+    }
+
+    /// Sequence state, health and counters of one worker.
+    #[pyo3(signature = (worker, now=None))]
+    fn status<'py>(
+        &self,
+        py: Python<'py>,
+        worker: &str,
+        now: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let now = now_or(now)?;
+        let s = self.inner.with(py, |ix| ix.status(worker, now))?.py_err()?;
+        let d = PyDict::new(py);
+        d.set_item("worker", &*s.worker)?;
+        d.set_item("next_seq", s.next_seq)?;
+        d.set_item("max_seen_seq", s.max_seen_seq)?;
+        d.set_item("stale", s.stale)?;
+        d.set_item("expired", s.expired)?;
+        d.set_item("last_seen", s.last_seen)?;
+        d.set_item("batches", s.batches)?;
+        d.set_item("block_events", s.block_events)?;
+        d.set_item("duplicates", s.duplicates)?;
+        d.set_item("gaps", s.gaps)?;
+        d.set_item("restarts", s.restarts)?;
+        d.set_item("unknown_removals", s.unknown_removals)?;
+        d.set_item("errors", s.errors)?;
+        d.set_item("last_error", s.last_error)?;
+        d.set_item("dp_rank", s.dp_rank)?;
+        d.set_item("num_held", s.num_held)?;
+        Ok(d)
+    }
+
+    /// The hashes `worker` holds (on `medium`, or on any medium), sorted.
+    #[pyo3(signature = (worker, medium=None))]
+    fn cached_hashes(&self, py: Python<'_>, worker: &str, medium: Option<&str>) -> PyResult<Vec<u64>> {
+        self.inner
+            .with(py, |ix| ix.cached_hashes(worker, medium))?
+            .py_err()
+    }
+
+    /// Removes the workers silent for longer than the TTL; returns their names.
+    #[pyo3(signature = (now=None))]
+    fn prune_expired(&self, py: Python<'_>, now: Option<f64>) -> PyResult<Vec<String>> {
+        let now = now_or(now)?;
+        self.inner.with(py, |ix| {
+            ix.prune_expired(now).iter().map(|n| n.to_string()).collect()
+        })
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .detached(py, |ix| ix.check_invariants())?
+            .map_err(|m| pyo3::exceptions::PyAssertionError::new_err(m))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.with(py, |ix| {
+            format!(
+                "KvIndex(workers={}, hashes={}, media={:?})",
+                ix.workers().len(),
+                ix.num_hashes(),
+                ix.media().iter().map(|m| m.to_string()).collect::<Vec<_>>()
+            )
+        })
+    }
+}
+
+fn ops_list<'py>(py: Python<'py>, events: &[FleetEvent]) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for ev in events {
+        let t = match ev {
+            FleetEvent::Stored(s) => ("stored", ev.medium(), s.block_hashes.clone()),
+            FleetEvent::Removed { block_hashes, .. } => ("removed", ev.medium(), block_hashes.clone()),
+            FleetEvent::Cleared => ("cleared", None, Vec::new()),
+        };
+        out.append(PyTuple::new(py, [t.0.into_pyobject(py)?.into_any(), t.1.into_pyobject(py)?.into_any(), t.2.into_pyobject(py)?.into_any()])?)?;
+    }
+    Ok(out)
+}
+
+/// `(seq, ts, dp_rank, ops)` of one ZMQ message, ops as `(kind, medium, hashes)`.
+#[pyfunction]
+#[pyo3(signature = (frames, hash_bytes=32))]
+#[allow(clippy::type_complexity)]
+pub fn decode_kv_frames<'py>(
+    py: Python<'py>,
+    frames: &Bound<'py, PyAny>,
+    hash_bytes: i64,
+) -> PyResult<(u64, f64, Option<i64>, Bound<'py, PyList>)> {
+    let form = form_of(hash_bytes)?;
+    let parts = frame_parts(frames).map_err(|m| crate::errors::to_py(Error::InvalidEvent(m)))?;
+    let refs: Vec<&[u8]> = parts.iter().map(|p| &**p).collect();
+    let (seq, batch) = wire::decode_frames(&refs, form).py_err()?;
+    Ok((seq, batch.ts, batch.dp_rank, ops_list(py, &batch.events)?))
+}
+
+/// Event objects as `(kind, medium, hashes)` ops (the conversion `KvIndex.apply` uses).
+#[pyfunction]
+#[pyo3(signature = (events, hash_bytes=32))]
+pub fn decode_kv_events<'py>(
+    py: Python<'py>,
+    events: &Bound<'py, PyAny>,
+    hash_bytes: i64,
+) -> PyResult<Bound<'py, PyList>> {
+    let form = form_of(hash_bytes)?;
+    let evs = fleet_events::events(events, form)
+        .map_err(|m| crate::errors::to_py(Error::InvalidEvent(m)))?;
+    ops_list(py, &evs)
+}
