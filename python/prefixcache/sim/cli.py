@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from prefixcache.errors import PrefixCacheError
+from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
 from prefixcache.sim.policies import POLICY_NAMES
 from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
 from prefixcache.sim.report import (
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     _add_model(r)
     r.add_argument("--records-csv", metavar="PATH", help="write one row per request and policy")
+    add_fleet_args(r)
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
     _add_trace(s)
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="PNG", help="write the plot (matplotlib)")
     _add_common(s, capacity=False)
     _add_model(s)
+    add_fleet_args(s, sweep=True)
 
     t = sub.add_parser("trace-stats", help="sizes and prefix sharing of a trace")
     _add_trace(t)
@@ -211,6 +214,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    if args.instances is not None:
+        return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
     results = _run(args, reqs, args.capacity, console, err)
     sums = [summarize(r) for r in results]
@@ -238,6 +243,8 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    if args.instances is not None:
+        return fleet_sweep_command(args, label, tr, console, err)
     reqs = tr.requests
     caps: list[int] = args.capacities
     if not caps:

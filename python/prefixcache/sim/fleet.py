@@ -45,6 +45,7 @@ class EventCounters:
     delivered: int = 0  # batches the index applied
     lost: int = 0  # batches lost on the way
     resyncs: int = 0  # workers reset after a sequence gap
+    in_flight: int = 0  # batches still on the way when the replay ended
 
 
 @dataclass
@@ -248,6 +249,8 @@ def fleet_replay(
         pos += 1
         gate.arrive(i, a, route)
     gate.check_drained()
+    if path is not None:
+        path.counters.in_flight = len(path._queue)
     dt = time.perf_counter() - t0
     res = FleetResult(pols[0].name, rt.name, instances, capacity, records, served_by,
                       [p.stats() for p in pols], dt, event_delay, event_loss,
