@@ -267,3 +267,28 @@ def test_mooncake_round_robin_matches_dynamo() -> None:
     # NVIDIA Dynamo 1.4.2 replay, 4 vLLM workers x 187,500 blocks of 16, round robin:
     # first-admission reuse 0.131 (docs/FLEET_REPLAY.md).
     assert abs(res.summary()["hit_rate"] - 0.131) < 0.01
+
+
+def test_compact_events_leave_the_index_in_the_same_state() -> None:
+    from prefixcache import KVCacheManager
+    from prefixcache._core import KvIndex
+
+    rng = np.random.default_rng(0)
+    full = KVCacheManager(65, block_size=16, enable_kv_cache_events=True)
+    compact = KVCacheManager(65, block_size=16, enable_kv_cache_events=True)
+    ix_full, ix_compact = KvIndex(), KvIndex()
+    merged = 0
+    for step in range(200):
+        prompt = np.concatenate([_toks(0, int(rng.integers(0, 200))),
+                                 _toks(1000 * (step + 1), int(rng.integers(1, 300)))])
+        for mgr, ix, small in ((full, ix_full, False), (compact, ix_compact, True)):
+            if mgr.admit(step, prompt, 0) is not None:
+                mgr.finish(step)
+            evs = mgr.take_events(compact=small)
+            if small:
+                assert all(getattr(e, "token_ids", None) is None for e in evs)
+                merged += sum(len(getattr(e, "block_hashes", [])) > 1 for e in evs
+                              if type(e).__name__ == "BlockRemoved")
+            ix.apply("w", evs, seq=step)
+        assert ix_full.cached_hashes("w") == ix_compact.cached_hashes("w")
+    assert merged > 0  # removals were merged

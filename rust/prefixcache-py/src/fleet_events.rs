@@ -51,7 +51,10 @@ pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
 
 fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<Vec<u64>> {
     if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
-        return Err(format!("{what} must be a list of hashes, got {}", type_name(v)));
+        return Err(format!(
+            "{what} must be a list of hashes, got {}",
+            type_name(v)
+        ));
     }
     let it = v
         .try_iter()
@@ -70,7 +73,10 @@ fn opt_int(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<i64>> {
             .extract::<i64>()
             .map(Some)
             .map_err(|_| format!("{what} is out of the int64 range")),
-        Some(v) => Err(format!("{what} must be an int or None, got {}", type_name(&v))),
+        Some(v) => Err(format!(
+            "{what} must be an int or None, got {}",
+            type_name(&v)
+        )),
     }
 }
 
@@ -79,7 +85,10 @@ fn opt_str(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<String>> {
         None => Ok(None),
         Some(v) => match v.cast::<PyString>() {
             Ok(s) => Ok(Some(s.to_str().map_err(|e| e.to_string())?.to_owned())),
-            Err(_) => Err(format!("{what} must be a str or None, got {}", type_name(&v))),
+            Err(_) => Err(format!(
+                "{what} must be a str or None, got {}",
+                type_name(&v)
+            )),
         },
     }
 }
@@ -173,9 +182,12 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
 
 /// A batch of event objects (any iterable), all or nothing.
 pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Conv<Vec<FleetEvent>> {
-    let it = objs
-        .try_iter()
-        .map_err(|_| format!("events must be an iterable of events, got {}", type_name(objs)))?;
+    let it = objs.try_iter().map_err(|_| {
+        format!(
+            "events must be an iterable of events, got {}",
+            type_name(objs)
+        )
+    })?;
     let mut out = Vec::new();
     for (i, ev) in it.enumerate() {
         let ev = ev.map_err(|e| e.to_string())?;

@@ -44,7 +44,11 @@ impl PyFleetMatch {
     /// Worker names, in the index's slot order.
     #[getter]
     fn workers(&self) -> Vec<String> {
-        self.inner.workers.iter().map(|w| w.worker.to_string()).collect()
+        self.inner
+            .workers
+            .iter()
+            .map(|w| w.worker.to_string())
+            .collect()
     }
 
     /// Longest prefix `worker` holds: on `medium`, or with every block on some medium.
@@ -108,7 +112,10 @@ impl PyFleetMatch {
                 &*w.worker,
                 w.blocks
             ),
-            None => format!("FleetMatch(num_blocks={}, workers=0)", self.inner.num_blocks),
+            None => format!(
+                "FleetMatch(num_blocks={}, workers=0)",
+                self.inner.num_blocks
+            ),
         }
     }
 }

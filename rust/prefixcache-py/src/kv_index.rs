@@ -67,7 +67,8 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
             .into_iter()
             .enumerate()
             .map(|(i, x)| {
-                u64::try_from(x).map_err(|_| invalid_input(format!("hashes[{i}] = {x} is negative")))
+                u64::try_from(x)
+                    .map_err(|_| invalid_input(format!("hashes[{i}] = {x} is negative")))
             })
             .collect();
     }
@@ -78,17 +79,20 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
         )));
     }
     if obj.is_instance_of::<PyString>() {
-        return Err(invalid_type("hashes must be a sequence of block hashes, got str"));
+        return Err(invalid_type(
+            "hashes must be a sequence of block hashes, got str",
+        ));
     }
     let it = obj.try_iter().map_err(|_| {
-        invalid_type(format!("hashes must be a sequence of block hashes, got {}", type_name(obj)))
+        invalid_type(format!(
+            "hashes must be a sequence of block hashes, got {}",
+            type_name(obj)
+        ))
     })?;
     let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
     for (i, h) in it.enumerate() {
         let h = h?;
-        out.push(
-            fleet_events::hash_key(&h, form, &format!("hashes[{i}]")).map_err(invalid_input)?,
-        );
+        out.push(fleet_events::hash_key(&h, form, &format!("hashes[{i}]")).map_err(invalid_input)?);
     }
     Ok(out)
 }
@@ -105,7 +109,10 @@ fn request_hashes(
         (Some(h), None, None) => query_hashes(h, form),
         (None, Some(t), Some(hs)) => {
             let hs = hs.cast::<PyBlockHasher>().map_err(|_| {
-                invalid_type(format!("hasher must be a BlockHasher, got {}", type_name(hs)))
+                invalid_type(format!(
+                    "hasher must be a BlockHasher, got {}",
+                    type_name(hs)
+                ))
             })?;
             let toks = convert::tokens(t, "tokens")?;
             let hasher = &hs.get().inner;
@@ -129,15 +136,24 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
         return Ok(None);
     };
     let d = w.cast::<PyDict>().map_err(|_| {
-        invalid_type(format!("weights must be a dict of medium -> weight, got {}", type_name(w)))
+        invalid_type(format!(
+            "weights must be a dict of medium -> weight, got {}",
+            type_name(w)
+        ))
     })?;
     let mut out = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
         let name: String = k.extract().map_err(|_| {
-            invalid_type(format!("weights: a medium name must be a str, got {}", type_name(&k)))
+            invalid_type(format!(
+                "weights: a medium name must be a str, got {}",
+                type_name(&k)
+            ))
         })?;
         let x: f64 = v.extract().map_err(|_| {
-            invalid_type(format!("weights[{name:?}] must be a number, got {}", type_name(&v)))
+            invalid_type(format!(
+                "weights[{name:?}] must be a number, got {}",
+                type_name(&v)
+            ))
         })?;
         out.push((name, x));
     }
@@ -192,8 +208,9 @@ impl PyKvIndex {
     }
 
     fn workers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        self.inner
-            .with(py, |ix| ix.workers().iter().map(|m| m.to_string()).collect())
+        self.inner.with(py, |ix| {
+            ix.workers().iter().map(|m| m.to_string()).collect()
+        })
     }
 
     #[pyo3(signature = (worker, now=None))]
@@ -361,7 +378,12 @@ impl PyKvIndex {
 
     /// The hashes `worker` holds (on `medium`, or on any medium), sorted.
     #[pyo3(signature = (worker, medium=None))]
-    fn cached_hashes(&self, py: Python<'_>, worker: &str, medium: Option<&str>) -> PyResult<Vec<u64>> {
+    fn cached_hashes(
+        &self,
+        py: Python<'_>,
+        worker: &str,
+        medium: Option<&str>,
+    ) -> PyResult<Vec<u64>> {
         self.inner
             .with(py, |ix| ix.cached_hashes(worker, medium))?
             .py_err()
@@ -372,7 +394,10 @@ impl PyKvIndex {
     fn prune_expired(&self, py: Python<'_>, now: Option<f64>) -> PyResult<Vec<String>> {
         let now = now_or(now)?;
         self.inner.with(py, |ix| {
-            ix.prune_expired(now).iter().map(|n| n.to_string()).collect()
+            ix.prune_expired(now)
+                .iter()
+                .map(|n| n.to_string())
+                .collect()
         })
     }
 
@@ -399,10 +424,19 @@ fn ops_list<'py>(py: Python<'py>, events: &[FleetEvent]) -> PyResult<Bound<'py, 
     for ev in events {
         let t = match ev {
             FleetEvent::Stored(s) => ("stored", ev.medium(), s.block_hashes.clone()),
-            FleetEvent::Removed { block_hashes, .. } => ("removed", ev.medium(), block_hashes.clone()),
+            FleetEvent::Removed { block_hashes, .. } => {
+                ("removed", ev.medium(), block_hashes.clone())
+            }
             FleetEvent::Cleared => ("cleared", None, Vec::new()),
         };
-        out.append(PyTuple::new(py, [t.0.into_pyobject(py)?.into_any(), t.1.into_pyobject(py)?.into_any(), t.2.into_pyobject(py)?.into_any()])?)?;
+        out.append(PyTuple::new(
+            py,
+            [
+                t.0.into_pyobject(py)?.into_any(),
+                t.1.into_pyobject(py)?.into_any(),
+                t.2.into_pyobject(py)?.into_any(),
+            ],
+        )?)?;
     }
     Ok(out)
 }

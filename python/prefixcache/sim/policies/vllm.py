@@ -160,11 +160,15 @@ class BlocksPolicy:
 
     def take_events(self) -> list[Any]:
         """The KV events (``prefixcache.events``) published since the last call, in order
-        (needs ``publish_events=True``): what the fleet index of a router consumes."""
+        (needs ``publish_events=True``): what the fleet index of a router consumes. Their
+        ``BlockStored.token_ids`` are None (the index reads hashes; building the token
+        lists would dominate a fleet replay) and runs of removals are merged
+        (``KVCacheManager.take_events(compact=True)``), except with
+        ``count_evictions="events"``."""
         if self._outbox is None:
             raise InvalidInputError(f"{self.name} was built without publish_events=True")
         if not self._use_events:
-            return list(self.mgr.take_events())
+            return list(self.mgr.take_events(compact=True))
         out, self._outbox = self._outbox, []
         return out
 

@@ -188,7 +188,11 @@ impl KvIndex {
 
     /// Worker names in slot order.
     pub fn workers(&self) -> Vec<Arc<str>> {
-        self.slots.iter().flatten().map(|w| w.name.clone()).collect()
+        self.slots
+            .iter()
+            .flatten()
+            .map(|w| w.name.clone())
+            .collect()
     }
 
     fn slot_of(&self, name: &str) -> Result<u32> {
@@ -374,7 +378,10 @@ impl KvIndex {
         }
         let w = self.worker_mut(slot);
         w.batches += 1;
-        w.block_events += events.iter().map(|e| e.num_block_events() as u64).sum::<u64>();
+        w.block_events += events
+            .iter()
+            .map(|e| e.num_block_events() as u64)
+            .sum::<u64>();
         if let Some(s) = seq {
             w.next_seq = s + 1;
             if w.max_seen.is_some_and(|m| m < w.next_seq) {
@@ -604,7 +611,11 @@ impl KvIndex {
                 worker: w.name.clone(),
                 blocks,
                 per_medium: (0..nm).map(|m| lens[m * nslots + s]).collect(),
-                score: if weights.is_some() { score[s] } else { f64::from(blocks) },
+                score: if weights.is_some() {
+                    score[s]
+                } else {
+                    f64::from(blocks)
+                },
                 stale: w.stale(),
                 expired: self.expired(w, now),
             });
@@ -643,12 +654,19 @@ impl KvIndex {
         for (name, &slot) in &self.names {
             match self.slots.get(slot as usize) {
                 Some(Some(w)) if *w.name == **name => {}
-                _ => return Err(format!("name {name:?} maps to slot {slot}, which is not it")),
+                _ => {
+                    return Err(format!(
+                        "name {name:?} maps to slot {slot}, which is not it"
+                    ))
+                }
             }
         }
         let occupied = self.slots.iter().flatten().count();
         if occupied != self.names.len() {
-            return Err(format!("{occupied} occupied slots, {} names", self.names.len()));
+            return Err(format!(
+                "{occupied} occupied slots, {} names",
+                self.names.len()
+            ));
         }
         let mut pairs = 0usize;
         for (s, w) in self.slots.iter().enumerate() {

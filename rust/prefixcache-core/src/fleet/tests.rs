@@ -28,7 +28,8 @@ fn index() -> KvIndex {
 #[test]
 fn last_copy_removal_only() {
     let mut ix = index();
-    ix.apply("a", &[stored(&[1, 2], None), stored(&[2], None)], None, 0.0).unwrap();
+    ix.apply("a", &[stored(&[1, 2], None), stored(&[2], None)], None, 0.0)
+        .unwrap();
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![1, 2]);
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
@@ -39,8 +40,13 @@ fn last_copy_removal_only() {
 #[test]
 fn media_are_separate() {
     let mut ix = index();
-    ix.apply("a", &[stored(&[1, 2, 3], None), stored(&[1, 2], Some("CPU"))], None, 0.0)
-        .unwrap();
+    ix.apply(
+        "a",
+        &[stored(&[1, 2, 3], None), stored(&[1, 2], Some("CPU"))],
+        None,
+        0.0,
+    )
+    .unwrap();
     ix.apply("a", &[removed(&[2], None)], None, 0.0).unwrap();
     let m = ix.longest_prefix(&[1, 2, 3], 0.0, None).unwrap();
     let w = &m.workers[0];
@@ -58,16 +64,34 @@ fn media_are_separate() {
 #[test]
 fn sequence_gap_duplicate_restart() {
     let mut ix = index();
-    assert_eq!(ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Applied);
-    assert_eq!(ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(), ApplyOutcome::Gap);
+    assert_eq!(
+        ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
+    assert_eq!(
+        ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(),
+        ApplyOutcome::Gap
+    );
     assert!(ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[2], None)], Some(1), 0.0).unwrap(), ApplyOutcome::Applied);
+    assert_eq!(
+        ix.apply("a", &[stored(&[2], None)], Some(1), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert!(ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(), ApplyOutcome::Applied);
+    assert_eq!(
+        ix.apply("a", &[stored(&[3], None)], Some(2), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert!(!ix.status("a", 0.0).unwrap().stale);
-    assert_eq!(ix.apply("a", &[stored(&[9], None)], Some(1), 0.0).unwrap(), ApplyOutcome::Duplicate);
+    assert_eq!(
+        ix.apply("a", &[stored(&[9], None)], Some(1), 0.0).unwrap(),
+        ApplyOutcome::Duplicate
+    );
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![1, 2, 3]);
-    assert_eq!(ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(), ApplyOutcome::Applied);
+    assert_eq!(
+        ix.apply("a", &[stored(&[7], None)], Some(0), 0.0).unwrap(),
+        ApplyOutcome::Applied
+    );
     assert_eq!(ix.cached_hashes("a", None).unwrap(), vec![7]);
     assert_eq!(ix.status("a", 0.0).unwrap().restarts, 1);
     ix.check_invariants().unwrap();
@@ -93,9 +117,12 @@ fn many_workers_and_removal() {
     let mut ix = index();
     for w in 0..130u64 {
         let hs: Vec<u64> = (0..=w % 7).collect();
-        ix.apply(&format!("w{w}"), &[stored(&hs, None)], None, 0.0).unwrap();
+        ix.apply(&format!("w{w}"), &[stored(&hs, None)], None, 0.0)
+            .unwrap();
     }
-    let m = ix.longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7], 0.0, None).unwrap();
+    let m = ix
+        .longest_prefix(&[0, 1, 2, 3, 4, 5, 6, 7], 0.0, None)
+        .unwrap();
     for (i, w) in m.workers.iter().enumerate() {
         assert_eq!(u64::from(w.blocks), i as u64 % 7 + 1);
     }
@@ -111,10 +138,17 @@ fn wire_errors_leave_index_unchanged() {
     ix.apply("a", &[stored(&[1], None)], Some(0), 0.0).unwrap();
     let seq = 1u64.to_be_bytes();
     // [ts, [{"type": "Nope"}], 0]
-    let payload = [0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4, b't', b'y', b'p', b'e', 0xa4, b'N', b'o', b'p', b'e', 0x00];
-    let err = ix.apply_frames("a", &[b"t", &seq, &payload], 0.0).unwrap_err();
+    let payload = [
+        0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4, b't', b'y', b'p', b'e', 0xa4, b'N',
+        b'o', b'p', b'e', 0x00,
+    ];
+    let err = ix
+        .apply_frames("a", &[b"t", &seq, &payload], 0.0)
+        .unwrap_err();
     assert!(err.to_string().contains("unknown event type"), "{err}");
-    let err = ix.apply_frames("a", &[b"t", &seq, &payload[..5]], 0.0).unwrap_err();
+    let err = ix
+        .apply_frames("a", &[b"t", &seq, &payload[..5]], 0.0)
+        .unwrap_err();
     assert!(err.to_string().contains("msgpack"), "{err}");
     let err = ix.apply_frames("a", &[b"t", &seq], 0.0).unwrap_err();
     assert!(err.to_string().contains("3 frames"), "{err}");

@@ -56,7 +56,12 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
     }
     let items = match value {
         ValueRef::Array(items) => items,
-        other => return Err(bad(format!("payload: expected an array [ts, events, dp_rank], got {}", kind(&other)))),
+        other => {
+            return Err(bad(format!(
+                "payload: expected an array [ts, events, dp_rank], got {}",
+                kind(&other)
+            )))
+        }
     };
     if items.len() < 2 || items.len() > 3 {
         return Err(bad(format!(
@@ -68,11 +73,21 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
         ValueRef::F64(x) => *x,
         ValueRef::F32(x) => f64::from(*x),
         ValueRef::Integer(i) => i.as_f64().unwrap_or(0.0),
-        other => return Err(bad(format!("payload: ts must be a number, got {}", kind(other)))),
+        other => {
+            return Err(bad(format!(
+                "payload: ts must be a number, got {}",
+                kind(other)
+            )))
+        }
     };
     let raw_events = match &items[1] {
         ValueRef::Array(ev) => ev,
-        other => return Err(bad(format!("payload: events must be an array, got {}", kind(other)))),
+        other => {
+            return Err(bad(format!(
+                "payload: events must be an array, got {}",
+                kind(other)
+            )))
+        }
     };
     let dp_rank = match items.get(2) {
         None | Some(ValueRef::Nil) => None,
@@ -80,7 +95,12 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
             i.as_i64()
                 .ok_or_else(|| bad("payload: dp_rank out of range"))?,
         ),
-        Some(other) => return Err(bad(format!("payload: dp_rank must be an int, got {}", kind(other)))),
+        Some(other) => {
+            return Err(bad(format!(
+                "payload: dp_rank must be an int, got {}",
+                kind(other)
+            )))
+        }
     };
     let mut events = Vec::with_capacity(raw_events.len());
     for (i, ev) in raw_events.iter().enumerate() {
@@ -134,7 +154,9 @@ fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
             });
             match tag {
                 Some(ValueRef::String(s)) => (s.as_str().unwrap_or(""), Fields::Map(entries)),
-                Some(other) => return Err(bad(format!("\"type\" must be a str, got {}", kind(other)))),
+                Some(other) => {
+                    return Err(bad(format!("\"type\" must be a str, got {}", kind(other))))
+                }
                 None => return Err(bad("event map has no \"type\" tag")),
             }
         }
@@ -142,7 +164,12 @@ fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
             Some(ValueRef::String(s)) => (s.as_str().unwrap_or(""), Fields::Array(&items[1..])),
             _ => return Err(bad("event array does not start with its type tag")),
         },
-        other => return Err(bad(format!("an event must be a map or an array, got {}", kind(other)))),
+        other => {
+            return Err(bad(format!(
+                "an event must be a map or an array, got {}",
+                kind(other)
+            )))
+        }
     };
     match tag {
         "BlockStored" => {
@@ -158,7 +185,12 @@ fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
                     .and_then(|x| u32::try_from(x).ok())
                     .filter(|&x| x > 0)
                     .ok_or_else(|| bad("block_size must be a positive int below 2**32"))?,
-                other => return Err(bad(format!("block_size must be an int, got {}", kind(other)))),
+                other => {
+                    return Err(bad(format!(
+                        "block_size must be an int, got {}",
+                        kind(other)
+                    )))
+                }
             };
             let lora_id = opt_int(fields.get("lora_id", 4), "lora_id")?;
             let medium = opt_str(fields.get("medium", 5), "medium")?;
@@ -175,15 +207,26 @@ fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
                     }
                     for k in per_block {
                         if !matches!(k, ValueRef::Nil | ValueRef::Array(_)) {
-                            return Err(bad(format!("extra_keys entries must be nil or arrays, got {}", kind(k))));
+                            return Err(bad(format!(
+                                "extra_keys entries must be nil or arrays, got {}",
+                                kind(k)
+                            )));
                         }
                     }
                 }
-                Some(other) => return Err(bad(format!("extra_keys must be an array, got {}", kind(other)))),
+                Some(other) => {
+                    return Err(bad(format!(
+                        "extra_keys must be an array, got {}",
+                        kind(other)
+                    )))
+                }
             }
             let group_idx = group(fields.get("group_idx", 8))?;
             opt_str(fields.get("kv_cache_spec_kind", 9), "kv_cache_spec_kind")?;
-            opt_int(fields.get("kv_cache_spec_sliding_window", 10), "kv_cache_spec_sliding_window")?;
+            opt_int(
+                fields.get("kv_cache_spec_sliding_window", 10),
+                "kv_cache_spec_sliding_window",
+            )?;
             Ok(FleetEvent::Stored(Stored {
                 block_hashes,
                 parent_block_hash,
@@ -222,7 +265,10 @@ fn hash(v: &ValueRef<'_>, what: &str, form: HashForm) -> Result<u64> {
             ))
         }),
         ValueRef::Binary(b) => form.key(b, what),
-        other => Err(bad(format!("{what}: a block hash must be an int or bytes, got {}", kind(other)))),
+        other => Err(bad(format!(
+            "{what}: a block hash must be an int or bytes, got {}",
+            kind(other)
+        ))),
     }
 }
 
@@ -239,13 +285,22 @@ fn token_ids(v: Option<&ValueRef<'_>>) -> Result<usize> {
         Some(ValueRef::Array(items)) => {
             for t in items {
                 match t {
-                    ValueRef::Integer(i) if i.as_u64().is_some_and(|x| x <= u64::from(u32::MAX)) => {}
-                    other => return Err(bad(format!("token_ids must hold ints in 0..2**32, got {}", kind(other)))),
+                    ValueRef::Integer(i)
+                        if i.as_u64().is_some_and(|x| x <= u64::from(u32::MAX)) => {}
+                    other => {
+                        return Err(bad(format!(
+                            "token_ids must hold ints in 0..2**32, got {}",
+                            kind(other)
+                        )))
+                    }
                 }
             }
             Ok(items.len())
         }
-        Some(other) => Err(bad(format!("token_ids must be an array, got {}", kind(other)))),
+        Some(other) => Err(bad(format!(
+            "token_ids must be an array, got {}",
+            kind(other)
+        ))),
     }
 }
 
@@ -256,7 +311,10 @@ fn opt_int(v: Option<&ValueRef<'_>>, what: &str) -> Result<Option<i64>> {
             .as_i64()
             .map(Some)
             .ok_or_else(|| bad(format!("{what} is out of range"))),
-        Some(other) => Err(bad(format!("{what} must be an int or nil, got {}", kind(other)))),
+        Some(other) => Err(bad(format!(
+            "{what} must be an int or nil, got {}",
+            kind(other)
+        ))),
     }
 }
 
@@ -267,7 +325,10 @@ fn opt_str(v: Option<&ValueRef<'_>>, what: &str) -> Result<Option<String>> {
             .as_str()
             .map(|s| Some(s.to_owned()))
             .ok_or_else(|| bad(format!("{what} is not valid UTF-8"))),
-        Some(other) => Err(bad(format!("{what} must be a str or nil, got {}", kind(other)))),
+        Some(other) => Err(bad(format!(
+            "{what} must be a str or nil, got {}",
+            kind(other)
+        ))),
     }
 }
 
@@ -278,6 +339,9 @@ fn group(v: Option<&ValueRef<'_>>) -> Result<u32> {
             .as_u64()
             .and_then(|x| u32::try_from(x).ok())
             .ok_or_else(|| bad("group_idx must be an int in 0..2**32")),
-        Some(other) => Err(bad(format!("group_idx must be an int, got {}", kind(other)))),
+        Some(other) => Err(bad(format!(
+            "group_idx must be an int, got {}",
+            kind(other)
+        ))),
     }
 }
