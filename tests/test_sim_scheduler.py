@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies import RadixPolicy, SlotPool, blocks_available, make_policy
+from prefixcache.sim.policies import RadixPolicy, SlotBudget, blocks_available, make_policy
 from prefixcache.sim.replay import default_capacity, replay, summarize
 from prefixcache.sim.requests import Request, TokenArray
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
@@ -231,21 +231,19 @@ def test_core_and_reference_tree_replay_identically(workload: str, page: int) ->
         assert a.stats == b.stats
 
 
-def test_slot_pool() -> None:
-    p = SlotPool(5)
-    a = p.alloc(3)
-    assert p.free == 2 and sorted(a.tolist()) == [0, 1, 2]
-    b = p.alloc(2)
-    p.release(b[:1])
-    c = p.alloc(1)
-    assert c.tolist() == b[:1].tolist() and p.free == 0
-    p.release(np.concatenate([b[1:], c]))
+def test_slot_budget() -> None:
+    p = SlotBudget(5)
+    p.take(3)
+    assert p.free == 2
     with pytest.raises(InvalidInputError):
-        p.alloc(3)
-    p.release(a)
+        p.take(3)
+    assert p.free == 2  # unchanged by the refused request
+    p.give(3)
     assert p.free == 5
     with pytest.raises(InvalidInputError):
-        p.release(np.array([1], dtype=np.int64))
+        p.give(1)
+    with pytest.raises(InvalidInputError):
+        SlotBudget(-1)
 
 
 def test_bad_arguments() -> None:

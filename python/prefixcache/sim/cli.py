@@ -55,6 +55,16 @@ def _capacity(text: str) -> int:
     return v
 
 
+def _jobs(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be an integer >= 1, got {text!r}")
+    return v
+
+
 def _capacities(text: str) -> list[int]:
     return [_capacity(x) for x in text.split(",") if x.strip()]
 
@@ -100,6 +110,13 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms)
 
 
+def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help=f"worker processes running {what} in parallel, one process per "
+                   "replay (default: the number of cores; 1 runs them one after the other "
+                   "in this process)")
+
+
 def _add_trace(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="a trace file (Mooncake or token JSONL), or workload:A..F")
     p.add_argument("--format", choices=("auto", "mooncake", "tokens"), default="auto")
@@ -128,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     _add_model(r)
     r.add_argument("--records-csv", metavar="PATH", help="write one row per request and policy")
+    _add_jobs(r, "policies")
     add_fleet_args(r)
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
@@ -135,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capacities", type=_capacities, required=True,
                    help="comma separated token budgets, e.g. 64k,256k,1M")
     s.add_argument("--plot", metavar="PNG", help="write the plot (matplotlib)")
+    _add_jobs(s, "capacities and policies")
     _add_common(s, capacity=False)
     _add_model(s)
     add_fleet_args(s, sweep=True)
@@ -178,6 +197,38 @@ def _run(args: argparse.Namespace, requests: Sequence[Request], capacity: int | 
                       hash_algo=args.hash_algo, progress=bars)
 
 
+def _spec(args: argparse.Namespace) -> Any:
+    from prefixcache.sim.sweep import SweepSpec
+
+    return SweepSpec(
+        trace=args.trace, fmt=args.format, skip_bad_lines=args.skip_bad_lines, seed=args.seed,
+        policies=_policies(args.policies), eviction_policy=args.eviction,
+        hash_algo=args.hash_algo, model=args.model, max_running=args.max_running,
+        cost=PrefillCost(args.prefill_base_ms, args.prefill_ms_per_token,
+                         args.prefill_attention_ms, args.decode_step_ms),
+        preemption=not args.no_preemption,
+    )
+
+
+def _sweep_runs(args: argparse.Namespace, requests: Sequence[Request], caps: Sequence[int],
+                err: Console) -> list[dict[str, Any]]:
+    """Every (capacity, policy) of the sweep, in that order, as summaries."""
+    from prefixcache.sim.sweep import run_sweep
+
+    with progress_bars(err, enabled=not args.quiet) as bars:
+        return run_sweep(_spec(args), requests, caps, jobs=args.jobs, progress=bars)
+
+
+def _replay_runs(args: argparse.Namespace, requests: Sequence[Request],
+                 err: Console) -> list[ReplayResult]:
+    """Every policy at ``args.capacity``, in worker processes unless ``--jobs 1``."""
+    from prefixcache.sim.sweep import run_pairs
+
+    pairs = [(args.capacity, p) for p in _policies(args.policies)]
+    with progress_bars(err, enabled=not args.quiet) as bars:
+        return run_pairs(_spec(args), requests, pairs, jobs=args.jobs, progress=bars)
+
+
 def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
     return [hit_difference(results[i], results[j])
             for i in range(len(results)) for j in range(i + 1, len(results))]
@@ -217,7 +268,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
-    results = _run(args, reqs, args.capacity, console, err)
+    results = _replay_runs(args, reqs, err)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
     cap_text = "unlimited" if args.capacity is None else f"{args.capacity:,} tokens"
@@ -250,12 +301,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     if not caps:
         raise PrefixCacheError("--capacities is empty")
     rates: dict[str, list[float]] = {}
-    all_sums: list[dict[str, Any]] = []
-    for cap in caps:
-        for res in _run(args, reqs, cap, console, err):
-            s = summarize(res)
-            rates.setdefault(res.policy, []).append(float(s["hit_rate"]))
-            all_sums.append(s)
+    all_sums = _sweep_runs(args, reqs, caps, err)
+    for s in all_sums:
+        rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     console.print(sweep_table(caps, rates))
     if args.plot:
         write_sweep_plot(args.plot, caps, rates,
@@ -298,6 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrefixCacheError, OSError) as e:
         err.print(f"[red]error:[/red] {e}")
         return 2
+    except KeyboardInterrupt:
+        # Files are written only once everything ran: nothing partial was left behind.
+        err.print(f"interrupted: {args.command} stopped, no output files written")
+        return 130
 
 
 if __name__ == "__main__":

@@ -31,7 +31,12 @@ from prefixcache.sim.policies import BlocksPolicy, CachePolicy, PolicyStats, mak
 from prefixcache.sim.replay import ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, new_record
 from prefixcache.sim.routers import Router, make_router, needs_events
-from prefixcache.sim.scheduler import SessionGate, TimeInstance, TimeScheduler
+from prefixcache.sim.scheduler import (
+    SessionGate,
+    TimeInstance,
+    TimeScheduler,
+    output_lengths,
+)
 
 __all__ = ["FleetResult", "fleet_replay", "summarize_fleet"]
 
@@ -204,7 +209,10 @@ def fleet_replay(
         if progress is not None else None
     path = _EventPath(instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay,
                       event_loss, seed) if events else None
-    insts = [sched.instance(p, records, progress=tick, check=check) for p in pols]
+    out_len = output_lengths(requests)
+    gen = np.zeros(n, dtype=np.int64)  # shared: a request runs on one instance at a time
+    insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check)
+             for p in pols]
     started = [0.0] * instances  # start of each instance's current iteration
 
     def collect() -> None:

@@ -7,20 +7,24 @@ summary. :func:`hit_difference` compares two policies request by request.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
+from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
 from prefixcache.sim.requests import Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 
 __all__ = [
+    "ProgressFactory",
+    "ProgressTask",
     "ReplayResult",
     "default_capacity",
     "hit_difference",
@@ -30,7 +34,18 @@ __all__ = [
 ]
 
 Scheduler = SlotScheduler | TimeScheduler
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+class ProgressTask(Protocol):
+    """One policy's progress: ``advance(n)`` as requests complete, ``done()`` at the end
+    (the bar shows every request and its timer stops)."""
+
+    def advance(self, n: int) -> None: ...
+
+    def done(self) -> None: ...
+
+
+ProgressFactory = Callable[[str, int], ProgressTask]  # (label, number of requests)
 
 
 @dataclass
@@ -41,6 +56,8 @@ class ReplayResult:
     records: list[RequestRecord]
     stats: PolicyStats
     seconds: float  # wall time of the replay
+    peak_rss_bytes: int = 0  # the process's peak resident memory during the replay
+    summary_only: dict[str, Any] | None = None  # the summary, when records were dropped
 
     def summary(self) -> dict[str, Any]:
         return summarize(self)
@@ -87,14 +104,19 @@ def replay(
     sched = scheduler or make_scheduler(model)
     results = []
     for p in policies:
+        gc.collect()  # the previous policy's cache is gone before this one's peak starts
+        reset_peak_rss()
         pol = make_policy(p, cap, eviction_policy=eviction_policy, hash_algo=hash_algo) \
             if isinstance(p, str) else p
-        tick = progress(pol.name, len(requests)) if progress is not None else None
+        task = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
-        records = sched.run(requests, pol, tick, check)
+        records = sched.run(requests, pol, task.advance if task is not None else None, check)
         dt = time.perf_counter() - t0
+        if task is not None:
+            task.done()
         results.append(ReplayResult(pol.name, sched.model, pol.capacity, records, pol.stats(),
-                                    dt))
+                                    dt, peak_rss_bytes()))
+        del pol
     return results
 
 
@@ -104,6 +126,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(res: ReplayResult) -> dict[str, Any]:
+    if res.summary_only is not None:  # the records were dropped after summarising
+        return dict(res.summary_only)
     recs = res.records
     served = [r for r in recs if not r.rejected]
     prompt = sum(r.prompt_tokens for r in served)
@@ -122,6 +146,8 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
         "evictions": s.evictions,
         "eviction_unit": s.eviction_unit,
         "peak_used_tokens": s.peak_used_tokens,
+        "peak_cached_tokens": s.peak_cached_tokens,
+        "peak_rss_bytes": res.peak_rss_bytes,
         "seconds": res.seconds,
         **s.extra,
     }

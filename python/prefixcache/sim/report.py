@@ -186,20 +186,39 @@ def progress_bars(console: Console, enabled: bool = True,
     t0 = time.monotonic()
     shown = [False]
 
-    def factory(name: str, total: int) -> Any:
-        task = prog.add_task(name, total=total)
-        pending = [0]
+    def start_if_slow() -> None:
+        if not shown[0] and time.monotonic() - t0 >= delay:
+            shown[0] = True
+            prog.start()
 
-        def tick(n: int) -> None:
-            pending[0] += n
-            if pending[0] >= 64:
-                prog.advance(task, pending[0])
-                pending[0] = 0
-                if not shown[0] and time.monotonic() - t0 >= delay:
-                    shown[0] = True
-                    prog.start()
+    class Task:
+        """Updates are batched (rich redraws on its own clock); ``done`` flushes the
+        rest, so the bar reaches its total, and stops the task's timer."""
 
-        return tick
+        def __init__(self, name: str, total: int) -> None:
+            self.id = prog.add_task(name, total=total)
+            self.pending = 0
+
+        def advance(self, n: int) -> None:
+            self.pending += n
+            if self.pending >= 64:
+                prog.advance(self.id, self.pending)
+                self.pending = 0
+                start_if_slow()
+
+        def done(self) -> None:
+            total = prog.tasks[self.id].total
+            prog.update(self.id, completed=total)
+            self.pending = 0
+            prog.stop_task(self.id)
+            start_if_slow()
+            if shown[0]:
+                prog.refresh()
+
+    def factory(name: str, total: int) -> Task:
+        return Task(name, total)
+
+    factory.progress = prog  # type: ignore[attr-defined]  # for tests and callers
 
     try:
         yield factory

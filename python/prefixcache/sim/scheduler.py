@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy
@@ -139,7 +140,7 @@ class _Seq:
     def __init__(self, index: int, req: Request) -> None:
         self.index = index
         self.req = req
-        self.generated = 0  # output tokens sampled so far
+        self.generated = 0  # output tokens sampled so far (kept in the array while running)
         self.admitted_once = False
         self._output: TokenArray | None = None
 
@@ -172,10 +173,13 @@ class TimeInstance:
     outside (it bounds a decode run as an arrival does, so an arrival that could be
     admitted is not kept waiting). ``load_tokens`` is the KV the queued and running
     requests need: prompt plus generated tokens (what a router's load estimate counts).
+    ``gen`` / ``out_len`` are per-request arrays (indexed like ``records``); instances of
+    one fleet may share them, since a request runs on one instance at a time.
     """
 
     def __init__(self, scheduler: TimeScheduler, policy: CachePolicy,
-                 records: list[RequestRecord], *,
+                 records: list[RequestRecord], out_len: npt.NDArray[np.int64], *,
+                 gen: npt.NDArray[np.int64] | None = None,
                  on_done: Callable[[int, float], None] | None = None,
                  progress: Progress | None = None, check: bool = False) -> None:
         self.max_running = scheduler.max_running
@@ -193,6 +197,13 @@ class TimeInstance:
         self._order = 0
         self.admit_paused = False  # after a preemption, until a running request finishes
         self.load_tokens = 0
+        # Per running request nothing but array operations: `gen` and `out_len` are
+        # indexed by request, `run` lists the running ones in order.
+        self.out_len = out_len
+        self.gen = np.zeros(len(out_len), dtype=np.int64) if gen is None else gen
+        self._run = np.zeros(0, dtype=np.int64)
+        self._run_dirty = False
+        self._in_flight: dict[int, _Seq] = {}  # running requests by index
 
     # -- driver interface ----------------------------------------------------------
     @property
@@ -237,6 +248,9 @@ class TimeInstance:
             self._decode(next_arrival)
 
     # -- one iteration ---------------------------------------------------------------
+    def _outputs(self, i: int) -> TokenArray:
+        return self._in_flight[i].output
+
     def _done(self, seq: _Seq) -> None:
         self.load_tokens -= seq.req.prompt_len + seq.generated
         if self.on_done is not None:
@@ -306,54 +320,72 @@ class TimeInstance:
                 self._complete(seq)
             else:
                 running.append(seq)
+                self.gen[seq.index] = seq.generated
+                self._in_flight[seq.index] = seq
+                self._run_dirty = True
         return True
 
     def _decode(self, next_arrival: float | None) -> None:
         """Advance every running request k steps (k up to the next event)."""
-        policy, records = self.policy, self.records
+        policy, records, gen, out_len = self.policy, self.records, self.gen, self.out_len
         running = self.running
         step = self.cost.decode_step_ms / 1000.0
-        k = min(s.req.output_len - s.generated for s in running)
+        if self._run_dirty:
+            self._run = np.fromiter((s.index for s in running), dtype=np.int64,
+                                    count=len(running))
+            self._run_dirty = False
+        run = self._run
+        k = int((out_len[run] - gen[run]).min())
         # An arrival matters only if it could be admitted: nothing queued before it
         # (a queue blocked on KV stays blocked until a finish) and a free seat.
         if next_arrival is not None and not self.waiting and len(running) < self.max_running:
             gap = next_arrival - self.t
             k = min(k, max(1, math.ceil(gap / step - 1e-9)))
-        g = policy.max_uniform_growth([s.index for s in running])
+        g = policy.max_uniform_growth(run, k)
         while g == 0:
             if not self.preemption:  # pragma: no cover - the output was reserved
                 raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
             victim = running.pop()  # the newest running request
+            run = run[:-1]
+            self._run = run
+            victim.generated = int(gen[victim.index])
+            policy.finish(victim.index, _EMPTY)
+            del self._in_flight[victim.index]
             if not running:
                 # It cannot finish even alone: give up on it, visibly.
-                policy.finish(victim.index, _EMPTY)
                 self._reject(victim)
                 return
-            policy.finish(victim.index, _EMPTY)
             records[victim.index].preemptions += 1
             self.waiting.appendleft(victim)
             self.admit_paused = True
             if self.check:
                 policy.check()
-            g = policy.max_uniform_growth([s.index for s in running])
+            g = policy.max_uniform_growth(run, k)
         k = min(k, g)
-        for s in running:
-            # Each step feeds the last sampled token: its KV is computed.
-            fed = s.output[s.generated - 1 : s.generated - 1 + k]
-            before = policy.evicted_tokens()
-            if not policy.append(s.index, fed):
-                raise AssertionError(f"{policy.name}: growth of {k} promised but refused")
-            records[s.index].evicted_tokens += policy.evicted_tokens() - before
-            s.generated += k
+        # Each step feeds the last sampled token: its KV is computed.
+        evicted = policy.grow(run, k, gen[run] - 1, self._outputs)
+        if evicted is not None:
+            for j in np.flatnonzero(evicted).tolist():
+                records[int(run[j])].evicted_tokens += int(evicted[j])
+        gen[run] += k
         self.load_tokens += k * len(running)
         self.t += k * step
-        still: list[_Seq] = []
-        for s in running:
-            if s.generated >= s.req.output_len:
-                self._complete(s)
-            else:
-                still.append(s)
-        self.running = still
+        done = gen[run] >= out_len[run]
+        if done.any():
+            still: list[_Seq] = []
+            for s, d in zip(running, done.tolist(), strict=True):
+                if d:
+                    s.generated = int(gen[s.index])
+                    self._complete(s)
+                    del self._in_flight[s.index]
+                else:
+                    still.append(s)
+            self.running = still
+            self._run_dirty = True
+
+
+def output_lengths(requests: Sequence[Request]) -> npt.NDArray[np.int64]:
+    return np.fromiter((r.output_len for r in requests), dtype=np.int64, count=len(requests))
 
 
 class TimeScheduler:
@@ -371,12 +403,14 @@ class TimeScheduler:
         if self.cost.decode_step_ms <= 0:
             raise InvalidInputError("decode_step_ms must be > 0")
 
-    def instance(self, policy: CachePolicy, records: list[RequestRecord], *,
+    def instance(self, policy: CachePolicy, records: list[RequestRecord],
+                 out_len: npt.NDArray[np.int64], *, gen: npt.NDArray[np.int64] | None = None,
                  on_done: Callable[[int, float], None] | None = None,
                  progress: Progress | None = None, check: bool = False) -> TimeInstance:
-        """A steppable instance of this model over ``policy`` (records indexed by request)."""
-        return TimeInstance(self, policy, records, on_done=on_done, progress=progress,
-                            check=check)
+        """A steppable instance of this model over ``policy`` (records indexed by request,
+        ``out_len`` their output lengths)."""
+        return TimeInstance(self, policy, records, out_len, gen=gen, on_done=on_done,
+                            progress=progress, check=check)
 
     def run(
         self, requests: Sequence[Request], policy: CachePolicy,
@@ -384,7 +418,8 @@ class TimeScheduler:
     ) -> list[RequestRecord]:
         records = [new_record(r) for r in requests]
         gate = SessionGate(requests)
-        inst = self.instance(policy, records, progress=progress, check=check)
+        inst = self.instance(policy, records, output_lengths(requests), progress=progress,
+                             check=check)
         inst.on_done = lambda i, t: gate.release(i, t, inst.submit)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)  # stable
         for i in order:

@@ -102,12 +102,37 @@ class _Fresh:
         return start
 
 
-def _lazy_prompt(ids: TokenArray, n: int) -> Any:
-    return lambda: expand_hash_ids(ids, n)
+class HashIdPrompt:
+    """A Mooncake prompt kept as its hash ids: a slice of the trace's one flat id array,
+    expanded to tokens when called (the trace never holds its prompts' tokens)."""
+
+    __slots__ = ("flat", "hi", "lo", "n")
+
+    def __init__(self, flat: TokenArray, lo: int, hi: int, n: int) -> None:
+        self.flat = flat
+        self.lo = lo
+        self.hi = hi
+        self.n = n
+
+    def __call__(self) -> TokenArray:
+        return expand_hash_ids(self.flat[self.lo : self.hi], self.n)
+
+
+class FreshRange:
+    """``n`` consecutive fresh token ids from ``start``, produced when called."""
+
+    __slots__ = ("n", "start")
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start = start
+        self.n = n
+
+    def __call__(self) -> TokenArray:
+        return np.arange(self.start, self.start + self.n, dtype=np.uint32)
 
 
 def _lazy_range(start: int, n: int) -> Any:
-    return lambda: np.arange(start, start + n, dtype=np.uint32)
+    return FreshRange(start, n)
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
@@ -175,11 +200,13 @@ def _object(line: str) -> dict[str, Any]:
 
 
 def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
-    """Read a Mooncake JSONL trace (see the module docstring)."""
+    """Read a Mooncake JSONL trace (see the module docstring). The hash ids of all lines
+    are kept in one flat uint32 array; requests and ``Trace.hash_ids`` are views of it."""
     p = Path(path)
     reqs: list[Request] = []
     skipped: list[int] = []
-    blocks: list[TokenArray] = []
+    flat: list[int] = []  # every request's hash ids, one after the other
+    spans: list[tuple[int, int, int, int, float]] = []  # (lo, hi, n_in, n_out, arrival)
     fresh = _Fresh()
     for lineno, line in _lines(p):
         try:
@@ -203,15 +230,19 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
                 raise TraceFormatError(str(p), lineno, str(e)) from None
             skipped.append(lineno)
             continue
-        ids = np.asarray(hl, dtype=np.uint32)
-        blocks.append(ids)
+        spans.append((len(flat), len(flat) + len(hl), n_in, n_out, ts / 1000.0))
+        flat.extend(hl)
+    ids = np.asarray(flat, dtype=np.uint32)
+    del flat
+    for lo, hi, n_in, n_out, arrival in spans:
         out_start = fresh.take(n_out)
         reqs.append(
             Request(
-                len(reqs), _lazy_prompt(ids, n_in), _lazy_range(out_start, n_out),
-                arrival=ts / 1000.0, prompt_len=n_in, output_len=n_out,
+                len(reqs), HashIdPrompt(ids, lo, hi, n_in), FreshRange(out_start, n_out),
+                arrival=arrival, prompt_len=n_in, output_len=n_out,
             )
         )
+    blocks = [ids[lo:hi] for lo, hi, _, _, _ in spans]
     return Trace(str(p), "mooncake", reqs, len(skipped), skipped, blocks)
 
 

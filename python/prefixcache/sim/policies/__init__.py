@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import CachePolicy, PolicyStats
-from prefixcache.sim.policies.sglang import RadixPolicy, SlotPool
+from prefixcache.sim.policies.sglang import RadixPolicy, SlotBudget
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.sim.policies.vllm import BlocksPolicy, blocks_available
 
@@ -35,7 +35,7 @@ __all__ = [
     "CachePolicy",
     "PolicyStats",
     "RadixPolicy",
-    "SlotPool",
+    "SlotBudget",
     "TrtllmPolicy",
     "blocks_available",
     "make_policy",

@@ -13,8 +13,11 @@ import numpy.typing as npt
 from prefixcache.sim.requests import RequestId, TokenArray
 
 IndexArray = npt.NDArray[np.int64]
+# A running request's output tokens (``outputs(rid)``), read by a policy when it needs the
+# tokens a decode step fed (to hash the blocks they fill, or to cache them at finish).
+OutputsOf = Callable[[int], TokenArray]
 
-__all__ = ["CachePolicy", "IndexArray", "PolicyStats", "max_k"]
+__all__ = ["CachePolicy", "IndexArray", "OutputsOf", "PolicyStats", "max_k"]
 
 
 @dataclass
@@ -27,7 +30,11 @@ class PolicyStats:
     evicted_tokens: int = 0
     evictions: int = 0  # nodes or blocks evicted
     cached_tokens: int = 0  # tokens held by the cache at the end
-    peak_used_tokens: int = 0  # KV in use by requests or the cache, maximum over time
+    # The same two maxima for every policy (docs/SIMULATOR.md, "Memory"): KV held by
+    # admitted requests (what the cache cannot evict: blocks x block size for the block
+    # policies), and tokens the cache holds (reusable content, in use or evictable).
+    peak_used_tokens: int = 0
+    peak_cached_tokens: int = 0
     # Policy-specific counters reported beside the common ones (trtllm: partial_hits,
     # partial_tokens, copies, copied_tokens).
     extra: dict[str, int] = field(default_factory=dict)
@@ -37,7 +44,16 @@ class PolicyStats:
 
 
 class CachePolicy(Protocol):
-    """What a scheduler needs from a prefix cache."""
+    """What a scheduler needs from a prefix cache (docs/SIMULATOR.md, "Policies").
+
+    ``max_uniform_growth(rids, limit)``: the most decode steps every request in ``rids``
+    can still take (capped at ``limit``). ``grow(rids, k, fed_from, outputs)``: one decode stretch of ``k`` steps for every
+    request in ``rids`` (ints, in running order), each feeding the tokens
+    ``outputs(rid)[fed_from[j] : fed_from[j] + k]`` and taking KV for them; the scheduler
+    calls it with ``k <= max_uniform_growth(rids)``. Returns the tokens evicted for each
+    request (aligned with ``rids``), or None when nothing was evicted. A request's
+    stretches are contiguous in its output; ``finish`` caches them.
+    """
 
     name: str
     capacity: int
@@ -53,11 +69,15 @@ class CachePolicy(Protocol):
 
     def on_prefill_done(self, rid: RequestId) -> None: ...
 
-    def append(self, rid: RequestId, tokens: TokenArray) -> bool: ...
+    def grow(
+        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+    ) -> IndexArray | None: ...
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None: ...
 
-    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int: ...
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int: ...
 
     def evicted_tokens(self) -> int: ...
 
@@ -66,12 +86,18 @@ class CachePolicy(Protocol):
     def check(self) -> None: ...
 
 
-def max_k(needed: Callable[[int], int], available: int) -> int:
+def max_k(needed: Callable[[int], int], available: int, limit: int | None = None) -> int:
     """The largest k >= 0 with needed(k) <= available (needed is non-decreasing, and
-    grows by at least 1 per step once k passes every request's reserve)."""
+    grows by at least 1 per step once k passes every request's reserve), at most
+    ``limit`` when given (then one evaluation when the limit fits)."""
+    if limit is not None and needed(limit) <= available:
+        return limit
     lo, hi = 0, 1
     while needed(hi) <= available:
         lo, hi = hi, hi * 2
+        if limit is not None and hi >= limit:
+            hi = limit  # needed(limit) > available
+            break
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if needed(mid) <= available:

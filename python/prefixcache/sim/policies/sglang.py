@@ -1,5 +1,5 @@
 """SGLang's radix tree behind the simulator's policy protocol, with SGLang's request
-lifecycle and a pool of KV slot indices."""
+lifecycle and an account of the KV slots it uses."""
 
 from __future__ import annotations
 
@@ -9,79 +9,50 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
-__all__ = ["RadixPolicy", "SlotPool"]
+__all__ = ["RadixPolicy", "SlotBudget"]
 
 
-class SlotPool:
-    """A pool of ``capacity`` KV slot indices (int64), allocated and freed as arrays.
+class SlotBudget:
+    """``capacity`` KV slots, counted: how many are free.
 
-    Memory grows with the slots in use, not with the capacity: never-used slots are
-    handed out from a counter, released ones from a stack (so a huge or "unlimited"
-    budget costs nothing up front).
+    The simulator never reads what a KV slot holds, so it does not need to know which
+    slot is which: the tree gets placeholder values (zeros) and the adapter counts the
+    slots it takes from and gives back to the budget. No memory is sized for the
+    capacity (an "unlimited" budget costs nothing).
     """
+
+    __slots__ = ("capacity", "free")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise InvalidInputError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._fresh = 0  # slots [_fresh, capacity) were never handed out
-        self._stack = np.empty(1024, dtype=np.int64)  # released slots: _stack[:_top]
-        self._top = 0
+        self.free = capacity
 
-    @property
-    def free(self) -> int:
-        return self.capacity - self._fresh + self._top
-
-    def alloc(self, n: int) -> IndexArray:
+    def take(self, n: int) -> None:
         if n > self.free:
-            raise InvalidInputError(f"slot pool: {n} slots requested, {self.free} free")
-        k = min(n, self._top)
-        self._top -= k
-        out = self._stack[self._top : self._top + k]
-        if k == n:
-            return out.copy()
-        fresh = np.arange(self._fresh, self._fresh + n - k, dtype=np.int64)
-        self._fresh += n - k
-        return np.concatenate([out, fresh]) if k else fresh
+            raise InvalidInputError(f"KV slots: {n} requested, {self.free} free")
+        self.free -= n
 
-    def release(self, idx: IndexArray) -> None:
-        n = len(idx)
-        if n == 0:
-            return
-        if self.free + n > self.capacity:
-            raise InvalidInputError("slot pool: more slots freed than allocated")
-        need = self._top + n
-        if need > len(self._stack):
-            grown = np.empty(max(need, 2 * len(self._stack)), dtype=np.int64)
-            grown[: self._top] = self._stack[: self._top]
-            self._stack = grown
-        self._stack[self._top : need] = idx
-        self._top = need
+    def give(self, n: int) -> None:
+        if n < 0 or self.free + n > self.capacity:
+            raise InvalidInputError("KV slots: more slots freed than taken")
+        self.free += n
 
 
 class _TreeSeq:
-    __slots__ = ("appended", "appended_kv", "cache_salt", "extra_key", "filled", "kv", "node",
-                 "prompt", "protected")
+    __slots__ = ("cache_salt", "extra_key", "node", "prompt", "protected")
 
-    def __init__(
-        self, prompt: TokenArray, kv: IndexArray, protected: int, node: Any,
-        extra_key: str | None, cache_salt: str | None,
-    ) -> None:
+    def __init__(self, prompt: TokenArray, protected: int, node: Any,
+                 extra_key: str | None, cache_salt: str | None) -> None:
         self.prompt = prompt
-        self.kv = kv  # slot of token i of prompt + output (tail: reserved, unused yet)
-        self.protected = protected  # kv[:protected] belongs to the tree (locked by node)
+        self.protected = protected  # the first `protected` tokens' KV belongs to the tree
         self.node = node  # the locked node, None when nothing is locked
         self.extra_key = extra_key
         self.cache_salt = cache_salt
-        self.appended: list[TokenArray] = []  # decode tokens with KV, in order
-        self.appended_kv: list[IndexArray] = []  # slots taken after admission
-        self.filled = len(prompt)  # slots in use; the rest of kv was reserved at admission
-
-    def held(self) -> int:
-        return len(self.kv) + sum(len(a) for a in self.appended_kv)
 
 
 class RadixPolicy:
@@ -89,6 +60,9 @@ class RadixPolicy:
 
     ``cache_cls`` builds the tree (default: the Rust core ``prefixcache.RadixCache``; the
     plain-Python reference ``prefixcache.reference.radix.RadixCache`` has the same API).
+    Request ids are ints >= 0 (the schedulers use request indices): per-request counters
+    live in numpy arrays indexed by them, so a decode stretch of every running request
+    is a few array operations.
     """
 
     eviction_unit = "nodes"
@@ -112,19 +86,48 @@ class RadixPolicy:
         self.capacity = capacity
         self.page = page_size
         self.tree = cache_cls(page_size=page_size, eviction_policy=eviction_policy)
-        self.pool = SlotPool(capacity)
-        self.seqs: dict[RequestId, _TreeSeq] = {}
+        self.pool = SlotBudget(capacity)
+        self.seqs: dict[int, _TreeSeq] = {}
+        # Per request (indexed by id): slots held (prompt + reserve + grown, the tree's
+        # share included), tokens with KV, the output range fed by decode stretches.
+        self._held = np.zeros(0, dtype=np.int64)
+        self._filled = np.zeros(0, dtype=np.int64)
+        self._fed_lo = np.zeros(0, dtype=np.int64)
+        self._fed_n = np.zeros(0, dtype=np.int64)
+        self._outputs: OutputsOf | None = None
+        self._zeros = np.zeros(0, dtype=np.int64)  # placeholder KV values for the tree
+        self._private = 0  # slots held by requests beyond the tree's share
         self._evicted_tokens = 0
         self._evicted_nodes = 0
-        self._peak = 0
+        self._peak_used = 0
+        self._peak_cached = 0
 
     # -- helpers -------------------------------------------------------------------
-    def _evict(self, n: int) -> None:
+    def _slot(self, rid: RequestId) -> int:
+        if isinstance(rid, bool) or not isinstance(rid, int | np.integer) or rid < 0:
+            raise InvalidInputError(f"request ids must be ints >= 0, got {rid!r}")
+        i = int(rid)
+        if i >= len(self._held):
+            size = max(i + 1, 2 * len(self._held), 64)
+            for name in ("_held", "_filled", "_fed_lo", "_fed_n"):
+                old = getattr(self, name)
+                new = np.zeros(size, dtype=np.int64)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        return i
+
+    def _values(self, n: int) -> IndexArray:
+        if n > len(self._zeros):
+            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), dtype=np.int64)
+        return self._zeros[:n]
+
+    def _evict(self, n: int) -> int:
         before = self.tree.num_nodes
-        freed = self.tree.evict(n)
+        freed = len(self.tree.evict(n))
         self._evicted_nodes += before - self.tree.num_nodes
-        self._evicted_tokens += len(freed)
-        self.pool.release(np.asarray(freed, dtype=np.int64))
+        self._evicted_tokens += freed
+        self.pool.give(freed)
+        return freed
 
     def _ensure_free(self, need: int) -> bool:
         short = need - self.pool.free
@@ -132,13 +135,18 @@ class RadixPolicy:
             self._evict(short)
         return self.pool.free >= need
 
-    def _note_usage(self) -> None:
-        used = self.capacity - self.pool.free
-        if used > self._peak:
-            self._peak = used
+    def _note_used(self) -> None:
+        used = self._private + int(self.tree.protected_size())
+        if used > self._peak_used:
+            self._peak_used = used
+
+    def _note_cached(self) -> None:
+        cached = int(self.tree.total_size())
+        if cached > self._peak_cached:
+            self._peak_cached = cached
 
     def _cache(self, seq: _TreeSeq, tokens: TokenArray) -> int:
-        """Insert the page-aligned ``tokens`` with the request's slots; free duplicates.
+        """Insert the page-aligned ``tokens``; the request's duplicate slots go back.
 
         Returns the aligned length. Duplicates are the request's own slots for tokens
         the tree already held: ``[protected, prefix_len)``.
@@ -147,11 +155,15 @@ class RadixPolicy:
         if aligned == 0:
             return 0
         r = self.tree.insert(
-            tokens[:aligned], seq.kv[:aligned], extra_key=seq.extra_key,
+            tokens[:aligned], self._values(aligned), extra_key=seq.extra_key,
             cache_salt=seq.cache_salt,
         )
-        if r.prefix_len > seq.protected:
-            self.pool.release(seq.kv[seq.protected : r.prefix_len])
+        dup = int(r.prefix_len) - seq.protected
+        if dup > 0:
+            self.pool.give(dup)
+        # The tree now owns [0, aligned): [protected, aligned) left the request's share.
+        if aligned > seq.protected:
+            self._private -= aligned - seq.protected
         return aligned
 
     # -- protocol ------------------------------------------------------------------
@@ -163,76 +175,117 @@ class RadixPolicy:
         extra_key: str | None = None,
         cache_salt: str | None = None,
     ) -> int | None:
-        if rid in self.seqs:
+        i = self._slot(rid)
+        if i in self.seqs:
             raise InvalidInputError(f"request {rid!r} is already admitted")
         m = self.tree.match_prefix(prompt[:-1], extra_key=extra_key, cache_salt=cache_salt)
         hit = int(m.length)
         node = m.node if hit > 0 else None
         if node is not None:
             self.tree.inc_lock_ref(node)
-        need = len(prompt) + reserve - hit
+        held = len(prompt) + reserve
+        need = held - hit
         if not self._ensure_free(need):
             if node is not None:
                 self.tree.dec_lock_ref(node)
             return None
-        kv = np.concatenate([np.asarray(m.indices, dtype=np.int64), self.pool.alloc(need)])
-        self.seqs[rid] = _TreeSeq(prompt, kv, hit, node, extra_key, cache_salt)
-        self._note_usage()
+        self.pool.take(need)
+        self._private += need
+        self.seqs[i] = _TreeSeq(prompt, hit, node, extra_key, cache_salt)
+        self._held[i] = held
+        self._filled[i] = len(prompt)
+        self._fed_n[i] = 0
+        self._note_used()
         return hit
 
     def on_prefill_done(self, rid: RequestId) -> None:
-        seq = self.seqs[rid]
+        seq = self.seqs[int(rid)]
         aligned = self._cache(seq, seq.prompt)
         if aligned == 0:
             return
-        # Adopt the tree's slots for the whole aligned prompt and move the lock there.
+        # Adopt the tree's slots for the whole aligned prompt and move the lock there
+        # (the match also refreshes the path's access time, as SGLang's does).
         m = self.tree.match_prefix(
             seq.prompt[:aligned], extra_key=seq.extra_key, cache_salt=seq.cache_salt
         )
-        seq.kv[:aligned] = m.indices
         self.tree.inc_lock_ref(m.node)
         if seq.node is not None:
             self.tree.dec_lock_ref(seq.node)
         seq.node = m.node
-        seq.protected = aligned
+        seq.protected = max(seq.protected, aligned)
+        self._note_cached()
 
-    def append(self, rid: RequestId, tokens: TokenArray) -> bool:
-        seq = self.seqs[rid]
-        n = len(tokens)
-        more = n - max(0, seq.held() - seq.filled)  # beyond the reserved slots
-        if more > 0:
-            if not self._ensure_free(more):
-                return False
-            seq.appended_kv.append(self.pool.alloc(more))
-            self._note_usage()
-        seq.appended.append(tokens)
-        seq.filled += n
-        return True
+    def grow(
+        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+    ) -> IndexArray | None:
+        self._outputs = outputs
+        first = self._fed_n[rids] == 0
+        self._fed_lo[rids[first]] = fed_from[first]
+        self._fed_n[rids] += k
+        more = np.maximum(k - (self._held[rids] - self._filled[rids]), 0)
+        self._filled[rids] += k
+        total = int(more.sum())
+        if total == 0:
+            return None
+        evicted = None
+        if total > self.pool.free:
+            # Evict as the requests take their slots one after the other, so each is
+            # charged what was evicted for it (one evict of the total would evict the
+            # same leaves: the tree evicts in a fixed order until enough is free).
+            evicted = np.zeros(len(rids), dtype=np.int64)
+            for j in np.flatnonzero(more):
+                need = int(more[j])
+                short = need - self.pool.free
+                if short > 0 and self.tree.evictable_size() > 0:
+                    evicted[j] = self._evict(short)
+                if need > self.pool.free:
+                    raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+                self.pool.free -= need
+        else:
+            self.pool.free -= total
+        self._held[rids] += more
+        self._private += total
+        self._note_used()
+        return evicted
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
-        seq = self.seqs.pop(rid)
-        if seq.appended:
-            seq.kv = np.concatenate([seq.kv, *seq.appended_kv])
-            tokens = np.concatenate([seq.prompt, *seq.appended, tail])
-        else:
-            tokens = np.concatenate([seq.prompt, tail]) if len(tail) else seq.prompt
-        if len(tokens) > len(seq.kv):
+        i = int(rid)
+        seq = self.seqs.pop(i)
+        parts = [seq.prompt]
+        n_fed = int(self._fed_n[i])
+        if n_fed:
+            if self._outputs is None:  # pragma: no cover - grow always sets it
+                raise AssertionError("decode tokens without their outputs")
+            lo = int(self._fed_lo[i])
+            parts.append(self._outputs(i)[lo : lo + n_fed])
+        if len(tail):
+            parts.append(tail)
+        tokens = np.concatenate(parts) if len(parts) > 1 else seq.prompt
+        held = int(self._held[i])
+        if len(tokens) > held:
+            self.seqs[i] = seq
             raise InvalidInputError(
-                f"request {rid!r}: {len(tokens)} tokens but KV for only {len(seq.kv)}"
+                f"request {rid!r}: {len(tokens)} tokens but KV for only {held}"
             )
         aligned = self._cache(seq, tokens)
-        # The unaligned tail and any reserved but unused slots go back to the pool.
-        self.pool.release(seq.kv[max(aligned, seq.protected) :])
+        # The unaligned tail and any reserved but unused slots go back to the budget.
+        rest = held - max(aligned, seq.protected)
+        self.pool.give(rest)
+        self._private -= rest
+        self._held[i] = self._filled[i] = self._fed_n[i] = 0
         if seq.node is not None:
             self.tree.dec_lock_ref(seq.node)
+        self._note_cached()
 
-    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
-        if not rids:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
+        if not len(rids):
             return 0
-        slack = np.array([self.seqs[r].held() - self.seqs[r].filled for r in rids],
-                         dtype=np.int64)
+        idx = np.asarray(rids, dtype=np.int64)
+        slack = self._held[idx] - self._filled[idx]
         return max_k(lambda k: int(np.maximum(k - slack, 0).sum()),
-                      self.pool.free + int(self.tree.evictable_size()))
+                     self.pool.free + int(self.tree.evictable_size()), limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens
@@ -240,12 +293,15 @@ class RadixPolicy:
     def stats(self) -> PolicyStats:
         return PolicyStats(
             self.name, self.capacity, self.eviction_unit, self._evicted_tokens,
-            self._evicted_nodes, int(self.tree.total_size()), self._peak,
+            self._evicted_nodes, int(self.tree.total_size()), self._peak_used,
+            self._peak_cached,
         )
 
     def check(self) -> None:
         """Slot conservation: free + cached + held privately by requests == capacity."""
-        private = sum(s.held() - s.protected for s in self.seqs.values())
+        private = sum(int(self._held[i]) - s.protected for i, s in self.seqs.items())
+        if private != self._private:
+            raise AssertionError(f"{self.name}: private slots {private} != {self._private}")
         total = self.pool.free + int(self.tree.total_size()) + private
         if total != self.capacity:
             raise AssertionError(

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, OutOfBlocksError
-from prefixcache.sim.policies.base import PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
@@ -89,6 +89,7 @@ class TrtllmPolicy:
         self._ids: dict[RequestId, int] = {}
         self._loras: dict[str, int] = {}
         self._peak = 0
+        self._peak_cached = 0
 
     def _iid(self, rid: RequestId) -> int:
         iid = self._ids.get(rid)
@@ -99,6 +100,9 @@ class TrtllmPolicy:
     def _note_usage(self) -> None:
         used = (self.num_blocks - int(self.trie.num_free_blocks)) * self.block_size
         self._peak = max(self._peak, used)
+
+    def _note_cached(self) -> None:
+        self._peak_cached = max(self._peak_cached, int(self.trie.num_cached_tokens))
 
     def admit(
         self,
@@ -133,8 +137,10 @@ class TrtllmPolicy:
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
         self.trie.store(seq.iid, seq.prompt)
+        self._note_cached()
 
     def append(self, rid: RequestId, tokens: TokenArray) -> bool:
+        """KV for ``tokens`` more tokens of one request (False: the trie is short)."""
         seq = self.seqs[rid]
         n = len(tokens)
         try:
@@ -147,6 +153,22 @@ class TrtllmPolicy:
         self._note_usage()
         return True
 
+    def grow(
+        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+    ) -> IndexArray | None:
+        evicted = None
+        for j, rid in enumerate(rids.tolist()):
+            before = self.evicted_tokens()
+            lo = int(fed_from[j])
+            if not self.append(rid, outputs(rid)[lo : lo + k]):
+                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+            ev = self.evicted_tokens() - before
+            if ev:
+                if evicted is None:
+                    evicted = np.zeros(len(rids), dtype=np.int64)
+                evicted[j] = ev
+        return evicted
+
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
         seq = self.seqs[rid]
         if seq.known + len(tail) > seq.allocated:
@@ -158,18 +180,22 @@ class TrtllmPolicy:
         tokens = np.concatenate(parts) if len(parts) > 1 else seq.prompt
         self.trie.store(seq.iid, tokens)
         self.trie.release(seq.iid)
+        self._note_cached()
 
-    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
-        if not rids:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
+        if not len(rids):
             return 0
-        have = np.array([self.seqs[r].allocated for r in rids], dtype=np.int64)
-        known = np.array([self.seqs[r].known for r in rids], dtype=np.int64)
+        seqs = [self.seqs[r] for r in (rids.tolist() if isinstance(rids, np.ndarray) else rids)]
+        have = np.array([s.allocated for s in seqs], dtype=np.int64)
+        known = np.array([s.known for s in seqs], dtype=np.int64)
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
             return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
 
-        return max_k(blocks_needed, int(self.trie.num_free_blocks))
+        return max_k(blocks_needed, int(self.trie.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return int(self.trie.stats["evicted_tokens"])
@@ -187,6 +213,7 @@ class TrtllmPolicy:
             int(s["evicted_blocks"]),
             int(self.trie.num_cached_tokens),
             self._peak,
+            self._peak_cached,
             extra,
         )
 

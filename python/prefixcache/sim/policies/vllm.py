@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["BlocksPolicy", "blocks_available"]
@@ -53,7 +53,15 @@ class BlocksPolicy:
     remainder plus ``reserve`` lookahead slots (the full prompt blocks are cached at
     admission), take more slots as output grows, and at finish append the output tokens
     (caching the blocks they fill) and free the blocks in reverse order. ``manager_cls``
-    builds the manager (default ``prefixcache.KVCacheManager``); request ids must be ints.
+    builds the manager (default ``prefixcache.KVCacheManager``); request ids are ints
+    >= 0 (per-request counters live in numpy arrays indexed by them).
+
+    Decode tokens reach the manager only when they change something there: a stretch
+    that neither fills a block (which vLLM caches at once) nor needs a new block is
+    remembered and handed over with the next one that does (or at finish). The manager
+    ends in the same state as if every stretch had been handed over at once, since a
+    call that fills and allocates nothing changes nothing but the request's own token
+    list.
 
     Evictions are cached blocks whose hash is dropped because the block is reused. With
     ``count_evictions="track"`` (default) the adapter keeps one flag per block (numpy,
@@ -94,47 +102,96 @@ class BlocksPolicy:
             enable_caching=True,
             enable_kv_cache_events=self._use_events or publish_events,
         )
-        self.allocated: dict[RequestId, int] = {}  # tokens of KV each request holds
-        self.tokens: dict[RequestId, int] = {}  # tokens the manager knows per request
-        self.blocks: dict[RequestId, npt.NDArray[np.int64]] = {}  # each request's blocks
-        self.flagged: dict[RequestId, int] = {}  # leading blocks already flagged cached
-        self._cached = np.zeros(self.usable_blocks + 1, dtype=bool)  # block holds a hash
+        # Per request (indexed by id): tokens of KV allocated, tokens known (decode
+        # tokens not yet handed to the manager included), those pending tokens and where
+        # they start in the output.
+        self._have = np.zeros(0, dtype=np.int64)
+        self._known = np.zeros(0, dtype=np.int64)
+        self._pend = np.zeros(0, dtype=np.int64)
+        self._pend_lo = np.zeros(0, dtype=np.int64)
+        self._outputs: OutputsOf | None = None
+        self.blocks: dict[int, npt.NDArray[np.int64]] = {}  # each running request's blocks
+        self.flagged: dict[int, int] = {}  # leading blocks already flagged cached
+        # Block holds a hash (grown with the highest block id seen, not the budget).
+        self._cached = np.zeros(0, dtype=bool)
+        self._num_cached = 0  # blocks holding a hash
         self._evicted_blocks = 0
-        self._peak = 0
+        self._peak_used = 0
+        self._peak_cached = 0
 
-    def _took(self, new_blocks: npt.NDArray[np.int64]) -> None:
-        """Blocks just taken from the free queue: those holding a hash were evicted."""
-        if not self._use_events and len(new_blocks):
-            self._evicted_blocks += int(np.count_nonzero(self._cached[new_blocks]))
+    # -- helpers -------------------------------------------------------------------
+    def _slot(self, rid: RequestId) -> int:
+        if isinstance(rid, bool) or not isinstance(rid, int | np.integer) or rid < 0:
+            raise InvalidInputError(f"request ids must be ints >= 0, got {rid!r}")
+        i = int(rid)
+        if i >= len(self._have):
+            size = max(i + 1, 2 * len(self._have), 64)
+            for name in ("_have", "_known", "_pend", "_pend_lo"):
+                old = getattr(self, name)
+                new = np.zeros(size, dtype=np.int64)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        return i
+
+    def _took(self, new_blocks: npt.NDArray[np.int64]) -> int:
+        """Blocks just taken from the free queue: those holding a hash were evicted.
+        Returns how many."""
+        if self._use_events or not len(new_blocks):
+            return 0
+        top = int(new_blocks.max()) + 1
+        if top > len(self._cached):
+            grown = np.zeros(max(top, 2 * len(self._cached), 1024), dtype=bool)
+            grown[: len(self._cached)] = self._cached
+            self._cached = grown
+        ev = int(np.count_nonzero(self._cached[new_blocks]))
+        if ev:
             self._cached[new_blocks] = False
+            self._evicted_blocks += ev
+            self._num_cached -= ev
+        return ev
 
-    def _cache_full(self, rid: RequestId, n_tokens: int) -> None:
+    def _cache_full(self, rid: int, n_tokens: int) -> None:
         """The request's blocks full at ``n_tokens`` tokens now hold their hashes."""
         if not self._use_events:
             done, full = self.flagged.get(rid, 0), n_tokens // self.block_size
             if full > done:
-                self._cached[self.blocks[rid][done:full]] = True
+                ids = self.blocks[rid][done:full]
+                self._num_cached += len(ids) - int(np.count_nonzero(self._cached[ids]))
+                self._cached[ids] = True
                 self.flagged[rid] = full
+                if self._num_cached > self._peak_cached:
+                    self._peak_cached = self._num_cached
 
-    def _drain_events(self) -> None:
+    def _drain_events(self) -> int:
+        """Count the manager's events (``count_evictions="events"``); returns the blocks
+        removed."""
         if not self._use_events:
-            return
-        from prefixcache.events import AllBlocksCleared, BlockRemoved
+            return 0
+        from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
+        removed = 0
         events = self.mgr.take_events()
         if self._outbox is not None:
             self._outbox.extend(events)
         for e in events:
             if isinstance(e, BlockRemoved):
-                self._evicted_blocks += len(e.block_hashes)
+                removed += len(e.block_hashes)
+            elif isinstance(e, BlockStored):
+                self._num_cached += len(e.block_hashes)
             elif isinstance(e, AllBlocksCleared):  # pragma: no cover - never reset here
                 raise AssertionError("the prefix cache was reset during a replay")
+        self._evicted_blocks += removed
+        self._num_cached -= removed
+        if self._num_cached > self._peak_cached:
+            self._peak_cached = self._num_cached
+        return removed
 
-    def _note_usage(self) -> None:
+    def _note_used(self) -> None:
         used = (self.usable_blocks - int(self.mgr.num_free_blocks)) * self.block_size
-        if used > self._peak:
-            self._peak = used
+        if used > self._peak_used:
+            self._peak_used = used
 
+    # -- protocol ------------------------------------------------------------------
     def admit(
         self,
         rid: RequestId,
@@ -143,19 +200,21 @@ class BlocksPolicy:
         extra_key: str | None = None,
         cache_salt: str | None = None,
     ) -> int | None:
-        if rid in self.allocated:
+        i = self._slot(rid)
+        if i in self.blocks:
             raise InvalidInputError(f"request {rid!r} is already admitted")
-        got = self.mgr.admit(rid, prompt, reserve, **_vllm_extra_keys(extra_key, cache_salt))
+        got = self.mgr.admit(i, prompt, reserve, **_vllm_extra_keys(extra_key, cache_salt))
         self._drain_events()
         if got is None:
             return None
         hit, ids = int(got[0]), np.asarray(got[1], dtype=np.int64)
-        self.blocks[rid] = ids
+        self.blocks[i] = ids
         self._took(ids[hit // self.block_size :])
-        self._cache_full(rid, len(prompt))
-        self.allocated[rid] = len(prompt) + reserve
-        self.tokens[rid] = len(prompt)
-        self._note_usage()
+        self._cache_full(i, len(prompt))
+        self._have[i] = len(prompt) + reserve
+        self._known[i] = len(prompt)
+        self._pend[i] = 0
+        self._note_used()
         return hit
 
     def take_events(self) -> list[Any]:
@@ -176,67 +235,89 @@ class BlocksPolicy:
         # The full prompt blocks were cached when their slots were allocated.
         return None
 
-    def append(self, rid: RequestId, tokens: TokenArray) -> bool:
-        have, n = self.allocated[rid], len(tokens)
-        known = self.tokens[rid]
-        if have - known >= n:  # inside the lookahead reserved at admission
-            need = 0
-        else:
-            bs = self.block_size
-            need = -(-(known + n) // bs) - -(-have // bs)
-        if need > int(self.mgr.num_free_blocks):
-            return False
-        self.mgr.append_tokens(rid, tokens)
-        new = self.mgr.allocate_slots(rid, n)
-        if new is None:  # pragma: no cover - checked above
-            raise AssertionError(f"{self.name}: allocation failed with enough free blocks")
-        new = np.asarray(new, dtype=np.int64)
-        if len(new):
-            self.blocks[rid] = np.concatenate([self.blocks[rid], new])
-            self._took(new)
-        self._cache_full(rid, known + n)
-        self._drain_events()
-        self.allocated[rid] = max(have, known + n)
-        self.tokens[rid] = known + n
-        self._note_usage()
-        return True
+    def grow(
+        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+    ) -> IndexArray | None:
+        self._outputs = outputs
+        bs = self.block_size
+        have, known, pend = self._have[rids], self._known[rids], self._pend[rids]
+        new_known = known + k
+        # Hand over to the manager only what needs a new block or fills one.
+        flush = (-(-new_known // bs) > -(-have // bs)) | (new_known // bs > (known - pend) // bs)
+        first = pend == 0
+        self._pend_lo[rids[first]] = fed_from[first]
+        self._pend[rids] = pend + k
+        self._known[rids] = new_known
+        self._have[rids] = np.maximum(have, new_known)
+        evicted = None
+        for j in np.flatnonzero(flush):
+            i = int(rids[j])
+            lo, n = int(self._pend_lo[i]), int(self._pend[i])
+            self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
+            new = self.mgr.allocate_slots(i, n)
+            if new is None:
+                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+            self._pend[i] = 0
+            ev = self._drain_events()
+            if len(new):
+                new = np.asarray(new, dtype=np.int64)
+                self.blocks[i] = np.concatenate([self.blocks[i], new])
+                ev += self._took(new)
+            self._cache_full(i, int(self._known[i]))
+            if ev:
+                if evicted is None:
+                    evicted = np.zeros(len(rids), dtype=np.int64)
+                evicted[j] = ev * bs
+        self._note_used()
+        return evicted
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
-        if self.tokens[rid] + len(tail) > self.allocated[rid]:
+        i = int(rid)
+        known = int(self._known[i])
+        if known + len(tail) > int(self._have[i]):
             raise InvalidInputError(
                 f"request {rid!r}: {len(tail)} more tokens exceed its KV"
             )
-        ok = self.mgr.finish(rid, tail if len(tail) else None)
+        n = int(self._pend[i])
+        if n:
+            if self._outputs is None:  # pragma: no cover - grow always sets it
+                raise AssertionError("decode tokens without their outputs")
+            lo = int(self._pend_lo[i])
+            pending = self._outputs(i)[lo : lo + n]
+            tail = np.concatenate([pending, tail]) if len(tail) else pending
+        ok = self.mgr.finish(i, tail if len(tail) else None)
         self._drain_events()
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
-        self._cache_full(rid, self.tokens[rid] + len(tail))
-        del self.allocated[rid]
-        del self.tokens[rid]
-        del self.blocks[rid]
-        self.flagged.pop(rid, None)
+        self._cache_full(i, known - n + len(tail))
+        self._have[i] = self._known[i] = self._pend[i] = 0
+        del self.blocks[i]
+        self.flagged.pop(i, None)
 
-    def max_uniform_growth(self, rids: Sequence[RequestId]) -> int:
-        if not rids:
+    def max_uniform_growth(
+        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+    ) -> int:
+        if not len(rids):
             return 0
-        have = np.array([self.allocated[r] for r in rids], dtype=np.int64)
-        known = np.array([self.tokens[r] for r in rids], dtype=np.int64)
+        idx = np.asarray(rids, dtype=np.int64)
+        have, known = self._have[idx], self._known[idx]
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
             return int(((np.maximum(have, known + k) + bs - 1) // bs
                         - (have + bs - 1) // bs).sum())
 
-        return max_k(blocks_needed, int(self.mgr.num_free_blocks))
+        return max_k(blocks_needed, int(self.mgr.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_blocks * self.block_size
 
     def stats(self) -> PolicyStats:
         ev = self._evicted_blocks
+        bs = self.block_size
         return PolicyStats(
-            self.name, self.capacity, self.eviction_unit, ev * self.block_size, ev,
-            0, self._peak,
+            self.name, self.capacity, self.eviction_unit, ev * bs, ev,
+            self._num_cached * bs, self._peak_used, self._peak_cached * bs,
         )
 
     def check(self) -> None:

@@ -1,0 +1,37 @@
+"""The process's peak resident memory, per replayed policy.
+
+On Linux the peak (``VmHWM`` in ``/proc/self/status``) can be reset by writing ``5`` to
+``/proc/self/clear_refs``, so each policy's replay gets its own high-water mark in one
+process. Elsewhere the process's lifetime peak (``getrusage``) is reported, which is an
+upper bound for every policy after the first.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+__all__ = ["peak_rss_bytes", "reset_peak_rss"]
+
+
+def reset_peak_rss() -> bool:
+    """Start a new high-water mark of resident memory; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process since the last :func:`reset_peak_rss`."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

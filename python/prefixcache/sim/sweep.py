@@ -1,0 +1,205 @@
+"""Replays of (capacity, policy) pairs in parallel worker processes (``replay --jobs``,
+``sweep --jobs``).
+
+Each pair is one independent replay (a fresh cache, the same scheduler), so running them
+in worker processes gives exactly the results a serial run gives; they are returned in
+(capacity, policy) order whatever order they finish in. Every pair gets a fresh worker
+process, so its ``peak_rss_bytes`` is its own (the interpreter and the trace included).
+Workers get the requests by ``fork`` where the platform has it (nothing is copied until
+touched) and read the trace again otherwise. Progress reaches the parent through a queue,
+batched per 64 requests.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixcache.sim.replay import (
+    ProgressFactory,
+    ReplayResult,
+    make_scheduler,
+    replay,
+    summarize,
+)
+from prefixcache.sim.requests import Request
+from prefixcache.sim.scheduler import PrefillCost
+
+__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_pairs", "run_sweep"]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What every replay of a sweep shares (all picklable, for spawned workers)."""
+
+    trace: str  # a trace path or workload:A..F
+    fmt: str = "auto"
+    skip_bad_lines: bool = False
+    seed: int = 0
+    policies: Sequence[str] = ("radix", "radix-page16", "vllm-blocks")
+    eviction_policy: str = "lru"
+    hash_algo: str = "sha256"
+    model: str = "slots"
+    max_running: int | None = None
+    cost: PrefillCost | None = None
+    preemption: bool = True
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_requests(spec: SweepSpec) -> list[Request]:
+    from prefixcache.sim.traces import read_trace
+    from prefixcache.sim.workloads import study_workload
+
+    if spec.trace.startswith("workload:"):
+        return list(study_workload(spec.trace.split(":", 1)[1], spec.seed).requests)
+    return read_trace(spec.trace, fmt=spec.fmt, skip_bad_lines=spec.skip_bad_lines).requests
+
+
+def _label(cap: int, policy: str) -> str:
+    return f"{cap:,} tokens: {policy}"
+
+
+def _one(spec: SweepSpec, requests: Sequence[Request], cap: int | None, policy: str,
+         progress: ProgressFactory | None, label: bool) -> ReplayResult:
+    sched = make_scheduler(spec.model, max_running=spec.max_running, cost=spec.cost,
+                           preemption=spec.preemption)
+    labelled = progress
+    if progress is not None and label and cap is not None:
+        labelled = lambda name, total: progress(_label(cap, name), total)  # noqa: E731
+    return replay(requests, [policy], cap, scheduler=sched,
+                  eviction_policy=spec.eviction_policy, hash_algo=spec.hash_algo,
+                  progress=labelled)[0]
+
+
+# -- worker processes -------------------------------------------------------------------
+_worker_requests: Sequence[Request] | None = None
+_worker_queue: Any = None
+
+
+def _init_worker(spec: SweepSpec, q: Any) -> None:
+    global _worker_requests, _worker_queue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    _worker_queue = q
+    if _worker_requests is None:  # spawned, not forked: read the trace again
+        _worker_requests = load_requests(spec)
+
+
+class _QueueTask:
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.pending = 0
+
+    def advance(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= 64:
+            _worker_queue.put((self.key, self.pending))
+            self.pending = 0
+
+    def done(self) -> None:
+        _worker_queue.put((self.key, self.pending))
+        self.pending = 0
+
+
+def _work(spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool,
+          records: bool) -> ReplayResult:
+    if _worker_requests is None:  # pragma: no cover - set by the initializer
+        raise RuntimeError("sweep worker without requests")
+    progress = (lambda name, total: _QueueTask(key)) if report else None
+    if report:
+        _worker_queue.put((key, 0))  # the bar appears as the replay starts
+    res = _one(spec, _worker_requests, cap, policy, progress, False)
+    if not records:  # the caller wants the summary only: do not ship the records back
+        res.summary_only = summarize(res)
+        res.records = []
+    return res
+
+
+def run_sweep(spec: SweepSpec, requests: Sequence[Request], capacities: Sequence[int], *,
+              jobs: int | None = None, progress: ProgressFactory | None = None,
+              ) -> list[dict[str, Any]]:
+    """Summaries of every (capacity, policy) pair, capacity-major, as a serial run."""
+    pairs = [(cap, pol) for cap in capacities for pol in spec.policies]
+    results = run_pairs(spec, requests, pairs, jobs=jobs, progress=progress, records=False,
+                        label=True)
+    return [r.summary_only or summarize(r) for r in results]
+
+
+def run_pairs(spec: SweepSpec, requests: Sequence[Request],
+              pairs: Sequence[tuple[int | None, str]], *, jobs: int | None = None,
+              progress: ProgressFactory | None = None, records: bool = True,
+              label: bool = False) -> list[ReplayResult]:
+    """Replay every (capacity, policy) pair, up to ``jobs`` at once in worker processes
+    (1: one after the other in this process). ``records=False`` drops the per-request
+    records (``ReplayResult.summary_only`` holds the summary); ``label`` names each
+    progress bar after its capacity."""
+    global _worker_requests
+    tasks = list(pairs)
+    jobs = min(jobs or default_jobs(), len(tasks))
+    if jobs <= 1:
+        out = []
+        for cap, pol in tasks:
+            res = _one(spec, requests, cap, pol, progress, label)
+            if not records:
+                res.summary_only = summarize(res)
+                res.records = []
+            out.append(res)
+        return out
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    q = ctx.Queue()
+    _worker_requests = requests if ctx.get_start_method() == "fork" else None
+    n = len(requests)
+    bars: list[Any] = [None] * len(tasks)  # a bar appears when its replay starts
+
+    def bar(key: int) -> Any:
+        if bars[key] is None and progress is not None:
+            cap, pol = tasks[key]
+            bars[key] = progress(_label(cap, pol) if label and cap is not None else pol, n)
+        return bars[key]
+    # One process per replay: each pair's peak RSS is its own.
+    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
+    try:
+        pending = [pool.apply_async(_work, (spec, key, cap, pol, progress is not None,
+                                            records))
+                   for key, (cap, pol) in enumerate(tasks)]
+        finished = [False] * len(tasks)
+        counted = [0] * len(tasks)
+        while not all(finished):
+            try:
+                key, count = q.get(timeout=0.1)
+                b = bar(key)
+                if b is not None and not finished[key]:
+                    b.advance(count)
+                    counted[key] += count
+            except queue.Empty:
+                pass
+            for key, r in enumerate(pending):
+                if not finished[key] and r.ready():
+                    r.get()  # raises a worker's exception here
+                    finished[key] = True
+                    b = bar(key)
+                    if b is not None:
+                        # Counts still in the queue may arrive after the result does.
+                        b.advance(n - counted[key])
+                        b.done()
+        out = [r.get() for r in pending]
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+        _worker_requests = None
+    return out

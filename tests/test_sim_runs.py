@@ -1,0 +1,186 @@
+"""How a replay runs: progress reaching its total, the per-policy peaks in the summaries,
+`sweep` in worker processes giving the serial results, and Ctrl-C stopping cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixcache.sim.cli import main
+from prefixcache.sim.policies import blocks_available
+from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.report import progress_bars
+from prefixcache.sim.sweep import SweepSpec, load_requests, run_sweep
+from prefixcache.sim.workloads import study_workload
+
+POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
+# Wall time, memory and the machine-dependent fields differ between runs; nothing else may.
+RUN_FIELDS = ("seconds", "peak_rss_bytes")
+
+
+def _comparable(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in s.items() if k not in RUN_FIELDS} for s in summaries]
+
+
+class Recorder:
+    """A progress factory that records what the replay reported."""
+
+    def __init__(self) -> None:
+        self.tasks: list[dict[str, Any]] = []
+
+    def __call__(self, name: str, total: int) -> Any:
+        rec: dict[str, Any] = {"name": name, "total": total, "advanced": 0, "done": 0}
+        self.tasks.append(rec)
+
+        class Task:
+            def advance(self, n: int) -> None:
+                assert rec["done"] == 0, "advanced after done"
+                rec["advanced"] += n
+
+            def done(self) -> None:
+                rec["done"] += 1
+
+        return Task()
+
+
+@pytest.mark.parametrize("model", ["slots", "time"])
+def test_progress_counts_every_request_and_ends_each_policy(model: str) -> None:
+    w = study_workload("F", 1)
+    rec = Recorder()
+    replay(w.requests, POLICIES, w.capacity, model=model, progress=rec)
+    assert [t["name"] for t in rec.tasks] == POLICIES
+    for t in rec.tasks:
+        assert t["advanced"] == t["total"] == len(w.requests) and t["done"] == 1
+
+
+def test_progress_bars_reach_the_total_and_stop_the_timer() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    console = Console(file=StringIO(), force_terminal=True)
+    with progress_bars(console, delay=0.0) as factory:
+        assert factory is not None
+        task = factory("radix", 1000)
+        for _ in range(999):  # not a multiple of the batching
+            task.advance(1)
+        task.done()
+        shown = factory.progress.tasks[0]  # type: ignore[attr-defined]
+        assert shown.completed == 1000 and shown.finished
+        elapsed = shown.elapsed
+        time.sleep(0.05)
+        assert shown.elapsed == elapsed  # the finished policy's timer has stopped
+
+
+@pytest.mark.parametrize("model", ["slots", "time"])
+def test_peaks_are_reported_the_same_way_for_every_policy(model: str) -> None:
+    w = study_workload("D", 0)  # unlimited KV: nothing is evicted, the cache only grows
+    for res in replay(w.requests, POLICIES, None, model=model):
+        s = summarize(res)
+        assert s["peak_rss_bytes"] > 0
+        # The cache never shrinks here, so its peak is what it holds at the end.
+        assert s["peak_cached_tokens"] == res.stats.cached_tokens > 0
+        assert 0 < s["peak_used_tokens"] <= res.capacity
+    tight = study_workload("F", 0)
+    for res in replay(tight.requests, POLICIES, tight.capacity, model=model):
+        s = summarize(res)
+        assert s["evicted_tokens"] > 0
+        assert 0 < s["peak_cached_tokens"] <= res.capacity
+        assert 0 < s["peak_used_tokens"] <= res.capacity
+
+
+def test_sweep_in_worker_processes_equals_a_serial_run() -> None:
+    spec = SweepSpec("workload:F", policies=POLICIES, model="time")
+    reqs = load_requests(spec)
+    caps = [8192, 16384, 24576, 1 << 20]
+    rec = Recorder()
+    parallel = run_sweep(spec, reqs, caps, jobs=2, progress=rec)
+    serial = run_sweep(spec, reqs, caps, jobs=1)
+    assert _comparable(parallel) == _comparable(serial)
+    assert [(s["capacity"], s["policy"]) for s in parallel] == \
+        [(c, p) for c in caps for p in POLICIES]
+    # Each (capacity, policy) got its own bar, labelled with the capacity, run to the end.
+    assert sorted(t["name"] for t in rec.tasks) == sorted(
+        f"{c:,} tokens: {p}" for c in caps for p in POLICIES)
+    assert all(t["advanced"] == t["total"] and t["done"] == 1 for t in rec.tasks)
+
+
+def test_replay_in_worker_processes_equals_a_serial_run(tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "3"):
+        js = tmp_path / f"r{jobs}.json"
+        assert main(["replay", "workload:F", "--model", "time", "--quiet",
+                     "--policies", *POLICIES, "--jobs", jobs, "--json", str(js)]) == 0
+        outs.append(json.loads(js.read_text()))
+    assert _comparable(outs[0]["summaries"]) == _comparable(outs[1]["summaries"])
+    assert outs[0]["records"] == outs[1]["records"] and outs[0]["differences"] == \
+        outs[1]["differences"]
+    assert all(s["peak_rss_bytes"] > 0 for s in outs[1]["summaries"])
+
+
+def test_sweep_command_jobs_give_the_same_json(tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "2"):
+        js = tmp_path / f"s{jobs}.json"
+        assert main(["sweep", "workload:E", "--capacities", "8k,16k,32k", "--quiet",
+                     "--policies", *POLICIES, "--jobs", jobs, "--json", str(js)]) == 0
+        outs.append(json.loads(js.read_text()))
+    assert outs[0]["hit_rate"] == outs[1]["hit_rate"]
+    assert _comparable(outs[0]["summaries"]) == _comparable(outs[1]["summaries"])
+    with pytest.raises(SystemExit):
+        main(["sweep", "workload:E", "--capacities", "8k", "--jobs", "0"])
+
+
+def test_interrupt_in_process_is_one_line_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import prefixcache.sim.sweep as sweep
+
+    def interrupted(*a: Any, **k: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_pairs", interrupted)
+    js, cs = tmp_path / "r.json", tmp_path / "r.csv"
+    assert main(["replay", "workload:F", "--quiet", "--json", str(js), "--csv", str(cs)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0]
+    assert not js.exists() and not cs.exists()
+
+
+def _big_mooncake(path: Path, n: int) -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            ids = [i % 7] + [1000 + 40 * i + j for j in range(39)]
+            f.write(json.dumps({"timestamp": 10 * i, "input_length": 40 * 512,
+                                "output_length": 50, "hash_ids": ids}) + "\n")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: str) -> None:
+    trace = tmp_path / "big.jsonl"
+    _big_mooncake(trace, 4000)  # 82M prompt tokens: runs for many seconds
+    js = tmp_path / "out.json"
+    extra = ["--capacities", "64k,1M"] if command == "sweep" else ["--capacity", "1M"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixcache.sim.cli", command, str(trace), *extra,
+         "--json", str(js), "--policies", *POLICIES],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    time.sleep(4.0)  # imports, reading the trace, into the replay
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0], err
+    assert "Traceback" not in err and not js.exists()
