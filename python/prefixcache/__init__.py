@@ -4,6 +4,8 @@
 - ``BlockPool`` / ``BlockHasher`` / ``KVCacheManager``: vLLM v1's chained block hashes and
   block pool.
 - ``BlockTrie``: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
+- ``KvIndex``: the fleet index (which worker holds a prefix), fed by engines' KV events;
+  Redis backend and ZMQ subscriber in ``prefixcache.fleet``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from prefixcache._core import (
     BlockPool,
     BlockTrie,
     Claim,
+    FleetMatch,
     InsertResult,
     KVCacheManager,
+    KvIndex,
     Lookup,
     MatchResult,
     Node,
@@ -24,6 +28,7 @@ from prefixcache._core import (
 )
 from prefixcache.errors import (
     BlockStateError,
+    InvalidEventError,
     InvalidInputError,
     InvalidTypeError,
     LockRefError,
@@ -31,6 +36,7 @@ from prefixcache.errors import (
     PrefixCacheError,
     StaleHandleError,
     UnknownRequestError,
+    UnknownWorkerError,
     UnsupportedHashInputError,
 )
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -48,10 +54,13 @@ __all__ = [
     "BlockStored",
     "BlockTrie",
     "Claim",
+    "FleetMatch",
     "InsertResult",
+    "InvalidEventError",
     "InvalidInputError",
     "InvalidTypeError",
     "KVCacheManager",
+    "KvIndex",
     "LoRAKey",
     "LockRefError",
     "Lookup",
@@ -65,6 +74,7 @@ __all__ = [
     "TrieBlockRemoved",
     "TrieBlockStored",
     "UnknownRequestError",
+    "UnknownWorkerError",
     "UnsupportedHashInputError",
     "__version__",
     "block_extra_keys",

@@ -14,13 +14,17 @@ __all__ = [
     "BlockPool",
     "BlockTrie",
     "Claim",
+    "FleetMatch",
     "InsertResult",
     "KVCacheManager",
+    "KvIndex",
     "Lookup",
     "MatchResult",
     "Node",
     "RadixCache",
     "__version__",
+    "decode_kv_events",
+    "decode_kv_frames",
     "hash_block_tokens",
 ]
 
@@ -351,3 +355,107 @@ class KVCacheManager:
     def ref_cnt(self, block_id: int) -> int: ...
     def block_hash(self, block_id: int) -> bytes | None: ...
     def check_invariants(self) -> None: ...
+
+_KvOp = tuple[str, str | None, list[int]]
+_Hashes = Sequence[int] | Sequence[bytes] | npt.NDArray[np.uint64] | npt.NDArray[np.int64] | Any
+
+@final
+class FleetMatch:
+    """Each worker's longest held prefix of one request (in blocks), per medium and on any
+    medium, its score and its health (``KvIndex.longest_prefix``)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks in the request."""
+    @property
+    def media(self) -> list[str]:
+        """The media known to the index when the query ran."""
+    @property
+    def workers(self) -> list[str]:
+        """Worker names, in the index's slot order."""
+    def blocks(self, worker: str, medium: str | None = None) -> int:
+        """Longest prefix ``worker`` holds on ``medium``, or with every block on some medium."""
+    def score(self, worker: str) -> float:
+        """Sum over the any-medium prefix of the best medium weight per block."""
+    def stale(self, worker: str) -> bool:
+        """Batches are missing: the worker's entry may be out of date."""
+    def expired(self, worker: str) -> bool:
+        """The worker has been silent for longer than the index's TTL."""
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """``{worker: {"blocks", "media": {medium: blocks}, "score", "stale", "expired"}}``."""
+    def __len__(self) -> int: ...
+
+@final
+class KvIndex:
+    """The fleet index, embedded: which workers hold which block hashes, per medium, fed
+    by vLLM / SGLang KV events (docs/FLEET.md). Thread-safe."""
+
+    def __new__(cls, ttl: float | None = None, hash_bytes: int = 32) -> KvIndex: ...
+    @property
+    def ttl(self) -> float | None:
+        """Seconds of silence after which a worker counts as expired (None: never)."""
+    @property
+    def hash_bytes(self) -> int:
+        """Width of byte-string hashes (32 sha256, 16 xxhash); ints are always accepted."""
+    @property
+    def num_hashes(self) -> int:
+        """Distinct hashes held by at least one worker."""
+    @property
+    def media(self) -> list[str]:
+        """Media seen so far, in the order they were first seen."""
+    def workers(self) -> list[str]:
+        """Worker names, in slot order."""
+    def add_worker(self, worker: str, now: float | None = None) -> None:
+        """Adds a worker (no-op when known); ``now`` (default ``time.time()``) starts its TTL."""
+    def remove_worker(self, worker: str) -> None:
+        """Removes a worker and everything it holds (``UnknownWorkerError`` if unknown)."""
+    def reset_worker(self, worker: str, next_seq: int = 0) -> None:
+        """Forgets what ``worker`` holds and expects sequence number ``next_seq`` next."""
+    def apply(
+        self, worker: str, events: Any, seq: int | None = None, now: float | None = None
+    ) -> str:
+        """Applies event objects (``prefixcache.events``, vLLM's classes, or "type"-tagged
+        dicts); returns "applied", "duplicate" or "gap"."""
+    def apply_frames(self, worker: str, frames: Sequence[bytes], now: float | None = None) -> str:
+        """Applies one ZMQ message ``[topic, seq (8 bytes big-endian), msgpack payload]``."""
+    def longest_prefix(
+        self,
+        hashes: _Hashes = None,
+        *,
+        tokens: _Tokens | None = None,
+        hasher: BlockHasher | None = None,
+        weights: dict[str, float] | None = None,
+        now: float | None = None,
+    ) -> FleetMatch:
+        """Every worker's longest held prefix of a request (its block hashes, or its tokens
+        and a ``BlockHasher``), per medium and on any medium."""
+    def top_k(
+        self,
+        hashes: _Hashes = None,
+        k: int = 1,
+        *,
+        tokens: _Tokens | None = None,
+        hasher: BlockHasher | None = None,
+        weights: dict[str, float] | None = None,
+        now: float | None = None,
+        include_unhealthy: bool = False,
+    ) -> list[tuple[str, float, int]]:
+        """The ``k`` best workers as ``(worker, score, blocks)``, best first; stale and
+        expired workers are left out unless ``include_unhealthy``."""
+    def status(self, worker: str, now: float | None = None) -> dict[str, Any]:
+        """Sequence state, health and counters of one worker."""
+    def cached_hashes(self, worker: str, medium: str | None = None) -> list[int]:
+        """The hashes ``worker`` holds (on ``medium``, or on any medium), sorted."""
+    def prune_expired(self, now: float | None = None) -> list[str]:
+        """Removes the workers silent for longer than the TTL; returns their names."""
+    def check_invariants(self) -> None:
+        """Full consistency check (tests); raises AssertionError."""
+
+def decode_kv_frames(
+    frames: Sequence[bytes], hash_bytes: int = 32
+) -> tuple[int, float, int | None, list[_KvOp]]:
+    """``(seq, ts, dp_rank, ops)`` of one ZMQ message; ops are ``(kind, medium, hashes)``
+    with kind "stored", "removed" or "cleared"."""
+
+def decode_kv_events(events: Any, hash_bytes: int = 32) -> list[_KvOp]:
+    """Event objects as ``(kind, medium, hashes)`` ops (the conversion ``KvIndex.apply`` uses)."""

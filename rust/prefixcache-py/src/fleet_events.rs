@@ -17,16 +17,19 @@ fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Conv<Option<Bound<'py, PyAn
     let v = if let Ok(d) = ev.cast::<PyDict>() {
         d.get_item(name).map_err(|e| e.to_string())?
     } else {
-        match ev.getattr(name) {
-            Ok(v) => Some(v),
-            Err(_) => None,
-        }
+        ev.getattr(name).ok()
     };
     Ok(v.filter(|v| !v.is_none()))
 }
 
 /// One block hash: an int in [0, 2**64) or bytes of the configured width.
 pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
+    // Fast path: an exact int (not a bool) in range.
+    if h.is_exact_instance_of::<PyInt>() {
+        if let Ok(v) = h.extract::<u64>() {
+            return Ok(v);
+        }
+    }
     if let Ok(b) = h.cast::<PyBytes>() {
         return form.key(b.as_bytes(), what).map_err(|e| e.to_string());
     }

@@ -1,6 +1,6 @@
 //! `FleetMatch`: the answer of `KvIndex.longest_prefix`, read by worker name.
 
-use prefixcache_core::fleet::{FleetMatch, WorkerMatch};
+use prefixcache_core::fleet::FleetMatch;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -14,16 +14,12 @@ pub struct PyFleetMatch {
 }
 
 impl PyFleetMatch {
-    fn get(&self, worker: &str) -> PyResult<&WorkerMatch> {
-        self.inner
-            .workers
-            .iter()
-            .find(|w| &*w.worker == worker)
-            .ok_or_else(|| {
-                to_py(prefixcache_core::Error::UnknownWorker(format!(
-                    "unknown worker {worker:?}"
-                )))
-            })
+    fn pos(&self, worker: &str) -> PyResult<usize> {
+        self.inner.position(worker).ok_or_else(|| {
+            to_py(prefixcache_core::Error::UnknownWorker(format!(
+                "unknown worker {worker:?}"
+            )))
+        })
     }
 }
 
@@ -44,73 +40,67 @@ impl PyFleetMatch {
     /// Worker names, in the index's slot order.
     #[getter]
     fn workers(&self) -> Vec<String> {
-        self.inner
-            .workers
-            .iter()
-            .map(|w| w.worker.to_string())
-            .collect()
+        self.inner.workers.iter().map(|w| w.to_string()).collect()
     }
 
     /// Longest prefix `worker` holds: on `medium`, or with every block on some medium.
     #[pyo3(signature = (worker, medium=None))]
     fn blocks(&self, worker: &str, medium: Option<&str>) -> PyResult<u32> {
-        let w = self.get(worker)?;
+        let i = self.pos(worker)?;
         Ok(match medium {
-            None => w.blocks,
-            Some(m) => self
-                .inner
-                .media
-                .iter()
-                .position(|x| &**x == m)
-                .and_then(|i| w.per_medium.get(i).copied())
-                .unwrap_or(0),
+            None => self.inner.blocks[i],
+            Some(m) => match self.inner.media.iter().position(|x| &**x == m) {
+                Some(k) => self.inner.per_medium[i * self.inner.media.len() + k],
+                None => 0,
+            },
         })
     }
 
     fn score(&self, worker: &str) -> PyResult<f64> {
-        Ok(self.get(worker)?.score)
+        Ok(self.inner.score[self.pos(worker)?])
     }
 
     fn stale(&self, worker: &str) -> PyResult<bool> {
-        Ok(self.get(worker)?.stale)
+        Ok(self.inner.stale[self.pos(worker)?])
     }
 
     fn expired(&self, worker: &str) -> PyResult<bool> {
-        Ok(self.get(worker)?.expired)
+        Ok(self.inner.expired[self.pos(worker)?])
     }
 
     /// `{worker: {"blocks", "media": {medium: blocks}, "score", "stale", "expired"}}`.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
-        for w in &self.inner.workers {
+        let nm = self.inner.media.len();
+        for (i, w) in self.inner.workers.iter().enumerate() {
             let d = PyDict::new(py);
-            d.set_item("blocks", w.blocks)?;
+            d.set_item("blocks", self.inner.blocks[i])?;
             let media = PyDict::new(py);
-            for (m, n) in self.inner.media.iter().zip(&w.per_medium) {
-                media.set_item(&**m, *n)?;
+            for (k, m) in self.inner.media.iter().enumerate() {
+                media.set_item(&**m, self.inner.per_medium[i * nm + k])?;
             }
             d.set_item("media", media)?;
-            d.set_item("score", w.score)?;
-            d.set_item("stale", w.stale)?;
-            d.set_item("expired", w.expired)?;
-            out.set_item(&*w.worker, d)?;
+            d.set_item("score", self.inner.score[i])?;
+            d.set_item("stale", self.inner.stale[i])?;
+            d.set_item("expired", self.inner.expired[i])?;
+            out.set_item(&**w, d)?;
         }
         Ok(out)
     }
 
     fn __len__(&self) -> usize {
-        self.inner.workers.len()
+        self.inner.len()
     }
 
     fn __repr__(&self) -> String {
-        let best = self.inner.workers.iter().max_by_key(|w| w.blocks);
+        let best = (0..self.inner.len()).max_by_key(|&i| (self.inner.blocks[i], usize::MAX - i));
         match best {
-            Some(w) => format!(
+            Some(i) => format!(
                 "FleetMatch(num_blocks={}, workers={}, best={:?} with {} blocks)",
                 self.inner.num_blocks,
-                self.inner.workers.len(),
-                &*w.worker,
-                w.blocks
+                self.inner.len(),
+                &*self.inner.workers[i],
+                self.inner.blocks[i]
             ),
             None => format!(
                 "FleetMatch(num_blocks={}, workers=0)",

@@ -17,8 +17,13 @@ use crate::fleet_match::PyFleetMatch;
 use crate::hasher::PyBlockHasher;
 use crate::shared::Shared;
 
-/// Payloads from which `apply_frames` decodes with the GIL released (after a copy).
+/// Payloads from which `apply_frames` decodes with the GIL released (after a copy):
+/// ~64 KiB of msgpack is >= ~10 us of work.
 const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
+
+/// Request lengths from which queries run with the GIL released (the hashes are owned
+/// already): 2048 blocks over a fleet is >= ~10 us of work.
+const DETACH_MIN_BLOCKS: usize = 2048;
 
 fn now_or(now: Option<f64>) -> PyResult<f64> {
     match now {
@@ -78,6 +83,16 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
             a.dtype()
         )));
     }
+    if let Ok(list) = obj.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, h) in list.iter().enumerate() {
+            out.push(
+                fleet_events::hash_key(&h, form, "hashes")
+                    .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
+            );
+        }
+        return Ok(out);
+    }
     if obj.is_instance_of::<PyString>() {
         return Err(invalid_type(
             "hashes must be a sequence of block hashes, got str",
@@ -92,7 +107,10 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
     let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
     for (i, h) in it.enumerate() {
         let h = h?;
-        out.push(fleet_events::hash_key(&h, form, &format!("hashes[{i}]")).map_err(invalid_input)?);
+        out.push(
+            fleet_events::hash_key(&h, form, "hashes")
+                .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
+        );
     }
     Ok(out)
 }
@@ -312,7 +330,9 @@ impl PyKvIndex {
         let weights = weights_arg(weights)?;
         let m = self
             .inner
-            .with(py, |ix| ix.longest_prefix(&hs, now, weights.as_deref()))?
+            .run(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {
+                ix.longest_prefix(&hs, now, weights.as_deref())
+            })?
             .py_err()?;
         Ok(PyFleetMatch { inner: m })
     }
@@ -336,7 +356,7 @@ impl PyKvIndex {
         let weights = weights_arg(weights)?;
         let top = self
             .inner
-            .with(py, |ix| {
+            .run(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {
                 ix.top_k(&hs, k, now, weights.as_deref(), include_unhealthy)
             })?
             .py_err()?;
@@ -404,7 +424,7 @@ impl PyKvIndex {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.inner
             .detached(py, |ix| ix.check_invariants())?
-            .map_err(|m| pyo3::exceptions::PyAssertionError::new_err(m))
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

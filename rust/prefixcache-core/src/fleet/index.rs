@@ -77,6 +77,9 @@ struct Worker {
     held: Vec<FxHashMap<u64, u32>>,
     next_seq: u64,
     max_seen: Option<u64>,
+    /// Timestamp of the applied batch with sequence number 0 (tells a publisher restart,
+    /// a new batch 0, from a repeated one).
+    first_ts: Option<u64>,
     last_seen: f64,
     batches: u64,
     block_events: u64,
@@ -96,6 +99,7 @@ impl Worker {
             held: Vec::new(),
             next_seq: 0,
             max_seen: None,
+            first_ts: None,
             last_seen: now,
             batches: 0,
             block_events: 0,
@@ -121,7 +125,7 @@ pub struct WorkerMatch {
     /// Longest prefix held with each block on any medium.
     pub blocks: u32,
     /// Longest prefix held entirely on each medium (indexed like [`FleetMatch::media`]).
-    pub per_medium: SmallVec<[u32; 2]>,
+    pub per_medium: Vec<u32>,
     /// Sum over the `blocks` prefix of the best weight among the media holding each block
     /// (equals `blocks` with the default weights, 1 for every medium).
     pub score: f64,
@@ -129,12 +133,48 @@ pub struct WorkerMatch {
     pub expired: bool,
 }
 
-/// A query answer: every worker, in slot order.
+/// A query answer for every worker, in slot order, column by column (cheap to build:
+/// the name and media lists are shared snapshots of the index).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetMatch {
     pub num_blocks: usize,
-    pub media: Vec<Arc<str>>,
-    pub workers: Vec<WorkerMatch>,
+    pub media: Arc<[Arc<str>]>,
+    pub workers: Arc<[Arc<str>]>,
+    /// Per worker: longest prefix on any medium.
+    pub blocks: Vec<u32>,
+    /// Per worker and medium (`worker * media.len() + medium`): longest prefix.
+    pub per_medium: Vec<u32>,
+    pub score: Vec<f64>,
+    pub stale: Vec<bool>,
+    pub expired: Vec<bool>,
+}
+
+impl FleetMatch {
+    /// Position of `worker` in [`FleetMatch::workers`].
+    pub fn position(&self, worker: &str) -> Option<usize> {
+        self.workers.iter().position(|w| &**w == worker)
+    }
+
+    /// The answer for the worker at position `i`.
+    pub fn get(&self, i: usize) -> Option<WorkerMatch> {
+        let nm = self.media.len();
+        Some(WorkerMatch {
+            worker: self.workers.get(i)?.clone(),
+            blocks: self.blocks[i],
+            per_medium: self.per_medium[i * nm..(i + 1) * nm].to_vec(),
+            score: self.score[i],
+            stale: self.stale[i],
+            expired: self.expired[i],
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
 }
 
 /// The fleet index (see the module docs).
@@ -142,6 +182,11 @@ pub struct KvIndex {
     form: HashForm,
     ttl: Option<f64>,
     media: Vec<Arc<str>>,
+    /// Snapshots shared with query answers: media names, and worker names with their
+    /// slots in slot order (rebuilt when a medium or worker comes or goes).
+    media_snapshot: Arc<[Arc<str>]>,
+    names_snapshot: Arc<[Arc<str>]>,
+    slots_snapshot: Vec<u32>,
     slots: Vec<Option<Worker>>,
     free_slots: Vec<u32>,
     names: FxHashMap<Arc<str>, u32>,
@@ -162,6 +207,9 @@ impl KvIndex {
             form,
             ttl,
             media: Vec::new(),
+            media_snapshot: Arc::from(Vec::new()),
+            names_snapshot: Arc::from(Vec::new()),
+            slots_snapshot: Vec::new(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             names: FxHashMap::default(),
@@ -188,11 +236,7 @@ impl KvIndex {
 
     /// Worker names in slot order.
     pub fn workers(&self) -> Vec<Arc<str>> {
-        self.slots
-            .iter()
-            .flatten()
-            .map(|w| w.name.clone())
-            .collect()
+        self.names_snapshot.to_vec()
     }
 
     fn slot_of(&self, name: &str) -> Result<u32> {
@@ -235,7 +279,19 @@ impl KvIndex {
             }
         };
         self.names.insert(name, slot);
+        self.refresh_names();
         slot
+    }
+
+    fn refresh_names(&mut self) {
+        let (names, slots): (Vec<Arc<str>>, Vec<u32>) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(s, w)| w.as_ref().map(|w| (w.name.clone(), s as u32)))
+            .unzip();
+        self.names_snapshot = Arc::from(names);
+        self.slots_snapshot = slots;
     }
 
     /// Removes a worker and everything it holds.
@@ -245,6 +301,7 @@ impl KvIndex {
         self.slots[slot as usize] = None;
         self.names.remove(name);
         self.free_slots.push(slot);
+        self.refresh_names();
         Ok(())
     }
 
@@ -257,6 +314,7 @@ impl KvIndex {
         let w = self.worker_mut(slot);
         w.next_seq = next_seq;
         w.max_seen = None;
+        w.first_ts = None;
         Ok(())
     }
 
@@ -283,12 +341,12 @@ impl KvIndex {
             .map(|i| i as u8)
     }
 
-    /// Interns every medium of `events`, or fails (changing nothing) past [`MAX_MEDIA`].
-    fn intern_media(&mut self, events: &[FleetEvent]) -> Result<()> {
-        let mut new: SmallVec<[&str; 2]> = SmallVec::new();
+    /// The media of `events` not interned yet; fails past [`MAX_MEDIA`] (changes nothing).
+    fn new_media(&self, events: &[FleetEvent]) -> Result<Vec<Arc<str>>> {
+        let mut new: Vec<Arc<str>> = Vec::new();
         for m in events.iter().filter_map(FleetEvent::medium) {
-            if self.medium_id(m).is_none() && !new.contains(&m) {
-                new.push(m);
+            if self.medium_id(m).is_none() && !new.iter().any(|x| &**x == m) {
+                new.push(Arc::from(m));
             }
         }
         if self.media.len() + new.len() > MAX_MEDIA {
@@ -296,10 +354,7 @@ impl KvIndex {
                 "more than {MAX_MEDIA} distinct media (new: {new:?})"
             )));
         }
-        for m in new {
-            self.media.push(Arc::from(m));
-        }
-        Ok(())
+        Ok(new)
     }
 
     /// Records a rejected batch for `name` (adding the worker when new).
@@ -330,7 +385,7 @@ impl KvIndex {
         seq: Option<u64>,
         now: f64,
     ) -> Result<ApplyOutcome> {
-        let out = self.apply(name, &batch.events, seq, now);
+        let out = self.apply_stamped(name, &batch.events, seq, Some(batch.ts), now);
         if out.is_ok() {
             if let Some(&slot) = self.names.get(name) {
                 self.worker_mut(slot).dp_rank = batch.dp_rank;
@@ -340,8 +395,7 @@ impl KvIndex {
     }
 
     /// Applies `events` to worker `name` (added when new). With `seq`, the batch is
-    /// applied only if it is the next one expected (see [`ApplyOutcome`]); a sequence
-    /// number 0 after others means the publisher restarted: its holdings are cleared first.
+    /// applied only if it is the next one expected (see [`ApplyOutcome`]).
     pub fn apply(
         &mut self,
         name: &str,
@@ -349,16 +403,35 @@ impl KvIndex {
         seq: Option<u64>,
         now: f64,
     ) -> Result<ApplyOutcome> {
-        if let Err(e) = self.intern_media(events) {
-            self.record_error(name, &e.to_string(), now);
-            return Err(e);
-        }
+        self.apply_stamped(name, events, seq, None, now)
+    }
+
+    /// [`KvIndex::apply`] with the batch's timestamp `ts`: a batch with sequence number 0
+    /// after others, with another timestamp than the first batch 0, means the publisher
+    /// restarted (a new stream): the worker's holdings are cleared first. Without a
+    /// timestamp a repeated sequence number 0 is a duplicate.
+    pub fn apply_stamped(
+        &mut self,
+        name: &str,
+        events: &[FleetEvent],
+        seq: Option<u64>,
+        ts: Option<f64>,
+        now: f64,
+    ) -> Result<ApplyOutcome> {
+        let ts_bits = ts.map(f64::to_bits);
+        let new_media = match self.new_media(events) {
+            Ok(m) => m,
+            Err(e) => {
+                self.record_error(name, &e.to_string(), now);
+                return Err(e);
+            }
+        };
         let slot = self.add_worker(name, now);
         {
             let w = self.worker_mut(slot);
             w.last_seen = w.last_seen.max(now);
             if let Some(s) = seq {
-                if s == 0 && w.next_seq > 0 {
+                if s == 0 && w.next_seq > 0 && ts_bits.is_some() && ts_bits != w.first_ts {
                     w.restarts += 1;
                     w.max_seen = None;
                     w.next_seq = 0;
@@ -373,6 +446,10 @@ impl KvIndex {
                 }
             }
         }
+        if !new_media.is_empty() {
+            self.media.extend(new_media);
+            self.media_snapshot = Arc::from(self.media.clone());
+        }
         for ev in events {
             self.apply_event(slot, ev);
         }
@@ -383,6 +460,9 @@ impl KvIndex {
             .map(|e| e.num_block_events() as u64)
             .sum::<u64>();
         if let Some(s) = seq {
+            if s == 0 {
+                w.first_ts = ts_bits;
+            }
             w.next_seq = s + 1;
             if w.max_seen.is_some_and(|m| m < w.next_seq) {
                 w.max_seen = None;
@@ -393,7 +473,7 @@ impl KvIndex {
 
     fn apply_event(&mut self, slot: u32, ev: &FleetEvent) {
         let medium = match ev.medium() {
-            // Interned by `intern_media` before any event is applied.
+            // Interned (`new_media`) before any event is applied.
             Some(m) => self.medium_id(m).unwrap_or(0),
             None => {
                 self.clear_slot(slot);
@@ -603,27 +683,35 @@ impl KvIndex {
                 }
             }
         }
-        let mut workers = Vec::with_capacity(live_count);
-        for (s, w) in self.slots.iter().enumerate() {
-            let Some(w) = w else { continue };
-            let blocks = lens[nm * nslots + s];
-            workers.push(WorkerMatch {
-                worker: w.name.clone(),
-                blocks,
-                per_medium: (0..nm).map(|m| lens[m * nslots + s]).collect(),
-                score: if weights.is_some() {
-                    score[s]
-                } else {
-                    f64::from(blocks)
-                },
-                stale: w.stale(),
-                expired: self.expired(w, now),
+        let nw = self.slots_snapshot.len();
+        let mut blocks = Vec::with_capacity(nw);
+        let mut per_medium = Vec::with_capacity(nw * nm);
+        let mut scores = Vec::with_capacity(nw);
+        let mut stale = Vec::with_capacity(nw);
+        let mut expired = Vec::with_capacity(nw);
+        for &slot in &self.slots_snapshot {
+            let s = slot as usize;
+            let b = lens[nm * nslots + s];
+            blocks.push(b);
+            per_medium.extend((0..nm).map(|m| lens[m * nslots + s]));
+            scores.push(if weights.is_some() {
+                score[s]
+            } else {
+                f64::from(b)
             });
+            let w = self.worker(slot);
+            stale.push(w.stale());
+            expired.push(self.expired(w, now));
         }
         Ok(FleetMatch {
             num_blocks: hashes.len(),
-            media: self.media.clone(),
-            workers,
+            media: self.media_snapshot.clone(),
+            workers: self.names_snapshot.clone(),
+            blocks,
+            per_medium,
+            score: scores,
+            stale,
+            expired,
         })
     }
 
@@ -638,15 +726,16 @@ impl KvIndex {
         include_unhealthy: bool,
     ) -> Result<Vec<WorkerMatch>> {
         let m = self.longest_prefix(hashes, now, weights)?;
-        let mut ws: Vec<WorkerMatch> = m
-            .workers
-            .into_iter()
-            .filter(|w| include_unhealthy || !(w.stale || w.expired))
+        let mut order: Vec<usize> = (0..m.len())
+            .filter(|&i| include_unhealthy || !(m.stale[i] || m.expired[i]))
             .collect();
         // Stable sort keeps slot order among equals.
-        ws.sort_by(|a, b| b.score.total_cmp(&a.score).then(b.blocks.cmp(&a.blocks)));
-        ws.truncate(k);
-        Ok(ws)
+        order.sort_by(|&a, &b| {
+            m.score[b]
+                .total_cmp(&m.score[a])
+                .then(m.blocks[b].cmp(&m.blocks[a]))
+        });
+        Ok(order.into_iter().take(k).filter_map(|i| m.get(i)).collect())
     }
 
     /// Full consistency check (tests): holders and per-worker copies agree exactly.

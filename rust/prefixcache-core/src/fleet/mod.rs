@@ -3,13 +3,14 @@
 //! `--kv-events-config`, SGLang's publisher). See docs/FLEET.md.
 //!
 //! - [`event`]: the validated events ([`FleetEvent`]), hash forms.
-//! - [`wire`]: ZMQ frames and msgpack payloads -> events.
+//! - [`wire`]: ZMQ frames and msgpack payloads -> events ([`msgpack`]: the streaming reader).
 //! - [`holders`]: per-hash worker bitsets per medium.
 //! - [`index`]: [`KvIndex`] (apply, sequence numbers, TTL, longest prefix, top-k).
 
 pub mod event;
 pub mod holders;
 pub mod index;
+pub mod msgpack;
 pub mod wire;
 
 #[cfg(test)]

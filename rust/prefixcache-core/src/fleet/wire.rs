@@ -2,15 +2,22 @@
 //! big-endian integer, `payload` msgpack of `[ts, events, data_parallel_rank]` (msgspec
 //! `array_like`), each event a map tagged by `"type"` (vLLM >= 0.10, SGLang) or an array
 //! whose first item is the tag (older msgspec `tag=True, array_like=True` encodings).
-//! Decoding is all-or-nothing: any problem is an [`Error::InvalidArgument`] naming it.
-
-use rmpv::ValueRef;
+//! Decoding streams over the bytes ([`super::msgpack::Reader`]) and is all-or-nothing: any
+//! problem is an [`Error::InvalidEvent`] naming it. Unknown map keys are skipped
+//! (SGLang's `cache_salt`, `session_id`, later vLLM fields); known ones are type-checked.
 
 use super::event::{Batch, FleetEvent, HashForm, Stored};
+use super::msgpack::{Int, Kind, ReadError, Reader};
 use crate::error::{Error, Result};
 
 fn bad(msg: impl Into<String>) -> Error {
     Error::InvalidEvent(msg.into())
+}
+
+impl From<ReadError> for Error {
+    fn from(e: ReadError) -> Self {
+        Error::InvalidEvent(e.0)
+    }
 }
 
 /// The sequence number frame: exactly 8 bytes, big-endian, non-negative.
@@ -31,7 +38,7 @@ pub fn decode_seq(frame: &[u8]) -> Result<u64> {
     Ok(seq)
 }
 
-/// A 3-part frame: `(seq, batch)`.
+/// A 3-part message: `(seq, batch)`.
 pub fn decode_frames(parts: &[&[u8]], form: HashForm) -> Result<(u64, Batch)> {
     if parts.len() != 3 {
         return Err(bad(format!(
@@ -45,66 +52,68 @@ pub fn decode_frames(parts: &[&[u8]], form: HashForm) -> Result<(u64, Batch)> {
 
 /// The msgpack payload of one batch.
 pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
-    let mut rd = payload;
-    let value = rmpv::decode::read_value_ref(&mut rd)
-        .map_err(|e| bad(format!("payload is not valid msgpack: {e}")))?;
-    if !rd.is_empty() {
-        return Err(bad(format!(
-            "payload has {} trailing bytes after the batch",
-            rd.len()
-        )));
-    }
-    let items = match value {
-        ValueRef::Array(items) => items,
-        other => {
+    let mut r = Reader::new(payload);
+    let n = match r.array_len()? {
+        Some(n) => n,
+        None => {
             return Err(bad(format!(
                 "payload: expected an array [ts, events, dp_rank], got {}",
-                kind(&other)
+                r.kind()?.name()
             )))
         }
     };
-    if items.len() < 2 || items.len() > 3 {
+    if !(2..=3).contains(&n) {
         return Err(bad(format!(
-            "payload: expected [ts, events] or [ts, events, dp_rank], got {} items",
-            items.len()
+            "payload: expected [ts, events] or [ts, events, dp_rank], got {n} items"
         )));
     }
-    let ts = match &items[0] {
-        ValueRef::F64(x) => *x,
-        ValueRef::F32(x) => f64::from(*x),
-        ValueRef::Integer(i) => i.as_f64().unwrap_or(0.0),
-        other => {
-            return Err(bad(format!(
-                "payload: ts must be a number, got {}",
-                kind(other)
-            )))
+    let ts = if let Some(x) = r.float()? {
+        x
+    } else if let Some(i) = r.int()? {
+        match i {
+            Int::U(u) => u as f64,
+            Int::I(i) => i as f64,
         }
+    } else {
+        return Err(bad(format!(
+            "payload: ts must be a number, got {}",
+            r.kind()?.name()
+        )));
     };
-    let raw_events = match &items[1] {
-        ValueRef::Array(ev) => ev,
-        other => {
+    let count = match r.array_len()? {
+        Some(c) => c,
+        None => {
             return Err(bad(format!(
                 "payload: events must be an array, got {}",
-                kind(other)
+                r.kind()?.name()
             )))
         }
     };
-    let dp_rank = match items.get(2) {
-        None | Some(ValueRef::Nil) => None,
-        Some(ValueRef::Integer(i)) => Some(
-            i.as_i64()
-                .ok_or_else(|| bad("payload: dp_rank out of range"))?,
-        ),
-        Some(other) => {
-            return Err(bad(format!(
-                "payload: dp_rank must be an int, got {}",
-                kind(other)
-            )))
+    let mut events = Vec::with_capacity(count);
+    for i in 0..count {
+        events.push(decode_event(&mut r, form).map_err(|e| bad(format!("event {i}: {e}")))?);
+    }
+    let dp_rank = if n == 3 && !r.nil()? {
+        match r.int()? {
+            Some(i) => Some(
+                i.as_i64()
+                    .ok_or_else(|| bad("payload: dp_rank out of range"))?,
+            ),
+            None => {
+                return Err(bad(format!(
+                    "payload: dp_rank must be an int, got {}",
+                    r.kind()?.name()
+                )))
+            }
         }
+    } else {
+        None
     };
-    let mut events = Vec::with_capacity(raw_events.len());
-    for (i, ev) in raw_events.iter().enumerate() {
-        events.push(decode_event(ev, form).map_err(|e| bad(format!("event {i}: {e}")))?);
+    if r.remaining() != 0 {
+        return Err(bad(format!(
+            "payload has {} trailing bytes after the batch",
+            r.remaining()
+        )));
     }
     Ok(Batch {
         ts,
@@ -113,135 +122,119 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
     })
 }
 
-fn kind(v: &ValueRef<'_>) -> &'static str {
-    match v {
-        ValueRef::Nil => "nil",
-        ValueRef::Boolean(_) => "bool",
-        ValueRef::Integer(_) => "int",
-        ValueRef::F32(_) | ValueRef::F64(_) => "float",
-        ValueRef::String(_) => "str",
-        ValueRef::Binary(_) => "bytes",
-        ValueRef::Array(_) => "array",
-        ValueRef::Map(_) => "map",
-        ValueRef::Ext(..) => "ext",
-    }
+/// Fields of one event as read so far (`None`: absent or nil).
+#[derive(Default)]
+struct Fields {
+    block_hashes: Option<Vec<u64>>,
+    parent_block_hash: Option<u64>,
+    num_tokens: usize,
+    block_size: Option<u32>,
+    lora_id: Option<i64>,
+    medium: Option<String>,
+    lora_name: Option<String>,
+    group_idx: Option<u32>,
+    num_extra_keys: Option<usize>,
 }
 
-/// Field access over both encodings (map by name, array by position after the tag).
-enum Fields<'v, 'a> {
-    Map(&'v [(ValueRef<'a>, ValueRef<'a>)]),
-    Array(&'v [ValueRef<'a>]),
-}
+const STORED_FIELDS: [&str; 11] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+];
+const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
-impl<'v, 'a> Fields<'v, 'a> {
-    fn get(&self, name: &str, pos: usize) -> Option<&'v ValueRef<'a>> {
-        match self {
-            Fields::Map(entries) => entries.iter().find_map(|(k, v)| match k {
-                ValueRef::String(s) if s.as_str() == Some(name) => Some(v),
-                _ => None,
-            }),
-            Fields::Array(items) => items.get(pos),
-        }
-    }
-}
-
-fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
-    let (tag, fields) = match ev {
-        ValueRef::Map(entries) => {
-            let tag = entries.iter().find_map(|(k, v)| match k {
-                ValueRef::String(s) if s.as_str() == Some("type") => Some(v),
-                _ => None,
-            });
-            match tag {
-                Some(ValueRef::String(s)) => (s.as_str().unwrap_or(""), Fields::Map(entries)),
-                Some(other) => {
-                    return Err(bad(format!("\"type\" must be a str, got {}", kind(other))))
-                }
-                None => return Err(bad("event map has no \"type\" tag")),
-            }
-        }
-        ValueRef::Array(items) => match items.first() {
-            Some(ValueRef::String(s)) => (s.as_str().unwrap_or(""), Fields::Array(&items[1..])),
-            _ => return Err(bad("event array does not start with its type tag")),
-        },
-        other => {
-            return Err(bad(format!(
-                "an event must be a map or an array, got {}",
-                kind(other)
-            )))
-        }
-    };
-    match tag {
-        "BlockStored" => {
-            let block_hashes = hashes(req(&fields, "block_hashes", 0)?, "block_hashes", form)?;
-            let parent_block_hash = match fields.get("parent_block_hash", 1) {
-                None | Some(ValueRef::Nil) => None,
-                Some(v) => Some(hash(v, "parent_block_hash", form)?),
-            };
-            let num_tokens = token_ids(fields.get("token_ids", 2))?;
-            let block_size = match req(&fields, "block_size", 3)? {
-                ValueRef::Integer(i) => i
-                    .as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .filter(|&x| x > 0)
-                    .ok_or_else(|| bad("block_size must be a positive int below 2**32"))?,
-                other => {
+fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
+    let mut f = Fields::default();
+    let tag: String;
+    if let Some(n) = r.map_len()? {
+        let mut found = None;
+        for _ in 0..n {
+            let key = match r.str_bytes()? {
+                Some(k) => k,
+                None => {
                     return Err(bad(format!(
-                        "block_size must be an int, got {}",
-                        kind(other)
+                        "event map keys must be str, got {}",
+                        r.kind()?.name()
                     )))
                 }
             };
-            let lora_id = opt_int(fields.get("lora_id", 4), "lora_id")?;
-            let medium = opt_str(fields.get("medium", 5), "medium")?;
-            let lora_name = opt_str(fields.get("lora_name", 6), "lora_name")?;
-            match fields.get("extra_keys", 7) {
-                None | Some(ValueRef::Nil) => {}
-                Some(ValueRef::Array(per_block)) => {
-                    if per_block.len() != block_hashes.len() {
+            if key == b"type" {
+                match r.str_bytes()? {
+                    Some(t) => found = Some(String::from_utf8_lossy(t).into_owned()),
+                    None => {
                         return Err(bad(format!(
-                            "extra_keys has {} entries for {} blocks",
-                            per_block.len(),
-                            block_hashes.len()
-                        )));
-                    }
-                    for k in per_block {
-                        if !matches!(k, ValueRef::Nil | ValueRef::Array(_)) {
-                            return Err(bad(format!(
-                                "extra_keys entries must be nil or arrays, got {}",
-                                kind(k)
-                            )));
-                        }
+                            "\"type\" must be a str, got {}",
+                            r.kind()?.name()
+                        )))
                     }
                 }
-                Some(other) => {
+            } else {
+                read_field(r, key, &mut f, form)?;
+            }
+        }
+        tag = found.ok_or_else(|| bad("event map has no \"type\" tag"))?;
+    } else if let Some(n) = r.array_len()? {
+        tag = match (n, r.str_bytes()?) {
+            (1.., Some(t)) => String::from_utf8_lossy(t).into_owned(),
+            _ => return Err(bad("event array does not start with its type tag")),
+        };
+        let names: &[&str] = match tag.as_str() {
+            "BlockStored" => &STORED_FIELDS,
+            "BlockRemoved" => &REMOVED_FIELDS,
+            _ => &[],
+        };
+        for i in 0..n - 1 {
+            match names.get(i) {
+                Some(name) => read_field(r, name.as_bytes(), &mut f, form)?,
+                None => r.skip()?,
+            }
+        }
+    } else {
+        return Err(bad(format!(
+            "an event must be a map or an array, got {}",
+            r.kind()?.name()
+        )));
+    }
+    match tag.as_str() {
+        "BlockStored" => {
+            let block_hashes = f
+                .block_hashes
+                .ok_or_else(|| bad("BlockStored without block_hashes"))?;
+            if let Some(k) = f.num_extra_keys {
+                if k != block_hashes.len() {
                     return Err(bad(format!(
-                        "extra_keys must be an array, got {}",
-                        kind(other)
-                    )))
+                        "extra_keys has {k} entries for {} blocks",
+                        block_hashes.len()
+                    )));
                 }
             }
-            let group_idx = group(fields.get("group_idx", 8))?;
-            opt_str(fields.get("kv_cache_spec_kind", 9), "kv_cache_spec_kind")?;
-            opt_int(
-                fields.get("kv_cache_spec_sliding_window", 10),
-                "kv_cache_spec_sliding_window",
-            )?;
             Ok(FleetEvent::Stored(Stored {
                 block_hashes,
-                parent_block_hash,
-                num_tokens,
-                block_size,
-                lora_id,
-                lora_name,
-                medium,
-                group_idx,
+                parent_block_hash: f.parent_block_hash,
+                num_tokens: f.num_tokens,
+                block_size: f
+                    .block_size
+                    .ok_or_else(|| bad("BlockStored without block_size"))?,
+                lora_id: f.lora_id,
+                lora_name: f.lora_name,
+                medium: f.medium,
+                group_idx: f.group_idx.unwrap_or(0),
             }))
         }
         "BlockRemoved" => Ok(FleetEvent::Removed {
-            block_hashes: hashes(req(&fields, "block_hashes", 0)?, "block_hashes", form)?,
-            medium: opt_str(fields.get("medium", 1), "medium")?,
-            group_idx: group(fields.get("group_idx", 2))?,
+            block_hashes: f
+                .block_hashes
+                .ok_or_else(|| bad("BlockRemoved without block_hashes"))?,
+            medium: f.medium,
+            group_idx: f.group_idx.unwrap_or(0),
         }),
         "AllBlocksCleared" => Ok(FleetEvent::Cleared),
         other => Err(bad(format!(
@@ -250,98 +243,167 @@ fn decode_event(ev: &ValueRef<'_>, form: HashForm) -> Result<FleetEvent> {
     }
 }
 
-fn req<'v, 'a>(fields: &Fields<'v, 'a>, name: &str, pos: usize) -> Result<&'v ValueRef<'a>> {
-    fields
-        .get(name, pos)
-        .ok_or_else(|| bad(format!("missing field {name}")))
-}
-
-fn hash(v: &ValueRef<'_>, what: &str, form: HashForm) -> Result<u64> {
-    match v {
-        ValueRef::Integer(i) => i.as_u64().ok_or_else(|| {
-            bad(format!(
-                "{what}: block hash {i} is out of range (a u64 or {} bytes)",
-                form.hash_bytes
-            ))
-        }),
-        ValueRef::Binary(b) => form.key(b, what),
-        other => Err(bad(format!(
-            "{what}: a block hash must be an int or bytes, got {}",
-            kind(other)
-        ))),
-    }
-}
-
-fn hashes(v: &ValueRef<'_>, what: &str, form: HashForm) -> Result<Vec<u64>> {
-    match v {
-        ValueRef::Array(items) => items.iter().map(|h| hash(h, what, form)).collect(),
-        other => Err(bad(format!("{what} must be an array, got {}", kind(other)))),
-    }
-}
-
-fn token_ids(v: Option<&ValueRef<'_>>) -> Result<usize> {
-    match v {
-        None | Some(ValueRef::Nil) => Ok(0),
-        Some(ValueRef::Array(items)) => {
-            for t in items {
-                match t {
-                    ValueRef::Integer(i)
-                        if i.as_u64().is_some_and(|x| x <= u64::from(u32::MAX)) => {}
-                    other => {
-                        return Err(bad(format!(
-                            "token_ids must hold ints in 0..2**32, got {}",
-                            kind(other)
-                        )))
-                    }
+fn read_field(r: &mut Reader<'_>, key: &[u8], f: &mut Fields, form: HashForm) -> Result<()> {
+    match key {
+        b"block_hashes" => f.block_hashes = Some(hashes(r, "block_hashes", form)?),
+        b"parent_block_hash" => {
+            f.parent_block_hash = if r.nil()? {
+                None
+            } else {
+                Some(hash(r, "parent_block_hash", form)?)
+            }
+        }
+        b"token_ids" => f.num_tokens = token_ids(r)?,
+        b"block_size" => {
+            f.block_size = match r.int()? {
+                Some(i) => Some(
+                    i.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .filter(|&x| x > 0)
+                        .ok_or_else(|| bad("block_size must be a positive int below 2**32"))?,
+                ),
+                None => {
+                    return Err(bad(format!(
+                        "block_size must be an int, got {}",
+                        r.kind()?.name()
+                    )))
                 }
             }
-            Ok(items.len())
         }
-        Some(other) => Err(bad(format!(
-            "token_ids must be an array, got {}",
-            kind(other)
-        ))),
+        b"lora_id" => f.lora_id = opt_int(r, "lora_id")?,
+        b"medium" => f.medium = opt_str(r, "medium")?,
+        b"lora_name" => f.lora_name = opt_str(r, "lora_name")?,
+        b"group_idx" => {
+            f.group_idx = match opt_int(r, "group_idx")? {
+                None => None,
+                Some(g) => Some(
+                    u32::try_from(g).map_err(|_| bad("group_idx must be an int in 0..2**32"))?,
+                ),
+            }
+        }
+        b"extra_keys" => {
+            f.num_extra_keys = if r.nil()? {
+                None
+            } else {
+                let n = r
+                    .array_len()?
+                    .ok_or_else(|| bad("extra_keys must be an array or nil"))?;
+                for _ in 0..n {
+                    match r.kind()? {
+                        Kind::Nil | Kind::Array => r.skip()?,
+                        other => {
+                            return Err(bad(format!(
+                                "extra_keys entries must be nil or arrays, got {}",
+                                other.name()
+                            )))
+                        }
+                    }
+                }
+                Some(n)
+            }
+        }
+        b"kv_cache_spec_kind" => {
+            opt_str(r, "kv_cache_spec_kind")?;
+        }
+        b"kv_cache_spec_sliding_window" => {
+            opt_int(r, "kv_cache_spec_sliding_window")?;
+        }
+        _ => r.skip()?,
     }
+    Ok(())
 }
 
-fn opt_int(v: Option<&ValueRef<'_>>, what: &str) -> Result<Option<i64>> {
-    match v {
-        None | Some(ValueRef::Nil) => Ok(None),
-        Some(ValueRef::Integer(i)) => i
+fn hash(r: &mut Reader<'_>, what: &str, form: HashForm) -> Result<u64> {
+    if let Some(i) = r.int()? {
+        return i.as_u64().ok_or_else(|| {
+            bad(format!(
+                "{what}: block hash {} is out of range (a u64 or {} bytes)",
+                i.as_i64().unwrap_or(0),
+                form.hash_bytes
+            ))
+        });
+    }
+    if let Some(b) = r.bin()? {
+        return form.key(b, what);
+    }
+    Err(bad(format!(
+        "{what}: a block hash must be an int or bytes, got {}",
+        r.kind()?.name()
+    )))
+}
+
+fn hashes(r: &mut Reader<'_>, what: &str, form: HashForm) -> Result<Vec<u64>> {
+    let n = match r.array_len()? {
+        Some(n) => n,
+        None => {
+            return Err(bad(format!(
+                "{what} must be an array, got {}",
+                r.kind()?.name()
+            )))
+        }
+    };
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(hash(r, what, form)?);
+    }
+    Ok(out)
+}
+
+fn token_ids(r: &mut Reader<'_>) -> Result<usize> {
+    if r.nil()? {
+        return Ok(0);
+    }
+    let n = match r.array_len()? {
+        Some(n) => n,
+        None => {
+            return Err(bad(format!(
+                "token_ids must be an array, got {}",
+                r.kind()?.name()
+            )))
+        }
+    };
+    for _ in 0..n {
+        match r.int()? {
+            Some(i) if i.as_u64().is_some_and(|x| x <= u64::from(u32::MAX)) => {}
+            Some(_) => return Err(bad("token_ids must hold ints in 0..2**32")),
+            None => {
+                return Err(bad(format!(
+                    "token_ids must hold ints in 0..2**32, got {}",
+                    r.kind()?.name()
+                )))
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn opt_int(r: &mut Reader<'_>, what: &str) -> Result<Option<i64>> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    match r.int()? {
+        Some(i) => i
             .as_i64()
             .map(Some)
             .ok_or_else(|| bad(format!("{what} is out of range"))),
-        Some(other) => Err(bad(format!(
+        None => Err(bad(format!(
             "{what} must be an int or nil, got {}",
-            kind(other)
+            r.kind()?.name()
         ))),
     }
 }
 
-fn opt_str(v: Option<&ValueRef<'_>>, what: &str) -> Result<Option<String>> {
-    match v {
-        None | Some(ValueRef::Nil) => Ok(None),
-        Some(ValueRef::String(s)) => s
-            .as_str()
+fn opt_str(r: &mut Reader<'_>, what: &str) -> Result<Option<String>> {
+    if r.nil()? {
+        return Ok(None);
+    }
+    match r.str_bytes()? {
+        Some(b) => std::str::from_utf8(b)
             .map(|s| Some(s.to_owned()))
-            .ok_or_else(|| bad(format!("{what} is not valid UTF-8"))),
-        Some(other) => Err(bad(format!(
+            .map_err(|_| bad(format!("{what} is not valid UTF-8"))),
+        None => Err(bad(format!(
             "{what} must be a str or nil, got {}",
-            kind(other)
-        ))),
-    }
-}
-
-fn group(v: Option<&ValueRef<'_>>) -> Result<u32> {
-    match v {
-        None | Some(ValueRef::Nil) => Ok(0),
-        Some(ValueRef::Integer(i)) => i
-            .as_u64()
-            .and_then(|x| u32::try_from(x).ok())
-            .ok_or_else(|| bad("group_idx must be an int in 0..2**32")),
-        Some(other) => Err(bad(format!(
-            "group_idx must be an int, got {}",
-            kind(other)
+            r.kind()?.name()
         ))),
     }
 }

@@ -1,0 +1,595 @@
+"""The fleet index in Redis / Valkey: several router processes share one view.
+
+Same API as ``prefixcache.KvIndex``; events are decoded by the same core decoder
+(``_core.decode_kv_frames`` / ``decode_kv_events``) and applied by one Lua script call per
+batch (``redis_scripts.APPLY``), queries are one pipelined round trip. Layout and
+consistency model: docs/FLEET.md.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prefixcache import _core
+from prefixcache.errors import (
+    InvalidEventError,
+    InvalidInputError,
+    InvalidTypeError,
+    UnknownWorkerError,
+)
+from prefixcache.fleet import redis_scripts
+from prefixcache.fleet.match import RemoteFleetMatch
+
+MAX_MEDIA = 64
+
+Op = tuple[str, "str | None", list[int]]
+
+
+def _bit(slot: int) -> int:
+    """Bit position of worker slot ``slot`` in a SETBIT bitmap read little-endian."""
+    return 8 * (slot >> 3) + 7 - (slot & 7)
+
+
+def _s(v: bytes | str | None) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else v)
+
+
+class RedisKvIndex:
+    """Fleet index kept in a Redis / Valkey server (``redis://host:port/db``).
+
+    ``prefix`` names the index (keys are ``{prefix}:...``, one hash slot); ``ttl`` is the
+    silence in seconds after which a worker counts as expired; ``retries`` bounds the
+    retries after a dropped connection (safe: every batch with a sequence number is
+    applied at most once, see docs/FLEET.md).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "prefixcache",
+        ttl: float | None = None,
+        hash_bytes: int = 32,
+        retries: int = 3,
+        socket_timeout: float = 5.0,
+    ) -> None:
+        import redis
+
+        if ttl is not None and not ttl > 0:
+            raise InvalidInputError(f"ttl must be a positive number of seconds, got {ttl}")
+        if not 8 <= hash_bytes <= 32:
+            raise InvalidInputError(f"hash_bytes must be between 8 and 32, got {hash_bytes}")
+        self._redis_errors = (redis.ConnectionError, redis.TimeoutError)
+        self._r = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        )
+        self._p = "{" + prefix + "}"
+        self._ttl = ttl
+        self._hash_bytes = hash_bytes
+        self._retries = retries
+        self._apply = self._r.register_script(redis_scripts.APPLY)
+        self._record = self._r.register_script(redis_scripts.RECORD_ERROR)
+        self._add = self._r.register_script(redis_scripts.ADD_WORKER)
+        self._drop = self._r.register_script(redis_scripts.DROP_WORKER)
+        self._media: dict[str, int] = {}
+        self._known: set[str] = set()
+        #: Times this client found the server's data gone (restart, flush) and re-created it.
+        self.state_losses = 0
+        self._epoch = self._retry(self._ensure_epoch)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    @property
+    def ttl(self) -> float | None:
+        return self._ttl
+
+    @property
+    def hash_bytes(self) -> int:
+        return self._hash_bytes
+
+    @property
+    def prefix(self) -> str:
+        return self._p
+
+    def close(self) -> None:
+        self._r.close()
+
+    def _retry(self, f: Any) -> Any:
+        for attempt in range(self._retries + 1):
+            try:
+                return f()
+            except self._redis_errors:
+                if attempt == self._retries:
+                    raise
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        raise AssertionError("unreachable")
+
+    def _ensure_epoch(self) -> str:
+        key = self._p + ":epoch"
+        self._r.set(key, uuid.uuid4().hex, nx=True)
+        return _s(self._r.get(key))
+
+    def _state_lost(self) -> None:
+        self.state_losses += 1
+        self._media.clear()
+        self._epoch = self._retry(self._ensure_epoch)
+
+    def _script(self, script: Any, worker: str, now: float, args: list[Any]) -> tuple[str, bool]:
+        """Runs a script; returns (first reply item, whether an attempt failed first)."""
+        failed = False
+        for attempt in range(self._retries + 1):
+            try:
+                res = script(keys=[], args=[self._p, self._epoch, worker, repr(now), *args])
+            except self._redis_errors:
+                if attempt == self._retries:
+                    raise
+                failed = True
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            head = _s(res[0])
+            if head == "epoch":
+                self._state_lost()
+                continue
+            if head == "error":
+                raise InvalidEventError(_s(res[1]))
+            self._known.add(worker)
+            return head, failed
+        raise RuntimeError(
+            f"Redis fleet index: server state lost {self._retries + 1} times in a row"
+        )
+
+    @staticmethod
+    def _now(now: float | None) -> float:
+        return time.time() if now is None else float(now)
+
+    @staticmethod
+    def _op_args(ops: Sequence[Op]) -> list[Any]:
+        args: list[Any] = []
+        for kind, medium, hashes in ops:
+            args.append(kind[0])
+            args.append(medium or "")
+            args.append(len(hashes))
+            args.extend([format(h, "016x") for h in hashes])
+        return args
+
+    def _apply_ops(
+        self,
+        worker: str,
+        ops: Sequence[Op],
+        seq: int | None,
+        dp_rank: int | None,
+        now: float,
+        ts: float | None = None,
+    ) -> str:
+        if seq is not None and seq < 0:
+            raise InvalidInputError(f"seq must be >= 0, got {seq}")
+        args = [
+            "" if seq is None else seq,
+            "" if dp_rank is None else dp_rank,
+            MAX_MEDIA,
+            "" if ts is None else repr(float(ts)),
+            *self._op_args(ops),
+        ]
+        if seq is None:
+            # Without a sequence number a retry could apply the batch twice: no retry.
+            res = self._apply(keys=[], args=[self._p, self._epoch, worker, repr(now), *args])
+            head = _s(res[0])
+            if head == "epoch":
+                self._state_lost()
+                return self._apply_ops(worker, ops, seq, dp_rank, now, ts)
+            if head == "error":
+                raise InvalidEventError(_s(res[1]))
+            self._known.add(worker)
+            return head
+        out, failed = self._script(self._apply, worker, now, args)
+        # A lost reply of an applied batch: the retry sees it as already applied.
+        return "applied" if failed and out == "duplicate" else out
+
+    def _record_error(self, worker: str, message: str, now: float) -> None:
+        self._script(self._record, worker, now, [message])
+
+    # -- writes -----------------------------------------------------------------------
+
+    def add_worker(self, worker: str, now: float | None = None) -> None:
+        self._script(self._add, worker, self._now(now), [])
+
+    def remove_worker(self, worker: str) -> None:
+        out, _ = self._script(self._drop, worker, self._now(None), ["remove", ""])
+        if out == "unknown":
+            raise UnknownWorkerError(f"unknown worker {worker!r}")
+        self._known.discard(worker)
+
+    def reset_worker(self, worker: str, next_seq: int = 0) -> None:
+        out, _ = self._script(self._drop, worker, self._now(None), ["reset", next_seq])
+        if out == "unknown":
+            raise UnknownWorkerError(f"unknown worker {worker!r}")
+
+    def apply(
+        self, worker: str, events: Iterable[Any], seq: int | None = None, now: float | None = None
+    ) -> str:
+        """Applies event objects; returns "applied", "duplicate" or "gap"."""
+        t = self._now(now)
+        try:
+            ops = _core.decode_kv_events(events, self._hash_bytes)
+        except InvalidEventError as e:
+            self._record_error(worker, str(e), t)
+            raise
+        return self._apply_ops(worker, ops, seq, None, t)
+
+    def apply_frames(self, worker: str, frames: Sequence[bytes], now: float | None = None) -> str:
+        """Applies one ZMQ message ``[topic, seq, payload]``."""
+        t = self._now(now)
+        try:
+            seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
+        except InvalidEventError as e:
+            self._record_error(worker, str(e), t)
+            raise
+        return self._apply_ops(worker, ops, seq, dp_rank, t, ts)
+
+    def apply_many(
+        self, messages: Iterable[tuple[str, Sequence[bytes]]], now: float | None = None
+    ) -> list[str]:
+        """Applies many ``(worker, frames)`` messages in one pipelined round trip; returns
+        each outcome ("error" for a rejected message, counted on its worker)."""
+        t = self._now(now)
+        decoded: list[tuple[str, list[Any]] | None] = []
+        outcomes: list[str] = []
+        for worker, frames in messages:
+            try:
+                seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
+            except InvalidEventError as e:
+                self._record_error(worker, str(e), t)
+                decoded.append(None)
+                continue
+            args = [
+                seq,
+                "" if dp_rank is None else dp_rank,
+                MAX_MEDIA,
+                repr(float(ts)),
+                *self._op_args(ops),
+            ]
+            decoded.append((worker, args))
+        todo = [d for d in decoded if d is not None]
+        results: list[str] = []
+        failed = False
+        for attempt in range(self._retries + 2):
+            try:
+                pipe = self._r.pipeline(transaction=False)
+                for worker, args in todo:
+                    self._apply(
+                        keys=[], args=[self._p, self._epoch, worker, repr(t), *args], client=pipe
+                    )
+                raw = pipe.execute()
+            except self._redis_errors:
+                if attempt >= self._retries:
+                    raise
+                failed = True
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            results = [_s(r[0]) for r in raw]
+            if "epoch" in results:
+                # Part of the pipeline ran against a server that lost its data: start over
+                # with the new epoch (batches applied before the loss are gone anyway).
+                self._state_lost()
+                continue
+            break
+        it = iter(results)
+        for d in decoded:
+            if d is None:
+                outcomes.append("error")
+                continue
+            self._known.add(d[0])
+            out = next(it, "error")
+            outcomes.append("applied" if failed and out == "duplicate" else out)
+        return outcomes
+
+    def prune_expired(self, now: float | None = None) -> list[str]:
+        """Removes workers silent for longer than the TTL; returns their names."""
+        if self._ttl is None:
+            return []
+        t = self._now(now)
+        limit = t - self._ttl
+        gone = []
+        for worker, h in self._health().items():
+            if h[3] < limit:
+                out, _ = self._script(self._drop, worker, t, ["remove", repr(limit)])
+                if out == "ok":
+                    gone.append(worker)
+                    self._known.discard(worker)
+        return gone
+
+    # -- reads ------------------------------------------------------------------------
+
+    def _health(self) -> dict[str, tuple[int, int, int | None, float]]:
+        raw = self._retry(lambda: self._r.hgetall(self._p + ":health"))
+        return {_s(k): self._parse_health(v) for k, v in raw.items()}
+
+    @staticmethod
+    def _parse_health(v: bytes) -> tuple[int, int, int | None, float]:
+        slot, nxt, ms, seen = _s(v).split(" ")
+        return int(slot), int(nxt), None if ms == "-" else int(ms), float(seen)
+
+    def _media_ids(self) -> dict[str, int]:
+        raw = self._retry(lambda: self._r.hgetall(self._p + ":media"))
+        return {_s(k): int(v) for k, v in raw.items()}
+
+    @property
+    def media(self) -> list[str]:
+        ids = self._media_ids()
+        return sorted(ids, key=ids.__getitem__)
+
+    def workers(self) -> list[str]:
+        h = self._health()
+        return sorted(h, key=lambda w: h[w][0])
+
+    @property
+    def num_hashes(self) -> int:
+        """Distinct hashes held by some worker (a SCAN over the block keys: for tests)."""
+        seen = set()
+        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+            seen.add(_s(k).rsplit(":", 1)[1])
+        return len(seen)
+
+    def _request_hashes(self, hashes: Any, tokens: Any, hasher: Any) -> list[int]:
+        if hashes is not None and tokens is None and hasher is None:
+            return [self._key(h, i) for i, h in enumerate(hashes)]
+        if hashes is None and tokens is not None and hasher is not None:
+            return [int.from_bytes(d[-8:], "big") for d in hasher.hash_blocks(tokens)]
+        raise InvalidInputError(
+            "give either hashes, or tokens together with a hasher (BlockHasher)"
+        )
+
+    def _key(self, h: Any, i: int) -> int:
+        """A query hash as the index key (as ``KvIndex``: an int < 2**64, or a digest of
+        ``hash_bytes`` bytes reduced to its last 8 bytes big-endian)."""
+        if type(h) is int and 0 <= h < 1 << 64:
+            return h
+        if isinstance(h, bytes):
+            if len(h) != self._hash_bytes:
+                raise InvalidInputError(
+                    f"hashes[{i}]: a block hash of {len(h)} bytes, expected {self._hash_bytes}"
+                )
+            return int.from_bytes(h[-8:], "big")
+        if isinstance(h, bool) or not hasattr(h, "__index__"):
+            raise InvalidTypeError(
+                f"hashes[{i}]: a block hash must be an int or bytes, got {type(h).__name__}"
+            )
+        v = h.__index__()
+        if not 0 <= v < 1 << 64:
+            raise InvalidInputError(f"hashes[{i}]: block hash {v} is out of range")
+        return int(v)
+
+    def longest_prefix(
+        self,
+        hashes: Any = None,
+        *,
+        tokens: Any = None,
+        hasher: Any = None,
+        weights: dict[str, float] | None = None,
+        now: float | None = None,
+    ) -> RemoteFleetMatch:
+        """Every worker's longest held prefix of a request, per medium and on any medium."""
+        t = self._now(now)
+        hs = self._request_hashes(hashes, tokens, hasher)
+        hexes = [format(h, "016x") for h in hs]
+        if weights is not None:
+            for m, w in weights.items():
+                if not (isinstance(w, (int, float)) and w >= 0 and w == w and w != float("inf")):
+                    raise InvalidInputError(f"weight of medium {m!r} must be a finite number >= 0")
+        for _ in range(3):
+            media = dict(self._media)
+            order = sorted(media, key=media.__getitem__)
+            heads = [f"{self._p}:b:{media[m]}:" for m in order]
+            keys = [head + x for head in heads for x in hexes]
+
+            def query(keys: list[str] = keys) -> list[Any]:
+                pipe = self._r.pipeline(transaction=False)
+                pipe.get(self._p + ":epoch")
+                pipe.hgetall(self._p + ":health")
+                pipe.hgetall(self._p + ":media")
+                if keys:
+                    pipe.mget(keys)
+                return pipe.execute()
+
+            res = self._retry(query)
+            epoch, health_raw, media_raw = _s(res[0]), res[1], res[2]
+            if epoch != self._epoch:
+                return self._lost_answer(len(hs), order)
+            server_media = {_s(k): int(v) for k, v in media_raw.items()}
+            if server_media != media:
+                self._media = server_media
+                continue
+            rows = res[3] if keys else []
+            health = {_s(k): self._parse_health(v) for k, v in health_raw.items()}
+            return self._answer(hs, order, rows, health, weights, t)
+        raise RuntimeError("Redis fleet index: media changed during three queries in a row")
+
+    def _lost_answer(self, n: int, media: list[str]) -> RemoteFleetMatch:
+        """The server lost its data: every worker this client knew is stale, with nothing."""
+        ws = sorted(self._known)
+        k = len(ws)
+        return RemoteFleetMatch(
+            n, media, ws, [0] * k, [(0,) * len(media)] * k, [0.0] * k, [True] * k, [False] * k
+        )
+
+    def _answer(
+        self,
+        hs: list[int],
+        media: list[str],
+        rows: list[Any],
+        health: dict[str, tuple[int, int, int | None, float]],
+        weights: dict[str, float] | None,
+        now: float,
+    ) -> RemoteFleetMatch:
+        n = len(hs)
+        nm = len(media)
+        bit_of = {w: _bit(h[0]) for w, h in health.items()}
+        worker_at = {b: w for w, b in bit_of.items()}
+        live = 0
+        for b in bit_of.values():
+            live |= 1 << b
+        holds = [
+            [int.from_bytes(r, "little") if r else 0 for r in rows[m * n : (m + 1) * n]]
+            for m in range(nm)
+        ]
+        lens: list[dict[str, int]] = [{} for _ in range(nm + 1)]
+
+        def walk(row: list[int], out: dict[str, int]) -> None:
+            active = live
+            for i, hold in enumerate(row):
+                kept = active & hold
+                dropped = active ^ kept
+                while dropped:
+                    low = dropped & -dropped
+                    out[worker_at[low.bit_length() - 1]] = i
+                    dropped ^= low
+                active = kept
+                if not active:
+                    break
+
+        for m in range(nm):
+            walk(holds[m], lens[m])
+        any_row = [0] * n
+        for m in range(nm):
+            for i, h in enumerate(holds[m]):
+                any_row[i] |= h
+        walk(any_row, lens[nm])
+        score: dict[str, float] = {}
+        if weights is not None:
+            wt = sorted(
+                ((float(weights.get(md, 1.0)), m) for m, md in enumerate(media)), reverse=True
+            )
+            active = live
+            for i in range(n):
+                active &= any_row[i]
+                if not active:
+                    break
+                covered = 0
+                for wgt, m in wt:
+                    add = active & holds[m][i] & ~covered
+                    covered |= add
+                    while add:
+                        low = add & -add
+                        name = worker_at[low.bit_length() - 1]
+                        score[name] = score.get(name, 0.0) + wgt
+                        add ^= low
+        workers = sorted(health, key=lambda x: health[x][0])
+        blocks = [lens[nm].get(w, n) for w in workers]
+        ttl = self._ttl
+        self._known.update(workers)
+        return RemoteFleetMatch(
+            n,
+            media,
+            workers,
+            blocks,
+            [tuple(lens[m].get(w, n) for m in range(nm)) for w in workers],
+            [score.get(w, 0.0) for w in workers]
+            if weights is not None
+            else [float(b) for b in blocks],
+            [health[w][2] is not None and health[w][2] >= health[w][1] for w in workers],  # type: ignore[operator]
+            [ttl is not None and now - health[w][3] > ttl for w in workers],
+        )
+
+    def top_k(
+        self,
+        hashes: Any = None,
+        k: int = 1,
+        *,
+        tokens: Any = None,
+        hasher: Any = None,
+        weights: dict[str, float] | None = None,
+        now: float | None = None,
+        include_unhealthy: bool = False,
+    ) -> list[tuple[str, float, int]]:
+        """The ``k`` best workers as ``(worker, score, blocks)``, best first."""
+        m = self.longest_prefix(hashes, tokens=tokens, hasher=hasher, weights=weights, now=now)
+        idx = [i for i in range(len(m)) if include_unhealthy or not (m.stale_[i] or m.expired_[i])]
+        idx.sort(key=lambda i: (-m.score_[i], -m.blocks_[i]))
+        return [(m.workers[i], m.score_[i], m.blocks_[i]) for i in idx[:k]]
+
+    def status(self, worker: str, now: float | None = None) -> dict[str, Any]:
+        """Sequence state, health and counters of one worker (as ``KvIndex.status``)."""
+        t = self._now(now)
+        raw = self._retry(lambda: self._r.hgetall(f"{self._p}:w:{worker}"))
+        if not raw:
+            raise UnknownWorkerError(f"unknown worker {worker!r}")
+        d = {_s(k): _s(v) for k, v in raw.items()}
+        nxt = int(d["next_seq"])
+        ms = int(d["max_seen"]) if "max_seen" in d else None
+        seen = float(d["last_seen"])
+        held = self._retry(lambda: self._r.hlen(f"{self._p}:c:{worker}"))
+        return {
+            "worker": worker,
+            "next_seq": nxt,
+            "max_seen_seq": ms,
+            "stale": ms is not None and ms >= nxt,
+            "expired": self._ttl is not None and t - seen > self._ttl,
+            "last_seen": seen,
+            **{
+                k: int(d[k])
+                for k in (
+                    "batches",
+                    "block_events",
+                    "duplicates",
+                    "gaps",
+                    "restarts",
+                    "unknown_removals",
+                    "errors",
+                )
+            },
+            "last_error": d.get("last_error"),
+            "dp_rank": int(d["dp_rank"]) if "dp_rank" in d else None,
+            "num_held": int(held),
+        }
+
+    def cached_hashes(self, worker: str, medium: str | None = None) -> list[int]:
+        """The hashes ``worker`` holds (on ``medium``, or on any medium), sorted."""
+        if not self._retry(lambda: self._r.exists(f"{self._p}:w:{worker}")):
+            raise UnknownWorkerError(f"unknown worker {worker!r}")
+        fields = self._retry(lambda: self._r.hkeys(f"{self._p}:c:{worker}"))
+        want = None
+        if medium is not None:
+            ids = self._media_ids()
+            if medium not in ids:
+                return []
+            want = str(ids[medium])
+        out = set()
+        for f in fields:
+            mid, x = _s(f).split(":")
+            if want is None or mid == want:
+                out.add(int(x, 16))
+        return sorted(out)
+
+    def check_invariants(self) -> None:
+        """Full consistency check (tests): copies and holder bitmaps agree exactly."""
+        health = self._health()
+        pairs = set()
+        for w, (slot, *_rest) in health.items():
+            for f, c in self._r.hgetall(f"{self._p}:c:{w}").items():
+                if int(c) <= 0:
+                    raise AssertionError(f"worker {w!r} holds {_s(f)} with {int(c)} copies")
+                if not self._r.getbit(f"{self._p}:b:{_s(f)}", slot):
+                    raise AssertionError(f"worker {w!r} holds {_s(f)} but its bit is clear")
+                pairs.add((slot, _s(f)))
+        slots = {h[0] for h in health.values()}
+        bits = 0
+        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+            raw = self._r.get(k)
+            v = raw if isinstance(raw, bytes) else b""
+            x = int.from_bytes(v, "little")
+            if x == 0:
+                raise AssertionError(f"empty holder bitmap {_s(k)}")
+            f = _s(k).split(":b:", 1)[1]
+            for s in range(len(v) * 8):
+                if x >> _bit(s) & 1:
+                    if s not in slots or (s, f) not in pairs:
+                        raise AssertionError(f"{_s(k)} lists slot {s}, which does not hold it")
+                    bits += 1
+        if bits != len(pairs):
+            raise AssertionError(f"{bits} holder bits, {len(pairs)} held pairs")
+
+    def __repr__(self) -> str:
+        return f"RedisKvIndex(prefix={self._p!r})"

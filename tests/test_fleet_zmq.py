@@ -1,0 +1,186 @@
+"""End to end through ZMQ: vLLM's frames replayed on real PUB sockets on loopback (one
+publisher per worker, each with vLLM's replay ROUTER socket), a ``KvEventSubscriber``
+thread feeding the embedded and the Redis index. After every batch the index agrees with
+vLLM's cached hashes; dropped messages are recovered by replay; bad messages are counted
+and the thread lives on; a worker that stops publishing ages out."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from fleet_support import ReplayPublisher, load_vectors, redis_url
+
+from prefixcache import KvIndex
+from prefixcache.fleet import KvEventSubscriber, Publisher, RedisKvIndex
+
+VECTORS = load_vectors()
+WORKERS = sorted({d["name"] for d in VECTORS})
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    u, srv = redis_url()
+    yield u
+    if srv is not None:
+        srv.stop()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def make_index(request: Any, url: str) -> Any:
+    def make(ttl: float | None = None) -> Any:
+        if request.param == "embedded":
+            return KvIndex(ttl=ttl)
+        return RedisKvIndex(url, prefix="z-" + uuid.uuid4().hex[:12], ttl=ttl)
+
+    return make
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    c: zmq.Context[Any] = zmq.Context()
+    yield c
+    c.term()
+
+
+def publishers(ctx: zmq.Context[Any], names: list[str]) -> dict[str, ReplayPublisher]:
+    return {w: ReplayPublisher(ctx, topic=f"kv@{w}@model".encode()) for w in names}
+
+
+def subscribe(index: Any, pubs: dict[str, ReplayPublisher], **kw: Any) -> KvEventSubscriber:
+    return KvEventSubscriber(
+        index,
+        [
+            Publisher(p.endpoint, w, p.replay_endpoint, topic=f"kv@{w}@model")
+            for w, p in pubs.items()
+        ],
+        **kw,
+    ).start()
+
+
+def caught_up(index: Any, worker: str, seq: int) -> Any:
+    return lambda: index.status(worker)["next_seq"] > seq
+
+
+def test_replayed_frames_agree_after_every_batch(ctx: zmq.Context[Any], make_index: Any) -> None:
+    index = make_index()
+    pubs = publishers(ctx, WORKERS)
+    sub = subscribe(index, pubs)
+    try:
+        time.sleep(0.3)  # let the SUB sockets connect (a lost first batch is replayed anyway)
+        for d in VECTORS:
+            pubs[d["name"]].send(d["seq"], d["payload"])
+            assert sub.wait_for(caught_up(index, d["name"], d["seq"]), timeout=10, interval=0.001)
+            assert index.cached_hashes(d["name"]) == d["cached_hashes"], (d["name"], d["seq"])
+        index.check_invariants()
+        assert sub.alive and sub.loop_errors == 0
+        assert sum(s.applied + s.replayed for s in sub.stats.values()) == len(VECTORS)
+    finally:
+        sub.stop()
+        for p in pubs.values():
+            p.close()
+
+
+def test_dropped_messages_are_replayed(ctx: zmq.Context[Any], make_index: Any) -> None:
+    """Every 7th batch never reaches the subscriber (as with a PUB high-water mark): the
+    next one is a gap, the subscriber asks the replay socket, the index is exact again."""
+    index = make_index()
+    pubs = publishers(ctx, WORKERS)
+    # a batch published before the subscriber exists: fetched by the start-up sync
+    first = VECTORS[0]
+    pubs[first["name"]].send(first["seq"], first["payload"])
+    sub = subscribe(index, pubs, replay_interval=0.0)
+    try:
+        assert index.cached_hashes(first["name"]) == first["cached_hashes"]
+        time.sleep(0.3)
+        for i, d in enumerate(VECTORS[1:], 1):
+            pubs[d["name"]].send(d["seq"], d["payload"], publish=i % 7 != 0)
+        last = {d["name"]: d for d in VECTORS}
+        for w, d in last.items():
+            assert sub.wait_for(caught_up(index, w, d["seq"]), timeout=10)
+            assert index.cached_hashes(w) == d["cached_hashes"]
+            assert not index.status(w)["stale"]
+        assert sum(s.replays for s in sub.stats.values()) >= 1
+        assert sum(p.replay_requests for p in pubs.values()) >= 1
+        index.check_invariants()
+    finally:
+        sub.stop()
+        for p in pubs.values():
+            p.close()
+
+
+def test_bad_messages_are_counted_and_the_thread_lives(
+    ctx: zmq.Context[Any], make_index: Any
+) -> None:
+    index = make_index()
+    pubs = publishers(ctx, ["worker0"])
+    sub = subscribe(index, pubs)
+    pub = pubs["worker0"]
+    topic = b"kv@worker0@model"
+    mine = [d for d in VECTORS if d["name"] == "worker0"]
+    try:
+        time.sleep(0.3)
+        pub.send(mine[0]["seq"], mine[0]["payload"])
+        assert sub.wait_for(caught_up(index, "worker0", 0))
+        good = msgpack.unpackb(mine[1]["payload"])
+        seq1 = (1).to_bytes(8, "big")
+        bad = [
+            [topic, seq1, mine[1]["payload"][:-5]],  # truncated msgpack
+            [topic, seq1, msgpack.packb([1.0, [{"type": "BlockEvicted"}], 0])],  # unknown tag
+            [topic, seq1, msgpack.packb([1.0, [{**good[1][0], "block_hashes": "x"}], 0])],
+            [
+                topic,
+                seq1,
+                msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [b"\x00" * 5]}], 0]),
+            ],
+            [topic, seq1],  # two frames
+            [topic, seq1, mine[1]["payload"], b"extra"],  # four frames
+        ]
+        for parts in bad:
+            pub.send_raw(parts)
+        assert sub.wait_for(lambda: index.status("worker0")["errors"] == len(bad))
+        assert sub.stats["worker0"].errors == len(bad) and sub.alive
+        assert index.cached_hashes("worker0") == mine[0]["cached_hashes"]
+        for d in mine[1:]:
+            pub.send(d["seq"], d["payload"])
+        assert sub.wait_for(caught_up(index, "worker0", mine[-1]["seq"]), timeout=10)
+        assert index.cached_hashes("worker0") == mine[-1]["cached_hashes"]
+        assert sub.alive and sub.loop_errors == 0
+    finally:
+        sub.stop()
+        for p in pubs.values():
+            p.close()
+
+
+def test_a_worker_that_stops_publishing_ages_out(ctx: zmq.Context[Any], make_index: Any) -> None:
+    index = make_index(ttl=0.5)
+    pubs = publishers(ctx, ["worker0", "worker1"])
+    sub = subscribe(index, pubs)
+    stored = {"type": "BlockStored", "block_hashes": [11, 12], "block_size": 16}
+    try:
+        time.sleep(0.3)
+        for w in pubs:
+            pubs[w].send(0, msgpack.packb([time.time(), [stored], 0]))
+        assert sub.wait_for(lambda: all(index.status(w)["next_seq"] == 1 for w in pubs))
+        assert [w for w, _, _ in index.top_k([11, 12], k=2)] == ["worker0", "worker1"]
+        # worker1 falls silent, worker0 keeps publishing
+        deadline = time.monotonic() + 1.0
+        seq = 1
+        while time.monotonic() < deadline:
+            pubs["worker0"].send(seq, msgpack.packb([time.time(), [], 0]))
+            seq += 1
+            time.sleep(0.05)
+        assert sub.wait_for(lambda: index.status("worker0")["next_seq"] == seq)
+        m = index.longest_prefix([11, 12])
+        assert m.expired("worker1") and not m.expired("worker0")
+        assert index.top_k([11, 12], k=2) == [("worker0", 2.0, 2)]
+        assert index.prune_expired() == ["worker1"]
+    finally:
+        sub.stop()
+        for p in pubs.values():
+            p.close()
