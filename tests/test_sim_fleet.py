@@ -270,8 +270,7 @@ def test_mooncake_round_robin_matches_dynamo() -> None:
 
 
 def test_compact_events_leave_the_index_in_the_same_state() -> None:
-    from prefixcache import KVCacheManager
-    from prefixcache._core import KvIndex
+    from prefixcache import KVCacheManager, KvIndex
 
     rng = np.random.default_rng(0)
     full = KVCacheManager(65, block_size=16, enable_kv_cache_events=True)

@@ -77,8 +77,7 @@ class _EventPath:
 
     def __init__(self, n: int, block_size: int, hash_algo: str, delay: float, loss: float,
                  seed: int) -> None:
-        from prefixcache import BlockHasher
-        from prefixcache._core import KvIndex
+        from prefixcache import BlockHasher, KvIndex
 
         self.index = KvIndex()
         self.workers = [f"instance-{k}" for k in range(n)]
