@@ -245,6 +245,11 @@ def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [s["instances"] for s in data["fleet"]] == [1, 2]
 
 
+def test_cli_fleet_progress_bars(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "workload:F", "--instances", "2", "--router", "cache-aware"]) == 0
+    assert "per instance" in capsys.readouterr().out
+
+
 def test_cli_fleet_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "workload:F", "--instances", "2", "--router", "nope",
                  "--quiet"]) == 2

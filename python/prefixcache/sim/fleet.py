@@ -28,7 +28,7 @@ import numpy as np
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import BlocksPolicy, CachePolicy, PolicyStats, make_policy
-from prefixcache.sim.replay import ReplayResult, replay, summarize
+from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, new_record
 from prefixcache.sim.routers import Router, make_router, needs_events
 from prefixcache.sim.scheduler import (
@@ -39,8 +39,6 @@ from prefixcache.sim.scheduler import (
 )
 
 __all__ = ["FleetResult", "fleet_replay", "summarize_fleet"]
-
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
 @dataclass
@@ -204,8 +202,9 @@ def fleet_replay(
     n = len(requests)
     records = [new_record(r) for r in requests]
     served_by = [-1] * n
-    tick = progress(f"{pols[0].name} x{instances} {rt.name}", n) \
+    task = progress(f"{pols[0].name} x{instances} {rt.name}", n) \
         if progress is not None else None
+    tick = task.advance if task is not None else None
     path = _EventPath(instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay,
                       event_loss, seed) if events else None
     out_len = output_lengths(requests)
@@ -256,6 +255,8 @@ def fleet_replay(
         pos += 1
         gate.arrive(i, a, route)
     gate.check_drained()
+    if task is not None:
+        task.done()
     if path is not None:
         path.counters.in_flight = len(path._queue)
     dt = time.perf_counter() - t0
