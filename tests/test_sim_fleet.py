@@ -106,6 +106,23 @@ def test_cache_aware_sends_each_group_where_its_prefix_is() -> None:
     assert rr.summary()["hit_tokens"] < ca3.summary()["hit_tokens"]
 
 
+def test_cache_aware_reads_namespaced_prefixes() -> None:
+    # Same tokens, two namespaces (an extra key, a cache salt): each namespace is its own
+    # prefix on the instances, and the router keys its query the same way.
+    head = _toks(0, 1024)
+    reqs = []
+    for i in range(16):
+        ns = i % 2
+        reqs.append(Request(i, np.concatenate([head, _toks(10_000 + 100 * i, 40)]),
+                            _toks(50_000 + 100 * i, 8), arrival=2.0 * i,
+                            extra_key="adapter-a" if ns == 0 else None,
+                            cache_salt="tenant-b" if ns == 1 else None))
+    res = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
+    homes = {ns: res.served_by[ns] for ns in range(2)}
+    assert res.served_by == [homes[i % 2] for i in range(16)]
+    assert [r.hit_tokens for r in res.records[2:]] == [1024] * 14
+
+
 def test_cache_aware_weighs_load_against_the_held_prefix() -> None:
     # Instance 0 holds the prefix but is busy with a long request: with the load weighed
     # in, a request whose prefix is short goes to the idle instance; with the overlap

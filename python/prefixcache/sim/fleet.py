@@ -115,8 +115,25 @@ class _EventPath:
             c.delivered += 1
 
     def held(self, req: Request, now: float) -> list[int]:
-        m = self.index.longest_prefix(tokens=req.prompt, hasher=self.hasher, now=now)
+        if req.extra_key is None and not req.cache_salt:
+            m = self.index.longest_prefix(tokens=req.prompt, hasher=self.hasher, now=now)
+        else:
+            m = self.index.longest_prefix(self._namespaced_hashes(req), now=now)
         return [int(m.blocks(w)) for w in self.workers]
+
+    def _namespaced_hashes(self, req: Request) -> list[int]:
+        """The request's block hashes with its namespace keyed in as the instances key it
+        (vLLM's layout: the extra key as a LoRA name on every block, the salt on block 0)."""
+        from prefixcache.events import external_hash
+
+        base: tuple[Any, ...] = (("lora", req.extra_key, ""),) \
+            if req.extra_key is not None else ()
+        n = req.prompt_len // self.block_size
+        keys: list[tuple[Any, ...] | None] = [base or None] * n
+        if req.cache_salt and n:
+            keys[0] = (*base, ("cache_salt", req.cache_salt))
+        digests = self.hasher.hash_blocks(req.prompt, extra_keys=keys)
+        return [int(external_hash(d)) for d in digests]
 
 
 class _Fleet:
