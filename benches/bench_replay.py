@@ -1,14 +1,18 @@
 """Simulator benchmarks: the whole Mooncake conversation trace through radix,
-radix-page16 and vllm-blocks at one capacity, ``prefixcache compare --workload all``, and
-one A-F workload replayed with the Rust tree versus the plain-Python reference tree.
+radix-page16 and vllm-blocks (slot and time models, 1M and 3M-token KV; a sweep of six
+capacities in worker processes), ``prefixcache compare --workload all``, and one A-F
+workload replayed with the Rust tree versus the plain-Python reference tree.
 
-With ``--benchmark-disable`` (CI) each runs once on a cut-down input so the suite stays
+The trace is read from the folder named by ``PREFIXCACHE_TRACES``
+(``mooncake_conversation.jsonl``); without it those benchmarks are skipped. With
+``--benchmark-disable`` (CI) each runs once on a cut-down input so the suite stays
 quick; ``pytest benches/bench_replay.py --benchmark-only`` runs the full sizes.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -17,28 +21,46 @@ import pytest
 
 from prefixcache.sim.cli import main
 from prefixcache.sim.policies import RadixPolicy, blocks_available
-from prefixcache.sim.replay import replay
+from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.sweep import SweepSpec, run_sweep
 from prefixcache.sim.traces import read_trace
 from prefixcache.sim.workloads import study_workload
 
-TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+TRACE = Path(os.environ.get("PREFIXCACHE_TRACES", "")) / "mooncake_conversation.jsonl"
+HAVE_TRACE = bool(os.environ.get("PREFIXCACHE_TRACES")) and TRACE.exists()
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
-CAPACITY = 1 << 20  # tokens: about 87 average conversation prompts
+SWEEP = [1 << 18, 1 << 20, 3_000_000, 1 << 22, 1 << 24, 1 << 26]
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the Mooncake trace is not on this machine")
-def test_mooncake_conversation_all_policies(benchmark: Any) -> None:
-    benchmark.group = "replay: Mooncake conversation, 3 policies, 1M-token KV"
+@pytest.mark.skipif(not HAVE_TRACE, reason="PREFIXCACHE_TRACES is not set")
+@pytest.mark.parametrize(("model", "capacity"), [("slots", 1 << 20), ("slots", 3_000_000),
+                                                 ("time", 3_000_000)])
+def test_mooncake_conversation_all_policies(benchmark: Any, model: str, capacity: int) -> None:
+    benchmark.group = f"replay: Mooncake conversation, 3 policies, {model} model, " \
+        f"{capacity:,}-token KV"
     reqs = read_trace(TRACE).requests
     if benchmark.disabled:
         reqs = reqs[:500]
-    results = benchmark.pedantic(lambda: replay(reqs, POLICIES, CAPACITY), rounds=1,
-                                 iterations=1)
+    results = benchmark.pedantic(lambda: replay(reqs, POLICIES, capacity, model=model),
+                                 rounds=1, iterations=1)
     for r in results:
+        s = summarize(r)
         benchmark.extra_info[f"{r.policy}_s"] = round(r.seconds, 3)
-        benchmark.extra_info[f"{r.policy}_hit_rate"] = round(
-            sum(x.hit_tokens for x in r.records) / sum(x.prompt_tokens for x in r.records), 4)
+        benchmark.extra_info[f"{r.policy}_hit_rate"] = round(s["hit_rate"], 4)
+        benchmark.extra_info[f"{r.policy}_peak_rss_mib"] = s["peak_rss_bytes"] >> 20
     assert len(results) == len(POLICIES)
+
+
+@pytest.mark.skipif(not HAVE_TRACE, reason="PREFIXCACHE_TRACES is not set")
+def test_mooncake_conversation_sweep_in_workers(benchmark: Any) -> None:
+    benchmark.group = "sweep: Mooncake conversation, 6 capacities x 3 policies, --jobs cores"
+    spec = SweepSpec(str(TRACE), policies=POLICIES)
+    reqs = read_trace(TRACE).requests
+    caps = SWEEP
+    if benchmark.disabled:
+        reqs, caps = reqs[:300], caps[:2]
+    sums = benchmark.pedantic(lambda: run_sweep(spec, reqs, caps), rounds=1, iterations=1)
+    assert len(sums) == len(caps) * len(POLICIES)
 
 
 def test_compare_all(benchmark: Any) -> None:

@@ -179,7 +179,7 @@ def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
     time.sleep(4.0)  # imports, reading the trace, into the replay
     assert proc.poll() is None, "the replay ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0], err

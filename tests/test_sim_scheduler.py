@@ -50,9 +50,6 @@ class Spy:
     def on_prefill_done(self, rid: object) -> None:
         self.inner.on_prefill_done(rid)
 
-    def append(self, rid: object, n: int) -> bool:
-        return bool(self.inner.append(rid, n))
-
     def finish(self, rid: object, output: TokenArray) -> None:
         self.inner.finish(rid, output)
         self.events.append(("finish", rid))

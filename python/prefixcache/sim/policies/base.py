@@ -47,7 +47,9 @@ class CachePolicy(Protocol):
     """What a scheduler needs from a prefix cache (docs/SIMULATOR.md, "Policies").
 
     ``max_uniform_growth(rids, limit)``: the most decode steps every request in ``rids``
-    can still take (capped at ``limit``). ``grow(rids, k, fed_from, outputs)``: one decode stretch of ``k`` steps for every
+    can still take (capped at ``limit``).
+
+    ``grow(rids, k, fed_from, outputs)``: one decode stretch of ``k`` steps for every
     request in ``rids`` (ints, in running order), each feeding the tokens
     ``outputs(rid)[fed_from[j] : fed_from[j] + k]`` and taking KV for them; the scheduler
     calls it with ``k <= max_uniform_growth(rids)``. Returns the tokens evicted for each

@@ -250,24 +250,27 @@ class BlocksPolicy:
         self._known[rids] = new_known
         self._have[rids] = np.maximum(have, new_known)
         evicted = None
-        for j in np.flatnonzero(flush):
-            i = int(rids[j])
-            lo, n = int(self._pend_lo[i]), int(self._pend[i])
-            self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
-            new = self.mgr.allocate_slots(i, n)
-            if new is None:
-                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-            self._pend[i] = 0
-            ev = self._drain_events()
-            if len(new):
-                new = np.asarray(new, dtype=np.int64)
-                self.blocks[i] = np.concatenate([self.blocks[i], new])
-                ev += self._took(new)
-            self._cache_full(i, int(self._known[i]))
-            if ev:
-                if evicted is None:
-                    evicted = np.zeros(len(rids), dtype=np.int64)
-                evicted[j] = ev * bs
+        at = np.flatnonzero(flush)
+        if len(at):
+            who = rids[at]
+            todo = zip(at.tolist(), who.tolist(), self._pend_lo[who].tolist(),
+                       self._pend[who].tolist(), new_known[at].tolist(), strict=True)
+            self._pend[who] = 0
+            for j, i, lo, n, upto in todo:
+                self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
+                got = self.mgr.allocate_slots(i, n)
+                if got is None:
+                    raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+                ev = self._drain_events() if self._use_events else 0
+                if len(got):
+                    got = np.asarray(got, dtype=np.int64)
+                    self.blocks[i] = np.concatenate([self.blocks[i], got])
+                    ev += self._took(got)
+                self._cache_full(i, upto)
+                if ev:
+                    if evicted is None:
+                        evicted = np.zeros(len(rids), dtype=np.int64)
+                    evicted[j] = ev * bs
         self._note_used()
         return evicted
 
