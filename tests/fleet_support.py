@@ -109,10 +109,14 @@ def redis_url() -> tuple[str, RedisServer | None]:
 
 class ReplayPublisher:
     """vLLM's ZmqEventPublisher protocol: PUB frames ``[topic, seq, payload]`` and a ROUTER
-    replay socket answering ``[b"", start_seq]`` with ``[b"", seq, payload]`` per buffered
-    batch from ``start_seq`` on, then ``[b"", END_SEQ, b""]``."""
+    replay socket answering ``[b"", start_seq]`` with one reply per buffered batch from
+    ``start_seq`` on, then an end marker. ``replay_topic`` (vLLM 0.33, SGLang 0.5.23):
+    replies ``[b"", topic, seq, payload]``, end ``[b"", b"", END_SEQ, b""]``; otherwise
+    (earlier vLLM) ``[b"", seq, payload]``, end ``[b"", END_SEQ, b""]``."""
 
-    def __init__(self, ctx: Any, topic: bytes = b"", buffer_steps: int = 10_000) -> None:
+    def __init__(
+        self, ctx: Any, topic: bytes = b"", buffer_steps: int = 10_000, replay_topic: bool = True
+    ) -> None:
         import zmq
 
         self.pub = ctx.socket(zmq.PUB)
@@ -124,6 +128,7 @@ class ReplayPublisher:
         rport = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
         self.topic = topic
+        self.replay_topic = replay_topic
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.lock = threading.Lock()
         self.replay_requests = 0
@@ -154,10 +159,14 @@ class ReplayPublisher:
             self.replay_requests += 1
             first = int.from_bytes(start, "big")
             with self.lock:
+                head = [self.topic] if self.replay_topic else []
                 for seq, payload in list(self.buffer):
                     if seq >= first:
-                        self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-                self.router.send_multipart([client, b"", END_SEQ, b""])
+                        self.router.send_multipart(
+                            [client, b"", *head, seq.to_bytes(8, "big"), payload]
+                        )
+                end = [b""] if self.replay_topic else []
+                self.router.send_multipart([client, b"", *end, END_SEQ, b""])
 
     def close(self) -> None:
         self._stop.set()

@@ -31,17 +31,20 @@ from prefixcache import (
     BlockPool,
     BlockTrie,
     KVCacheManager,
+    KvIndex,
     RadixCache,
     hash_block_tokens,
 )
 from prefixcache.errors import (
     BlockStateError,
+    InvalidEventError,
     InvalidInputError,
     InvalidTypeError,
     LockRefError,
     OutOfBlocksError,
     StaleHandleError,
     UnknownRequestError,
+    UnknownWorkerError,
     UnsupportedHashInputError,
 )
 from prefixcache.sim.cli import main as cli_main
@@ -137,6 +140,36 @@ class TrieWorld(World):
                 dict(t.stats), t.request_blocks(1))
 
 
+class KvIndexWorld(World):
+    """Worker "a" holds hashes 1 and 2 (batch 0 applied); "b" holds 1 on CPU."""
+
+    def __init__(self) -> None:
+        ix = self.obj = KvIndex(ttl=10.0)
+        ix.apply_frames("a", kv_frames(0, [{"type": "BlockStored", "block_hashes": [1, 2],
+                                             "block_size": 4}]), now=0.0)
+        ix.apply("b", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4,
+                        "medium": "CPU"}], now=0.0)
+
+    def state(self) -> Any:
+        ix = self.obj
+        # The rejected-batch counters ("errors", "last_error") are meant to change.
+        keep = ("next_seq", "max_seen_seq", "stale", "batches", "block_events", "num_held")
+        return (ix.workers(), ix.media, ix.num_hashes,
+                [(ix.cached_hashes(w), {k: ix.status(w, now=0.0)[k] for k in keep})
+                 for w in ix.workers()])
+
+
+def kv_frames(seq: int, events: Any, seq_bytes: int = 8) -> list[bytes]:
+    import msgpack
+
+    return [b"kv@a@m", seq.to_bytes(seq_bytes, "big"), msgpack.packb([1.0, events, 0])]
+
+
+def kv(misuse: str, call: str, exc: type[BaseException], fragment: str,
+       run: Callable[[KvIndexWorld], Any]) -> Row:
+    return Row("KvIndex", misuse, call, run, exc, fragment)
+
+
 class FileWorld(World):
     """A temporary directory for trace files (readers hold no state)."""
 
@@ -167,6 +200,7 @@ WORLDS: dict[str, Callable[[Path], World]] = {
     "KVCacheManager": lambda _: ManagerWorld(),
     "BlockHasher / hash_block_tokens": lambda _: HasherWorld(),
     "BlockTrie": lambda _: TrieWorld(),
+    "KvIndex": lambda _: KvIndexWorld(),
     "trace readers": FileWorld,
     "CLI": FileWorld,
 }
@@ -452,6 +486,60 @@ CATALOGUE: list[Row] = [
     trie("malformed multimodal item", "lookup([1, 2], mm_items=[(1,)])", InvalidTypeError,
          "mm_items[0] must be a (hash: bytes | str, start: int, length: int) tuple",
          lambda w: w.obj.lookup([1, 2], mm_items=[(1,)])),
+    # ---------------- KvIndex ----------------
+    kv("ttl zero", "KvIndex(ttl=0)", InvalidInputError, "ttl must be a positive",
+       lambda w: KvIndex(ttl=0)),
+    kv("hash width outside 8..32", "KvIndex(hash_bytes=7)", InvalidInputError,
+       "hash_bytes must be between 8 and 32", lambda w: KvIndex(hash_bytes=7)),
+    kv("message of two frames", "apply_frames(w, [seq, payload])", InvalidEventError,
+       "3 frames (topic, seq, payload), got 2",
+       lambda w: w.obj.apply_frames("a", kv_frames(1, [])[1:])),
+    kv("sequence frame of 4 bytes", "apply_frames(w, [topic, seq (4 bytes), payload])",
+       InvalidEventError, "sequence frame has 4 bytes",
+       lambda w: w.obj.apply_frames("a", kv_frames(1, [], seq_bytes=4))),
+    kv("truncated msgpack", "apply_frames(w, [topic, seq, payload[:-1]])", InvalidEventError,
+       "truncated", lambda w: w.obj.apply_frames("a", [
+           *kv_frames(1, [])[:2],
+           kv_frames(1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4}])[2][:-1],
+       ])),
+    kv("unknown event tag", 'apply_frames(w, [..., [ts, [{"type": "Zap"}], 0]])',
+       InvalidEventError, "unknown event type", lambda w: w.obj.apply_frames(
+           "a", kv_frames(1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4},
+                              {"type": "Zap"}]))),
+    kv("block hash as str", "apply_frames(w, [..., block_hashes=['7']])", InvalidEventError,
+       "a block hash must be an int or bytes, got str", lambda w: w.obj.apply_frames(
+           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": ["7"]}]))),
+    kv("block hash of 7 bytes", "apply_frames(w, [..., block_hashes=[b'1234567']])",
+       InvalidEventError, "a block hash of 7 bytes, expected 32", lambda w: w.obj.apply_frames(
+           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [b"1234567"]}]))),
+    kv("negative block hash", "apply_frames(w, [..., block_hashes=[-1]])", InvalidEventError,
+       "is out of range", lambda w: w.obj.apply_frames(
+           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [-1]}]))),
+    kv("block_size zero", "apply(w, [BlockStored(block_size=0)])", InvalidEventError,
+       "block_size must be positive", lambda w: w.obj.apply(
+           "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 0}])),
+    kv("missing block_hashes", 'apply(w, [{"type": "BlockRemoved"}])', InvalidEventError,
+       "BlockRemoved without block_hashes",
+       lambda w: w.obj.apply("a", [{"type": "BlockRemoved"}])),
+    kv("lora_id as str", "apply(w, [BlockStored(lora_id='x')])", InvalidEventError,
+       "lora_id must be an int or None, got str", lambda w: w.obj.apply(
+           "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 4,
+                  "lora_id": "x"}])),
+    kv("event of an unknown class", "apply(w, [object()])", InvalidEventError,
+       "unknown event type", lambda w: w.obj.apply("a", [object()])),
+    kv("negative sequence number", "apply(w, [], seq=-1)", InvalidInputError,
+       "seq must be >= 0", lambda w: w.obj.apply("a", [], seq=-1)),
+    kv("query hash 2**64", "longest_prefix([2**64])", InvalidInputError, "out of range",
+       lambda w: w.obj.longest_prefix([2**64])),
+    kv("query by tokens without a hasher", "longest_prefix(tokens=[1, 2])", InvalidInputError,
+       "give either hashes, or tokens together with a hasher",
+       lambda w: w.obj.longest_prefix(tokens=[1, 2])),
+    kv("negative medium weight", 'longest_prefix([1], weights={"CPU": -1})', InvalidInputError,
+       "must be a finite number >= 0", lambda w: w.obj.longest_prefix([1], weights={"CPU": -1})),
+    kv("unknown worker", 'remove_worker("zz")', UnknownWorkerError, 'unknown worker "zz"',
+       lambda w: w.obj.remove_worker("zz")),
+    kv("status of an unknown worker", 'status("zz")', UnknownWorkerError, "unknown worker",
+       lambda w: w.obj.status("zz")),
     # ---------------- trace readers ----------------
     trace("not JSON", '{"id": 1,\n', TraceFormatError, ":1: not valid JSON"),
     trace("not an object (line 2)", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'

@@ -159,8 +159,16 @@ def test_server_restart_mid_stream_is_noticed_and_resynced() -> None:
         assert after.workers == before.workers
         assert all(after.stale(w) and after.blocks(w) == 0 for w in after.workers)
         assert ix.top_k(q, now=0.0) == []
-        # the live stream goes on: gaps (batches before were lost with the server)
-        outcomes = [ix.apply_frames(d["name"], d["frames"], now=0.0) for d in VECTORS[half:]]
+        # the live stream goes on: gaps (batches before were lost with the server); a
+        # worker that has not published since is still reported, stale
+        first = VECTORS[half]
+        assert ix.apply_frames(first["name"], first["frames"], now=0.0) == "gap"
+        m = ix.longest_prefix(q, now=0.0)
+        assert set(m.workers) == set(before.workers)
+        assert all(m.stale(w) and m.blocks(w) == 0 for w in m.workers)
+        outcomes = ["gap"] + [
+            ix.apply_frames(d["name"], d["frames"], now=0.0) for d in VECTORS[half + 1 :]
+        ]
         seen = {d["name"] for d in VECTORS[:half]}
         expected = ["gap" if d["name"] in seen else "applied" for d in VECTORS[half:]]
         assert ix.state_losses == 1 and outcomes == expected and "gap" in outcomes

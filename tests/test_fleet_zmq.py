@@ -14,9 +14,9 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from fleet_support import ReplayPublisher, load_vectors, redis_url
+from fleet_support import RedisServer, ReplayPublisher, load_vectors, redis_url
 
-from prefixcache import KvIndex
+from prefixcache import KvIndex, UnknownWorkerError
 from prefixcache.fleet import KvEventSubscriber, Publisher, RedisKvIndex
 
 VECTORS = load_vectors()
@@ -48,8 +48,13 @@ def ctx() -> Iterator[zmq.Context[Any]]:
     c.term()
 
 
-def publishers(ctx: zmq.Context[Any], names: list[str]) -> dict[str, ReplayPublisher]:
-    return {w: ReplayPublisher(ctx, topic=f"kv@{w}@model".encode()) for w in names}
+def publishers(
+    ctx: zmq.Context[Any], names: list[str], replay_topic: bool = True
+) -> dict[str, ReplayPublisher]:
+    return {
+        w: ReplayPublisher(ctx, topic=f"kv@{w}@model".encode(), replay_topic=replay_topic)
+        for w in names
+    }
 
 
 def subscribe(index: Any, pubs: dict[str, ReplayPublisher], **kw: Any) -> KvEventSubscriber:
@@ -86,11 +91,15 @@ def test_replayed_frames_agree_after_every_batch(ctx: zmq.Context[Any], make_ind
             p.close()
 
 
-def test_dropped_messages_are_replayed(ctx: zmq.Context[Any], make_index: Any) -> None:
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.33-sglang", "older-vllm"])
+def test_dropped_messages_are_replayed(
+    ctx: zmq.Context[Any], make_index: Any, replay_topic: bool
+) -> None:
     """Every 7th batch never reaches the subscriber (as with a PUB high-water mark): the
-    next one is a gap, the subscriber asks the replay socket, the index is exact again."""
+    next one is a gap, the subscriber asks the replay socket, the index is exact again.
+    Both replay reply shapes (vLLM 0.33 includes the topic; earlier versions do not)."""
     index = make_index()
-    pubs = publishers(ctx, WORKERS)
+    pubs = publishers(ctx, WORKERS, replay_topic)
     # a batch published before the subscriber exists: fetched by the start-up sync
     first = VECTORS[0]
     pubs[first["name"]].send(first["seq"], first["payload"])
@@ -184,3 +193,71 @@ def test_a_worker_that_stops_publishing_ages_out(ctx: zmq.Context[Any], make_ind
         sub.stop()
         for p in pubs.values():
             p.close()
+
+
+def test_redis_restart_mid_stream_resyncs_through_replay(ctx: zmq.Context[Any]) -> None:
+    """The Redis server restarts (empty) while the subscriber runs: the next live batches
+    are gaps, the subscriber asks the publishers' replay sockets from 0, and the index is
+    exact again; queries in between report the workers stale, never a wrong prefix."""
+    srv = RedisServer().start()
+    pubs = publishers(ctx, WORKERS)
+    index = RedisKvIndex(srv.url, prefix="zrestart", retries=8)
+    sub = subscribe(index, pubs, replay_interval=0.0)
+    try:
+        time.sleep(0.3)
+        half = len(VECTORS) // 2
+        for d in VECTORS[:half]:
+            pubs[d["name"]].send(d["seq"], d["payload"])
+        for w in WORKERS:
+            mine = [d for d in VECTORS[:half] if d["name"] == w]
+            if mine:
+                assert sub.wait_for(caught_up(index, w, mine[-1]["seq"]), timeout=10)
+        srv.restart()
+        probe = msgpack.unpackb(VECTORS[half - 1]["payload"])[1][0].get("block_hashes", [1])
+        m = index.longest_prefix(probe)
+        assert all(m.stale(w) and m.blocks(w) == 0 for w in m.workers)
+        for d in VECTORS[half:]:
+            pubs[d["name"]].send(d["seq"], d["payload"])
+        last = {d["name"]: d for d in VECTORS}
+
+        def exact(w: str, seq: int) -> bool:
+            try:
+                st = index.status(w)
+            except UnknownWorkerError:  # not re-registered since the restart yet
+                return False
+            return st["next_seq"] > seq and not st["stale"]
+
+        for w, d in last.items():
+            assert sub.wait_for(lambda w=w, d=d: exact(w, d["seq"]), timeout=20), (
+                w, d["seq"], index.status(w), sub.stats, sub.loop_errors)
+            assert index.cached_hashes(w) == d["cached_hashes"]
+        assert index.state_losses >= 1 and sub.alive
+        assert sum(p.replay_requests for p in pubs.values()) >= len(WORKERS)
+        index.check_invariants()
+    finally:
+        sub.stop()
+        for p in pubs.values():
+            p.close()
+        srv.stop()
+
+
+def test_a_connecting_publisher_with_a_binding_subscriber(ctx: zmq.Context[Any]) -> None:
+    """vLLM's PUB connects when its endpoint names a host: the subscriber binds."""
+    from fleet_support import free_port
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    index = KvIndex()
+    sub = KvEventSubscriber(index, [Publisher(endpoint, "w", bind=True)]).start()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(endpoint)
+    try:
+        time.sleep(0.3)
+        mine = [d for d in VECTORS if d["name"] == "worker0"]
+        for d in mine:
+            pub.send_multipart(d["frames"])
+        assert sub.wait_for(caught_up(index, "w", mine[-1]["seq"]))
+        assert index.cached_hashes("w") == mine[-1]["cached_hashes"]
+    finally:
+        sub.stop()
+        pub.close(0)

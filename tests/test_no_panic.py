@@ -70,7 +70,16 @@ def instances() -> Iterator[tuple[str, Callable[[], Any]]]:
         t.complete(1)
         return t
 
+    def kv_index() -> Any:
+        ix = _core.KvIndex(ttl=10.0)
+        ix.apply("a", [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 4}],
+                 seq=0)
+        ix.apply("b", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4,
+                        "medium": "CPU"}])
+        return ix
+
     yield "RadixCache", radix
+    yield "KvIndex", kv_index
     yield "BlockPool", pool
     yield "KVCacheManager", manager
     yield "BlockTrie", trie
@@ -142,6 +151,11 @@ PLAUSIBLE: dict[str, Any] = {
     "request_id": 2, "reserve_tokens": 4, "retention": 1, "ticks": 1,
     "token_ids": np.arange(8, dtype=np.uint32), "tokens": np.arange(9, dtype=np.uint32),
     "values": np.arange(9, dtype=np.int64),
+    # KvIndex
+    "worker": "a", "events": [], "seq": 5, "now": 1.0, "hashes": [1, 2], "k": 2,
+    "hasher": None, "weights": None, "include_unhealthy": False, "medium": None,
+    "next_seq": 1,
+    "frames": [b"t", (1).to_bytes(8, "big"), b"\x93\x01\x90\x00"],
 }
 
 
@@ -176,7 +190,8 @@ def test_each_parameter_hostile_alone(name: str, make: Callable[[], Any]) -> Non
     assert not bad, "\n".join(bad[:40])
 
 
-CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher"]
+CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher",
+                "KvIndex"]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)

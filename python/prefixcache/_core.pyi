@@ -25,6 +25,7 @@ __all__ = [
     "__version__",
     "decode_kv_events",
     "decode_kv_frames",
+    "fleet_bitmap_walk",
     "hash_block_tokens",
 ]
 
@@ -390,7 +391,7 @@ class KvIndex:
     """The fleet index, embedded: which workers hold which block hashes, per medium, fed
     by vLLM / SGLang KV events (docs/FLEET.md). Thread-safe."""
 
-    def __new__(cls, ttl: float | None = None, hash_bytes: int = 32) -> KvIndex: ...
+    def __new__(cls, ttl: float | None = None, hash_bytes: int | None = None) -> KvIndex: ...
     @property
     def ttl(self) -> float | None:
         """Seconds of silence after which a worker counts as expired (None: never)."""
@@ -409,8 +410,9 @@ class KvIndex:
         """Adds a worker (no-op when known); ``now`` (default ``time.time()``) starts its TTL."""
     def remove_worker(self, worker: str) -> None:
         """Removes a worker and everything it holds (``UnknownWorkerError`` if unknown)."""
-    def reset_worker(self, worker: str, next_seq: int = 0) -> None:
-        """Forgets what ``worker`` holds and expects sequence number ``next_seq`` next."""
+    def reset_worker(self, worker: str, next_seq: int | None = None) -> None:
+        """Forgets what ``worker`` holds and expects sequence number ``next_seq`` (default 0)
+        next."""
     def apply(
         self, worker: str, events: Any, seq: int | None = None, now: float | None = None
     ) -> str:
@@ -432,7 +434,7 @@ class KvIndex:
     def top_k(
         self,
         hashes: _Hashes = None,
-        k: int = 1,
+        k: int | None = None,
         *,
         tokens: _Tokens | None = None,
         hasher: BlockHasher | None = None,
@@ -440,8 +442,8 @@ class KvIndex:
         now: float | None = None,
         include_unhealthy: bool = False,
     ) -> list[tuple[str, float, int]]:
-        """The ``k`` best workers as ``(worker, score, blocks)``, best first; stale and
-        expired workers are left out unless ``include_unhealthy``."""
+        """The ``k`` (default 1) best workers as ``(worker, score, blocks)``, best first;
+        stale and expired workers are left out unless ``include_unhealthy``."""
     def status(self, worker: str, now: float | None = None) -> dict[str, Any]:
         """Sequence state, health and counters of one worker."""
     def cached_hashes(self, worker: str, medium: str | None = None) -> list[int]:
@@ -452,10 +454,20 @@ class KvIndex:
         """Full consistency check (tests); raises AssertionError."""
 
 def decode_kv_frames(
-    frames: Sequence[bytes], hash_bytes: int = 32
+    frames: Sequence[bytes], hash_bytes: int | None = None
 ) -> tuple[int, float, int | None, list[_KvOp]]:
     """``(seq, ts, dp_rank, ops)`` of one ZMQ message; ops are ``(kind, medium, hashes)``
     with kind "stored", "removed" or "cleared"."""
 
-def decode_kv_events(events: Any, hash_bytes: int = 32) -> list[_KvOp]:
+def decode_kv_events(events: Any, hash_bytes: int | None = None) -> list[_KvOp]:
     """Event objects as ``(kind, medium, hashes)`` ops (the conversion ``KvIndex.apply`` uses)."""
+
+def fleet_bitmap_walk(
+    rows: list[bytes | None],
+    num_media: int,
+    slots: Sequence[int],
+    weights: Sequence[float] | None = None,
+) -> tuple[list[int], list[int], list[float]]:
+    """The longest-prefix walk over Redis holder bitmaps (``SETBIT`` layout):
+    ``rows[m * n + i]`` is block ``i`` on medium ``m``; per worker of ``slots``: blocks,
+    per-medium blocks (flattened, ``worker * num_media + medium``), scores."""

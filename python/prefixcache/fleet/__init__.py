@@ -8,12 +8,25 @@ a request, kept exact from the KV events the engines publish (docs/FLEET.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixcache._core import FleetMatch, KvIndex, decode_kv_events, decode_kv_frames
 from prefixcache.fleet.match import RemoteFleetMatch, WorkerPrefix
 from prefixcache.fleet.redis_index import RedisKvIndex
-from prefixcache.fleet.subscriber import KvEventSubscriber, Publisher, SubscriberStats
+
+if TYPE_CHECKING:
+    from prefixcache.fleet.subscriber import KvEventSubscriber, Publisher, SubscriberStats
+
+_SUBSCRIBER = ("KvEventSubscriber", "Publisher", "SubscriberStats")
+
+
+def __getattr__(name: str) -> Any:
+    # The subscriber needs pyzmq (the "fleet" extra); the embedded index does not.
+    if name in _SUBSCRIBER:
+        from prefixcache.fleet import subscriber
+
+        return getattr(subscriber, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "valkey://", "valkeys://")
 

@@ -76,6 +76,8 @@ class RedisKvIndex:
         self._drop = self._r.register_script(redis_scripts.DROP_WORKER)
         self._media: dict[str, int] = {}
         self._known: set[str] = set()
+        # Workers known when the server lost its data and not seen since: reported stale.
+        self._lost: set[str] = set()
         #: Times this client found the server's data gone (restart, flush) and re-created it.
         self.state_losses = 0
         self._epoch = self._retry(self._ensure_epoch)
@@ -114,6 +116,7 @@ class RedisKvIndex:
 
     def _state_lost(self) -> None:
         self.state_losses += 1
+        self._lost |= self._known
         self._media.clear()
         self._epoch = self._retry(self._ensure_epoch)
 
@@ -201,6 +204,7 @@ class RedisKvIndex:
         if out == "unknown":
             raise UnknownWorkerError(f"unknown worker {worker!r}")
         self._known.discard(worker)
+        self._lost.discard(worker)
 
     def reset_worker(self, worker: str, next_seq: int = 0) -> None:
         out, _ = self._script(self._drop, worker, self._now(None), ["reset", next_seq])
@@ -424,60 +428,18 @@ class RedisKvIndex:
         weights: dict[str, float] | None,
         now: float,
     ) -> RemoteFleetMatch:
-        n = len(hs)
-        nm = len(media)
-        bit_of = {w: _bit(h[0]) for w, h in health.items()}
-        worker_at = {b: w for w, b in bit_of.items()}
-        live = 0
-        for b in bit_of.values():
-            live |= 1 << b
-        holds = [
-            [int.from_bytes(r, "little") if r else 0 for r in rows[m * n : (m + 1) * n]]
-            for m in range(nm)
-        ]
-        lens: list[dict[str, int]] = [{} for _ in range(nm + 1)]
-
-        def walk(row: list[int], out: dict[str, int]) -> None:
-            active = live
-            for i, hold in enumerate(row):
-                kept = active & hold
-                dropped = active ^ kept
-                while dropped:
-                    low = dropped & -dropped
-                    out[worker_at[low.bit_length() - 1]] = i
-                    dropped ^= low
-                active = kept
-                if not active:
-                    break
-
-        for m in range(nm):
-            walk(holds[m], lens[m])
-        any_row = [0] * n
-        for m in range(nm):
-            for i, h in enumerate(holds[m]):
-                any_row[i] |= h
-        walk(any_row, lens[nm])
-        score: dict[str, float] = {}
-        if weights is not None:
-            wt = sorted(
-                ((float(weights.get(md, 1.0)), m) for m, md in enumerate(media)), reverse=True
-            )
-            active = live
-            for i in range(n):
-                active &= any_row[i]
-                if not active:
-                    break
-                covered = 0
-                for wgt, m in wt:
-                    add = active & holds[m][i] & ~covered
-                    covered |= add
-                    while add:
-                        low = add & -add
-                        name = worker_at[low.bit_length() - 1]
-                        score[name] = score.get(name, 0.0) + wgt
-                        add ^= low
+        n, nm = len(hs), len(media)
+        self._lost -= health.keys()
+        # Workers lost with the server's data and not re-registered yet: stale, nothing held
+        # (a slot no bitmap uses, after the real ones).
+        top = max((h[0] for h in health.values()), default=-1)
+        for k, w in enumerate(sorted(self._lost)):
+            health[w] = (top + 1 + k, 0, 0, float("inf"))
         workers = sorted(health, key=lambda x: health[x][0])
-        blocks = [lens[nm].get(w, n) for w in workers]
+        wt = None if weights is None else [float(weights.get(m, 1.0)) for m in media]
+        blocks, flat, score = _core.fleet_bitmap_walk(
+            list(rows), nm, [health[w][0] for w in workers], wt
+        )
         ttl = self._ttl
         self._known.update(workers)
         return RemoteFleetMatch(
@@ -485,11 +447,9 @@ class RedisKvIndex:
             media,
             workers,
             blocks,
-            [tuple(lens[m].get(w, n) for m in range(nm)) for w in workers],
-            [score.get(w, 0.0) for w in workers]
-            if weights is not None
-            else [float(b) for b in blocks],
-            [health[w][2] is not None and health[w][2] >= health[w][1] for w in workers],  # type: ignore[operator]
+            [tuple(flat[i * nm : (i + 1) * nm]) for i in range(len(workers))],
+            score,
+            [h[2] is not None and h[2] >= h[1] for h in (health[w] for w in workers)],
             [ttl is not None and now - health[w][3] > ttl for w in workers],
         )
 

@@ -5,8 +5,12 @@ publisher), read by one background thread. Each message ``[topic, seq, payload]`
 ``index.apply_frames`` (or, for an index with ``apply_many`` such as the Redis backend, all
 messages read in one poll go in one pipelined call). When a sequence gap appears and the
 publisher has a replay endpoint (vLLM's ROUTER ``replay_endpoint``), the missing batches
-are requested: a DEALER sends ``[b"", start_seq (8 bytes big-endian)]`` and reads
-``[b"", seq, payload]`` replies until ``seq`` is -1 (``END_SEQ``).
+are requested: a DEALER sends ``[b"", start_seq (8 bytes big-endian)]`` and reads the
+replies until ``seq`` is -1 (``END_SEQ``): ``[b"", topic, seq, payload]`` from vLLM 0.33
+and SGLang 0.5.23, ``[b"", seq, payload]`` from earlier vLLM versions.
+
+When the index reports that its store lost its data (``RedisKvIndex.state_losses``
+grows: the server restarted empty), every publisher is asked for a replay from 0.
 
 Bad messages are counted (by the index, per worker, and here) and never stop the thread.
 """
@@ -22,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from prefixcache.errors import PrefixCacheError
+from prefixcache.errors import PrefixCacheError, UnknownWorkerError
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +36,16 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 @dataclass(frozen=True)
 class Publisher:
     """One engine publisher: its PUB endpoint, the worker name its events belong to, and
-    optionally its replay (ROUTER) endpoint and topic filter."""
+    optionally its replay (ROUTER) endpoint and topic filter. vLLM's PUB binds when its
+    endpoint has a wildcard host (``tcp://*:5557``, the default) and connects otherwise;
+    for a connecting publisher set ``bind=True`` so that the subscriber binds
+    ``endpoint``."""
 
     endpoint: str
     worker: str
     replay_endpoint: str | None = None
     topic: str = ""
+    bind: bool = False
 
 
 @dataclass
@@ -93,6 +101,7 @@ class KvEventSubscriber:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self.loop_errors = 0
+        self._losses_seen = getattr(index, "state_losses", 0)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -138,7 +147,10 @@ class KvEventSubscriber:
                 s = self._ctx.socket(zmq.SUB)
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.SUBSCRIBE, p.topic.encode())
-                s.connect(p.endpoint)
+                if p.bind:
+                    s.bind(p.endpoint)
+                else:
+                    s.connect(p.endpoint)
                 socks[s] = p
                 poller.register(s, zmq.POLLIN)
             if self.sync_on_start:
@@ -205,6 +217,13 @@ class KvEventSubscriber:
                 self._count(p, out)
                 if out == "gap":
                     gapped.add(p.worker)
+        losses = getattr(self.index, "state_losses", 0)
+        if losses != self._losses_seen:
+            # The index's store lost its data (a Redis restart): every worker must be
+            # rebuilt from its publisher's replay buffer, not only those that spoke.
+            self._losses_seen = losses
+            gapped = {p.worker for p in self.publishers}
+            self._last_replay.clear()
         for p in self.publishers:
             if p.worker in gapped and p.replay_endpoint:
                 self._replay(p)
@@ -224,7 +243,10 @@ class KvEventSubscriber:
         if now - self._last_replay.get(p.worker, -1e9) < self.replay_interval:
             return 0
         self._last_replay[p.worker] = now
-        start = int(self.index.status(p.worker)["next_seq"])
+        try:
+            start = int(self.index.status(p.worker)["next_seq"])
+        except UnknownWorkerError:  # e.g. a Redis index whose server lost its data
+            start = 0
         st = self.stats[p.worker]
         st.replays += 1
         applied = 0
@@ -240,16 +262,23 @@ class KvEventSubscriber:
                 if left <= 0 or not d.poll(int(left * 1000)):
                     break
                 frames = d.recv_multipart()
-                if len(frames) == 3 and frames[0] == b"":
+                if frames and frames[0] == b"":
                     frames = frames[1:]
-                if len(frames) != 2:
+                # vLLM 0.33 / SGLang 0.5.23 reply [topic, seq, payload] (end: [b"",
+                # END_SEQ, b""]); earlier vLLM versions [seq, payload] (end: [END_SEQ, b""]).
+                if len(frames) == 3:
+                    topic, seq, payload = frames
+                elif len(frames) == 2:
+                    topic, (seq, payload) = p.topic.encode(), frames
+                else:
                     self._count(p, "error", f"replay reply with {len(frames)} frames")
                     continue
-                seq, payload = frames
                 if seq == END_SEQ:
                     break
                 try:
-                    out = self.index.apply_frames(p.worker, [p.topic.encode(), seq, payload])
+                    out = self.index.apply_frames(
+                        p.worker, [topic or p.topic.encode(), seq, payload]
+                    )
                 except PrefixCacheError as e:
                     self._count(p, "error", str(e))
                     continue

@@ -36,10 +36,24 @@ fn now_or(now: Option<f64>) -> PyResult<f64> {
     }
 }
 
-fn form_of(hash_bytes: i64) -> PyResult<HashForm> {
-    usize::try_from(hash_bytes)
-        .map_err(|_| invalid_input(format!("hash_bytes must be 8..=32, got {hash_bytes}")))
+fn form_of(hash_bytes: &Bound<'_, PyAny>) -> PyResult<HashForm> {
+    let n = convert::count(hash_bytes, "hash_bytes")?;
+    usize::try_from(n)
+        .map_err(|_| invalid_input(format!("hash_bytes must be between 8 and 32, got {n}")))
         .and_then(|n| HashForm::new(n).py_err())
+}
+
+/// A non-negative integer argument (sequence number, count); `InvalidInputError` below 0.
+fn non_negative(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    let v = convert::count(obj, what)?;
+    u64::try_from(v).map_err(|_| invalid_input(format!("{what} must be >= 0, got {v}")))
+}
+
+fn opt_seq(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    match obj {
+        Some(o) if !o.is_none() => non_negative(o, "seq").map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Frames as owned-or-borrowed byte buffers; a wrong count or type is a message.
@@ -193,9 +207,12 @@ pub struct PyKvIndex {
 #[pymethods]
 impl PyKvIndex {
     #[new]
-    #[pyo3(signature = (ttl=None, hash_bytes=32))]
-    fn new(ttl: Option<f64>, hash_bytes: i64) -> PyResult<Self> {
-        let form = form_of(hash_bytes)?;
+    #[pyo3(signature = (ttl=None, hash_bytes=None))]
+    fn new(ttl: Option<f64>, hash_bytes: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let form = match hash_bytes {
+            Some(h) => form_of(h)?,
+            None => HashForm::default(),
+        };
         Ok(PyKvIndex {
             inner: Shared::new("KvIndex", KvIndex::new(form, ttl).py_err()?),
             form,
@@ -243,8 +260,14 @@ impl PyKvIndex {
         self.inner.with(py, |ix| ix.remove_worker(worker))?.py_err()
     }
 
-    #[pyo3(signature = (worker, next_seq=0))]
-    fn reset_worker(&self, py: Python<'_>, worker: &str, next_seq: u64) -> PyResult<()> {
+    #[pyo3(signature = (worker, next_seq=None))]
+    fn reset_worker(
+        &self,
+        py: Python<'_>,
+        worker: &str,
+        next_seq: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let next_seq = opt_seq(next_seq)?.unwrap_or(0);
         self.inner
             .with(py, |ix| ix.reset_worker(worker, next_seq))?
             .py_err()
@@ -257,10 +280,11 @@ impl PyKvIndex {
         py: Python<'_>,
         worker: &str,
         events: &Bound<'_, PyAny>,
-        seq: Option<u64>,
+        seq: Option<&Bound<'_, PyAny>>,
         now: Option<f64>,
     ) -> PyResult<&'static str> {
         let now = now_or(now)?;
+        let seq = opt_seq(seq)?;
         let converted = fleet_events::events(events, self.form);
         self.inner
             .with(py, |ix| match converted {
@@ -338,13 +362,13 @@ impl PyKvIndex {
     }
 
     /// The `k` best workers as `(worker, score, blocks)`, best first.
-    #[pyo3(signature = (hashes=None, k=1, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=false))]
+    #[pyo3(signature = (hashes=None, k=None, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=false))]
     #[allow(clippy::too_many_arguments)]
     fn top_k(
         &self,
         py: Python<'_>,
         hashes: Option<&Bound<'_, PyAny>>,
-        k: usize,
+        k: Option<&Bound<'_, PyAny>>,
         tokens: Option<&Bound<'_, PyAny>>,
         hasher: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
@@ -352,6 +376,10 @@ impl PyKvIndex {
         include_unhealthy: bool,
     ) -> PyResult<Vec<(String, f64, u32)>> {
         let now = now_or(now)?;
+        let k = match k {
+            Some(k) if !k.is_none() => usize::try_from(non_negative(k, "k")?).unwrap_or(usize::MAX),
+            _ => 1,
+        };
         let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
         let weights = weights_arg(weights)?;
         let top = self
@@ -463,14 +491,14 @@ fn ops_list<'py>(py: Python<'py>, events: &[FleetEvent]) -> PyResult<Bound<'py, 
 
 /// `(seq, ts, dp_rank, ops)` of one ZMQ message, ops as `(kind, medium, hashes)`.
 #[pyfunction]
-#[pyo3(signature = (frames, hash_bytes=32))]
+#[pyo3(signature = (frames, hash_bytes=None))]
 #[allow(clippy::type_complexity)]
 pub fn decode_kv_frames<'py>(
     py: Python<'py>,
     frames: &Bound<'py, PyAny>,
-    hash_bytes: i64,
+    hash_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, f64, Option<i64>, Bound<'py, PyList>)> {
-    let form = form_of(hash_bytes)?;
+    let form = hash_bytes.map_or(Ok(HashForm::default()), form_of)?;
     let parts = frame_parts(frames).map_err(|m| crate::errors::to_py(Error::InvalidEvent(m)))?;
     let refs: Vec<&[u8]> = parts.iter().map(|p| &**p).collect();
     let (seq, batch) = wire::decode_frames(&refs, form).py_err()?;
@@ -479,14 +507,59 @@ pub fn decode_kv_frames<'py>(
 
 /// Event objects as `(kind, medium, hashes)` ops (the conversion `KvIndex.apply` uses).
 #[pyfunction]
-#[pyo3(signature = (events, hash_bytes=32))]
+#[pyo3(signature = (events, hash_bytes=None))]
 pub fn decode_kv_events<'py>(
     py: Python<'py>,
     events: &Bound<'py, PyAny>,
-    hash_bytes: i64,
+    hash_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let form = form_of(hash_bytes)?;
+    let form = hash_bytes.map_or(Ok(HashForm::default()), form_of)?;
     let evs = fleet_events::events(events, form)
         .map_err(|m| crate::errors::to_py(Error::InvalidEvent(m)))?;
     ops_list(py, &evs)
+}
+
+/// The longest-prefix walk over Redis holder bitmaps (the Redis backend's queries):
+/// `rows[m * n + i]` is the bitmap of block `i` on medium `m` or None; returns per worker
+/// of `slots`: (blocks, per-medium blocks flattened, scores).
+#[pyfunction]
+#[pyo3(signature = (rows, num_media, slots, weights=None))]
+#[allow(clippy::type_complexity)]
+pub fn fleet_bitmap_walk(
+    rows: &Bound<'_, PyAny>,
+    num_media: &Bound<'_, PyAny>,
+    slots: &Bound<'_, PyAny>,
+    weights: Option<Vec<f64>>,
+) -> PyResult<(Vec<u32>, Vec<u32>, Vec<f64>)> {
+    let nm = usize::try_from(non_negative(num_media, "num_media")?).unwrap_or(usize::MAX);
+    let slots = convert::u32_list(slots)?;
+    if let Some(&s) = slots.iter().find(|&&s| s >= 1 << 20) {
+        return Err(invalid_input(format!("slot {s} is out of range (< 2**20)")));
+    }
+    let list = rows
+        .cast::<PyList>()
+        .map_err(|_| invalid_type(format!("rows must be a list, got {}", type_name(rows))))?;
+    let mut owned: Vec<Option<PyBackedBytes>> = Vec::with_capacity(list.len());
+    for (i, r) in list.iter().enumerate() {
+        owned.push(if r.is_none() {
+            None
+        } else {
+            Some(r.extract::<PyBackedBytes>().map_err(|_| {
+                invalid_type(format!(
+                    "rows[{i}] must be bytes or None, got {}",
+                    type_name(&r)
+                ))
+            })?)
+        });
+    }
+    if nm == 0 && !owned.is_empty() || nm != 0 && owned.len() % nm != 0 {
+        return Err(invalid_input(format!(
+            "rows has {} entries, not a multiple of num_media = {nm}",
+            owned.len()
+        )));
+    }
+    let n = owned.len().checked_div(nm).unwrap_or(0);
+    let refs: Vec<Option<&[u8]>> = owned.iter().map(|r| r.as_deref()).collect();
+    let r = prefixcache_core::fleet::bitmaps::walk(&refs, nm, n, &slots, weights.as_deref());
+    Ok((r.blocks, r.per_medium, r.score))
 }

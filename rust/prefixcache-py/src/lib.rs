@@ -44,5 +44,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<fleet_match::PyFleetMatch>()?;
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_frames, m)?)?;
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_events, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_bitmap_walk, m)?)?;
     Ok(())
 }

@@ -4,9 +4,11 @@
 //!
 //! - [`event`]: the validated events ([`FleetEvent`]), hash forms.
 //! - [`wire`]: ZMQ frames and msgpack payloads -> events ([`msgpack`]: the streaming reader).
-//! - [`holders`]: per-hash worker bitsets per medium.
+//! - [`holders`]: per-hash worker bitsets per medium; [`bitmaps`]: the same walk over
+//!   Redis holder bitmaps.
 //! - [`index`]: [`KvIndex`] (apply, sequence numbers, TTL, longest prefix, top-k).
 
+pub mod bitmaps;
 pub mod event;
 pub mod holders;
 pub mod index;
