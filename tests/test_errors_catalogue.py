@@ -652,6 +652,19 @@ CATALOGUE: list[Row] = [
         "does not exist"),
     cmd("--format for a built-in workload", ["replay", "workload:D", "--format", "mooncake"],
         "applies to trace files"),
+    cmd("fleet of zero instances", ["replay", "workload:F", "--instances", "0"],
+        "instance counts must be >= 1"),
+    cmd("unknown router", ["replay", "workload:F", "--instances", "2", "--router", "fastest"],
+        "unknown router 'fastest'"),
+    cmd("fleet with two policies", ["replay", "workload:F", "--instances", "2", "--policies",
+                                    "radix,vllm-blocks"], "one policy"),
+    cmd("event loss above 1", ["replay", "workload:F", "--instances", "2", "--router",
+                               "cache-aware", "--event-loss", "2"], "event loss must be in [0, 1]"),
+    cmd("cache-aware router on instances without KV events",
+        ["replay", "workload:F", "--instances", "2", "--policies", "radix", "--router",
+         "cache-aware"], "does not publish KV events"),
+    cmd("fleet replay without a capacity", ["replay", "workload:F", "--instances", "2",
+                                            "--capacity", "x"], "bad capacity"),
 ]
 
 

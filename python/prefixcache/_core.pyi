@@ -565,8 +565,10 @@ class KVCacheManager:
         """Forgets every cached hash when no block is in use; False otherwise."""
     def evict_blocks(self, block_ids: _Ids) -> None:
         """Drops the cached hashes of free blocks."""
-    def take_events(self) -> list[_Event]:
-        """The KV events since the last call."""
+    def take_events(self, compact: bool = False) -> list[_Event]:
+        """The KV events since the last call, as vLLM publishes them. ``compact``: each
+        ``BlockStored`` carries ``token_ids=None`` and runs of ``BlockRemoved`` are merged
+        into one event (the same index state; what a router's fleet index needs)."""
     def free_block_ids(self) -> _I64Array:
         """The free queue, head first."""
     def ref_cnt(self, block_id: int) -> int:

@@ -21,7 +21,7 @@ class BlockStored:
 
     block_hashes: list[ExternalBlockHash]
     parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
+    token_ids: list[int] | None  # None: KVCacheManager.take_events(compact=True)
     block_size: int
     lora_id: int | None
     medium: str | None = MEDIUM_GPU

@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
+from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.policies import POLICY_NAMES
 from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(r)
     r.add_argument("--records-csv", metavar="PATH", help="write one row per request and policy")
     _add_jobs(r, "policies")
+    add_fleet_args(r)
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
     _add_trace(s)
@@ -239,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_jobs(s, "capacities and policies")
     _add_common(s, capacity=False)
     _add_model(s)
+    add_fleet_args(s, sweep=True)
 
     t = sub.add_parser("trace-stats", help="sizes, arrival span and hit-rate ceilings of a trace")
     _add_trace(t)
@@ -432,6 +435,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    if args.instances is not None:
+        return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
     results = _replay_runs(args, reqs, err)
     sums = [summarize(r) for r in results]
@@ -453,6 +458,8 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    if args.instances is not None:
+        return fleet_sweep_command(args, label, tr, console, err)
     reqs = tr.requests
     caps: list[int] = args.capacities
     rates: dict[str, list[float]] = {}

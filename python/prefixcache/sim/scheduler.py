@@ -30,18 +30,20 @@ holding KV is recorded as ``rejected``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy
 from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
-__all__ = ["PrefillCost", "SlotScheduler", "TimeScheduler"]
+__all__ = ["PrefillCost", "SessionGate", "SlotScheduler", "TimeInstance", "TimeScheduler"]
 
 _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
@@ -164,6 +166,237 @@ class _Seq:
         return np.concatenate([self.req.prompt, self.output[: self.generated]])
 
 
+class TimeInstance:
+    """One instance under the time model, advanced one iteration at a time.
+
+    :meth:`TimeScheduler.run` drives one of these over a request list; the fleet replay
+    (``prefixcache.sim.fleet``) drives several on one clock. The instance knows nothing
+    of sessions: the driver decides when a request is submitted (a session's next turn
+    after its previous one finished) and hears of every finished or rejected request
+    through ``on_done(index, t)``.
+
+    ``submit(index, request, at)`` queues a request that arrives at ``at`` (seconds); one
+    that arrives after the instance's clock waits in ``pending`` until the clock reaches
+    it. ``step(next_arrival)`` runs one iteration (a prefill batch or a decode run) from
+    :meth:`next_time`; ``next_arrival`` is the next time a request may be submitted from
+    outside (it bounds a decode run as an arrival does, so an arrival that could be
+    admitted is not kept waiting). ``load_tokens`` is the KV the queued and running
+    requests need: prompt plus generated tokens (what a router's load estimate counts).
+    ``gen`` / ``out_len`` are per-request arrays (indexed like ``records``); instances of
+    one fleet may share them, since a request runs on one instance at a time.
+    """
+
+    def __init__(self, scheduler: TimeScheduler, policy: CachePolicy,
+                 records: list[RequestRecord], out_len: npt.NDArray[np.int64], *,
+                 gen: npt.NDArray[np.int64] | None = None,
+                 on_done: Callable[[int, float], None] | None = None,
+                 progress: Progress | None = None, check: bool = False) -> None:
+        self.max_running = scheduler.max_running
+        self.cost = scheduler.cost
+        self.preemption = scheduler.preemption
+        self.policy = policy
+        self.records = records
+        self.on_done = on_done
+        self.progress = progress
+        self.check = check
+        self.t = 0.0
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.pending: list[tuple[float, int, _Seq]] = []  # heap: (at, order, seq)
+        self._order = 0
+        self.admit_paused = False  # after a preemption, until a running request finishes
+        self.load_tokens = 0
+        # Per running request nothing but array operations: `gen` and `out_len` are
+        # indexed by request, `run` lists the running ones in order.
+        self.out_len = out_len
+        self.gen = np.zeros(len(out_len), dtype=np.int64) if gen is None else gen
+        self._run = np.zeros(0, dtype=np.int64)
+        self._run_dirty = False
+        self._in_flight: dict[int, _Seq] = {}  # running requests by index
+
+    # -- driver interface ----------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self.pending)
+
+    def next_time(self) -> float:
+        """When the next iteration starts (inf when there is nothing to do)."""
+        if self.running or self.waiting:
+            return self.t
+        if self.pending:
+            return max(self.t, self.pending[0][0])
+        return math.inf
+
+    def submit(self, index: int, req: Request, at: float) -> None:
+        seq = _Seq(index, req)
+        self.load_tokens += req.prompt_len
+        if at <= self.t:
+            self.records[index].arrival = at
+            self.waiting.append(seq)
+        else:
+            heapq.heappush(self.pending, (at, self._order, seq))
+            self._order += 1
+
+    def step(self, next_arrival: float | None = None) -> None:
+        """Run one iteration: a prefill batch, or a decode run to the next event."""
+        if not (self.running or self.waiting):
+            if not self.pending:
+                return
+            self.t = max(self.t, self.pending[0][0])
+        pend = self.pending
+        while pend and pend[0][0] <= self.t:
+            at, _, seq = heapq.heappop(pend)
+            self.records[seq.index].arrival = at
+            self.waiting.append(seq)
+        if pend:
+            nxt = pend[0][0]
+            next_arrival = nxt if next_arrival is None else min(next_arrival, nxt)
+        if self._prefill():
+            return
+        if self.running:
+            self._decode(next_arrival)
+
+    # -- one iteration ---------------------------------------------------------------
+    def _outputs(self, i: int) -> TokenArray:
+        return self._in_flight[i].output
+
+    def _done(self, seq: _Seq) -> None:
+        self.load_tokens -= seq.req.prompt_len + seq.generated
+        if self.on_done is not None:
+            self.on_done(seq.index, self.t)
+        if self.progress is not None:
+            self.progress(1)
+
+    def _complete(self, seq: _Seq) -> None:
+        self.policy.finish(seq.index, _EMPTY)
+        self.records[seq.index].finished = self.t
+        self.admit_paused = False
+        self._done(seq)
+        if self.check:
+            self.policy.check()
+
+    def _reject(self, seq: _Seq) -> None:
+        self.records[seq.index].rejected = True
+        self._done(seq)
+
+    def _prefill(self) -> bool:
+        """Admit every queued request that fits, in order; False when none was."""
+        policy, records, running, waiting = self.policy, self.records, self.running, \
+            self.waiting
+        admitted: list[_Seq] = []
+        prefill_ms = 0.0
+        while waiting and len(running) + len(admitted) < self.max_running and not (
+            self.admit_paused and running
+        ):
+            seq = waiting[0]
+            req = seq.req
+            toks = seq.tokens()
+            rec = records[seq.index]
+            before = policy.evicted_tokens()
+            # Without preemption the output's KV is reserved up front (prompt +
+            # output[:-1] over the request's life), so decode never runs short.
+            reserve = 0 if self.preemption else max(0, req.output_len - 1)
+            hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
+            rec.evicted_tokens += policy.evicted_tokens() - before
+            if hit is None:
+                if not running and not admitted:
+                    waiting.popleft()
+                    self._reject(seq)
+                    continue
+                break
+            waiting.popleft()
+            policy.on_prefill_done(seq.index)
+            prefill_ms += self.cost.prefill_ms(len(toks), hit)
+            if seq.admitted_once:
+                rec.recompute_hit_tokens += hit
+                rec.recomputed_tokens += len(toks) - hit
+            else:
+                rec.hit_tokens = hit
+                seq.admitted_once = True
+            if seq.generated < req.output_len:
+                seq.generated += 1  # the prefill samples the next token
+                self.load_tokens += 1
+            admitted.append(seq)
+        if not admitted:
+            return False
+        self.t += prefill_ms / 1000.0
+        for seq in admitted:
+            rec = records[seq.index]
+            if math.isnan(rec.first_token):
+                rec.first_token = self.t
+                rec.ttft = self.t - rec.arrival
+            if seq.generated >= seq.req.output_len:
+                self._complete(seq)
+            else:
+                running.append(seq)
+                self.gen[seq.index] = seq.generated
+                self._in_flight[seq.index] = seq
+                self._run_dirty = True
+        return True
+
+    def _decode(self, next_arrival: float | None) -> None:
+        """Advance every running request k steps (k up to the next event)."""
+        policy, records, gen, out_len = self.policy, self.records, self.gen, self.out_len
+        running = self.running
+        step = self.cost.decode_step_ms / 1000.0
+        if self._run_dirty:
+            self._run = np.fromiter((s.index for s in running), dtype=np.int64,
+                                    count=len(running))
+            self._run_dirty = False
+        run = self._run
+        k = int((out_len[run] - gen[run]).min())
+        # An arrival matters only if it could be admitted: nothing queued before it
+        # (a queue blocked on KV stays blocked until a finish) and a free seat.
+        if next_arrival is not None and not self.waiting and len(running) < self.max_running:
+            gap = next_arrival - self.t
+            k = min(k, max(1, math.ceil(gap / step - 1e-9)))
+        g = policy.max_uniform_growth(run, k)
+        while g == 0:
+            if not self.preemption:  # pragma: no cover - the output was reserved
+                raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
+            victim = running.pop()  # the newest running request
+            run = run[:-1]
+            self._run = run
+            victim.generated = int(gen[victim.index])
+            policy.finish(victim.index, _EMPTY)
+            del self._in_flight[victim.index]
+            if not running:
+                # It cannot finish even alone: give up on it, visibly.
+                self._reject(victim)
+                return
+            records[victim.index].preemptions += 1
+            self.waiting.appendleft(victim)
+            self.admit_paused = True
+            if self.check:
+                policy.check()
+            g = policy.max_uniform_growth(run, k)
+        k = min(k, g)
+        # Each step feeds the last sampled token: its KV is computed.
+        evicted = policy.grow(run, k, gen[run] - 1, self._outputs)
+        if evicted is not None:
+            for j in np.flatnonzero(evicted).tolist():
+                records[int(run[j])].evicted_tokens += int(evicted[j])
+        gen[run] += k
+        self.load_tokens += k * len(running)
+        self.t += k * step
+        done = gen[run] >= out_len[run]
+        if done.any():
+            still: list[_Seq] = []
+            for s, d in zip(running, done.tolist(), strict=True):
+                if d:
+                    s.generated = int(gen[s.index])
+                    self._complete(s)
+                    del self._in_flight[s.index]
+                else:
+                    still.append(s)
+            self.running = still
+            self._run_dirty = True
+
+
+def output_lengths(requests: Sequence[Request]) -> npt.NDArray[np.int64]:
+    return np.fromiter((r.output_len for r in requests), dtype=np.int64, count=len(requests))
+
+
 class TimeScheduler:
     """Continuous batching on a simulated clock (see the module docstring)."""
 
@@ -179,181 +412,65 @@ class TimeScheduler:
         if self.cost.decode_step_ms <= 0:
             raise InvalidInputError("decode_step_ms must be > 0")
 
+    def instance(self, policy: CachePolicy, records: list[RequestRecord],
+                 out_len: npt.NDArray[np.int64], *, gen: npt.NDArray[np.int64] | None = None,
+                 on_done: Callable[[int, float], None] | None = None,
+                 progress: Progress | None = None, check: bool = False) -> TimeInstance:
+        """A steppable instance of this model over ``policy`` (records indexed by request,
+        ``out_len`` their output lengths)."""
+        return TimeInstance(self, policy, records, out_len, gen=gen, on_done=on_done,
+                            progress=progress, check=check)
+
     def run(
         self, requests: Sequence[Request], policy: CachePolicy,
         progress: Progress | None = None, check: bool = False,
     ) -> list[RequestRecord]:
-        n = len(requests)
         records = [new_record(r) for r in requests]
-        order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
-        step = self.cost.decode_step_ms / 1000.0
-        waiting: deque[_Seq] = deque()
-        running: list[_Seq] = []
-        blocked: dict[RequestId, deque[_Seq]] = {}  # session -> turns waiting for a turn
-        active: dict[RequestId, int] = {}  # session -> unfinished turn count in flight
-        t = 0.0
-        nxt = 0
-        admit_paused = False  # after a preemption, until a running request finishes
-        gen = np.zeros(n, dtype=np.int64)  # output tokens sampled, per running request
-        out_len = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-        run = np.zeros(0, dtype=np.int64)
-        run_dirty = False
-        in_flight: dict[int, _Seq] = {}  # running requests by index
-
-        def outputs(i: int) -> TokenArray:
-            return in_flight[i].output
-
-        def enqueue(seq: _Seq, at: float) -> None:
-            s = seq.req.session
-            if s is not None:
-                if active.get(s, 0) > 0:
-                    blocked.setdefault(s, deque()).append(seq)
-                    return
-                active[s] = 1
-            records[seq.index].arrival = at
-            waiting.append(seq)
-
-        def release_session(seq: _Seq) -> None:
-            s = seq.req.session
-            if s is None:
-                return
-            active[s] = 0
-            q = blocked.get(s)
-            if q:
-                enqueue(q.popleft(), t)  # it arrived earlier; it may start now
-
-        def complete(seq: _Seq) -> None:
-            nonlocal admit_paused
-            policy.finish(seq.index, _EMPTY)
-            records[seq.index].finished = t
-            admit_paused = False
-            release_session(seq)
-            if progress is not None:
-                progress(1)
-            if check:
-                policy.check()
-
-        def reject(seq: _Seq) -> None:
-            records[seq.index].rejected = True
-            release_session(seq)
-            if progress is not None:
-                progress(1)
-
-        while nxt < n or waiting or running:
-            while nxt < n and requests[order[nxt]].arrival <= t:
-                i = order[nxt]
-                enqueue(_Seq(i, requests[i]), requests[i].arrival)
-                nxt += 1
-            if not running and not waiting:
-                if nxt < n:
-                    t = max(t, requests[order[nxt]].arrival)
-                    continue
-                if any(blocked.values()):  # cannot happen: a finish releases its session
-                    raise AssertionError("session turns blocked with nothing running")
-                break
-            # -- prefill: admit every queued request that fits, in order --------------
-            admitted: list[_Seq] = []
-            prefill_ms = 0.0
-            while waiting and len(running) + len(admitted) < self.max_running and not (
-                admit_paused and running
-            ):
-                seq = waiting[0]
-                req = seq.req
-                toks = seq.tokens()
-                rec = records[seq.index]
-                before = policy.evicted_tokens()
-                # Without preemption the output's KV is reserved up front (prompt +
-                # output[:-1] over the request's life), so decode never runs short.
-                reserve = 0 if self.preemption else max(0, req.output_len - 1)
-                hit = policy.admit(seq.index, toks, reserve, req.extra_key, req.cache_salt)
-                rec.evicted_tokens += policy.evicted_tokens() - before
-                if hit is None:
-                    if not running and not admitted:
-                        waiting.popleft()
-                        reject(seq)
-                        continue
-                    break
-                waiting.popleft()
-                policy.on_prefill_done(seq.index)
-                prefill_ms += self.cost.prefill_ms(len(toks), hit)
-                if seq.admitted_once:
-                    rec.recompute_hit_tokens += hit
-                    rec.recomputed_tokens += len(toks) - hit
-                else:
-                    rec.hit_tokens = hit
-                    seq.admitted_once = True
-                if seq.generated < req.output_len:
-                    seq.generated += 1  # the prefill samples the next token
-                admitted.append(seq)
-            if admitted:
-                t += prefill_ms / 1000.0
-                for seq in admitted:
-                    rec = records[seq.index]
-                    if math.isnan(rec.first_token):
-                        rec.first_token = t
-                        rec.ttft = t - rec.arrival
-                    if seq.generated >= seq.req.output_len:
-                        complete(seq)
-                    else:
-                        running.append(seq)
-                        gen[seq.index] = seq.generated
-                        in_flight[seq.index] = seq
-                        run_dirty = True
-                continue
-            if not running:
-                continue  # waiting requests were rejected; loop picks up arrivals
-            # -- decode: advance every running request k steps -------------------------
-            # Per running request nothing but array operations: `gen` and `out_len` are
-            # indexed by request, `run` lists the running ones in order.
-            if run_dirty:
-                run = np.fromiter((s.index for s in running), dtype=np.int64,
-                                  count=len(running))
-                run_dirty = False
-            k = int((out_len[run] - gen[run]).min())
-            # An arrival matters only if it could be admitted: nothing queued before it
-            # (a queue blocked on KV stays blocked until a finish) and a free seat.
-            if nxt < n and not waiting and len(running) < self.max_running:
-                gap = requests[order[nxt]].arrival - t
-                k = min(k, max(1, math.ceil(gap / step - 1e-9)))
-            g = policy.max_uniform_growth(run, k)
-            while g == 0:
-                if not self.preemption:  # pragma: no cover - the output was reserved
-                    raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
-                victim = running.pop()  # the newest running request
-                run = run[:-1]
-                victim.generated = int(gen[victim.index])
-                policy.finish(victim.index, _EMPTY)
-                del in_flight[victim.index]
-                if not running:
-                    # It cannot finish even alone: give up on it, visibly.
-                    reject(victim)
-                    break
-                records[victim.index].preemptions += 1
-                waiting.appendleft(victim)
-                admit_paused = True
-                if check:
-                    policy.check()
-                g = policy.max_uniform_growth(run, k)
-            if not running:
-                continue
-            k = min(k, g)
-            # Each step feeds the last sampled token: its KV is computed.
-            evicted = policy.grow(run, k, gen[run] - 1, outputs)
-            if evicted is not None:
-                for j in np.flatnonzero(evicted).tolist():
-                    records[int(run[j])].evicted_tokens += int(evicted[j])
-            gen[run] += k
-            t += k * step
-            done = gen[run] >= out_len[run]
-            if done.any():
-                still: list[_Seq] = []
-                for s, d in zip(running, done.tolist(), strict=True):
-                    if d:
-                        s.generated = int(gen[s.index])
-                        complete(s)
-                        del in_flight[s.index]
-                    else:
-                        still.append(s)
-                running = still
-                run_dirty = True
+        gate = SessionGate(requests)
+        inst = self.instance(policy, records, output_lengths(requests), progress=progress,
+                             check=check)
+        inst.on_done = lambda i, t: gate.release(i, t, inst.submit)
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)  # stable
+        for i in order:
+            a = requests[i].arrival
+            while inst.next_time() < a:
+                inst.step(a)
+            gate.arrive(i, a, inst.submit)
+        while inst.busy:
+            inst.step(None)
+        gate.check_drained()
         return records
+
+
+class SessionGate:
+    """A session's next turn is submitted only after its previous turn finished (at that
+    moment, if it arrived earlier); requests without a session pass straight through."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        self.blocked: dict[RequestId, deque[int]] = {}  # session -> turns waiting
+        self.active: set[RequestId] = set()  # sessions with a turn in flight
+
+    def arrive(self, i: int, at: float, submit: Callable[[int, Request, float], None]) -> None:
+        req = self.requests[i]
+        s = req.session
+        if s is not None:
+            if s in self.active:
+                self.blocked.setdefault(s, deque()).append(i)
+                return
+            self.active.add(s)
+        submit(i, req, at)
+
+    def release(self, i: int, t: float, submit: Callable[[int, Request, float], None]) -> None:
+        """Request ``i`` finished (or was rejected) at ``t``: let its session's next turn in."""
+        s = self.requests[i].session
+        if s is None:
+            return
+        self.active.discard(s)
+        q = self.blocked.get(s)
+        if q:
+            self.arrive(q.popleft(), t, submit)  # it arrived earlier; it may start now
+
+    def check_drained(self) -> None:
+        if any(self.blocked.values()):  # cannot happen: a finish releases its session
+            raise AssertionError("session turns blocked with nothing running")

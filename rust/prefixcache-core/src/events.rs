@@ -41,6 +41,34 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
+/// The same events with every run of consecutive `BlockRemoved` events of one group
+/// merged into one event carrying all their hashes, in order. An index applying them
+/// ends in the same state; vLLM publishes one event per removed hash, which makes a
+/// router's event stream mostly single-hash removals.
+pub fn coalesce_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
+    let mut out: Vec<KvEvent> = Vec::with_capacity(events.len());
+    for ev in events {
+        if let KvEvent::BlockRemoved {
+            block_hashes,
+            group_idx,
+        } = &ev
+        {
+            if let Some(KvEvent::BlockRemoved {
+                block_hashes: last,
+                group_idx: g,
+            }) = out.last_mut()
+            {
+                if g == group_idx {
+                    last.extend_from_slice(block_hashes);
+                    continue;
+                }
+            }
+        }
+        out.push(ev);
+    }
+    out
+}
+
 /// vLLM's `to_event_extra_keys` for one block's tagged keys.
 pub fn untag_extra_keys(keys: &[KeyValue]) -> Vec<KeyValue> {
     keys.iter()
@@ -52,4 +80,42 @@ pub fn untag_extra_keys(keys: &[KeyValue]) -> Vec<KeyValue> {
             other => other.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod coalesce_tests {
+    use super::*;
+
+    fn removed(hashes: &[u8], group_idx: u32) -> KvEvent {
+        KvEvent::BlockRemoved {
+            block_hashes: hashes
+                .iter()
+                .filter_map(|&b| BlockHash::from_bytes(&[b; 8]))
+                .collect(),
+            group_idx,
+        }
+    }
+
+    #[test]
+    fn runs_of_removals_of_one_group_merge_in_order() {
+        let evs = vec![
+            removed(&[1], 0),
+            removed(&[2, 3], 0),
+            removed(&[4], 1),
+            KvEvent::AllBlocksCleared,
+            removed(&[5], 1),
+            removed(&[6], 1),
+        ];
+        let out = coalesce_removals(evs);
+        assert_eq!(
+            out,
+            vec![
+                removed(&[1, 2, 3], 0),
+                removed(&[4], 1),
+                KvEvent::AllBlocksCleared,
+                removed(&[5, 6], 1),
+            ]
+        );
+        assert!(coalesce_removals(Vec::new()).is_empty());
+    }
 }

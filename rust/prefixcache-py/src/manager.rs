@@ -364,7 +364,10 @@ impl PyKVCacheManager {
             .py_err()
     }
 
-    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// The KV events since the last call, as vLLM publishes them; `compact`: without
+    /// token ids and with runs of removals merged (what a router's index needs).
+    #[pyo3(signature = (compact=false))]
+    fn take_events<'py>(&self, py: Python<'py>, compact: bool) -> PyResult<Bound<'py, PyList>> {
         let (events, window) = self
             .inner
             .with(py, |m| (m.take_events(), m.sliding_window()))?;
@@ -372,7 +375,7 @@ impl PyKVCacheManager {
             None => ("full_attention", None),
             Some(w) => ("sliding_window", Some(w)),
         };
-        events_to_py(py, events, self.fmt, Some(spec))
+        events_to_py(py, events, self.fmt, Some(spec), compact)
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {

@@ -3,7 +3,7 @@
 
 use numpy::PyArray1;
 use prefixcache_core::blocks::{BlockPool, StoreInfo};
-use prefixcache_core::events::{KvEvent, MEDIUM_GPU};
+use prefixcache_core::events::{coalesce_removals, KvEvent, MEDIUM_GPU};
 use prefixcache_core::hash::{BlockHash, KeyValue};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -103,13 +103,22 @@ fn key_value_to_py<'py>(py: Python<'py>, v: &KeyValue) -> PyResult<Bound<'py, Py
 /// (`kv_cache_spec_kind`, `kv_cache_spec_sliding_window`); `None` for a bare pool.
 pub type SpecInfo = Option<(&'static str, Option<usize>)>;
 
-/// Core events as `prefixcache.events` dataclasses.
+/// Core events as `prefixcache.events` dataclasses. `compact`: `BlockStored.token_ids`
+/// is `None` and runs of `BlockRemoved` are merged (`coalesce_removals`): the same
+/// index state at a fraction of the objects, for a router that reads only hashes.
 pub fn events_to_py<'py>(
     py: Python<'py>,
     events: Vec<KvEvent>,
     fmt: HashFormat,
     spec: SpecInfo,
+    compact: bool,
 ) -> PyResult<Bound<'py, PyList>> {
+    let with_token_ids = !compact;
+    let events = if compact {
+        coalesce_removals(events)
+    } else {
+        events
+    };
     let cls = event_classes(py)?;
     let out = PyList::empty(py);
     for ev in events {
@@ -150,7 +159,11 @@ pub fn events_to_py<'py>(
                 cls.stored.bind(py).call1((
                     hashes,
                     parent,
-                    PyList::new(py, token_ids)?,
+                    if with_token_ids {
+                        PyList::new(py, token_ids)?.into_any()
+                    } else {
+                        py.None().into_bound(py)
+                    },
                     block_size,
                     lora_id,
                     MEDIUM_GPU,
@@ -376,7 +389,7 @@ impl PyBlockPool {
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.inner.with(py, |p| p.take_events())?;
-        events_to_py(py, events, self.fmt, None)
+        events_to_py(py, events, self.fmt, None, false)
     }
 
     fn ref_cnt(

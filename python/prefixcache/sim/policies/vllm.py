@@ -82,6 +82,7 @@ class BlocksPolicy:
         manager_cls: Callable[..., Any] | None = None,
         name: str | None = None,
         count_evictions: str = "track",
+        publish_events: bool = False,
     ) -> None:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
@@ -90,6 +91,7 @@ class BlocksPolicy:
                                     f"got {count_evictions!r}")
         cls = manager_cls or _default_manager_cls()
         self._use_events = count_evictions == "events"
+        self._outbox: list[Any] | None = [] if publish_events else None
         self.name = name or "vllm-blocks"
         self.capacity = capacity
         self.block_size = block_size
@@ -97,7 +99,8 @@ class BlocksPolicy:
         # vLLM's null block (block 0) comes on top of the usable blocks.
         self.mgr = cls(
             self.usable_blocks + 1, block_size=block_size, hash_algo=hash_algo,
-            enable_caching=True, enable_kv_cache_events=self._use_events,
+            enable_caching=True,
+            enable_kv_cache_events=self._use_events or publish_events,
         )
         # Per request (indexed by id): tokens of KV allocated, tokens known (decode
         # tokens not yet handed to the manager included), those pending tokens and where
@@ -167,7 +170,10 @@ class BlocksPolicy:
         from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
         removed = 0
-        for e in self.mgr.take_events():
+        events = self.mgr.take_events()
+        if self._outbox is not None:
+            self._outbox.extend(events)
+        for e in events:
             if isinstance(e, BlockRemoved):
                 removed += len(e.block_hashes)
             elif isinstance(e, BlockStored):
@@ -210,6 +216,20 @@ class BlocksPolicy:
         self._pend[i] = 0
         self._note_used()
         return hit
+
+    def take_events(self) -> list[Any]:
+        """The KV events (``prefixcache.events``) published since the last call, in order
+        (needs ``publish_events=True``): what the fleet index of a router consumes. Their
+        ``BlockStored.token_ids`` are None (the index reads hashes; building the token
+        lists would dominate a fleet replay) and runs of removals are merged
+        (``KVCacheManager.take_events(compact=True)``), except with
+        ``count_evictions="events"``."""
+        if self._outbox is None:
+            raise InvalidInputError(f"{self.name} was built without publish_events=True")
+        if not self._use_events:
+            return list(self.mgr.take_events(compact=True))
+        out, self._outbox = self._outbox, []
+        return out
 
     def on_prefill_done(self, rid: RequestId) -> None:
         # The full prompt blocks were cached when their slots were allocated.

@@ -1,0 +1,347 @@
+"""Fleet replay: N instances behind a router, on one simulated clock.
+
+Each instance is a full cache policy with its own KV budget under the time model
+(:class:`prefixcache.sim.scheduler.TimeInstance`, the same code that
+:meth:`TimeScheduler.run` drives for one instance, so a fleet of one equals the
+single-instance replay). Requests reach the router at their trace times (a session's next
+turn when its previous turn finished); the router picks an instance
+(:mod:`prefixcache.sim.routers`). The cache-aware routers see the instances only through
+the KV events they publish: every batch an instance's policy emits during an iteration is
+stamped with the iteration's start (vLLM publishes the events of a scheduler step when it
+schedules), delivered to a :class:`prefixcache.KvIndex` ``event_delay`` seconds later,
+and with probability ``event_loss`` lost on the way (the index then sees a sequence gap
+and resynchronises the worker from scratch, as a subscriber without a replay buffer
+does). docs/FLEET_REPLAY.md describes the model and its limits.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.sim.policies import BlocksPolicy, CachePolicy, PolicyStats, make_policy
+from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
+from prefixcache.sim.requests import Request, RequestRecord, new_record
+from prefixcache.sim.routers import Router, make_router, needs_events
+from prefixcache.sim.scheduler import (
+    SessionGate,
+    TimeInstance,
+    TimeScheduler,
+    output_lengths,
+)
+
+__all__ = ["FleetResult", "fleet_replay", "summarize_fleet"]
+
+
+@dataclass
+class EventCounters:
+    batches: int = 0  # event batches the instances published
+    events: int = 0  # events in them
+    delivered: int = 0  # batches the index applied
+    lost: int = 0  # batches lost on the way
+    resyncs: int = 0  # workers reset after a sequence gap
+    in_flight: int = 0  # batches still on the way when the replay ended
+
+
+@dataclass
+class FleetResult:
+    policy: str
+    router: str
+    instances: int
+    capacity: int  # per instance, tokens
+    records: list[RequestRecord]
+    served_by: list[int]  # instance of each request (-1: never routed)
+    stats: list[PolicyStats]  # per instance
+    seconds: float
+    event_delay: float = 0.0
+    event_loss: float = 0.0
+    events: EventCounters = field(default_factory=EventCounters)
+    ceiling: ReplayResult | None = None  # one instance with N x the capacity
+
+    def summary(self) -> dict[str, Any]:
+        return summarize_fleet(self)
+
+
+class _EventPath:
+    """The KV events on their way from the instances to the router's fleet index."""
+
+    def __init__(self, n: int, block_size: int, hash_algo: str, delay: float, loss: float,
+                 seed: int) -> None:
+        from prefixcache import BlockHasher, KvIndex
+
+        self.index = KvIndex()
+        self.workers = [f"instance-{k}" for k in range(n)]
+        for w in self.workers:
+            self.index.add_worker(w, now=0.0)
+        self.hasher = BlockHasher(block_size, hash_algo)
+        self.block_size = block_size
+        self.delay = delay
+        self.loss = loss
+        self._rng = _random.Random(seed)
+        self._queue: deque[tuple[float, int, list[Any]]] = deque()
+        self._seq = [0] * n  # next sequence number per publisher
+        self.counters = EventCounters()
+
+    def publish(self, k: int, stamp: float, events: list[Any]) -> None:
+        if events:
+            self.counters.batches += 1
+            self.counters.events += len(events)
+            self._queue.append((stamp + self.delay, k, events))
+
+    def deliver(self, now: float) -> None:
+        q, ix, c = self._queue, self.index, self.counters
+        while q and q[0][0] <= now:
+            at, k, events = q.popleft()
+            seq = self._seq[k]
+            self._seq[k] = seq + 1
+            if self.loss and self._rng.random() < self.loss:
+                c.lost += 1
+                continue
+            w = self.workers[k]
+            if ix.apply(w, events, seq=seq, now=at) == "gap":
+                # Batches were lost and no replay can fill them: start the worker afresh
+                # from this batch (it forgets everything it knew of the worker).
+                ix.reset_worker(w, next_seq=seq)
+                ix.apply(w, events, seq=seq, now=at)
+                c.resyncs += 1
+            c.delivered += 1
+
+    def held(self, req: Request, now: float) -> list[int]:
+        if req.extra_key is None and not req.cache_salt:
+            m = self.index.longest_prefix(tokens=req.prompt, hasher=self.hasher, now=now)
+        else:
+            m = self.index.longest_prefix(self._namespaced_hashes(req), now=now)
+        return [int(m.blocks(w)) for w in self.workers]
+
+    def _namespaced_hashes(self, req: Request) -> list[int]:
+        """The request's block hashes with its namespace keyed in as the instances key it
+        (vLLM's layout: the extra key as a LoRA name on every block, the salt on block 0)."""
+        from prefixcache.events import external_hash
+
+        base: tuple[Any, ...] = (("lora", req.extra_key, ""),) \
+            if req.extra_key is not None else ()
+        n = req.prompt_len // self.block_size
+        keys: list[tuple[Any, ...] | None] = [base or None] * n
+        if req.cache_salt and n:
+            keys[0] = (*base, ("cache_salt", req.cache_salt))
+        digests = self.hasher.hash_blocks(req.prompt, extra_keys=keys)
+        return [int(external_hash(d)) for d in digests]
+
+
+class _Fleet:
+    """The router's view of the fleet (routers.FleetView)."""
+
+    def __init__(self, insts: list[TimeInstance], path: _EventPath | None,
+                 collect: Callable[[], None]) -> None:
+        self.insts = insts
+        self.path = path
+        self._collect = collect
+
+    @property
+    def size(self) -> int:
+        return len(self.insts)
+
+    def load_tokens(self) -> list[int]:
+        return [i.load_tokens for i in self.insts]
+
+    def held_blocks(self, req: Request, now: float) -> tuple[Sequence[int], int]:
+        if self.path is None:
+            raise InvalidInputError("this router needs the instances' KV events")
+        self._collect()
+        self.path.deliver(now)
+        return self.path.held(req, now), self.path.block_size
+
+
+def _publishing_policy(name: str, capacity: int, eviction_policy: str,
+                       hash_algo: str) -> CachePolicy:
+    pol = make_policy(name, capacity, eviction_policy=eviction_policy, hash_algo=hash_algo)
+    if isinstance(pol, BlocksPolicy):
+        return BlocksPolicy(capacity, block_size=pol.block_size, hash_algo=hash_algo,
+                            name=pol.name, publish_events=True)
+    raise InvalidInputError(
+        f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
+        "vllm-blocks (or vllm-blocks<N>)")
+
+
+def fleet_replay(
+    requests: Sequence[Request],
+    policy: str,
+    capacity: int,
+    instances: int,
+    router: str | Router = "round-robin",
+    *,
+    scheduler: TimeScheduler | None = None,
+    eviction_policy: str = "lru",
+    hash_algo: str = "sha256",
+    event_delay: float = 0.0,
+    event_loss: float = 0.0,
+    seed: int = 0,
+    overlap_weight: float = 1.0,
+    ceiling: bool = False,
+    progress: ProgressFactory | None = None,
+    check: bool = False,
+) -> FleetResult:
+    """Replay ``requests`` on ``instances`` instances of ``policy`` (``capacity`` tokens of
+    KV each) behind ``router`` under the time model (``scheduler``, default
+    ``TimeScheduler()``).
+
+    ``event_delay`` (seconds) and ``event_loss`` (probability per batch) shape the KV
+    event stream the cache-aware routers read; ``seed`` seeds the random router, the
+    cache-aware tie-break and the losses. ``ceiling`` also replays the trace on one
+    instance with ``instances x capacity`` (``FleetResult.ceiling``).
+    """
+    if instances < 1:
+        raise InvalidInputError(f"instances must be >= 1, got {instances}")
+    if capacity < 0:
+        raise InvalidInputError(f"capacity must be >= 0, got {capacity}")
+    if event_delay < 0 or not math.isfinite(event_delay):
+        raise InvalidInputError(f"event delay must be a finite number >= 0, got {event_delay}")
+    if not 0.0 <= event_loss <= 1.0:
+        raise InvalidInputError(f"event loss must be in [0, 1], got {event_loss}")
+    sched = scheduler or TimeScheduler()
+    rt = make_router(router, seed=seed, overlap_weight=overlap_weight) \
+        if isinstance(router, str) else router
+    events = needs_events(rt)
+    if events:
+        pols = [_publishing_policy(policy, capacity, eviction_policy, hash_algo)
+                for _ in range(instances)]
+    else:
+        pols = [make_policy(policy, capacity, eviction_policy=eviction_policy,
+                            hash_algo=hash_algo) for _ in range(instances)]
+    n = len(requests)
+    records = [new_record(r) for r in requests]
+    served_by = [-1] * n
+    task = progress(f"{pols[0].name} x{instances} {rt.name}", n) \
+        if progress is not None else None
+    tick = task.advance if task is not None else None
+    path = _EventPath(instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay,
+                      event_loss, seed) if events else None
+    out_len = output_lengths(requests)
+    gen = np.zeros(n, dtype=np.int64)  # shared: a request runs on one instance at a time
+    insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check)
+             for p in pols]
+    started = [0.0] * instances  # start of each instance's current iteration
+
+    def collect() -> None:
+        if path is not None:
+            for k, p in enumerate(pols):
+                path.publish(k, started[k], p.take_events())  # type: ignore[attr-defined]
+
+    view = _Fleet(insts, path, collect)
+    gate = SessionGate(requests)
+
+    def route(i: int, req: Request, at: float) -> None:
+        k = rt.choose(req, at, view)
+        if not 0 <= k < instances:
+            raise InvalidInputError(f"router {rt.name} chose instance {k} of {instances}")
+        served_by[i] = k
+        insts[k].submit(i, req, at)
+
+    def on_done(i: int, t: float) -> None:
+        gate.release(i, t, route)
+
+    for inst in insts:
+        inst.on_done = on_done
+    order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
+    pos = 0
+    t0 = time.perf_counter()
+    while True:
+        a = requests[order[pos]].arrival if pos < n else math.inf
+        k, tk = 0, insts[0].next_time()
+        for j in range(1, instances):
+            tj = insts[j].next_time()
+            if tj < tk:
+                k, tk = j, tj
+        if tk < a:
+            started[k] = tk
+            insts[k].step(a if pos < n else None)
+            if path is not None:
+                path.publish(k, tk, pols[k].take_events())  # type: ignore[attr-defined]
+            continue
+        if pos >= n:
+            break
+        i = order[pos]
+        pos += 1
+        gate.arrive(i, a, route)
+    gate.check_drained()
+    if task is not None:
+        task.done()
+    if path is not None:
+        path.counters.in_flight = len(path._queue)
+    dt = time.perf_counter() - t0
+    res = FleetResult(pols[0].name, rt.name, instances, capacity, records, served_by,
+                      [p.stats() for p in pols], dt, event_delay, event_loss,
+                      path.counters if path is not None else EventCounters())
+    if ceiling:
+        res.ceiling = replay(requests, [policy], capacity * instances, scheduler=sched,
+                             eviction_policy=eviction_policy, hash_algo=hash_algo,
+                             progress=progress)[0]
+    return res
+
+
+def _percentile(values: list[float], q: float) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return float(np.percentile(vals, q)) if vals else math.nan
+
+
+def summarize_fleet(res: FleetResult) -> dict[str, Any]:
+    """Fleet totals, per-instance rows, imbalance, TTFT percentiles and the ceiling."""
+    recs = res.records
+    per: list[dict[str, Any]] = []
+    for k in range(res.instances):
+        mine = [r for r, s in zip(recs, res.served_by, strict=True) if s == k and not r.rejected]
+        prompt = sum(r.prompt_tokens for r in mine)
+        hit = sum(r.hit_tokens for r in mine)
+        per.append({
+            "instance": k,
+            "requests": len(mine),
+            "prompt_tokens": prompt,
+            "hit_tokens": hit,
+            "hit_rate": hit / prompt if prompt else 0.0,
+            "peak_kv_tokens": res.stats[k].peak_used_tokens,
+            "evicted_tokens": res.stats[k].evicted_tokens,
+            "preemptions": sum(r.preemptions for r in mine),
+        })
+    served = [r for r in recs if not r.rejected]
+    prompt = sum(r.prompt_tokens for r in served)
+    hit = sum(r.hit_tokens for r in served)
+    loads = [p["prompt_tokens"] for p in per]
+    mean = sum(loads) / len(loads)
+    ttft = [r.ttft for r in served]
+    out: dict[str, Any] = {
+        "policy": res.policy,
+        "router": res.router,
+        "instances": res.instances,
+        "capacity": res.capacity,
+        "requests": len(recs),
+        "rejected": len(recs) - len(served),
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "hit_rate": hit / prompt if prompt else 0.0,
+        "imbalance": max(loads) / mean if mean else 1.0,
+        "preemptions": sum(r.preemptions for r in recs),
+        "ttft_p50": _percentile(ttft, 50),
+        "ttft_p90": _percentile(ttft, 90),
+        "ttft_p99": _percentile(ttft, 99),
+        "makespan": max((r.finished for r in served if not math.isnan(r.finished)),
+                        default=0.0),
+        "event_delay": res.event_delay,
+        "event_loss": res.event_loss,
+        "events": vars(res.events).copy(),
+        "seconds": res.seconds,
+        "per_instance": per,
+    }
+    if res.ceiling is not None:
+        c = summarize(res.ceiling)
+        out["ceiling"] = {key: c[key] for key in (
+            "capacity", "hit_tokens", "hit_rate", "ttft_p50", "ttft_p90", "ttft_p99",
+            "peak_used_tokens", "seconds")}
+    return out

@@ -1,0 +1,315 @@
+"""Fleet replay: routers on traces where the right choice is known, the KV event path
+(delay, loss), determinism, a fleet of one equals the single-instance replay, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prefixcache.errors import InvalidInputError
+from prefixcache.sim.cli import main
+from prefixcache.sim.fleet import fleet_replay
+from prefixcache.sim.replay import replay
+from prefixcache.sim.requests import Request
+from prefixcache.sim.scheduler import TimeScheduler
+from prefixcache.sim.workloads import multi_turn_workload, shared_prefix_workload
+
+
+def _same(a: object, b: object) -> bool:
+    da, db = a.to_dict(), b.to_dict()  # type: ignore[attr-defined]
+    return all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+               for x, y in zip(da.values(), db.values(), strict=True)) and da.keys() == db.keys()
+
+
+def _toks(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.uint32)
+
+
+def groups_trace(groups: int = 2, per_group: int = 8, gap: float = 2.0,
+                 prefix: int = 1024) -> list[Request]:
+    """``groups`` long shared prefixes; requests of the groups alternate, each arriving
+    after the previous finished (the fleet is idle at every arrival, so load says nothing
+    and only the held prefix tells the instances apart)."""
+    heads = [_toks(1_000_000 * (g + 1), prefix) for g in range(groups)]
+    out, nxt = [], 10_000_000
+    for i in range(groups * per_group):
+        g = i % groups
+        prompt = np.concatenate([heads[g], _toks(nxt, 40)])
+        out.append(Request(i, prompt, _toks(nxt + 40, 8), arrival=i * gap))
+        nxt += 100
+    return out
+
+
+SCHED = TimeScheduler(max_running=16)
+
+
+# -- a fleet of one is the single-instance replay ------------------------------------------
+@pytest.mark.parametrize("policy", ["radix", "radix-page16", "vllm-blocks", "trtllm"])
+def test_one_instance_fleet_equals_single_replay(policy: str) -> None:
+    w = multi_turn_workload(num_sessions=24, turns=5, seed=3, request_rate=30.0)
+    for cap in (6000, 40000):  # with and without preemptions
+        single = replay(w.requests, [policy], cap, scheduler=SCHED)[0]
+        fleet = fleet_replay(w.requests, policy, cap, 1, "round-robin", scheduler=SCHED)
+        assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+        assert fleet.served_by == [0] * len(w.requests)
+
+
+def test_one_instance_fleet_with_events_equals_single_replay() -> None:
+    w = shared_prefix_workload(num_groups=4, prompts_per_group=20, seed=1, request_rate=40.0,
+                               shuffle=True)
+    single = replay(w.requests, ["vllm-blocks"], 5000, scheduler=SCHED)[0]
+    assert sum(r.preemptions for r in single.records) > 0  # the run exercises preemption
+    for router in ("cache-aware", "sticky-least-loaded", "random", "least-loaded"):
+        fleet = fleet_replay(w.requests, "vllm-blocks", 5000, 1, router, scheduler=SCHED)
+        assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+
+
+# -- routers where the right choice is known -----------------------------------------------
+def test_round_robin_takes_instances_in_turn() -> None:
+    reqs = groups_trace(groups=3, per_group=4)
+    res = fleet_replay(reqs, "vllm-blocks", 1 << 16, 4, "round-robin", scheduler=SCHED)
+    assert res.served_by == [i % 4 for i in range(12)]
+
+
+def test_least_loaded_avoids_the_busy_instance() -> None:
+    # A long request holds instance 0; everything arriving meanwhile goes elsewhere, and
+    # a request arriving once all are idle again goes to the next in turn.
+    long = Request(0, _toks(0, 4000), _toks(5000, 500), arrival=0.0)
+    shorts = [Request(i, _toks(10_000 * i, 100), _toks(10_000 * i + 500, 4),
+                      arrival=0.5 + i * 0.01) for i in range(1, 4)]
+    res = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "least-loaded",
+                       scheduler=SCHED)
+    assert res.served_by == [0, 1, 1, 1]
+    rr = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "round-robin",
+                      scheduler=SCHED)
+    assert rr.served_by == [0, 1, 0, 1]
+
+
+def test_cache_aware_sends_each_group_where_its_prefix_is() -> None:
+    reqs = groups_trace(groups=2, per_group=8)
+    res = fleet_replay(reqs, "vllm-blocks", 1 << 16, 2, "cache-aware", scheduler=SCHED)
+    # Cold requests tie (nothing held, nothing running) and go to a seeded draw; every
+    # later request follows its group's prefix.
+    homes = {i % 2: res.served_by[i] for i in range(2)}
+    assert res.served_by == [homes[i % 2] for i in range(16)]
+    # Every request after the first of its group hits the whole prefix (64 blocks).
+    assert [r.hit_tokens for r in res.records[2:]] == [1024] * 14
+    # Round robin with 3 instances scatters the two groups: fewer hits.
+    rr = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "round-robin", scheduler=SCHED)
+    ca3 = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
+    assert ca3.summary()["hit_tokens"] == res.summary()["hit_tokens"]
+    assert rr.summary()["hit_tokens"] < ca3.summary()["hit_tokens"]
+
+
+def test_cache_aware_reads_namespaced_prefixes() -> None:
+    # Same tokens, two namespaces (an extra key, a cache salt): each namespace is its own
+    # prefix on the instances, and the router keys its query the same way.
+    head = _toks(0, 1024)
+    reqs = []
+    for i in range(16):
+        ns = i % 2
+        reqs.append(Request(i, np.concatenate([head, _toks(10_000 + 100 * i, 40)]),
+                            _toks(50_000 + 100 * i, 8), arrival=2.0 * i,
+                            extra_key="adapter-a" if ns == 0 else None,
+                            cache_salt="tenant-b" if ns == 1 else None))
+    res = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
+    homes = {ns: res.served_by[ns] for ns in range(2)}
+    assert res.served_by == [homes[i % 2] for i in range(16)]
+    assert [r.hit_tokens for r in res.records[2:]] == [1024] * 14
+
+
+def test_cache_aware_weighs_load_against_the_held_prefix() -> None:
+    # Instance 0 holds the prefix but is busy with a long request: with the load weighed
+    # in, a request whose prefix is short goes to the idle instance; with the overlap
+    # weighted heavily it goes to the prefix.
+    head = _toks(0, 512)
+    busy = Request(0, np.concatenate([head, _toks(50_000, 8000)]), _toks(90_000, 2000),
+                   arrival=0.0)
+    probe = Request(1, np.concatenate([head, _toks(70_000, 2000)]), _toks(95_000, 4),
+                    arrival=0.5)
+    res = fleet_replay([busy, probe], "vllm-blocks", 1 << 16, 2, "cache-aware",
+                       scheduler=SCHED)
+    home = res.served_by[0]
+    assert res.served_by == [home, 1 - home]
+    heavy = fleet_replay([busy, probe], "vllm-blocks", 1 << 16, 2, "cache-aware",
+                         scheduler=SCHED, overlap_weight=100.0)
+    assert heavy.served_by == [home, home]
+    assert heavy.records[1].hit_tokens == 512
+
+
+def test_sticky_keeps_a_session_on_one_instance() -> None:
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=2, request_rate=20.0)
+    res = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "sticky-round-robin",
+                       scheduler=SCHED)
+    homes: dict[object, set[int]] = {}
+    for r, k in zip(w.requests, res.served_by, strict=True):
+        homes.setdefault(r.session, set()).add(k)
+    assert all(len(v) == 1 for v in homes.values())
+    plain = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "round-robin",
+                         scheduler=SCHED)
+    assert res.summary()["hit_tokens"] > plain.summary()["hit_tokens"]
+
+
+def test_random_router_is_seeded() -> None:
+    reqs = groups_trace(groups=2, per_group=10)
+    a = fleet_replay(reqs, "vllm-blocks", 1 << 16, 4, "random", scheduler=SCHED, seed=5)
+    b = fleet_replay(reqs, "vllm-blocks", 1 << 16, 4, "random", scheduler=SCHED, seed=5)
+    c = fleet_replay(reqs, "vllm-blocks", 1 << 16, 4, "random", scheduler=SCHED, seed=6)
+    assert a.served_by == b.served_by != c.served_by
+    assert set(a.served_by) == {0, 1, 2, 3}
+
+
+# -- the event path -----------------------------------------------------------------------
+def test_stale_or_lossy_events_route_worse_and_never_crash() -> None:
+    reqs = groups_trace(groups=3, per_group=12, gap=1.0)
+    fresh = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
+    # Events a whole trace late: the router sees no instance holding anything.
+    late = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
+                        event_delay=1000.0)
+    lossy = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
+                         event_loss=0.5, seed=1)
+    hit = {name: r.summary()["hit_tokens"] for name, r in
+           (("fresh", fresh), ("late", late), ("lossy", lossy))}
+    assert hit["late"] < hit["fresh"]
+    assert hit["lossy"] < hit["fresh"]
+    assert late.events.delivered == 0 and late.events.in_flight == late.events.batches > 0
+    assert lossy.events.lost > 0 and lossy.events.resyncs > 0
+    assert fresh.events.lost == 0
+    for r in (fresh, late, lossy):
+        e = r.events
+        assert e.delivered + e.lost + e.in_flight == e.batches
+    # A delay shorter than the gap between requests changes nothing here.
+    soon = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
+                        event_delay=0.2)
+    assert soon.summary()["hit_tokens"] == hit["fresh"]
+
+
+def test_fully_lossy_stream_runs() -> None:
+    w = multi_turn_workload(num_sessions=8, turns=3, seed=0, request_rate=50.0)
+    res = fleet_replay(w.requests, "vllm-blocks", 8000, 2, "cache-aware", scheduler=SCHED,
+                       event_loss=1.0)
+    assert res.events.delivered == 0
+    assert res.events.lost + res.events.in_flight == res.events.batches > 0
+    assert res.summary()["requests"] == len(w.requests)
+
+
+# -- determinism, report, errors ------------------------------------------------------------
+def test_same_seed_same_result() -> None:
+    w = shared_prefix_workload(num_groups=6, prompts_per_group=10, seed=4, request_rate=30.0,
+                               shuffle=True)
+    for router in ("cache-aware", "random", "least-loaded"):
+        a = fleet_replay(w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED,
+                         seed=9, event_loss=0.2)
+        b = fleet_replay(w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED,
+                         seed=9, event_loss=0.2)
+        assert a.served_by == b.served_by
+        assert all(_same(x, y) for x, y in zip(a.records, b.records, strict=True))
+
+
+def test_summary_fields_and_ceiling() -> None:
+    w = multi_turn_workload(num_sessions=10, turns=3, seed=1, request_rate=20.0)
+    res = fleet_replay(w.requests, "radix", 6000, 2, "least-loaded", scheduler=SCHED,
+                       ceiling=True)
+    s = res.summary()
+    per = s["per_instance"]
+    assert sum(p["requests"] for p in per) == s["requests"] - s["rejected"]
+    assert sum(p["prompt_tokens"] for p in per) == s["prompt_tokens"]
+    assert sum(p["hit_tokens"] for p in per) == s["hit_tokens"]
+    mean = s["prompt_tokens"] / 2
+    assert s["imbalance"] == pytest.approx(max(p["prompt_tokens"] for p in per) / mean)
+    assert s["ttft_p50"] <= s["ttft_p90"] <= s["ttft_p99"]
+    assert all(p["peak_kv_tokens"] <= 6000 for p in per)
+    assert s["ceiling"]["capacity"] == 12000
+    assert s["ceiling"]["hit_tokens"] >= s["hit_tokens"]
+
+
+def test_bad_arguments_are_refused() -> None:
+    reqs = groups_trace(groups=1, per_group=2)
+    with pytest.raises(InvalidInputError, match="instances"):
+        fleet_replay(reqs, "radix", 4096, 0)
+    with pytest.raises(InvalidInputError, match="unknown router"):
+        fleet_replay(reqs, "radix", 4096, 2, "fastest")
+    with pytest.raises(InvalidInputError, match="event loss"):
+        fleet_replay(reqs, "vllm-blocks", 4096, 2, "cache-aware", event_loss=1.5)
+    with pytest.raises(InvalidInputError, match="event delay"):
+        fleet_replay(reqs, "vllm-blocks", 4096, 2, "cache-aware", event_delay=-1.0)
+    with pytest.raises(InvalidInputError, match="does not publish KV events"):
+        fleet_replay(reqs, "trtllm", 4096, 2, "cache-aware")
+
+
+# -- CLI --------------------------------------------------------------------------------------
+def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fleet.json"
+    assert main(["replay", "workload:F", "--instances", "2", "--router",
+                 "round-robin,cache-aware", "--event-delay", "5", "--quiet",
+                 "--json", str(out), "--csv", str(tmp_path / "fleet.csv")]) == 0
+    text = capsys.readouterr().out
+    assert "cache-aware" in text and "per instance" in text
+    data = json.loads(out.read_text())
+    rr, ca = data["fleet"]
+    assert rr["router"] == "round-robin" and ca["event_delay"] == pytest.approx(0.005)
+    assert ca["hit_rate"] > rr["hit_rate"]
+    assert rr["ceiling"]["capacity"] == 2 * 24576
+    assert main(["sweep", "workload:F", "--instances", "1,2", "--capacities", "8k",
+                 "--router", "least-loaded", "--no-ceiling", "--quiet",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [s["instances"] for s in data["fleet"]] == [1, 2]
+
+
+def test_cli_fleet_progress_bars(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "workload:F", "--instances", "2", "--router", "cache-aware"]) == 0
+    assert "per instance" in capsys.readouterr().out
+
+
+def test_cli_fleet_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "workload:F", "--instances", "2", "--router", "nope",
+                 "--quiet"]) == 2
+    assert "unknown router" in capsys.readouterr().err
+    assert main(["replay", "workload:F", "--instances", "2", "--policies", "radix,vllm-blocks",
+                 "--quiet"]) == 2
+    assert "one policy" in capsys.readouterr().err
+
+
+# -- the anchor trace (set PREFIXCACHE_TRACES to the folder holding the Mooncake traces) ---
+TRACES = os.environ.get("PREFIXCACHE_TRACES")
+
+
+@pytest.mark.skipif(not TRACES, reason="PREFIXCACHE_TRACES is not set")
+def test_mooncake_round_robin_matches_dynamo() -> None:
+    from prefixcache.sim.traces import read_trace
+
+    tr = read_trace(str(Path(str(TRACES)) / "mooncake_conversation.jsonl"))
+    res = fleet_replay(tr.requests, "vllm-blocks", 3_000_000, 4, "round-robin")
+    # NVIDIA Dynamo 1.4.2 replay, 4 vLLM workers x 187,500 blocks of 16, round robin:
+    # first-admission reuse 0.131 (docs/FLEET_REPLAY.md).
+    assert abs(res.summary()["hit_rate"] - 0.131) < 0.01
+
+
+def test_compact_events_leave_the_index_in_the_same_state() -> None:
+    from prefixcache import KVCacheManager, KvIndex
+
+    rng = np.random.default_rng(0)
+    full = KVCacheManager(65, block_size=16, enable_kv_cache_events=True)
+    compact = KVCacheManager(65, block_size=16, enable_kv_cache_events=True)
+    ix_full, ix_compact = KvIndex(), KvIndex()
+    merged = 0
+    for step in range(200):
+        prompt = np.concatenate([_toks(0, int(rng.integers(0, 200))),
+                                 _toks(1000 * (step + 1), int(rng.integers(1, 300)))])
+        for mgr, ix, small in ((full, ix_full, False), (compact, ix_compact, True)):
+            if mgr.admit(step, prompt, 0) is not None:
+                mgr.finish(step)
+            evs = mgr.take_events(compact=small)
+            if small:
+                assert all(getattr(e, "token_ids", None) is None for e in evs)
+                merged += sum(len(getattr(e, "block_hashes", [])) > 1 for e in evs
+                              if type(e).__name__ == "BlockRemoved")
+            ix.apply("w", evs, seq=step)
+        assert ix_full.cached_hashes("w") == ix_compact.cached_hashes("w")
+    assert merged > 0  # removals were merged
