@@ -252,9 +252,14 @@ def test_a_connecting_publisher_with_a_binding_subscriber(ctx: zmq.Context[Any])
     pub.setsockopt(zmq.LINGER, 0)
     pub.connect(endpoint)
     try:
-        time.sleep(0.3)
         mine = [d for d in VECTORS if d["name"] == "worker0"]
-        for d in mine:
+        # PUB drops what it sends before the subscription has crossed the connection:
+        # repeat the first batch (a duplicate is ignored) until the worker is known.
+        deadline = time.monotonic() + 30
+        while "w" not in index.workers() and time.monotonic() < deadline:
+            pub.send_multipart(mine[0]["frames"])
+            time.sleep(0.05)
+        for d in mine[1:]:
             pub.send_multipart(d["frames"])
         assert sub.wait_for(caught_up(index, "w", mine[-1]["seq"]))
         assert index.cached_hashes("w") == mine[-1]["cached_hashes"]

@@ -30,8 +30,9 @@ SCRIPT = textwrap.dedent(
         if kind == "RadixCache":
             c = pc.RadixCache()
             rng = np.random.default_rng(1)
-            for _ in range(300):
-                c.insert(rng.integers(0, 50, 400, dtype=np.uint32))
+            # ~140k short nodes: enough that check_invariants (O(nodes)) is a long call
+            for k in rng.integers(0, 3, (100_000, 12), dtype=np.uint32):
+                c.insert(k)
             return c
         if kind == "BlockPool":  # every block used once: check_invariants visits them all
             p = pc.BlockPool(500_000)

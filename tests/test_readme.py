@@ -53,7 +53,7 @@ def test_readme_command_lines_run_as_written(tmp_path: Path,
     lines = [ln.split("#")[0].strip() for b in re.findall(r"```bash\n(.*?)```", section, re.S)
              for ln in b.splitlines()]
     commands = [shlex.split(ln)[1:] for ln in lines if ln.startswith("prefixcache")]
-    assert len(commands) == 5
+    assert len(commands) == 7
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     for argv in commands:

@@ -412,6 +412,9 @@ class BlockPool:
     def num_evicted_blocks(self) -> int:
         """Cached blocks whose hash was dropped because the block was reused."""
     @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash now: what the prefix cache holds."""
+    @property
     def num_touched_blocks(self) -> int:
         """Blocks ever handed out or hit; memory follows this, not num_blocks."""
     @property
@@ -495,6 +498,9 @@ class KVCacheManager:
     @property
     def num_evicted_blocks(self) -> int:
         """Cached blocks whose hash was dropped because the block was reused."""
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash now: what the prefix cache holds."""
     @property
     def num_touched_blocks(self) -> int:
         """Blocks ever handed out or hit; memory follows this, not num_blocks."""

@@ -98,11 +98,18 @@ class BlockPool:
         self.cached: dict[tuple[bytes, int], dict[int, None]] = {}
         self.hash_len: int | None = None
         self.events: list[KVCacheEvent] = []
+        # Cached blocks whose hash was dropped because the block was reused.
+        self.num_evicted_blocks = 0
 
     # -- inspection ------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         return len(self.free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash now."""
+        return sum(len(ids) for ids in self.cached.values())
 
     @property
     def usage(self) -> float:
@@ -171,7 +178,8 @@ class BlockPool:
         out = []
         for _ in range(n):
             b = self.free.popleft()
-            if self.enable_caching:
+            if self.enable_caching and self.key[b] is not None:
+                self.num_evicted_blocks += 1
                 self._evict_hash(b)
             self.ref[b] = 1
             out.append(b)
@@ -390,6 +398,14 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
+
+    @property
+    def num_evicted_blocks(self) -> int:
+        return self.pool.num_evicted_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.pool.num_cached_blocks
 
     @property
     def usage(self) -> float:

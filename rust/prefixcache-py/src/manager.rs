@@ -131,6 +131,12 @@ impl PyKVCacheManager {
         self.inner.with(py, |m| m.pool().num_evicted_blocks())
     }
 
+    /// Blocks that carry a hash now: what the prefix cache holds.
+    #[getter]
+    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.pool().num_cached_blocks())
+    }
+
     /// Blocks that were ever handed out or hit: the pool's memory follows this count,
     /// not `num_blocks`.
     #[getter]

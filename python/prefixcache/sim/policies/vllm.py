@@ -64,11 +64,10 @@ class BlocksPolicy:
     list.
 
     Evictions are cached blocks whose hash is dropped because the block is reused. With
-    ``count_evictions="track"`` (default) the adapter keeps one flag per block (numpy,
-    per request, never per token): every full block of a request is cached, and a newly
-    allocated block whose flag is set was evicted. ``"events"`` counts the manager's
-    BlockRemoved events instead (exact by construction, but materialising every
-    BlockStored event costs about 3x the replay); the tests check both agree.
+    ``count_evictions="counter"`` (default) the adapter reads the manager's counters
+    after each call (``num_evicted_blocks``, ``num_cached_blocks``). ``"events"`` counts
+    the manager's BlockRemoved / BlockStored events instead (exact by construction, but
+    materialising every event costs about 3x the replay); the tests check both agree.
     """
 
     eviction_unit = "blocks"
@@ -81,13 +80,13 @@ class BlocksPolicy:
         hash_algo: str = "sha256",
         manager_cls: Callable[..., Any] | None = None,
         name: str | None = None,
-        count_evictions: str = "track",
+        count_evictions: str = "counter",
         publish_events: bool = False,
     ) -> None:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
-        if count_evictions not in ("track", "events"):
-            raise InvalidInputError(f"count_evictions must be track or events, "
+        if count_evictions not in ("counter", "events"):
+            raise InvalidInputError(f"count_evictions must be counter or events, "
                                     f"got {count_evictions!r}")
         cls = manager_cls or _default_manager_cls()
         self._use_events = count_evictions == "events"
@@ -111,9 +110,6 @@ class BlocksPolicy:
         self._pend_lo = np.zeros(0, dtype=np.int64)
         self._outputs: OutputsOf | None = None
         self.blocks: dict[int, npt.NDArray[np.int64]] = {}  # each running request's blocks
-        self.flagged: dict[int, int] = {}  # leading blocks already flagged cached
-        # Block holds a hash (grown with the highest block id seen, not the budget).
-        self._cached = np.zeros(0, dtype=bool)
         self._num_cached = 0  # blocks holding a hash
         self._evicted_blocks = 0
         self._peak_used = 0
@@ -133,34 +129,18 @@ class BlocksPolicy:
                 setattr(self, name, new)
         return i
 
-    def _took(self, new_blocks: npt.NDArray[np.int64]) -> int:
-        """Blocks just taken from the free queue: those holding a hash were evicted.
-        Returns how many."""
-        if self._use_events or not len(new_blocks):
-            return 0
-        top = int(new_blocks.max()) + 1
-        if top > len(self._cached):
-            grown = np.zeros(max(top, 2 * len(self._cached), 1024), dtype=bool)
-            grown[: len(self._cached)] = self._cached
-            self._cached = grown
-        ev = int(np.count_nonzero(self._cached[new_blocks]))
-        if ev:
-            self._cached[new_blocks] = False
-            self._evicted_blocks += ev
-            self._num_cached -= ev
+    def _after_call(self) -> int:
+        """Account for the manager call just made: evictions, cached blocks and their
+        peak. Returns the blocks the call evicted."""
+        if self._use_events:
+            return self._drain_events()
+        total = int(self.mgr.num_evicted_blocks)
+        ev = total - self._evicted_blocks
+        self._evicted_blocks = total
+        self._num_cached = int(self.mgr.num_cached_blocks)
+        if self._num_cached > self._peak_cached:
+            self._peak_cached = self._num_cached
         return ev
-
-    def _cache_full(self, rid: int, n_tokens: int) -> None:
-        """The request's blocks full at ``n_tokens`` tokens now hold their hashes."""
-        if not self._use_events:
-            done, full = self.flagged.get(rid, 0), n_tokens // self.block_size
-            if full > done:
-                ids = self.blocks[rid][done:full]
-                self._num_cached += len(ids) - int(np.count_nonzero(self._cached[ids]))
-                self._cached[ids] = True
-                self.flagged[rid] = full
-                if self._num_cached > self._peak_cached:
-                    self._peak_cached = self._num_cached
 
     def _drain_events(self) -> int:
         """Count the manager's events (``count_evictions="events"``); returns the blocks
@@ -204,13 +184,11 @@ class BlocksPolicy:
         if i in self.blocks:
             raise InvalidInputError(f"request {rid!r} is already admitted")
         got = self.mgr.admit(i, prompt, reserve, **_vllm_extra_keys(extra_key, cache_salt))
-        self._drain_events()
+        self._after_call()
         if got is None:
             return None
         hit, ids = int(got[0]), np.asarray(got[1], dtype=np.int64)
         self.blocks[i] = ids
-        self._took(ids[hit // self.block_size :])
-        self._cache_full(i, len(prompt))
         self._have[i] = len(prompt) + reserve
         self._known[i] = len(prompt)
         self._pend[i] = 0
@@ -254,19 +232,17 @@ class BlocksPolicy:
         if len(at):
             who = rids[at]
             todo = zip(at.tolist(), who.tolist(), self._pend_lo[who].tolist(),
-                       self._pend[who].tolist(), new_known[at].tolist(), strict=True)
+                       self._pend[who].tolist(), strict=True)
             self._pend[who] = 0
-            for j, i, lo, n, upto in todo:
+            for j, i, lo, n in todo:
                 self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
                 got = self.mgr.allocate_slots(i, n)
                 if got is None:
                     raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-                ev = self._drain_events() if self._use_events else 0
+                ev = self._after_call()
                 if len(got):
                     got = np.asarray(got, dtype=np.int64)
                     self.blocks[i] = np.concatenate([self.blocks[i], got])
-                    ev += self._took(got)
-                self._cache_full(i, upto)
                 if ev:
                     if evicted is None:
                         evicted = np.zeros(len(rids), dtype=np.int64)
@@ -289,13 +265,11 @@ class BlocksPolicy:
             pending = self._outputs(i)[lo : lo + n]
             tail = np.concatenate([pending, tail]) if len(tail) else pending
         ok = self.mgr.finish(i, tail if len(tail) else None)
-        self._drain_events()
+        self._after_call()
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
-        self._cache_full(i, known - n + len(tail))
         self._have[i] = self._known[i] = self._pend[i] = 0
         del self.blocks[i]
-        self.flagged.pop(i, None)
 
     def max_uniform_growth(
         self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,

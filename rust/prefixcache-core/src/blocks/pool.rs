@@ -83,6 +83,8 @@ pub struct BlockPool {
     cached: HashTable32,
     /// Cached blocks whose hash was dropped because the block was reused.
     evictions: u64,
+    /// Blocks that carry a hash now (what the prefix cache holds).
+    num_cached: usize,
     /// Length of the hashes this pool holds, fixed by the first hash it sees.
     hash_len: Option<usize>,
     enable_caching: bool,
@@ -116,6 +118,7 @@ impl BlockPool {
             free: FreeQueue::new(num_blocks as u32),
             cached: HashTable32::new(),
             evictions: 0,
+            num_cached: 0,
             hash_len: None,
             enable_caching,
             events_enabled: enable_kv_cache_events,
@@ -185,6 +188,11 @@ impl BlockPool {
     /// evictions; one `BlockRemoved` event each when events are enabled).
     pub fn num_evicted_blocks(&self) -> u64 {
         self.evictions
+    }
+
+    /// Blocks that carry a hash now: what the prefix cache holds.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.num_cached
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -337,6 +345,7 @@ impl BlockPool {
             return false;
         };
         self.cached.remove(&mut self.blocks, id);
+        self.num_cached -= 1;
         if self.events_enabled {
             self.events.push(KvEvent::BlockRemoved {
                 block_hashes: vec![key.hash],
@@ -606,6 +615,9 @@ impl BlockPool {
                 event_keys.push(info.extra_keys(num_cached + i).map(untag_extra_keys));
             }
             let hash = block_hashes[num_cached + i];
+            if self.key_of(id).is_none() {
+                self.num_cached += 1;
+            }
             self.cached.insert(&mut self.blocks, id, &hash, group);
             if self.events_enabled {
                 stored.push(hash);
@@ -649,6 +661,7 @@ impl BlockPool {
             return false;
         }
         self.cached.clear();
+        self.num_cached = 0;
         for b in &mut self.blocks {
             b.chain_prev = UNUSED.chain_prev;
             b.chain_next = UNUSED.chain_next;
@@ -715,6 +728,12 @@ impl BlockPool {
                     ));
                 }
             }
+        }
+        if n_keyed != self.num_cached {
+            return Err(format!(
+                "{n_keyed} blocks carry a hash but the pool counts {}",
+                self.num_cached
+            ));
         }
         if n_listed != n_keyed {
             return Err(format!(
