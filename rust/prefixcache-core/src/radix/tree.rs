@@ -7,13 +7,14 @@
 //! Time is logical: every `match_prefix` / `insert` call advances the clock by one and
 //! stamps every node it touches with that value.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Children};
-use super::policy::{EvictionPolicy, PolicyKey};
+use super::evict::UNLISTED;
+use super::policy::EvictionPolicy;
+use super::span::Span;
 use crate::{Error, Result};
 
 pub(crate) const ROOT: u32 = 0;
@@ -61,16 +62,16 @@ pub(crate) struct Node {
     /// Creation order within this tree (0 = free slot); breaks eviction ties.
     pub(crate) serial: u64,
     pub(crate) ns: u32,
-    pub(crate) key: Vec<u32>,
-    pub(crate) value: Vec<i64>,
+    /// Position in the evictable heap, or [`UNLISTED`].
+    pub(crate) heap_pos: u32,
+    /// The tokens and their KV indices.
+    pub(crate) span: Span,
     pub(crate) children: Children,
     pub(crate) lock_ref: u64,
     pub(crate) last_access: u64,
     pub(crate) creation: u64,
     pub(crate) hit_count: u64,
     pub(crate) priority: i64,
-    /// Whether the node is currently in the evictable set (under its current key).
-    pub(crate) listed: bool,
 }
 
 impl Node {
@@ -79,16 +80,21 @@ impl Node {
             parent,
             serial,
             ns,
-            key: Vec::new(),
-            value: Vec::new(),
+            heap_pos: UNLISTED,
+            span: Span::default(),
             children: Children::Empty,
             lock_ref: 0,
             last_access: now,
             creation: now,
             hit_count: 0,
             priority: 0,
-            listed: false,
         }
+    }
+
+    /// Whether the node is in the evictable set.
+    #[inline]
+    pub(crate) fn listed(&self) -> bool {
+        self.heap_pos != UNLISTED
     }
 }
 
@@ -151,8 +157,9 @@ pub struct RadixTree {
     pub(crate) evictable_size: usize,
     pub(crate) protected_size: usize,
     pub(crate) num_nodes: usize,
-    /// Evictable leaves ordered by policy key (which ends with the serial: unique).
-    pub(crate) evictable: BTreeSet<(PolicyKey, u32)>,
+    /// Evictable leaves: a binary min-heap of slots ordered by policy key (which ends
+    /// with the serial: unique), each node holding its position (`heap_pos`).
+    pub(crate) evictable: Vec<u32>,
     /// Interned namespaces by id, with the number of live nodes in each: a namespace is
     /// dropped with its last node (id 0, no namespace, is permanent), so memory follows
     /// what is cached, not every namespace ever seen.
@@ -202,7 +209,7 @@ impl RadixTree {
             evictable_size: 0,
             protected_size: 0,
             num_nodes: 0,
-            evictable: BTreeSet::new(),
+            evictable: Vec::new(),
             namespaces: Vec::new(),
             namespace_ids: FxHashMap::default(),
             free_namespaces: Vec::new(),
@@ -217,7 +224,7 @@ impl RadixTree {
         // Fresh containers: the memory of what was cached goes back to the allocator.
         self.nodes = Vec::new();
         self.free_slots = Vec::new();
-        self.evictable.clear();
+        self.evictable = Vec::new();
         let none = Namespace::default();
         self.namespace_ids = FxHashMap::default();
         self.namespace_ids.insert(none.clone(), 0);
@@ -355,7 +362,7 @@ impl RadixTree {
         let page = &key[..self.page_size];
         n.children
             .candidates(ck)
-            .find(|&c| self.nodes[c as usize].key.get(..self.page_size) == Some(page))
+            .find(|&c| self.nodes[c as usize].span.key().get(..self.page_size) == Some(page))
     }
 
     fn alloc(&mut self, node: Node) -> u32 {
@@ -380,8 +387,7 @@ impl RadixTree {
         let ns = n.ns;
         n.serial = u64::MAX;
         n.parent = NO_PARENT;
-        n.key = Vec::new();
-        n.value = Vec::new();
+        n.span = Span::default();
         n.children = Children::Empty;
         self.free_slots.push(slot);
         self.num_nodes -= 1;
@@ -400,19 +406,16 @@ impl RadixTree {
         let ns = c.ns;
         // Both halves get exact-size buffers: a split must not leave the head holding the
         // whole original capacity (memory per cached token is a target).
-        let head_key = c.key[..p].to_vec();
-        let head_value = c.value[..p].to_vec();
-        c.key = c.key[p..].to_vec();
-        c.value = c.value[p..].to_vec();
-        let first_tail = c.key[0];
+        let (head, tail) = c.span.split_at(p);
+        c.span = tail;
+        let first_tail = c.span.key()[0];
         let mut new = Node::new(parent, serial, ns, now);
         new.lock_ref = c.lock_ref;
         new.hit_count = c.hit_count;
         new.priority = c.priority;
         new.creation = c.creation;
-        let ck = child_key(ns, head_key[0]);
-        new.key = head_key;
-        new.value = head_value;
+        let ck = child_key(ns, head.key()[0]);
+        new.span = head;
         new.children.insert(child_key(ns, first_tail), child);
         let new_slot = self.alloc(new);
         self.nodes[child as usize].parent = new_slot;
@@ -426,7 +429,7 @@ impl RadixTree {
     /// Sets the last access time of `node`, keeping the evictable set in order.
     #[inline]
     fn touch(&mut self, node: u32, now: u64) {
-        if self.nodes[node as usize].listed {
+        if self.nodes[node as usize].listed() {
             self.unlist(node);
             self.nodes[node as usize].last_access = now;
             self.relist(node);
@@ -462,9 +465,9 @@ impl RadixTree {
             };
             self.touch(child, now);
             let c = &self.nodes[child as usize];
-            let p = self.aligned(common_prefix_len(&c.key, rest));
+            let p = self.aligned(common_prefix_len(c.span.key(), rest));
             matched += p;
-            if p < c.key.len() {
+            if p < c.span.len() {
                 node = self.split(child, p, now);
                 break;
             }
@@ -517,18 +520,18 @@ impl RadixTree {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
             };
-            let listed = self.nodes[child as usize].listed;
+            let listed = self.nodes[child as usize].listed();
             if listed {
                 self.unlist(child);
             }
             let page = self.page_size;
             let c = &mut self.nodes[child as usize];
             c.last_access = now;
-            let common = common_prefix_len(&c.key, rest);
+            let common = common_prefix_len(c.span.key(), rest);
             let p = common - common % page;
             total += p;
             rest = &rest[p..];
-            node = if p < c.key.len() {
+            node = if p < c.span.len() {
                 if listed {
                     self.relist(child);
                 }
@@ -547,20 +550,29 @@ impl RadixTree {
         }
         if !rest.is_empty() {
             let offset = key.len() - rest.len();
+            // Allocate before the leaf exists: on failure the tree is as it was, but for
+            // the splits and stamps of the matched prefix (as after a match_prefix).
+            let span = match value {
+                Some(v) => Span::from_values(rest, &v[offset..key.len()]),
+                None => Span::from_tokens(rest),
+            };
+            let span = match span {
+                Ok(s) => s,
+                Err(e) => {
+                    self.drop_unused_namespace(ns);
+                    return Err(e);
+                }
+            };
             let serial = self.take_serial();
             let mut leaf = Node::new(node, serial, ns, now);
             leaf.priority = priority;
             if total + rest.len() > inserted_len {
                 leaf.hit_count = 1;
             }
-            leaf.key = rest.to_vec();
-            leaf.value = match value {
-                Some(v) => v[offset..key.len()].to_vec(),
-                None => rest.iter().map(|&t| i64::from(t)).collect(),
-            };
+            leaf.span = span;
             let ck = child_key(ns, rest[0]);
             let slot = self.alloc(leaf);
-            if self.nodes[node as usize].listed {
+            if self.nodes[node as usize].listed() {
                 self.unlist(node);
             }
             self.nodes[node as usize].children.insert(ck, slot);
@@ -583,11 +595,11 @@ impl RadixTree {
         while cur != ROOT {
             let n = &mut self.nodes[cur as usize];
             if n.lock_ref == 0 {
-                let len = n.key.len();
+                let len = n.span.len();
                 self.evictable_size -= len;
                 self.protected_size += len;
                 delta -= len as i64;
-                if n.listed {
+                if n.listed() {
                     self.unlist(cur);
                 }
             }
@@ -638,7 +650,7 @@ impl RadixTree {
             n.lock_ref -= 1;
             let parent = n.parent;
             if n.lock_ref == 0 {
-                let len = n.key.len();
+                let len = n.span.len();
                 self.evictable_size += len;
                 self.protected_size -= len;
                 delta += len as i64;
@@ -656,13 +668,13 @@ impl RadixTree {
         let mut len = 0;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
-            len += n.value.len();
+            len += n.span.len();
             path.push(cur);
             cur = n.parent;
         }
         let mut out = Vec::with_capacity(len);
         for &slot in path.iter().rev() {
-            out.extend_from_slice(&self.nodes[slot as usize].value);
+            self.nodes[slot as usize].span.extend_values(&mut out);
         }
         Ok(out)
     }
@@ -673,7 +685,7 @@ impl RadixTree {
         let mut len = 0;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
-            len += n.key.len();
+            len += n.span.len();
             cur = n.parent;
         }
         Ok(len)
@@ -683,7 +695,7 @@ impl RadixTree {
         let slot = self.resolve(node)?;
         let n = &self.nodes[slot as usize];
         Ok(NodeInfo {
-            length: n.key.len(),
+            length: n.span.len(),
             lock_ref: n.lock_ref,
             hit_count: n.hit_count,
             priority: n.priority,
@@ -710,7 +722,7 @@ impl RadixTree {
                 .0
                 .sort_key()
                 .cmp(&self.namespaces[nb.ns as usize].0.sort_key())
-                .then_with(|| na.key.cmp(&nb.key))
+                .then_with(|| na.span.key().cmp(nb.span.key()))
         });
         ids
     }
@@ -728,8 +740,8 @@ impl RadixTree {
             let n = &self.nodes[slot as usize];
             out.push(NodeDump {
                 depth,
-                key: n.key.clone(),
-                value: n.value.clone(),
+                key: n.span.key().to_vec(),
+                value: n.span.values(),
                 lock_ref: n.lock_ref,
                 hit_count: n.hit_count,
                 priority: n.priority,
