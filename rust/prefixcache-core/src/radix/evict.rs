@@ -151,3 +151,45 @@ impl RadixTree {
         Ok(freed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::policy::EvictionPolicy;
+    use super::super::tree::{Namespace, RadixTree};
+
+    /// A replay with churn (fill, evict everything, again) must not grow: slots are
+    /// reused, the heap gives back what a large set held, and the invariants hold.
+    #[test]
+    fn churn_does_not_grow_the_tree() {
+        let ns = Namespace::default();
+        for policy in EvictionPolicy::ALL {
+            let mut t = RadixTree::new(1, policy).expect("tree");
+            let mut sizes = Vec::new();
+            for round in 0..6u32 {
+                for i in 0..3000u32 {
+                    let key = [i % 3, (i / 3) % 3, i + round * 100_000, 7];
+                    let values = [i64::from(i), -1, 1 << 40, 5];
+                    t.insert(&key, Some(&values), &ns, 0, 0).expect("insert");
+                    if i % 5 == 0 {
+                        t.match_prefix(&key[..2], &ns);
+                    }
+                }
+                t.check_invariants().expect("invariants");
+                let cap = t.evictable.capacity();
+                let cached = t.total_size();
+                let freed = t.evict(1 << 40).expect("evict");
+                assert_eq!(freed.len(), cached);
+                assert_eq!(t.total_size(), 0);
+                t.check_invariants().expect("invariants");
+                sizes.push((t.nodes.len(), cap));
+                assert!(t.evictable.capacity() <= 64, "{}", t.evictable.capacity());
+            }
+            assert!(
+                sizes
+                    .windows(2)
+                    .all(|w| w[1].0 == w[0].0 && w[1].1 <= w[0].1),
+                "{sizes:?}"
+            );
+        }
+    }
+}
