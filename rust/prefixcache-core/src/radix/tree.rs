@@ -14,6 +14,7 @@ use rustc_hash::FxHashMap;
 use super::children::{child_key, Children};
 use super::evict::UNLISTED;
 use super::policy::EvictionPolicy;
+use super::slab::Slab;
 use super::span::Span;
 use crate::{Error, Result};
 
@@ -150,7 +151,7 @@ pub struct RadixTree {
     pub(crate) id: u64,
     pub(crate) page_size: usize,
     pub(crate) policy: EvictionPolicy,
-    pub(crate) nodes: Vec<Node>,
+    pub(crate) nodes: Slab<Node>,
     free_slots: Vec<u32>,
     next_serial: u64,
     pub(crate) clock: u64,
@@ -202,7 +203,7 @@ impl RadixTree {
             id: NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed),
             page_size,
             policy,
-            nodes: Vec::new(),
+            nodes: Slab::default(),
             free_slots: Vec::new(),
             next_serial: 0,
             clock: 0,
@@ -222,7 +223,7 @@ impl RadixTree {
     /// serial counter keep running.
     pub fn reset(&mut self) {
         // Fresh containers: the memory of what was cached goes back to the allocator.
-        self.nodes = Vec::new();
+        self.nodes = Slab::default();
         self.free_slots = Vec::new();
         self.evictable = Vec::new();
         let none = Namespace::default();
@@ -356,13 +357,17 @@ impl RadixTree {
     fn find_child(&self, node: u32, ns: u32, key: &[u32]) -> Option<u32> {
         let n = &self.nodes[node as usize];
         let ck = child_key(ns, key[0]);
-        if self.page_size == 1 {
-            return n.children.candidates(ck).next();
-        }
         let page = &key[..self.page_size];
-        n.children
-            .candidates(ck)
-            .find(|&c| self.nodes[c as usize].span.key().get(..self.page_size) == Some(page))
+        n.children.candidates(ck).find(|&c| {
+            let cn = &self.nodes[c as usize];
+            cn.ns == ns && cn.span.key().get(..page.len()) == Some(page)
+        })
+    }
+
+    /// The child key a node is filed under in its parent's index.
+    pub(crate) fn child_key_of(&self, slot: u32) -> u64 {
+        let n = &self.nodes[slot as usize];
+        child_key(n.ns, n.span.key().first().copied().unwrap_or(0))
     }
 
     fn alloc(&mut self, node: Node) -> u32 {
@@ -416,7 +421,8 @@ impl RadixTree {
         new.creation = c.creation;
         let ck = child_key(ns, head.key()[0]);
         new.span = head;
-        new.children.insert(child_key(ns, first_tail), child);
+        // The new node has no child yet: no key to read.
+        new.children.insert(child_key(ns, first_tail), child, |_| 0);
         let new_slot = self.alloc(new);
         self.nodes[child as usize].parent = new_slot;
         let replaced = self.nodes[parent as usize]
@@ -575,7 +581,9 @@ impl RadixTree {
             if self.nodes[node as usize].listed() {
                 self.unlist(node);
             }
-            self.nodes[node as usize].children.insert(ck, slot);
+            let mut children = std::mem::take(&mut self.nodes[node as usize].children);
+            children.insert(ck, slot, |c| self.child_key_of(c));
+            self.nodes[node as usize].children = children;
             self.evictable_size += rest.len();
             self.relist(slot);
             node = slot;
@@ -794,5 +802,22 @@ impl RadixTree {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-node cost is a documented figure (docs/BENCHMARKS.md): keep it in view.
+    #[test]
+    fn node_layout_sizes() {
+        assert_eq!(std::mem::size_of::<Span>(), 24);
+        assert_eq!(std::mem::size_of::<Children>(), 16);
+        assert!(
+            std::mem::size_of::<Node>() <= 104,
+            "{}",
+            std::mem::size_of::<Node>()
+        );
     }
 }
