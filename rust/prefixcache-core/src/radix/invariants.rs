@@ -40,7 +40,7 @@ impl RadixTree {
                 if slot != ROOT && cn.ns != n.ns {
                     return Err(format!("node {c} is in another namespace than its parent"));
                 }
-                child_locks += cn.lock_ref;
+                child_locks += u64::from(cn.lock_ref);
                 stack.push(c);
             }
             if slot == ROOT {
@@ -54,7 +54,7 @@ impl RadixTree {
                     n.span.values().len()
                 ));
             }
-            if n.lock_ref < child_locks {
+            if u64::from(n.lock_ref) < child_locks {
                 return Err(format!(
                     "node {slot} lock_ref {} < its children's {child_locks}",
                     n.lock_ref

@@ -7,8 +7,9 @@
 
 use std::ops::{Index, IndexMut};
 
-/// Nodes per chunk (a power of two).
-const CHUNK_BITS: u32 = 12;
+/// Nodes per chunk (a power of two): 16384 nodes are 1.5 MB, allocated and committed
+/// page by page as they fill.
+const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
 
 #[derive(Debug)]

@@ -68,7 +68,9 @@ pub(crate) struct Node {
     /// The tokens and their KV indices.
     pub(crate) span: Span,
     pub(crate) children: Children,
-    pub(crate) lock_ref: u64,
+    /// Outstanding locks through this node. 32 bits: `inc_lock_ref` refuses to pass
+    /// u32::MAX (a LockRef error, nothing changed) instead of wrapping.
+    pub(crate) lock_ref: u32,
     pub(crate) last_access: u64,
     pub(crate) creation: u64,
     pub(crate) hit_count: u64,
@@ -598,7 +600,20 @@ impl RadixTree {
     /// Locks the path from `node` up to the root (SEMANTICS.md 1.7). Returns the change of
     /// the evictable size (<= 0).
     pub fn inc_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
-        let mut cur = self.resolve(node)?;
+        let start = self.resolve(node)?;
+        let mut cur = start;
+        while cur != ROOT {
+            let n = &self.nodes[cur as usize];
+            if n.lock_ref == u32::MAX {
+                return Err(Error::LockRef(format!(
+                    "inc_lock_ref: a node on the path already holds {} locks, the most a \
+                     node can hold",
+                    u32::MAX
+                )));
+            }
+            cur = n.parent;
+        }
+        let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
             let n = &mut self.nodes[cur as usize];
@@ -630,9 +645,9 @@ impl RadixTree {
             let child_locks: u64 = n
                 .children
                 .iter()
-                .map(|c| self.nodes[c as usize].lock_ref)
+                .map(|c| u64::from(self.nodes[c as usize].lock_ref))
                 .sum();
-            if n.lock_ref > 0 && n.lock_ref <= child_locks {
+            if n.lock_ref > 0 && u64::from(n.lock_ref) <= child_locks {
                 return Err(Error::LockRef(format!(
                     "dec_lock_ref on a node that is locked only through its descendants \
                      (lock_ref {}, its children hold {child_locks}): unlock the node that \
@@ -704,7 +719,7 @@ impl RadixTree {
         let n = &self.nodes[slot as usize];
         Ok(NodeInfo {
             length: n.span.len(),
-            lock_ref: n.lock_ref,
+            lock_ref: u64::from(n.lock_ref),
             hit_count: n.hit_count,
             priority: n.priority,
             last_access_time: n.last_access,
@@ -750,7 +765,7 @@ impl RadixTree {
                 depth,
                 key: n.span.key().to_vec(),
                 value: n.span.values(),
-                lock_ref: n.lock_ref,
+                lock_ref: u64::from(n.lock_ref),
                 hit_count: n.hit_count,
                 priority: n.priority,
                 last_access_time: n.last_access,
@@ -819,5 +834,23 @@ mod tests {
             "{}",
             std::mem::size_of::<Node>()
         );
+    }
+
+    /// A lock count at its 32-bit limit refuses another lock, changing nothing.
+    #[test]
+    fn lock_count_limit_is_an_error() {
+        let ns = Namespace::default();
+        let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+        let top = t.insert(&[1, 2], None, &ns, 0, 0).expect("insert").node;
+        let leaf = t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert").node;
+        t.inc_lock_ref(leaf).expect("lock");
+        let slot = t.resolve(top).expect("live");
+        t.nodes[slot as usize].lock_ref = u32::MAX;
+        let before = t.dump();
+        assert!(matches!(t.inc_lock_ref(leaf), Err(Error::LockRef(_))));
+        assert_eq!(t.dump(), before);
+        t.nodes[slot as usize].lock_ref = 1;
+        t.dec_lock_ref(leaf).expect("unlock");
+        t.check_invariants().expect("invariants");
     }
 }
