@@ -7,8 +7,8 @@
 
 use std::ops::{Index, IndexMut};
 
-/// Nodes per chunk (a power of two): 16384 nodes are 1.5 MB, allocated and committed
-/// page by page as they fill.
+/// Nodes per chunk (a power of two): 16384 nodes are 1.5 MB, whose pages
+/// the OS backs as the nodes are written.
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
 
