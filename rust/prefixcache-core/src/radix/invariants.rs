@@ -29,10 +29,10 @@ impl RadixTree {
                         cn.parent
                     ));
                 }
-                if cn.key.is_empty()
+                if cn.span.len() == 0
                     || !n
                         .children
-                        .candidates(child_key(cn.ns, cn.key[0]))
+                        .candidates(child_key(cn.ns, cn.span.key()[0]))
                         .any(|x| x == c)
                 {
                     return Err(format!("node {c} is not filed under its child key"));
@@ -40,43 +40,42 @@ impl RadixTree {
                 if slot != ROOT && cn.ns != n.ns {
                     return Err(format!("node {c} is in another namespace than its parent"));
                 }
-                child_locks += cn.lock_ref;
+                child_locks += u64::from(cn.lock_ref);
                 stack.push(c);
             }
             if slot == ROOT {
                 continue;
             }
             live += 1;
-            if n.key.len() != n.value.len() || n.key.is_empty() || n.key.len() % self.page_size != 0
-            {
+            let len = n.span.len();
+            if len != n.span.values().len() || len == 0 || len % self.page_size != 0 {
                 return Err(format!(
-                    "node {slot} has key length {} and value length {}",
-                    n.key.len(),
-                    n.value.len()
+                    "node {slot} has key length {len} and value length {}",
+                    n.span.values().len()
                 ));
             }
-            if n.lock_ref < child_locks {
+            if u64::from(n.lock_ref) < child_locks {
                 return Err(format!(
                     "node {slot} lock_ref {} < its children's {child_locks}",
                     n.lock_ref
                 ));
             }
             if n.lock_ref == 0 {
-                evictable += n.key.len();
+                evictable += len;
             } else {
-                protected += n.key.len();
+                protected += len;
             }
             let should_list = n.lock_ref == 0 && n.children.is_empty();
-            if should_list != n.listed {
+            if should_list != n.listed() {
                 return Err(format!(
                     "node {slot}: listed={} but evictable={should_list}",
-                    n.listed
+                    n.listed()
                 ));
             }
             if should_list {
                 leaves += 1;
-                if !self.evictable.contains(&self.set_entry(slot)) {
-                    return Err(format!("node {slot} is listed under a stale key"));
+                if self.evictable.get(n.heap_pos as usize) != Some(&slot) {
+                    return Err(format!("node {slot} is not at its heap position"));
                 }
             }
         }
@@ -85,6 +84,12 @@ impl RadixTree {
                 "{live} live nodes but num_nodes = {}",
                 self.num_nodes
             ));
+        }
+        for i in 1..self.evictable.len() {
+            let (c, p) = (self.evictable[i], self.evictable[(i - 1) / 2]);
+            if self.policy_key(c) <= self.policy_key(p) {
+                return Err(format!("evictable heap out of order at position {i}"));
+            }
         }
         if leaves != self.evictable.len() {
             return Err(format!(

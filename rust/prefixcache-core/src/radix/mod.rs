@@ -4,11 +4,15 @@
 //! - [`children`]: the per-node child index (first token or first page, plus namespace).
 //! - [`evict`]: the incrementally maintained set of evictable leaves and `evict`.
 //! - [`policy`]: the eviction policies and their ordering keys.
+//! - [`slab`]: the node arena, chunks that never move.
+//! - [`span`]: the tokens and KV indices of one node, in one buffer.
 
 mod children;
 mod evict;
 mod invariants;
 mod policy;
+mod slab;
+mod span;
 mod tree;
 
 pub use policy::EvictionPolicy;

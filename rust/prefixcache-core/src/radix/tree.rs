@@ -7,13 +7,15 @@
 //! Time is logical: every `match_prefix` / `insert` call advances the clock by one and
 //! stamps every node it touches with that value.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Children};
-use super::policy::{EvictionPolicy, PolicyKey};
+use super::evict::UNLISTED;
+use super::policy::EvictionPolicy;
+use super::slab::Slab;
+use super::span::Span;
 use crate::{Error, Result};
 
 pub(crate) const ROOT: u32 = 0;
@@ -61,16 +63,18 @@ pub(crate) struct Node {
     /// Creation order within this tree (0 = free slot); breaks eviction ties.
     pub(crate) serial: u64,
     pub(crate) ns: u32,
-    pub(crate) key: Vec<u32>,
-    pub(crate) value: Vec<i64>,
+    /// Position in the evictable heap, or [`UNLISTED`].
+    pub(crate) heap_pos: u32,
+    /// The tokens and their KV indices.
+    pub(crate) span: Span,
     pub(crate) children: Children,
-    pub(crate) lock_ref: u64,
+    /// Outstanding locks through this node. 32 bits: `inc_lock_ref` refuses to pass
+    /// u32::MAX (a LockRef error, nothing changed) instead of wrapping.
+    pub(crate) lock_ref: u32,
     pub(crate) last_access: u64,
     pub(crate) creation: u64,
     pub(crate) hit_count: u64,
     pub(crate) priority: i64,
-    /// Whether the node is currently in the evictable set (under its current key).
-    pub(crate) listed: bool,
 }
 
 impl Node {
@@ -79,16 +83,21 @@ impl Node {
             parent,
             serial,
             ns,
-            key: Vec::new(),
-            value: Vec::new(),
+            heap_pos: UNLISTED,
+            span: Span::default(),
             children: Children::Empty,
             lock_ref: 0,
             last_access: now,
             creation: now,
             hit_count: 0,
             priority: 0,
-            listed: false,
         }
+    }
+
+    /// Whether the node is in the evictable set.
+    #[inline]
+    pub(crate) fn listed(&self) -> bool {
+        self.heap_pos != UNLISTED
     }
 }
 
@@ -144,15 +153,16 @@ pub struct RadixTree {
     pub(crate) id: u64,
     pub(crate) page_size: usize,
     pub(crate) policy: EvictionPolicy,
-    pub(crate) nodes: Vec<Node>,
+    pub(crate) nodes: Slab<Node>,
     free_slots: Vec<u32>,
     next_serial: u64,
     pub(crate) clock: u64,
     pub(crate) evictable_size: usize,
     pub(crate) protected_size: usize,
     pub(crate) num_nodes: usize,
-    /// Evictable leaves ordered by policy key (which ends with the serial: unique).
-    pub(crate) evictable: BTreeSet<(PolicyKey, u32)>,
+    /// Evictable leaves: a binary min-heap of slots ordered by policy key (which ends
+    /// with the serial: unique), each node holding its position (`heap_pos`).
+    pub(crate) evictable: Vec<u32>,
     /// Interned namespaces by id, with the number of live nodes in each: a namespace is
     /// dropped with its last node (id 0, no namespace, is permanent), so memory follows
     /// what is cached, not every namespace ever seen.
@@ -195,14 +205,14 @@ impl RadixTree {
             id: NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed),
             page_size,
             policy,
-            nodes: Vec::new(),
+            nodes: Slab::default(),
             free_slots: Vec::new(),
             next_serial: 0,
             clock: 0,
             evictable_size: 0,
             protected_size: 0,
             num_nodes: 0,
-            evictable: BTreeSet::new(),
+            evictable: Vec::new(),
             namespaces: Vec::new(),
             namespace_ids: FxHashMap::default(),
             free_namespaces: Vec::new(),
@@ -215,9 +225,9 @@ impl RadixTree {
     /// serial counter keep running.
     pub fn reset(&mut self) {
         // Fresh containers: the memory of what was cached goes back to the allocator.
-        self.nodes = Vec::new();
+        self.nodes = Slab::default();
         self.free_slots = Vec::new();
-        self.evictable.clear();
+        self.evictable = Vec::new();
         let none = Namespace::default();
         self.namespace_ids = FxHashMap::default();
         self.namespace_ids.insert(none.clone(), 0);
@@ -349,13 +359,17 @@ impl RadixTree {
     fn find_child(&self, node: u32, ns: u32, key: &[u32]) -> Option<u32> {
         let n = &self.nodes[node as usize];
         let ck = child_key(ns, key[0]);
-        if self.page_size == 1 {
-            return n.children.candidates(ck).next();
-        }
         let page = &key[..self.page_size];
-        n.children
-            .candidates(ck)
-            .find(|&c| self.nodes[c as usize].key.get(..self.page_size) == Some(page))
+        n.children.candidates(ck).find(|&c| {
+            let cn = &self.nodes[c as usize];
+            cn.ns == ns && cn.span.key().get(..page.len()) == Some(page)
+        })
+    }
+
+    /// The child key a node is filed under in its parent's index.
+    pub(crate) fn child_key_of(&self, slot: u32) -> u64 {
+        let n = &self.nodes[slot as usize];
+        child_key(n.ns, n.span.key().first().copied().unwrap_or(0))
     }
 
     fn alloc(&mut self, node: Node) -> u32 {
@@ -380,8 +394,7 @@ impl RadixTree {
         let ns = n.ns;
         n.serial = u64::MAX;
         n.parent = NO_PARENT;
-        n.key = Vec::new();
-        n.value = Vec::new();
+        n.span = Span::default();
         n.children = Children::Empty;
         self.free_slots.push(slot);
         self.num_nodes -= 1;
@@ -400,20 +413,18 @@ impl RadixTree {
         let ns = c.ns;
         // Both halves get exact-size buffers: a split must not leave the head holding the
         // whole original capacity (memory per cached token is a target).
-        let head_key = c.key[..p].to_vec();
-        let head_value = c.value[..p].to_vec();
-        c.key = c.key[p..].to_vec();
-        c.value = c.value[p..].to_vec();
-        let first_tail = c.key[0];
+        let (head, tail) = c.span.split_at(p);
+        c.span = tail;
+        let first_tail = c.span.key()[0];
         let mut new = Node::new(parent, serial, ns, now);
         new.lock_ref = c.lock_ref;
         new.hit_count = c.hit_count;
         new.priority = c.priority;
         new.creation = c.creation;
-        let ck = child_key(ns, head_key[0]);
-        new.key = head_key;
-        new.value = head_value;
-        new.children.insert(child_key(ns, first_tail), child);
+        let ck = child_key(ns, head.key()[0]);
+        new.span = head;
+        // The new node has no child yet: no key to read.
+        new.children.insert(child_key(ns, first_tail), child, |_| 0);
         let new_slot = self.alloc(new);
         self.nodes[child as usize].parent = new_slot;
         let replaced = self.nodes[parent as usize]
@@ -426,7 +437,7 @@ impl RadixTree {
     /// Sets the last access time of `node`, keeping the evictable set in order.
     #[inline]
     fn touch(&mut self, node: u32, now: u64) {
-        if self.nodes[node as usize].listed {
+        if self.nodes[node as usize].listed() {
             self.unlist(node);
             self.nodes[node as usize].last_access = now;
             self.relist(node);
@@ -462,9 +473,9 @@ impl RadixTree {
             };
             self.touch(child, now);
             let c = &self.nodes[child as usize];
-            let p = self.aligned(common_prefix_len(&c.key, rest));
+            let p = self.aligned(common_prefix_len(c.span.key(), rest));
             matched += p;
-            if p < c.key.len() {
+            if p < c.span.len() {
                 node = self.split(child, p, now);
                 break;
             }
@@ -517,18 +528,18 @@ impl RadixTree {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
             };
-            let listed = self.nodes[child as usize].listed;
+            let listed = self.nodes[child as usize].listed();
             if listed {
                 self.unlist(child);
             }
             let page = self.page_size;
             let c = &mut self.nodes[child as usize];
             c.last_access = now;
-            let common = common_prefix_len(&c.key, rest);
+            let common = common_prefix_len(c.span.key(), rest);
             let p = common - common % page;
             total += p;
             rest = &rest[p..];
-            node = if p < c.key.len() {
+            node = if p < c.span.len() {
                 if listed {
                     self.relist(child);
                 }
@@ -547,23 +558,34 @@ impl RadixTree {
         }
         if !rest.is_empty() {
             let offset = key.len() - rest.len();
+            // Allocate before the leaf exists: on failure the tree is as it was, but for
+            // the splits and stamps of the matched prefix (as after a match_prefix).
+            let span = match value {
+                Some(v) => Span::from_values(rest, &v[offset..key.len()]),
+                None => Span::from_tokens(rest),
+            };
+            let span = match span {
+                Ok(s) => s,
+                Err(e) => {
+                    self.drop_unused_namespace(ns);
+                    return Err(e);
+                }
+            };
             let serial = self.take_serial();
             let mut leaf = Node::new(node, serial, ns, now);
             leaf.priority = priority;
             if total + rest.len() > inserted_len {
                 leaf.hit_count = 1;
             }
-            leaf.key = rest.to_vec();
-            leaf.value = match value {
-                Some(v) => v[offset..key.len()].to_vec(),
-                None => rest.iter().map(|&t| i64::from(t)).collect(),
-            };
+            leaf.span = span;
             let ck = child_key(ns, rest[0]);
             let slot = self.alloc(leaf);
-            if self.nodes[node as usize].listed {
+            if self.nodes[node as usize].listed() {
                 self.unlist(node);
             }
-            self.nodes[node as usize].children.insert(ck, slot);
+            let mut children = std::mem::take(&mut self.nodes[node as usize].children);
+            children.insert(ck, slot, |c| self.child_key_of(c));
+            self.nodes[node as usize].children = children;
             self.evictable_size += rest.len();
             self.relist(slot);
             node = slot;
@@ -578,16 +600,29 @@ impl RadixTree {
     /// Locks the path from `node` up to the root (SEMANTICS.md 1.7). Returns the change of
     /// the evictable size (<= 0).
     pub fn inc_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
-        let mut cur = self.resolve(node)?;
+        let start = self.resolve(node)?;
+        let mut cur = start;
+        while cur != ROOT {
+            let n = &self.nodes[cur as usize];
+            if n.lock_ref == u32::MAX {
+                return Err(Error::LockRef(format!(
+                    "inc_lock_ref: a node on the path already holds {} locks, the most a \
+                     node can hold",
+                    u32::MAX
+                )));
+            }
+            cur = n.parent;
+        }
+        let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
             let n = &mut self.nodes[cur as usize];
             if n.lock_ref == 0 {
-                let len = n.key.len();
+                let len = n.span.len();
                 self.evictable_size -= len;
                 self.protected_size += len;
                 delta -= len as i64;
-                if n.listed {
+                if n.listed() {
                     self.unlist(cur);
                 }
             }
@@ -610,9 +645,9 @@ impl RadixTree {
             let child_locks: u64 = n
                 .children
                 .iter()
-                .map(|c| self.nodes[c as usize].lock_ref)
+                .map(|c| u64::from(self.nodes[c as usize].lock_ref))
                 .sum();
-            if n.lock_ref > 0 && n.lock_ref <= child_locks {
+            if n.lock_ref > 0 && u64::from(n.lock_ref) <= child_locks {
                 return Err(Error::LockRef(format!(
                     "dec_lock_ref on a node that is locked only through its descendants \
                      (lock_ref {}, its children hold {child_locks}): unlock the node that \
@@ -638,7 +673,7 @@ impl RadixTree {
             n.lock_ref -= 1;
             let parent = n.parent;
             if n.lock_ref == 0 {
-                let len = n.key.len();
+                let len = n.span.len();
                 self.evictable_size += len;
                 self.protected_size -= len;
                 delta += len as i64;
@@ -656,13 +691,13 @@ impl RadixTree {
         let mut len = 0;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
-            len += n.value.len();
+            len += n.span.len();
             path.push(cur);
             cur = n.parent;
         }
         let mut out = Vec::with_capacity(len);
         for &slot in path.iter().rev() {
-            out.extend_from_slice(&self.nodes[slot as usize].value);
+            self.nodes[slot as usize].span.extend_values(&mut out);
         }
         Ok(out)
     }
@@ -673,7 +708,7 @@ impl RadixTree {
         let mut len = 0;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
-            len += n.key.len();
+            len += n.span.len();
             cur = n.parent;
         }
         Ok(len)
@@ -683,8 +718,8 @@ impl RadixTree {
         let slot = self.resolve(node)?;
         let n = &self.nodes[slot as usize];
         Ok(NodeInfo {
-            length: n.key.len(),
-            lock_ref: n.lock_ref,
+            length: n.span.len(),
+            lock_ref: u64::from(n.lock_ref),
             hit_count: n.hit_count,
             priority: n.priority,
             last_access_time: n.last_access,
@@ -710,7 +745,7 @@ impl RadixTree {
                 .0
                 .sort_key()
                 .cmp(&self.namespaces[nb.ns as usize].0.sort_key())
-                .then_with(|| na.key.cmp(&nb.key))
+                .then_with(|| na.span.key().cmp(nb.span.key()))
         });
         ids
     }
@@ -728,9 +763,9 @@ impl RadixTree {
             let n = &self.nodes[slot as usize];
             out.push(NodeDump {
                 depth,
-                key: n.key.clone(),
-                value: n.value.clone(),
-                lock_ref: n.lock_ref,
+                key: n.span.key().to_vec(),
+                value: n.span.values(),
+                lock_ref: u64::from(n.lock_ref),
                 hit_count: n.hit_count,
                 priority: n.priority,
                 last_access_time: n.last_access,
@@ -782,5 +817,40 @@ impl RadixTree {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-node cost is a documented figure (docs/BENCHMARKS.md): keep it in view.
+    #[test]
+    fn node_layout_sizes() {
+        assert_eq!(std::mem::size_of::<Span>(), 24);
+        assert_eq!(std::mem::size_of::<Children>(), 16);
+        assert!(
+            std::mem::size_of::<Node>() <= 104,
+            "{}",
+            std::mem::size_of::<Node>()
+        );
+    }
+
+    /// A lock count at its 32-bit limit refuses another lock, changing nothing.
+    #[test]
+    fn lock_count_limit_is_an_error() {
+        let ns = Namespace::default();
+        let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+        let top = t.insert(&[1, 2], None, &ns, 0, 0).expect("insert").node;
+        let leaf = t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert").node;
+        t.inc_lock_ref(leaf).expect("lock");
+        let slot = t.resolve(top).expect("live");
+        t.nodes[slot as usize].lock_ref = u32::MAX;
+        let before = t.dump();
+        assert!(matches!(t.inc_lock_ref(leaf), Err(Error::LockRef(_))));
+        assert_eq!(t.dump(), before);
+        t.nodes[slot as usize].lock_ref = 1;
+        t.dec_lock_ref(leaf).expect("unlock");
+        t.check_invariants().expect("invariants");
     }
 }
