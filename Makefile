@@ -35,6 +35,7 @@ fuzz-check:  # the fuzz crate is its own workspace; it type-checks on stable
 
 py-lint:
 	$(PY) -m ruff check python tests benches tools
+	$(PY) -m ruff format --check python tests benches tools
 
 typecheck:
 	$(PY) -m mypy --strict python

@@ -26,12 +26,15 @@ TRACES = os.environ.get("PREFIXCACHE_TRACES")
 def test_fleet_shared_prefix(benchmark: Any, router: str) -> None:
     benchmark.group = "fleet replay: 16 groups x 64 prompts, 4 x vllm-blocks"
     n = 8 if benchmark.disabled else 64
-    w = shared_prefix_workload(num_groups=16, prompts_per_group=n, seed=0,
-                               request_rate=40.0, shuffle=True)
+    w = shared_prefix_workload(
+        num_groups=16, prompts_per_group=n, seed=0, request_rate=40.0, shuffle=True
+    )
     sched = TimeScheduler(max_running=64)
     res = benchmark.pedantic(
         lambda: fleet_replay(w.requests, "vllm-blocks", 1 << 15, 4, router, scheduler=sched),
-        rounds=1 if benchmark.disabled else 3, iterations=1)
+        rounds=1 if benchmark.disabled else 3,
+        iterations=1,
+    )
     s = res.summary()
     benchmark.extra_info["hit_rate"] = round(s["hit_rate"], 4)
     benchmark.extra_info["requests"] = s["requests"]
@@ -47,7 +50,7 @@ def test_fleet_mooncake_conversation(benchmark: Any, router: str) -> None:
     if benchmark.disabled:
         reqs = reqs[:500]
     res = benchmark.pedantic(
-        lambda: fleet_replay(reqs, "vllm-blocks", 3_000_000, 4, router), rounds=1,
-        iterations=1)
+        lambda: fleet_replay(reqs, "vllm-blocks", 3_000_000, 4, router), rounds=1, iterations=1
+    )
     benchmark.extra_info["hit_rate"] = round(res.summary()["hit_rate"], 4)
     benchmark.extra_info["seconds"] = round(res.seconds, 2)

@@ -37,8 +37,9 @@ def test_lab_cache_acquire_release(benchmark: Any) -> None:
     roots = [rng.integers(0, 2**31, 4096, dtype=np.uint32) for _ in range(50)]
     keys = []
     for i in range(1000):
-        toks = np.concatenate([roots[i % 50][: 16 * 32],
-                               rng.integers(0, 2**31, 16 * 32, dtype=np.uint32)])
+        toks = np.concatenate(
+            [roots[i % 50][: 16 * 32], rng.integers(0, 2**31, 16 * 32, dtype=np.uint32)]
+        )
         keys.append(lab_block_keys(toks, 16))
     n = 100 if benchmark.disabled else 1000
 

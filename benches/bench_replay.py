@@ -32,18 +32,24 @@ POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() el
 SWEEP = [1 << 18, 1 << 20, 3_000_000, 1 << 22, 1 << 24, 1 << 26]
 
 
-@pytest.mark.skipif(not HAVE_TRACE, reason="PREFIXCACHE_TRACES is not set (the directory of "
-                    "mooncake_conversation.jsonl, see examples/README.md)")
-@pytest.mark.parametrize(("model", "capacity"), [("slots", 1 << 20), ("slots", 3_000_000),
-                                                 ("time", 3_000_000)])
+@pytest.mark.skipif(
+    not HAVE_TRACE,
+    reason="PREFIXCACHE_TRACES is not set (the directory of "
+    "mooncake_conversation.jsonl, see examples/README.md)",
+)
+@pytest.mark.parametrize(
+    ("model", "capacity"), [("slots", 1 << 20), ("slots", 3_000_000), ("time", 3_000_000)]
+)
 def test_mooncake_conversation_all_policies(benchmark: Any, model: str, capacity: int) -> None:
-    benchmark.group = f"replay: Mooncake conversation, 3 policies, {model} model, " \
-        f"{capacity:,}-token KV"
+    benchmark.group = (
+        f"replay: Mooncake conversation, 3 policies, {model} model, {capacity:,}-token KV"
+    )
     reqs = read_trace(TRACE).requests
     if benchmark.disabled:
         reqs = reqs[:500]
-    results = benchmark.pedantic(lambda: replay(reqs, POLICIES, capacity, model=model),
-                                 rounds=1, iterations=1)
+    results = benchmark.pedantic(
+        lambda: replay(reqs, POLICIES, capacity, model=model), rounds=1, iterations=1
+    )
     for r in results:
         s = summarize(r)
         benchmark.extra_info[f"{r.policy}_s"] = round(r.seconds, 3)
@@ -52,8 +58,11 @@ def test_mooncake_conversation_all_policies(benchmark: Any, model: str, capacity
     assert len(results) == len(POLICIES)
 
 
-@pytest.mark.skipif(not HAVE_TRACE, reason="PREFIXCACHE_TRACES is not set (the directory of "
-                    "mooncake_conversation.jsonl, see examples/README.md)")
+@pytest.mark.skipif(
+    not HAVE_TRACE,
+    reason="PREFIXCACHE_TRACES is not set (the directory of "
+    "mooncake_conversation.jsonl, see examples/README.md)",
+)
 def test_mooncake_conversation_sweep_in_workers(benchmark: Any) -> None:
     benchmark.group = "sweep: Mooncake conversation, 6 capacities x 3 policies, --jobs cores"
     spec = SweepSpec(str(TRACE), policies=POLICIES)
@@ -86,8 +95,9 @@ def test_study_workload_f_core_vs_reference(benchmark: Any, impl: str) -> None:
     def run() -> Any:
         return replay(w.requests, [RadixPolicy(w.capacity or 0, cache_cls=cls)])
 
-    benchmark.pedantic(run, rounds=1 if benchmark.disabled or impl == "reference" else 5,
-                       iterations=1)
+    benchmark.pedantic(
+        run, rounds=1 if benchmark.disabled or impl == "reference" else 5, iterations=1
+    )
 
 
 @pytest.mark.skipif(not blocks_available(), reason="KVCacheManager not built")
@@ -103,5 +113,6 @@ def test_study_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) ->
     def run() -> Any:
         return replay(w.requests, [BlocksPolicy(w.capacity or 0, manager_cls=cls)])
 
-    benchmark.pedantic(run, rounds=1 if benchmark.disabled or impl == "reference" else 5,
-                       iterations=1)
+    benchmark.pedantic(
+        run, rounds=1 if benchmark.disabled or impl == "reference" else 5, iterations=1
+    )

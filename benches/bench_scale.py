@@ -273,8 +273,13 @@ def branchy_figures(num_keys: int) -> dict[str, float]:
         cache.insert(k)
     delta = rss_bytes() - before
     nodes, tokens = cache.num_nodes, cache.total_size()
-    return {"nodes": nodes, "tokens_per_node": tokens / nodes, "rss_delta_bytes": delta,
-            "bytes_per_node": delta / nodes, "bytes_per_token": delta / tokens}
+    return {
+        "nodes": nodes,
+        "tokens_per_node": tokens / nodes,
+        "rss_delta_bytes": delta,
+        "bytes_per_node": delta / nodes,
+        "bytes_per_token": delta / tokens,
+    }
 
 
 def full_scale(benchmark: Any) -> bool:
@@ -314,17 +319,24 @@ def main(argv: list[str]) -> None:
     structure per process (RSS deltas stay separate), full size vs small size of the same
     shape."""
     what = argv[0] if argv else "radix"
-    fn = {"radix": radix_figures, "pool": pool_figures, "manager": manager_figures,
-          "branchy": branchy_figures}[what]
-    big = {"radix": FULL_TOKENS, "pool": FULL_BLOCKS, "manager": FULL_BLOCKS,
-           "branchy": 200_000}[what]
+    fn = {
+        "radix": radix_figures,
+        "pool": pool_figures,
+        "manager": manager_figures,
+        "branchy": branchy_figures,
+    }[what]
+    big = {"radix": FULL_TOKENS, "pool": FULL_BLOCKS, "manager": FULL_BLOCKS, "branchy": 200_000}[
+        what
+    ]
     small = {"radix": SMALL_TOKENS, "pool": 1536, "manager": 1536, "branchy": 5_000}[what]
     small_fig = fn(small)
     big_fig = fn(big) if "--small" not in argv else small_fig
     for k in big_fig:
         ratio = big_fig[k] / small_fig[k] if small_fig[k] else float("nan")
-        print(f"{k:>20}: small {small_fig[k]:>14.3f}  full {big_fig[k]:>14.3f}"
-              f"  full/small {ratio:.2f}")
+        print(
+            f"{k:>20}: small {small_fig[k]:>14.3f}  full {big_fig[k]:>14.3f}"
+            f"  full/small {ratio:.2f}"
+        )
 
 
 if __name__ == "__main__":

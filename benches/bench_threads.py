@@ -91,8 +91,10 @@ def main() -> None:
     empty = RadixCache()
     below = per_call_ns(lambda: empty.evict(EVICT_THRESHOLD - 1), 200_000)
     above = per_call_ns(lambda: empty.evict(EVICT_THRESHOLD), 200_000)
-    print(f"evict(k) on an empty tree: GIL held {below:.0f} ns, released {above:.0f} ns "
-          f"(release + retake: {above - below:.0f} ns)")
+    print(
+        f"evict(k) on an empty tree: GIL held {below:.0f} ns, released {above:.0f} ns "
+        f"(release + retake: {above - below:.0f} ns)"
+    )
     for n in (16, 256, 2304, RADIX_KEY_THRESHOLD - 1, RADIX_KEY_THRESHOLD, 262144):
         c, key = cached(n)
         ns = per_call_ns(lambda c=c, key=key: c.match_prefix(key), 5_000)
@@ -105,8 +107,10 @@ def main() -> None:
             print(f"hash_blocks {algo:8s} {n:5d} tokens: {ns:8.0f} ns")
     one = min(contended_matches(1, 200_000) for _ in range(3))
     eight = min(contended_matches(8, 200_000) for _ in range(3))
-    print(f"64-token match_prefix, 200k calls: 1 thread {one:.0f} ns/call, "
-          f"8 threads {eight:.0f} ns/call")
+    print(
+        f"64-token match_prefix, 200k calls: 1 thread {one:.0f} ns/call, "
+        f"8 threads {eight:.0f} ns/call"
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ def test_trace_stats_sample(benchmark: Any, path: str) -> None:
     tr = read_trace(SAMPLE)
     reqs = tr.requests if not benchmark.disabled else tr.requests[:60]
     ids = tr.hash_ids[: len(reqs)] if path == "hash ids" and tr.hash_ids else None
-    st = benchmark.pedantic(trace_stats, (reqs, 512, ids), rounds=1 if benchmark.disabled
-                            or path == "tokens" else 5, iterations=1)
+    st = benchmark.pedantic(
+        trace_stats,
+        (reqs, 512, ids),
+        rounds=1 if benchmark.disabled or path == "tokens" else 5,
+        iterations=1,
+    )
     assert 0 < st["block_hit_rate_ceiling"] <= st["hit_rate_ceiling"]

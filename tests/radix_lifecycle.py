@@ -20,7 +20,7 @@ class Request:
     output: list[int]
     priority: int
     ns: tuple[str | None, str | None]
-    nodes: list[Any] = field(default_factory=list)   # the locked node, one per cache
+    nodes: list[Any] = field(default_factory=list)  # the locked node, one per cache
     values: list[int] = field(default_factory=list)  # the request's KV indices
     inserted_len: int = 0
 
@@ -33,8 +33,9 @@ def lifecycle_plans(draw: st.DrawFn, page_size: int) -> Plan:
     """Requests sharing system prompts and earlier turns, a finish/admit schedule and a
     KV budget (in tokens)."""
     tok = st.integers(0, 50)
-    systems = draw(st.lists(st.lists(tok, min_size=1, max_size=3 * page_size), min_size=1,
-                            max_size=3))
+    systems = draw(
+        st.lists(st.lists(tok, min_size=1, max_size=3 * page_size), min_size=1, max_size=3)
+    )
     requests: list[Request] = []
     for _ in range(draw(st.integers(1, 12))):
         if len(requests) > 0 and draw(st.booleans()):  # a later turn of an earlier request
@@ -48,8 +49,9 @@ def lifecycle_plans(draw: st.DrawFn, page_size: int) -> Plan:
         output = draw(st.lists(tok, max_size=2 * page_size))
         requests.append(Request(prompt, output, draw(st.sampled_from([0, 0, 1, 5])), ns))
     # 1 = admit the next request, 0 = finish the oldest running one
-    schedule = draw(st.lists(st.integers(0, 1), min_size=2 * len(requests),
-                             max_size=2 * len(requests)))
+    schedule = draw(
+        st.lists(st.integers(0, 1), min_size=2 * len(requests), max_size=2 * len(requests))
+    )
     budget = draw(st.integers(4 * page_size, 60 * page_size))
     return requests, schedule, budget
 
@@ -80,11 +82,21 @@ class Lifecycle:
     def _commit(self, r: Request, tokens: list[int]) -> None:
         """Insert tokens with the request's KV indices, adopt the tree's, move the lock."""
         n = self._aligned(len(tokens))
-        vals = r.values[:len(tokens)]
+        vals = r.values[: len(tokens)]
         ek, salt = r.ns
-        self._all("insert", lambda _i, c: c.insert(
-            np.array(tokens, dtype=np.int64), np.array(vals, dtype=np.int64), extra_key=ek,
-            cache_salt=salt, priority=r.priority, inserted_len=r.inserted_len).prefix_len)
+        self._all(
+            "insert",
+            lambda _i, c: (
+                c.insert(
+                    np.array(tokens, dtype=np.int64),
+                    np.array(vals, dtype=np.int64),
+                    extra_key=ek,
+                    cache_salt=salt,
+                    priority=r.priority,
+                    inserted_len=r.inserted_len,
+                ).prefix_len
+            ),
+        )
         r.inserted_len = max(r.inserted_len, n)
         m = self._all("re-match", lambda _i, c: c.match_prefix(tokens[:n], ek, salt))
         r.values[:n] = m[0].indices.tolist()
@@ -101,7 +113,7 @@ class Lifecycle:
         hit = m[0].length
         self._make_room(len(r.prompt) + len(r.output) - hit, budget)
         r.values = m[0].indices.tolist() + self._fresh(len(r.prompt) + len(r.output) - hit)
-        self._commit(r, r.prompt)                      # prefill done
+        self._commit(r, r.prompt)  # prefill done
         self.step.check()
 
     def finish(self, r: Request) -> None:

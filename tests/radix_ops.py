@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 from prefixcache.errors import LockRefError, PrefixCacheError, StaleHandleError
 
 NAMESPACES: list[tuple[str | None, str | None]] = [
-    (None, None), ("a", None), ("", None), (None, "s"), (None, ""), ("ab", "c"), ("a", "bc"),
+    (None, None),
+    ("a", None),
+    ("", None),
+    (None, "s"),
+    (None, ""),
+    ("ab", "c"),
+    ("a", "bc"),
 ]
 PRIORITIES = [-2, 0, 0, 1, 3]
 
@@ -35,7 +41,7 @@ def as_container(tokens: list[int], k: int) -> Any:
         lambda: tokens,
         lambda: np.array(tokens, dtype=np.uint32),
         lambda: np.array(tokens, dtype=np.int64),
-        lambda: np.array(tokens + tokens, dtype=np.uint32)[::2],   # not contiguous
+        lambda: np.array(tokens + tokens, dtype=np.uint32)[::2],  # not contiguous
         lambda: array.array("Q", tokens),
         lambda: tuple(tokens),
     ]
@@ -46,8 +52,9 @@ KINDS = ["insert"] * 4 + ["match"] * 3 + ["evict"] * 2 + ["lock", "unlock", "inf
 
 
 @st.composite
-def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
-                 namespaces: bool = True) -> list[Op]:
+def op_sequences(
+    draw: st.DrawFn, page_size: int, max_ops: int = 40, namespaces: bool = True
+) -> list[Op]:
     """A sequence of operations whose token lists share prefixes often (built from a small
     pool of chunks whose lengths are not multiples of the page size)."""
     alphabet = st.sampled_from([0, 1, 2**31, 2**32 - 1])  # the extremes of the token range
@@ -65,8 +72,9 @@ def op_sequences(draw: st.DrawFn, page_size: int, max_ops: int = 40,
         kind = draw(st.sampled_from(KINDS))
         if kind == "insert":
             inserted_len = draw(st.just(0) | st.integers(0, 6 * page_size))
-            ops.append((kind, draw(tokens), draw(ns), draw(st.sampled_from(PRIORITIES)),
-                        inserted_len))
+            ops.append(
+                (kind, draw(tokens), draw(ns), draw(st.sampled_from(PRIORITIES)), inserted_len)
+            )
         elif kind == "match":
             ops.append((kind, draw(tokens), draw(ns)))
         elif kind == "evict":
@@ -86,10 +94,12 @@ def check_invariants(cache: Any, unique_values: bool = True) -> list[dict[str, A
     assert cache.evictable_size() + cache.protected_size() == total, "sizes do not add up"
     assert total == sum(len(r["key"]) for r in dump), "total_size is not the dumped tokens"
     assert cache.num_nodes == len(dump), "num_nodes is not the dumped nodes"
-    assert cache.evictable_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] == 0), \
+    assert cache.evictable_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] == 0), (
         "evictable_size is not the unlocked tokens"
-    assert cache.protected_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] > 0), \
+    )
+    assert cache.protected_size() == sum(len(r["key"]) for r in dump if r["lock_ref"] > 0), (
         "protected_size is not the locked tokens"
+    )
     if unique_values:
         counts = Counter(v for r in dump for v in r["value"])
         assert not counts or max(counts.values()) == 1, "a KV index is cached twice"
@@ -104,7 +114,7 @@ def check_invariants(cache: Any, unique_values: bool = True) -> list[dict[str, A
         depth = r["depth"] - 1  # the root's children have depth 1
         assert 0 <= depth <= len(stack), "dump depth jumps"
         del stack[depth:]
-        del siblings[depth + 1:]
+        del siblings[depth + 1 :]
         ns = (r["extra_key"], r["cache_salt"])
         assert r["cache_salt"] != "", r
         if stack:
@@ -127,8 +137,8 @@ class Lockstep:
     unique_values: bool = True
     next_value: int = 1_000_000
     steps: int = 0
-    handles: list[list[Any]] = field(default_factory=list)   # per step: one handle per cache
-    locked: list[int] = field(default_factory=list)          # indexes into handles
+    handles: list[list[Any]] = field(default_factory=list)  # per step: one handle per cache
+    locked: list[int] = field(default_factory=list)  # indexes into handles
 
     def _each(self, f: Any) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -156,13 +166,22 @@ class Lockstep:
         if kind == "insert":
             _, token_list, (ek, salt), priority, inserted_len = op
             tokens = as_container(token_list, self.steps)
-            values: Any = np.arange(self.next_value, self.next_value + len(token_list),
-                                    dtype=np.int64)
+            values: Any = np.arange(
+                self.next_value, self.next_value + len(token_list), dtype=np.int64
+            )
             if self.steps % 3 == 0:
                 values = values.tolist()
             self.next_value += len(token_list)
-            res = self._each(lambda _i, c: c.insert(tokens, values, extra_key=ek, cache_salt=salt,
-                                                    priority=priority, inserted_len=inserted_len))
+            res = self._each(
+                lambda _i, c: c.insert(
+                    tokens,
+                    values,
+                    extra_key=ek,
+                    cache_salt=salt,
+                    priority=priority,
+                    inserted_len=inserted_len,
+                )
+            )
             assert all(s == "ok" for s, _ in res), res
             self._same("insert prefix_len", [r.prefix_len for _, r in res])
             self._remember([r.node for _, r in res])
@@ -185,12 +204,17 @@ class Lockstep:
             nodes = self.handles[h]
             if kind == "info":
                 # handles compare equal exactly when they name the same tree node
-                same = [[nodes[i] == other[i] for other in self.handles]
-                        for i in range(len(self.caches))]
+                same = [
+                    [nodes[i] == other[i] for other in self.handles]
+                    for i in range(len(self.caches))
+                ]
                 self._same("handle equality", same)
                 for i in range(len(self.caches)):
-                    assert all(hash(nodes[i]) == hash(other[i])
-                               for other, eq in zip(self.handles, same[i], strict=True) if eq)
+                    assert all(
+                        hash(nodes[i]) == hash(other[i])
+                        for other, eq in zip(self.handles, same[i], strict=True)
+                        if eq
+                    )
                 res = self._each(lambda i, c: (c.node_info(nodes[i]), c.path_indices(nodes[i])))
                 self._same("info status", [s for s, _ in res])
                 if res[0][0] == "ok":
@@ -230,8 +254,13 @@ class Lockstep:
     def check(self) -> None:
         dumps = [check_invariants(c, self.unique_values) for c in self.caches]
         self._same("dump", dumps)
-        self._same("sizes", [(c.evictable_size(), c.protected_size(), c.total_size(),
-                              c.num_nodes, c.clock) for c in self.caches])
+        self._same(
+            "sizes",
+            [
+                (c.evictable_size(), c.protected_size(), c.total_size(), c.num_nodes, c.clock)
+                for c in self.caches
+            ],
+        )
         self._same("root info", [c.node_info(c.root) for c in self.caches])
         for c in self.caches:
             text = c.pretty_print()
@@ -240,8 +269,12 @@ class Lockstep:
 
 def _eq(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-                and a.dtype == b.dtype and np.array_equal(a, b))
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and np.array_equal(a, b)
+        )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):

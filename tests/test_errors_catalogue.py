@@ -83,8 +83,14 @@ class RadixWorld(World):
 
     def state(self) -> Any:
         c = self.obj
-        return (c.dump(), c.evictable_size(), c.protected_size(), c.total_size(),
-                c.num_nodes, c.clock)
+        return (
+            c.dump(),
+            c.evictable_size(),
+            c.protected_size(),
+            c.total_size(),
+            c.num_nodes,
+            c.clock,
+        )
 
 
 class PoolWorld(World):
@@ -98,8 +104,11 @@ class PoolWorld(World):
 
     def state(self) -> Any:
         p = self.obj
-        return (p.num_free_blocks, p.free_block_ids().tolist(),
-                [(p.ref_cnt(i), p.block_hash(i)) for i in range(p.num_blocks)])
+        return (
+            p.num_free_blocks,
+            p.free_block_ids().tolist(),
+            [(p.ref_cnt(i), p.block_hash(i)) for i in range(p.num_blocks)],
+        )
 
 
 class ManagerWorld(World):
@@ -112,10 +121,24 @@ class ManagerWorld(World):
 
     def state(self) -> Any:
         m = self.obj
-        reqs = [(r, m.block_ids(r).tolist(), m.num_tokens(r), m.num_computed_tokens(r),
-                 m.block_hashes(r)) for r in (1, 2)]
-        return (m.num_free_blocks, m.free_block_ids().tolist(), dict(m.stats), len(m), reqs,
-                [(m.ref_cnt(i), m.block_hash(i)) for i in range(m.num_blocks)])
+        reqs = [
+            (
+                r,
+                m.block_ids(r).tolist(),
+                m.num_tokens(r),
+                m.num_computed_tokens(r),
+                m.block_hashes(r),
+            )
+            for r in (1, 2)
+        ]
+        return (
+            m.num_free_blocks,
+            m.free_block_ids().tolist(),
+            dict(m.stats),
+            len(m),
+            reqs,
+            [(m.ref_cnt(i), m.block_hash(i)) for i in range(m.num_blocks)],
+        )
 
 
 class HasherWorld(World):
@@ -137,8 +160,15 @@ class TrieWorld(World):
 
     def state(self) -> Any:
         t = self.obj
-        return (t.dump(), t.num_free_blocks, t.num_cached_blocks, t.num_requests, t.clock,
-                dict(t.stats), t.request_blocks(1))
+        return (
+            t.dump(),
+            t.num_free_blocks,
+            t.num_cached_blocks,
+            t.num_requests,
+            t.clock,
+            dict(t.stats),
+            t.request_blocks(1),
+        )
 
 
 class KvIndexWorld(World):
@@ -146,18 +176,30 @@ class KvIndexWorld(World):
 
     def __init__(self) -> None:
         ix = self.obj = KvIndex(ttl=10.0)
-        ix.apply_frames("a", kv_frames(0, [{"type": "BlockStored", "block_hashes": [1, 2],
-                                             "block_size": 4}]), now=0.0)
-        ix.apply("b", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4,
-                        "medium": "CPU"}], now=0.0)
+        ix.apply_frames(
+            "a",
+            kv_frames(0, [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 4}]),
+            now=0.0,
+        )
+        ix.apply(
+            "b",
+            [{"type": "BlockStored", "block_hashes": [1], "block_size": 4, "medium": "CPU"}],
+            now=0.0,
+        )
 
     def state(self) -> Any:
         ix = self.obj
         # The rejected-batch counters ("errors", "last_error") are meant to change.
         keep = ("next_seq", "max_seen_seq", "stale", "batches", "block_events", "num_held")
-        return (ix.workers(), ix.media, ix.num_hashes,
-                [(ix.cached_hashes(w), {k: ix.status(w, now=0.0)[k] for k in keep})
-                 for w in ix.workers()])
+        return (
+            ix.workers(),
+            ix.media,
+            ix.num_hashes,
+            [
+                (ix.cached_hashes(w), {k: ix.status(w, now=0.0)[k] for k in keep})
+                for w in ix.workers()
+            ],
+        )
 
 
 def kv_frames(seq: int, events: Any, seq_bytes: int = 8) -> list[bytes]:
@@ -166,8 +208,13 @@ def kv_frames(seq: int, events: Any, seq_bytes: int = 8) -> list[bytes]:
     return [b"kv@a@m", seq.to_bytes(seq_bytes, "big"), msgpack.packb([1.0, events, 0])]
 
 
-def kv(misuse: str, call: str, exc: type[BaseException], fragment: str,
-       run: Callable[[KvIndexWorld], Any]) -> Row:
+def kv(
+    misuse: str,
+    call: str,
+    exc: type[BaseException],
+    fragment: str,
+    run: Callable[[KvIndexWorld], Any],
+) -> Row:
     return Row("KvIndex", misuse, call, run, exc, fragment)
 
 
@@ -217,419 +264,1080 @@ class Row:
     fragment: str
 
 
-def radix(misuse: str, call: str, exc: type[BaseException], fragment: str,
-          run: Callable[[RadixWorld], Any]) -> Row:
+def radix(
+    misuse: str,
+    call: str,
+    exc: type[BaseException],
+    fragment: str,
+    run: Callable[[RadixWorld], Any],
+) -> Row:
     return Row("RadixCache", misuse, call, run, exc, fragment)
 
 
-def pool(misuse: str, call: str, exc: type[BaseException], fragment: str,
-         run: Callable[[PoolWorld], Any]) -> Row:
+def pool(
+    misuse: str, call: str, exc: type[BaseException], fragment: str, run: Callable[[PoolWorld], Any]
+) -> Row:
     return Row("BlockPool", misuse, call, run, exc, fragment)
 
 
-def mgr(misuse: str, call: str, exc: type[BaseException], fragment: str,
-        run: Callable[[ManagerWorld], Any]) -> Row:
+def mgr(
+    misuse: str,
+    call: str,
+    exc: type[BaseException],
+    fragment: str,
+    run: Callable[[ManagerWorld], Any],
+) -> Row:
     return Row("KVCacheManager", misuse, call, run, exc, fragment)
 
 
-def hasher(misuse: str, call: str, exc: type[BaseException], fragment: str,
-           run: Callable[[HasherWorld], Any]) -> Row:
+def hasher(
+    misuse: str,
+    call: str,
+    exc: type[BaseException],
+    fragment: str,
+    run: Callable[[HasherWorld], Any],
+) -> Row:
     return Row("BlockHasher / hash_block_tokens", misuse, call, run, exc, fragment)
 
 
-def trie(misuse: str, call: str, exc: type[BaseException], fragment: str,
-         run: Callable[[TrieWorld], Any]) -> Row:
+def trie(
+    misuse: str, call: str, exc: type[BaseException], fragment: str, run: Callable[[TrieWorld], Any]
+) -> Row:
     return Row("BlockTrie", misuse, call, run, exc, fragment)
 
 
-def trace(misuse: str, text: str, exc: type[BaseException], fragment: str,
-          reader: Callable[[Path], Any] = read_token_jsonl) -> Row:
+def trace(
+    misuse: str,
+    text: str,
+    exc: type[BaseException],
+    fragment: str,
+    reader: Callable[[Path], Any] = read_token_jsonl,
+) -> Row:
     name = getattr(reader, "__name__", "read")
-    return Row("trace readers", misuse, f"{name}(file: {text.strip()!r})",
-               lambda w: reader(w.trace(text)), exc, fragment)
+    return Row(
+        "trace readers",
+        misuse,
+        f"{name}(file: {text.strip()!r})",
+        lambda w: reader(w.trace(text)),
+        exc,
+        fragment,
+    )
 
 
 def cmd(misuse: str, argv: list[str], fragment: str) -> Row:
-    return Row("CLI", misuse, "prefixcache " + " ".join(argv), lambda w: cli(argv), CliExit,
-               fragment)
+    return Row(
+        "CLI", misuse, "prefixcache " + " ".join(argv), lambda w: cli(argv), CliExit, fragment
+    )
 
 
 H32 = b"h" * 32
 
 CATALOGUE: list[Row] = [
     # ---------------- RadixCache ----------------
-    radix("page size zero", "RadixCache(0)", InvalidInputError, "page_size must be >= 1",
-          lambda w: RadixCache(0)),
-    radix("page size of wrong type", "RadixCache(1.5)", InvalidTypeError,
-          "page_size must be an int", lambda w: RadixCache(1.5)),
-    radix("unknown eviction policy", 'RadixCache(1, "xyz")', InvalidInputError,
-          "unknown eviction policy", lambda w: RadixCache(1, "xyz")),
-    radix("negative token id", "insert([1, -1])", InvalidInputError,
-          "tokens[1] = -1 is out of range", lambda w: w.obj.insert([1, -1])),
-    radix("token id 2**32", "match_prefix([2**32])", InvalidInputError,
-          "tokens[0] = 4294967296 is out of range", lambda w: w.obj.match_prefix([2**32])),
-    radix("token id 2**64", "insert([2**64])", InvalidInputError, "is out of range",
-          lambda w: w.obj.insert([2**64])),
-    radix("float token", "insert([1, 2.0])", InvalidTypeError,
-          "tokens[1] must be an int, got float", lambda w: w.obj.insert([1, 2.0])),
-    radix("bool token", "insert([True])", InvalidTypeError, "got bool",
-          lambda w: w.obj.insert([True])),
-    radix("None as tokens", "match_prefix(None)", InvalidTypeError, "not NoneType",
-          lambda w: w.obj.match_prefix(None)),
-    radix("str as tokens", 'insert("123")', InvalidTypeError, "not str",
-          lambda w: w.obj.insert("123")),
-    radix("float64 array", "insert(np.array([1.0]))", InvalidTypeError, "dtype float64",
-          lambda w: w.obj.insert(np.array([1.0]))),
-    radix("float16 array", "insert(np.array([1], float16))", InvalidTypeError,
-          "dtype float16", lambda w: w.obj.insert(np.array([1], dtype=np.float16))),
-    radix("bool array", "insert(np.array([True]))", InvalidTypeError, "dtype bool",
-          lambda w: w.obj.insert(np.array([True]))),
-    radix("object array", "insert(np.array([1], object))", InvalidTypeError, "dtype object",
-          lambda w: w.obj.insert(np.array([1], dtype=object))),
-    radix("2-D array", "insert(np.zeros((2, 2), int64))", InvalidInputError,
-          "1-dimensional", lambda w: w.obj.insert(np.zeros((2, 2), dtype=np.int64))),
-    radix("negative int32 in a strided array", "insert(np.array([1, 0, -5, 0], int32)[::2])",
-          InvalidInputError, "tokens[1] = -5",
-          lambda w: w.obj.insert(np.array([1, 0, -5, 0], dtype=np.int32)[::2])),
-    radix("values of another length", "insert([1, 2, 3], values=[1, 2])", InvalidInputError,
-          "values has length 2 but tokens has length 3",
-          lambda w: w.obj.insert([1, 2, 3], values=[1, 2])),
-    radix("value beyond int64", "insert([1], values=[2**63])", InvalidInputError,
-          "does not fit in int64", lambda w: w.obj.insert([1], values=[2**63])),
-    radix("float values", "insert([1], values=np.array([0.5]))", InvalidTypeError,
-          "values must hold integers", lambda w: w.obj.insert([1], values=np.array([0.5]))),
-    radix("negative inserted_len", "insert([1, 2], inserted_len=-1)", InvalidInputError,
-          "inserted_len must be >= 0", lambda w: w.obj.insert([1, 2], inserted_len=-1)),
-    radix("float priority", "insert([1], priority=0.5)", InvalidTypeError,
-          "priority must be an int", lambda w: w.obj.insert([1], priority=0.5)),
-    radix("namespace of wrong type", "insert([1], extra_key=3)", InvalidTypeError,
-          "extra_key must be a str or None, got int",
-          lambda w: w.obj.insert([1], extra_key=3)),
-    radix("negative eviction count", "evict(-1)", InvalidInputError,
-          "num_tokens must be >= 0", lambda w: w.obj.evict(-1)),
-    radix("float eviction count", "evict(1.0)", InvalidTypeError,
-          "num_tokens must be an int", lambda w: w.obj.evict(1.0)),
-    radix("evicted node handle", "inc_lock_ref(evicted)", StaleHandleError, "evicted",
-          lambda w: w.obj.inc_lock_ref(w.evicted)),
-    radix("handle of another cache", "dec_lock_ref(foreign)", StaleHandleError,
-          "another", lambda w: w.obj.dec_lock_ref(w.foreign)),
-    radix("handle from before reset()", "path_indices(old)", StaleHandleError, "reset",
-          lambda w: w.obj.path_indices(w.before_reset)),
-    radix("not a handle", "node_info(3)", InvalidTypeError, "must be a prefixcache Node handle",
-          lambda w: w.obj.node_info(3)),
-    radix("double unlock (lock count below zero)", "dec_lock_ref(unlocked)", LockRefError,
-          "would make a lock count negative", lambda w: w.obj.dec_lock_ref(w.unlocked)),
-    radix("set as tokens", "insert({1, 2})", InvalidTypeError, "not set",
-          lambda w: w.obj.insert({1, 2})),
-    radix("2-D memoryview", "insert(memoryview(np.zeros((2, 2), int64)))", InvalidInputError,
-          "1-dimensional", lambda w: w.obj.insert(memoryview(np.zeros((2, 2), np.int64)))),
-    radix("float array.array", 'insert(array("d", [1.0]))', InvalidTypeError,
-          "tokens[0] must be an int, got float",
-          lambda w: w.obj.insert(array.array("d", [1.0]))),
-    radix("int beyond 2**127", "insert([1], priority=2**127)", InvalidInputError,
-          "priority must be an int in [-2**63, 2**63)",
-          lambda w: w.obj.insert([1], priority=2**127)),
-    radix("priority beyond int64 (never clamped)", "insert([1], priority=2**64)",
-          InvalidInputError, "priority must be an int in [-2**63, 2**63), got 18446744073709551616",
-          lambda w: w.obj.insert([1], priority=2**64)),
-    radix("page size beyond int64", "RadixCache(2**64)", InvalidInputError,
-          "page_size must be an int in [1, 2**63)", lambda w: RadixCache(2**64)),
-    radix("inserted_len beyond int64", "insert([1], inserted_len=2**100)", InvalidInputError,
-          "inserted_len must be an int in [0, 2**63)",
-          lambda w: w.obj.insert([1], inserted_len=2**100)),
-    radix("eviction count beyond int64", "evict(10**30)", InvalidInputError,
-          "num_tokens must be an int in [0, 2**63)", lambda w: w.obj.evict(10**30)),
-    radix("salt with a lone surrogate", 'insert([1], cache_salt="\\ud800")', InvalidInputError,
-          "cache_salt is not valid text", lambda w: w.obj.insert([1], cache_salt="\ud800")),
-    radix("namespace with a lone surrogate", 'match_prefix([1], extra_key="\\ud800")',
-          InvalidInputError, "extra_key is not valid text",
-          lambda w: w.obj.match_prefix([1], extra_key="\ud800")),
+    radix(
+        "page size zero",
+        "RadixCache(0)",
+        InvalidInputError,
+        "page_size must be >= 1",
+        lambda w: RadixCache(0),
+    ),
+    radix(
+        "page size of wrong type",
+        "RadixCache(1.5)",
+        InvalidTypeError,
+        "page_size must be an int",
+        lambda w: RadixCache(1.5),
+    ),
+    radix(
+        "unknown eviction policy",
+        'RadixCache(1, "xyz")',
+        InvalidInputError,
+        "unknown eviction policy",
+        lambda w: RadixCache(1, "xyz"),
+    ),
+    radix(
+        "negative token id",
+        "insert([1, -1])",
+        InvalidInputError,
+        "tokens[1] = -1 is out of range",
+        lambda w: w.obj.insert([1, -1]),
+    ),
+    radix(
+        "token id 2**32",
+        "match_prefix([2**32])",
+        InvalidInputError,
+        "tokens[0] = 4294967296 is out of range",
+        lambda w: w.obj.match_prefix([2**32]),
+    ),
+    radix(
+        "token id 2**64",
+        "insert([2**64])",
+        InvalidInputError,
+        "is out of range",
+        lambda w: w.obj.insert([2**64]),
+    ),
+    radix(
+        "float token",
+        "insert([1, 2.0])",
+        InvalidTypeError,
+        "tokens[1] must be an int, got float",
+        lambda w: w.obj.insert([1, 2.0]),
+    ),
+    radix(
+        "bool token", "insert([True])", InvalidTypeError, "got bool", lambda w: w.obj.insert([True])
+    ),
+    radix(
+        "None as tokens",
+        "match_prefix(None)",
+        InvalidTypeError,
+        "not NoneType",
+        lambda w: w.obj.match_prefix(None),
+    ),
+    radix(
+        "str as tokens", 'insert("123")', InvalidTypeError, "not str", lambda w: w.obj.insert("123")
+    ),
+    radix(
+        "float64 array",
+        "insert(np.array([1.0]))",
+        InvalidTypeError,
+        "dtype float64",
+        lambda w: w.obj.insert(np.array([1.0])),
+    ),
+    radix(
+        "float16 array",
+        "insert(np.array([1], float16))",
+        InvalidTypeError,
+        "dtype float16",
+        lambda w: w.obj.insert(np.array([1], dtype=np.float16)),
+    ),
+    radix(
+        "bool array",
+        "insert(np.array([True]))",
+        InvalidTypeError,
+        "dtype bool",
+        lambda w: w.obj.insert(np.array([True])),
+    ),
+    radix(
+        "object array",
+        "insert(np.array([1], object))",
+        InvalidTypeError,
+        "dtype object",
+        lambda w: w.obj.insert(np.array([1], dtype=object)),
+    ),
+    radix(
+        "2-D array",
+        "insert(np.zeros((2, 2), int64))",
+        InvalidInputError,
+        "1-dimensional",
+        lambda w: w.obj.insert(np.zeros((2, 2), dtype=np.int64)),
+    ),
+    radix(
+        "negative int32 in a strided array",
+        "insert(np.array([1, 0, -5, 0], int32)[::2])",
+        InvalidInputError,
+        "tokens[1] = -5",
+        lambda w: w.obj.insert(np.array([1, 0, -5, 0], dtype=np.int32)[::2]),
+    ),
+    radix(
+        "values of another length",
+        "insert([1, 2, 3], values=[1, 2])",
+        InvalidInputError,
+        "values has length 2 but tokens has length 3",
+        lambda w: w.obj.insert([1, 2, 3], values=[1, 2]),
+    ),
+    radix(
+        "value beyond int64",
+        "insert([1], values=[2**63])",
+        InvalidInputError,
+        "does not fit in int64",
+        lambda w: w.obj.insert([1], values=[2**63]),
+    ),
+    radix(
+        "float values",
+        "insert([1], values=np.array([0.5]))",
+        InvalidTypeError,
+        "values must hold integers",
+        lambda w: w.obj.insert([1], values=np.array([0.5])),
+    ),
+    radix(
+        "negative inserted_len",
+        "insert([1, 2], inserted_len=-1)",
+        InvalidInputError,
+        "inserted_len must be >= 0",
+        lambda w: w.obj.insert([1, 2], inserted_len=-1),
+    ),
+    radix(
+        "float priority",
+        "insert([1], priority=0.5)",
+        InvalidTypeError,
+        "priority must be an int",
+        lambda w: w.obj.insert([1], priority=0.5),
+    ),
+    radix(
+        "namespace of wrong type",
+        "insert([1], extra_key=3)",
+        InvalidTypeError,
+        "extra_key must be a str or None, got int",
+        lambda w: w.obj.insert([1], extra_key=3),
+    ),
+    radix(
+        "negative eviction count",
+        "evict(-1)",
+        InvalidInputError,
+        "num_tokens must be >= 0",
+        lambda w: w.obj.evict(-1),
+    ),
+    radix(
+        "float eviction count",
+        "evict(1.0)",
+        InvalidTypeError,
+        "num_tokens must be an int",
+        lambda w: w.obj.evict(1.0),
+    ),
+    radix(
+        "evicted node handle",
+        "inc_lock_ref(evicted)",
+        StaleHandleError,
+        "evicted",
+        lambda w: w.obj.inc_lock_ref(w.evicted),
+    ),
+    radix(
+        "handle of another cache",
+        "dec_lock_ref(foreign)",
+        StaleHandleError,
+        "another",
+        lambda w: w.obj.dec_lock_ref(w.foreign),
+    ),
+    radix(
+        "handle from before reset()",
+        "path_indices(old)",
+        StaleHandleError,
+        "reset",
+        lambda w: w.obj.path_indices(w.before_reset),
+    ),
+    radix(
+        "not a handle",
+        "node_info(3)",
+        InvalidTypeError,
+        "must be a prefixcache Node handle",
+        lambda w: w.obj.node_info(3),
+    ),
+    radix(
+        "double unlock (lock count below zero)",
+        "dec_lock_ref(unlocked)",
+        LockRefError,
+        "would make a lock count negative",
+        lambda w: w.obj.dec_lock_ref(w.unlocked),
+    ),
+    radix(
+        "set as tokens",
+        "insert({1, 2})",
+        InvalidTypeError,
+        "not set",
+        lambda w: w.obj.insert({1, 2}),
+    ),
+    radix(
+        "2-D memoryview",
+        "insert(memoryview(np.zeros((2, 2), int64)))",
+        InvalidInputError,
+        "1-dimensional",
+        lambda w: w.obj.insert(memoryview(np.zeros((2, 2), np.int64))),
+    ),
+    radix(
+        "float array.array",
+        'insert(array("d", [1.0]))',
+        InvalidTypeError,
+        "tokens[0] must be an int, got float",
+        lambda w: w.obj.insert(array.array("d", [1.0])),
+    ),
+    radix(
+        "int beyond 2**127",
+        "insert([1], priority=2**127)",
+        InvalidInputError,
+        "priority must be an int in [-2**63, 2**63)",
+        lambda w: w.obj.insert([1], priority=2**127),
+    ),
+    radix(
+        "priority beyond int64 (never clamped)",
+        "insert([1], priority=2**64)",
+        InvalidInputError,
+        "priority must be an int in [-2**63, 2**63), got 18446744073709551616",
+        lambda w: w.obj.insert([1], priority=2**64),
+    ),
+    radix(
+        "page size beyond int64",
+        "RadixCache(2**64)",
+        InvalidInputError,
+        "page_size must be an int in [1, 2**63)",
+        lambda w: RadixCache(2**64),
+    ),
+    radix(
+        "inserted_len beyond int64",
+        "insert([1], inserted_len=2**100)",
+        InvalidInputError,
+        "inserted_len must be an int in [0, 2**63)",
+        lambda w: w.obj.insert([1], inserted_len=2**100),
+    ),
+    radix(
+        "eviction count beyond int64",
+        "evict(10**30)",
+        InvalidInputError,
+        "num_tokens must be an int in [0, 2**63)",
+        lambda w: w.obj.evict(10**30),
+    ),
+    radix(
+        "salt with a lone surrogate",
+        'insert([1], cache_salt="\\ud800")',
+        InvalidInputError,
+        "cache_salt is not valid text",
+        lambda w: w.obj.insert([1], cache_salt="\ud800"),
+    ),
+    radix(
+        "namespace with a lone surrogate",
+        'match_prefix([1], extra_key="\\ud800")',
+        InvalidInputError,
+        "extra_key is not valid text",
+        lambda w: w.obj.match_prefix([1], extra_key="\ud800"),
+    ),
     # ---------------- BlockPool ----------------
-    pool("no blocks", "BlockPool(0)", InvalidInputError, "num_blocks",
-         lambda w: BlockPool(0)),
-    pool("negative block count", "BlockPool(-3)", InvalidInputError, "num_blocks",
-         lambda w: BlockPool(-3)),
-    pool("unknown event hash format", 'BlockPool(8, event_hash_format="hex")',
-         InvalidInputError, "event_hash_format",
-         lambda w: BlockPool(8, event_hash_format="hex")),
-    pool("capacity exhausted", "get_new_blocks(5)", OutOfBlocksError,
-         "cannot get 5 blocks: only 4 free", lambda w: w.obj.get_new_blocks(5)),
-    pool("huge count (was a capacity-overflow panic)", "get_new_blocks(2**62)",
-         OutOfBlocksError, "only 4 free", lambda w: w.obj.get_new_blocks(2**62)),
-    pool("count beyond int64", "get_new_blocks(2**64)", InvalidInputError,
-         "num_blocks must be an int in [0, 2**63)",
-         lambda w: w.obj.get_new_blocks(2**64)),
-    pool("negative count", "get_new_blocks(-1)", InvalidInputError,
-         "num_blocks must be >= 0",
-         lambda w: w.obj.get_new_blocks(-1)),
-    pool("double free", "free_blocks([3, 3])", BlockStateError,
-         "cannot free block 3: it has no reference left",
-         lambda w: w.obj.free_blocks([3, 3])),
-    pool("free of a free block", "free_blocks([5])", BlockStateError,
-         "cannot free block 5: it has no reference left",
-         lambda w: w.obj.free_blocks([5])),
-    pool("free of the null block", "free_blocks([0])", BlockStateError, "null",
-         lambda w: w.obj.free_blocks([0])),
-    pool("touch the null block", "touch([0])", BlockStateError, "null",
-         lambda w: w.obj.touch([0])),
-    pool("block id out of range", "free_blocks([8])", InvalidInputError,
-         "block id 8 is out of range",
-         lambda w: w.obj.free_blocks([8])),
-    pool("negative block id", "touch([-1])", InvalidInputError,
-         "block_ids[0] = -1 is out of range",
-         lambda w: w.obj.touch([-1])),
-    pool("float block ids", "touch(np.array([1.0]))", InvalidTypeError,
-         "dtype float64",
-         lambda w: w.obj.touch(np.array([1.0]))),
-    pool("hash of another length", "cache_full_blocks([3], [b'x' * 16], 0, 1, 16)",
-         InvalidInputError, "block hash has 16 bytes but this pool holds 32-byte hashes",
-         lambda w: w.obj.cache_full_blocks([3], [b"x" * 16], 0, 1, 16)),
-    pool("hash longer than 32 bytes", "cache_full_blocks([3], [b'x' * 33], 0, 1, 16)",
-         InvalidInputError, "block_hashes[0] has 33 bytes",
-         lambda w: w.obj.cache_full_blocks([3], [b"x" * 33], 0, 1, 16)),
-    pool("empty hash", "get_cached_block(b'')", InvalidInputError,
-         "block_hash has 0 bytes",
-         lambda w: w.obj.get_cached_block(b"")),
-    pool("hash of wrong type", "get_cached_block('h')", InvalidTypeError,
-         "block_hash must be bytes, not str",
-         lambda w: w.obj.get_cached_block("h")),
-    pool("caching an already cached block", "cache_full_blocks([1], [H32], 0, 1, 16)",
-         BlockStateError, "block 1 is already cached",
-         lambda w: w.obj.cache_full_blocks([1], [H32], 0, 1, 16)),
-    pool("caching a free block", "cache_full_blocks([5], [H32], 0, 1, 16)",
-         BlockStateError, "block 5 is free",
-         lambda w: w.obj.cache_full_blocks([5], [H32], 0, 1, 16)),
-    pool("num_full_blocks beyond the hashes", "cache_full_blocks([3], [H32], 0, 2, 16)",
-         InvalidInputError, "num_full_blocks = 2 exceeds",
-         lambda w: w.obj.cache_full_blocks([3], [H32], 0, 2, 16)),
-    pool("ref_cnt of an unknown block", "ref_cnt(99)", InvalidInputError,
-         "block id 99 is out of range",
-         lambda w: w.obj.ref_cnt(99)),
-    pool("2-D memoryview of block ids", "touch(memoryview(np.ones((2, 2), int64)))",
-         InvalidInputError, "1-dimensional",
-         lambda w: w.obj.touch(memoryview(np.ones((2, 2), np.int64)))),
-    pool("set of block ids", "free_blocks({1, 2})", InvalidTypeError, "not set",
-         lambda w: w.obj.free_blocks({1, 2})),
+    pool("no blocks", "BlockPool(0)", InvalidInputError, "num_blocks", lambda w: BlockPool(0)),
+    pool(
+        "negative block count",
+        "BlockPool(-3)",
+        InvalidInputError,
+        "num_blocks",
+        lambda w: BlockPool(-3),
+    ),
+    pool(
+        "unknown event hash format",
+        'BlockPool(8, event_hash_format="hex")',
+        InvalidInputError,
+        "event_hash_format",
+        lambda w: BlockPool(8, event_hash_format="hex"),
+    ),
+    pool(
+        "capacity exhausted",
+        "get_new_blocks(5)",
+        OutOfBlocksError,
+        "cannot get 5 blocks: only 4 free",
+        lambda w: w.obj.get_new_blocks(5),
+    ),
+    pool(
+        "huge count (was a capacity-overflow panic)",
+        "get_new_blocks(2**62)",
+        OutOfBlocksError,
+        "only 4 free",
+        lambda w: w.obj.get_new_blocks(2**62),
+    ),
+    pool(
+        "count beyond int64",
+        "get_new_blocks(2**64)",
+        InvalidInputError,
+        "num_blocks must be an int in [0, 2**63)",
+        lambda w: w.obj.get_new_blocks(2**64),
+    ),
+    pool(
+        "negative count",
+        "get_new_blocks(-1)",
+        InvalidInputError,
+        "num_blocks must be >= 0",
+        lambda w: w.obj.get_new_blocks(-1),
+    ),
+    pool(
+        "double free",
+        "free_blocks([3, 3])",
+        BlockStateError,
+        "cannot free block 3: it has no reference left",
+        lambda w: w.obj.free_blocks([3, 3]),
+    ),
+    pool(
+        "free of a free block",
+        "free_blocks([5])",
+        BlockStateError,
+        "cannot free block 5: it has no reference left",
+        lambda w: w.obj.free_blocks([5]),
+    ),
+    pool(
+        "free of the null block",
+        "free_blocks([0])",
+        BlockStateError,
+        "null",
+        lambda w: w.obj.free_blocks([0]),
+    ),
+    pool("touch the null block", "touch([0])", BlockStateError, "null", lambda w: w.obj.touch([0])),
+    pool(
+        "block id out of range",
+        "free_blocks([8])",
+        InvalidInputError,
+        "block id 8 is out of range",
+        lambda w: w.obj.free_blocks([8]),
+    ),
+    pool(
+        "negative block id",
+        "touch([-1])",
+        InvalidInputError,
+        "block_ids[0] = -1 is out of range",
+        lambda w: w.obj.touch([-1]),
+    ),
+    pool(
+        "float block ids",
+        "touch(np.array([1.0]))",
+        InvalidTypeError,
+        "dtype float64",
+        lambda w: w.obj.touch(np.array([1.0])),
+    ),
+    pool(
+        "hash of another length",
+        "cache_full_blocks([3], [b'x' * 16], 0, 1, 16)",
+        InvalidInputError,
+        "block hash has 16 bytes but this pool holds 32-byte hashes",
+        lambda w: w.obj.cache_full_blocks([3], [b"x" * 16], 0, 1, 16),
+    ),
+    pool(
+        "hash longer than 32 bytes",
+        "cache_full_blocks([3], [b'x' * 33], 0, 1, 16)",
+        InvalidInputError,
+        "block_hashes[0] has 33 bytes",
+        lambda w: w.obj.cache_full_blocks([3], [b"x" * 33], 0, 1, 16),
+    ),
+    pool(
+        "empty hash",
+        "get_cached_block(b'')",
+        InvalidInputError,
+        "block_hash has 0 bytes",
+        lambda w: w.obj.get_cached_block(b""),
+    ),
+    pool(
+        "hash of wrong type",
+        "get_cached_block('h')",
+        InvalidTypeError,
+        "block_hash must be bytes, not str",
+        lambda w: w.obj.get_cached_block("h"),
+    ),
+    pool(
+        "caching an already cached block",
+        "cache_full_blocks([1], [H32], 0, 1, 16)",
+        BlockStateError,
+        "block 1 is already cached",
+        lambda w: w.obj.cache_full_blocks([1], [H32], 0, 1, 16),
+    ),
+    pool(
+        "caching a free block",
+        "cache_full_blocks([5], [H32], 0, 1, 16)",
+        BlockStateError,
+        "block 5 is free",
+        lambda w: w.obj.cache_full_blocks([5], [H32], 0, 1, 16),
+    ),
+    pool(
+        "num_full_blocks beyond the hashes",
+        "cache_full_blocks([3], [H32], 0, 2, 16)",
+        InvalidInputError,
+        "num_full_blocks = 2 exceeds",
+        lambda w: w.obj.cache_full_blocks([3], [H32], 0, 2, 16),
+    ),
+    pool(
+        "ref_cnt of an unknown block",
+        "ref_cnt(99)",
+        InvalidInputError,
+        "block id 99 is out of range",
+        lambda w: w.obj.ref_cnt(99),
+    ),
+    pool(
+        "2-D memoryview of block ids",
+        "touch(memoryview(np.ones((2, 2), int64)))",
+        InvalidInputError,
+        "1-dimensional",
+        lambda w: w.obj.touch(memoryview(np.ones((2, 2), np.int64))),
+    ),
+    pool(
+        "set of block ids",
+        "free_blocks({1, 2})",
+        InvalidTypeError,
+        "not set",
+        lambda w: w.obj.free_blocks({1, 2}),
+    ),
     # ---------------- KVCacheManager ----------------
-    mgr("block size zero", "KVCacheManager(16, block_size=0)", InvalidInputError,
-        "block_size", lambda w: KVCacheManager(16, block_size=0)),
-    mgr("unknown hash algorithm", 'KVCacheManager(16, hash_algo="md5")', InvalidInputError,
-        "md5", lambda w: KVCacheManager(16, hash_algo="md5")),
-    mgr("sliding window below 2", "KVCacheManager(16, sliding_window=1)", InvalidInputError,
-        "sliding_window", lambda w: KVCacheManager(16, sliding_window=1)),
-    mgr("unknown request id", "free(99)", UnknownRequestError, "99",
-        lambda w: w.obj.free(99)),
-    mgr("unknown request id (lookup)", "get_computed_blocks(99)", UnknownRequestError, "99",
-        lambda w: w.obj.get_computed_blocks(99)),
-    mgr("negative request id", "free(-1)", InvalidInputError,
+    mgr(
+        "block size zero",
+        "KVCacheManager(16, block_size=0)",
+        InvalidInputError,
+        "block_size",
+        lambda w: KVCacheManager(16, block_size=0),
+    ),
+    mgr(
+        "unknown hash algorithm",
+        'KVCacheManager(16, hash_algo="md5")',
+        InvalidInputError,
+        "md5",
+        lambda w: KVCacheManager(16, hash_algo="md5"),
+    ),
+    mgr(
+        "sliding window below 2",
+        "KVCacheManager(16, sliding_window=1)",
+        InvalidInputError,
+        "sliding_window",
+        lambda w: KVCacheManager(16, sliding_window=1),
+    ),
+    mgr("unknown request id", "free(99)", UnknownRequestError, "99", lambda w: w.obj.free(99)),
+    mgr(
+        "unknown request id (lookup)",
+        "get_computed_blocks(99)",
+        UnknownRequestError,
+        "99",
+        lambda w: w.obj.get_computed_blocks(99),
+    ),
+    mgr(
+        "negative request id",
+        "free(-1)",
+        InvalidInputError,
         "request_id must be an int in [0, 2**64), got -1",
-        lambda w: w.obj.free(-1)),
-    mgr("request id 2**64", "block_ids(2**64)", InvalidInputError,
+        lambda w: w.obj.free(-1),
+    ),
+    mgr(
+        "request id 2**64",
+        "block_ids(2**64)",
+        InvalidInputError,
         "request_id must be an int in [0, 2**64)",
-        lambda w: w.obj.block_ids(2**64)),
-    mgr("request id of wrong type", 'free("1")', InvalidTypeError,
+        lambda w: w.obj.block_ids(2**64),
+    ),
+    mgr(
+        "request id of wrong type",
+        'free("1")',
+        InvalidTypeError,
         "request_id must be an int, got str",
-        lambda w: w.obj.free("1")),
-    mgr("duplicate request id", "add_request(1, [1, 2])", InvalidInputError,
+        lambda w: w.obj.free("1"),
+    ),
+    mgr(
+        "duplicate request id",
+        "add_request(1, [1, 2])",
+        InvalidInputError,
         "request id 1 is already known",
-        lambda w: w.obj.add_request(1, [1, 2])),
-    mgr("negative token", "append_tokens(1, [-1])", InvalidInputError, "tokens[0] = -1",
-        lambda w: w.obj.append_tokens(1, [-1])),
-    mgr("float tokens", "add_request(3, np.array([1.5]))", InvalidTypeError,
-        "dtype float64", lambda w: w.obj.add_request(3, np.array([1.5]))),
-    mgr("negative num_new_tokens", "allocate_slots(2, -1)", InvalidInputError,
+        lambda w: w.obj.add_request(1, [1, 2]),
+    ),
+    mgr(
+        "negative token",
+        "append_tokens(1, [-1])",
+        InvalidInputError,
+        "tokens[0] = -1",
+        lambda w: w.obj.append_tokens(1, [-1]),
+    ),
+    mgr(
+        "float tokens",
+        "add_request(3, np.array([1.5]))",
+        InvalidTypeError,
+        "dtype float64",
+        lambda w: w.obj.add_request(3, np.array([1.5])),
+    ),
+    mgr(
+        "negative num_new_tokens",
+        "allocate_slots(2, -1)",
+        InvalidInputError,
         "num_new_tokens must be >= 0",
-        lambda w: w.obj.allocate_slots(2, -1)),
-    mgr("hit blocks after the first allocation", "allocate_slots(1, 0, 4, [1])",
-        InvalidInputError, "already holds slots", lambda w: w.obj.allocate_slots(1, 0, 4, [1])),
-    mgr("extra keys of an unhashable kind", "add_request(3, [1]*8, extra_keys=[(1.5,)])",
-        UnsupportedHashInputError, "extra_keys[0][0]: unsupported type float",
-        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[(1.5,)])),
-    mgr("extra keys not a tuple", "add_request(3, [1]*8, extra_keys=[[1]])",
-        UnsupportedHashInputError, "must be None or a tuple, not list",
-        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[[1]])),
-    mgr("block id out of range", "ref_cnt(16)", InvalidInputError,
+        lambda w: w.obj.allocate_slots(2, -1),
+    ),
+    mgr(
+        "hit blocks after the first allocation",
+        "allocate_slots(1, 0, 4, [1])",
+        InvalidInputError,
+        "already holds slots",
+        lambda w: w.obj.allocate_slots(1, 0, 4, [1]),
+    ),
+    mgr(
+        "extra keys of an unhashable kind",
+        "add_request(3, [1]*8, extra_keys=[(1.5,)])",
+        UnsupportedHashInputError,
+        "extra_keys[0][0]: unsupported type float",
+        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[(1.5,)]),
+    ),
+    mgr(
+        "extra keys not a tuple",
+        "add_request(3, [1]*8, extra_keys=[[1]])",
+        UnsupportedHashInputError,
+        "must be None or a tuple, not list",
+        lambda w: w.obj.add_request(3, [1] * 8, extra_keys=[[1]]),
+    ),
+    mgr(
+        "block id out of range",
+        "ref_cnt(16)",
+        InvalidInputError,
         "block id 16 is out of range",
-        lambda w: w.obj.ref_cnt(16)),
-    mgr("lora name with a lone surrogate", 'add_request(3, [1], lora_name="\\ud800")',
-        InvalidInputError, "lora_name is not valid text",
-        lambda w: w.obj.add_request(3, [1], lora_name="\ud800")),
-    mgr("seed with a lone surrogate", 'KVCacheManager(4, seed="\\ud800")', InvalidInputError,
-        "seed is not valid text", lambda w: KVCacheManager(4, seed="\ud800")),
+        lambda w: w.obj.ref_cnt(16),
+    ),
+    mgr(
+        "lora name with a lone surrogate",
+        'add_request(3, [1], lora_name="\\ud800")',
+        InvalidInputError,
+        "lora_name is not valid text",
+        lambda w: w.obj.add_request(3, [1], lora_name="\ud800"),
+    ),
+    mgr(
+        "seed with a lone surrogate",
+        'KVCacheManager(4, seed="\\ud800")',
+        InvalidInputError,
+        "seed is not valid text",
+        lambda w: KVCacheManager(4, seed="\ud800"),
+    ),
     # ---------------- BlockHasher / hash_block_tokens ----------------
-    hasher("block size zero", "BlockHasher(0)", InvalidInputError, "block_size",
-           lambda w: BlockHasher(0)),
-    hasher("unknown algorithm", 'BlockHasher(4, "md5")', InvalidInputError, "md5",
-           lambda w: BlockHasher(4, "md5")),
-    hasher("block of the wrong length", "hash_block(None, [1, 2, 3])", InvalidInputError,
-           "a block holds exactly 4 tokens, got 3", lambda w: w.obj.hash_block(None, [1, 2, 3])),
-    hasher("parent of wrong length", "hash_block(b'x' * 33, [1, 2, 3, 4])",
-           InvalidInputError, "parent hash has 33 bytes",
-           lambda w: w.obj.hash_block(b"x" * 33, [1, 2, 3, 4])),
-    hasher("parent of wrong type", "hash_block('p', [1, 2, 3, 4])", InvalidTypeError,
-           "parent must be bytes or None, not str",
-           lambda w: w.obj.hash_block("p", [1, 2, 3, 4])),
-    hasher("too few extra keys", "hash_blocks([1]*8, extra_keys=[None])", InvalidInputError,
-           "extra_keys has 1 entries but there are 2 full blocks",
-           lambda w: w.obj.hash_blocks([1] * 8, extra_keys=[None])),
-    hasher("float extra key", "hash_block(None, [1, 2, 3, 4], (1.5,))",
-           UnsupportedHashInputError, "unsupported type float",
-           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (1.5,))),
-    hasher("NaN extra key", "hash_block(None, [1, 2, 3, 4], (nan,))",
-           UnsupportedHashInputError, "unsupported type float",
-           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (math.nan,))),
-    hasher("dict extra key", "hash_block(None, [1, 2, 3, 4], ({},))",
-           UnsupportedHashInputError, "unsupported type dict",
-           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], ({},))),
-    hasher("extra keys nested too deep", "hash_block(None, [1]*4, ((((...)))))",
-           UnsupportedHashInputError, "extra_keys[0][0][0]",
-           lambda w: w.obj.hash_block(None, [1, 2, 3, 4], nested(10_000))),
-    hasher("negative token", "hash_blocks([1, -2, 3, 4])", InvalidInputError,
-           "tokens[1] = -2", lambda w: w.obj.hash_blocks([1, -2, 3, 4])),
-    hasher("unknown algorithm (function)", 'hash_block_tokens("md5", None, [1])',
-           InvalidInputError, "md5", lambda w: hash_block_tokens("md5", None, [1])),
-    hasher("str tokens (function)", 'hash_block_tokens("sha256", None, "ab")',
-           InvalidTypeError, "not str", lambda w: hash_block_tokens("sha256", None, "ab")),
-    hasher("seed with a lone surrogate", 'BlockHasher(4, seed="\\ud800")', InvalidInputError,
-           "seed is not valid text", lambda w: BlockHasher(4, seed="\ud800")),
-    hasher("algorithm name with a lone surrogate", 'BlockHasher(4, "\\ud800")',
-           InvalidInputError, "algo is not valid text", lambda w: BlockHasher(4, "\ud800")),
+    hasher(
+        "block size zero",
+        "BlockHasher(0)",
+        InvalidInputError,
+        "block_size",
+        lambda w: BlockHasher(0),
+    ),
+    hasher(
+        "unknown algorithm",
+        'BlockHasher(4, "md5")',
+        InvalidInputError,
+        "md5",
+        lambda w: BlockHasher(4, "md5"),
+    ),
+    hasher(
+        "block of the wrong length",
+        "hash_block(None, [1, 2, 3])",
+        InvalidInputError,
+        "a block holds exactly 4 tokens, got 3",
+        lambda w: w.obj.hash_block(None, [1, 2, 3]),
+    ),
+    hasher(
+        "parent of wrong length",
+        "hash_block(b'x' * 33, [1, 2, 3, 4])",
+        InvalidInputError,
+        "parent hash has 33 bytes",
+        lambda w: w.obj.hash_block(b"x" * 33, [1, 2, 3, 4]),
+    ),
+    hasher(
+        "parent of wrong type",
+        "hash_block('p', [1, 2, 3, 4])",
+        InvalidTypeError,
+        "parent must be bytes or None, not str",
+        lambda w: w.obj.hash_block("p", [1, 2, 3, 4]),
+    ),
+    hasher(
+        "too few extra keys",
+        "hash_blocks([1]*8, extra_keys=[None])",
+        InvalidInputError,
+        "extra_keys has 1 entries but there are 2 full blocks",
+        lambda w: w.obj.hash_blocks([1] * 8, extra_keys=[None]),
+    ),
+    hasher(
+        "float extra key",
+        "hash_block(None, [1, 2, 3, 4], (1.5,))",
+        UnsupportedHashInputError,
+        "unsupported type float",
+        lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (1.5,)),
+    ),
+    hasher(
+        "NaN extra key",
+        "hash_block(None, [1, 2, 3, 4], (nan,))",
+        UnsupportedHashInputError,
+        "unsupported type float",
+        lambda w: w.obj.hash_block(None, [1, 2, 3, 4], (math.nan,)),
+    ),
+    hasher(
+        "dict extra key",
+        "hash_block(None, [1, 2, 3, 4], ({},))",
+        UnsupportedHashInputError,
+        "unsupported type dict",
+        lambda w: w.obj.hash_block(None, [1, 2, 3, 4], ({},)),
+    ),
+    hasher(
+        "extra keys nested too deep",
+        "hash_block(None, [1]*4, ((((...)))))",
+        UnsupportedHashInputError,
+        "extra_keys[0][0][0]",
+        lambda w: w.obj.hash_block(None, [1, 2, 3, 4], nested(10_000)),
+    ),
+    hasher(
+        "negative token",
+        "hash_blocks([1, -2, 3, 4])",
+        InvalidInputError,
+        "tokens[1] = -2",
+        lambda w: w.obj.hash_blocks([1, -2, 3, 4]),
+    ),
+    hasher(
+        "unknown algorithm (function)",
+        'hash_block_tokens("md5", None, [1])',
+        InvalidInputError,
+        "md5",
+        lambda w: hash_block_tokens("md5", None, [1]),
+    ),
+    hasher(
+        "str tokens (function)",
+        'hash_block_tokens("sha256", None, "ab")',
+        InvalidTypeError,
+        "not str",
+        lambda w: hash_block_tokens("sha256", None, "ab"),
+    ),
+    hasher(
+        "seed with a lone surrogate",
+        'BlockHasher(4, seed="\\ud800")',
+        InvalidInputError,
+        "seed is not valid text",
+        lambda w: BlockHasher(4, seed="\ud800"),
+    ),
+    hasher(
+        "algorithm name with a lone surrogate",
+        'BlockHasher(4, "\\ud800")',
+        InvalidInputError,
+        "algo is not valid text",
+        lambda w: BlockHasher(4, "\ud800"),
+    ),
     # ---------------- BlockTrie ----------------
-    trie("no blocks", "BlockTrie(0)", InvalidInputError, "num_blocks",
-         lambda w: BlockTrie(0)),
-    trie("tokens_per_block zero", "BlockTrie(16, tokens_per_block=0)", InvalidInputError,
-         "tokens_per_block", lambda w: BlockTrie(16, tokens_per_block=0)),
-    trie("unknown request id", "release(99)", UnknownRequestError, "99",
-         lambda w: w.obj.release(99)),
-    trie("duplicate request id", "claim(1, [1, 2])", InvalidInputError,
-         "request 1 already holds blocks",
-         lambda w: w.obj.claim(1, [1, 2])),
-    trie("negative request id", "complete(-1)", InvalidInputError,
-         "request_id must be an int in [0, 2**64), got -1",
-         lambda w: w.obj.complete(-1)),
-    trie("capacity exhausted", "claim(2, range(100))", OutOfBlocksError,
-         "cannot get 25 blocks",
-         lambda w: w.obj.claim(2, list(range(100)))),
-    trie("empty prompt", "claim(2, [])", InvalidInputError,
-         "tokens must not be empty",
-         lambda w: w.obj.claim(2, [])),
-    trie("negative token", "lookup([1, -1])", InvalidInputError, "tokens[1] = -1",
-         lambda w: w.obj.lookup([1, -1])),
-    trie("store more tokens than the request has", "store(1, range(50))", InvalidInputError,
-         "call extend first", lambda w: w.obj.store(1, list(range(50)))),
-    trie("negative extend", "extend(1, -1)", InvalidInputError,
-         "num_tokens must be >= 0",
-         lambda w: w.obj.extend(1, -1)),
-    trie("negative clock advance", "advance_clock(-1)", InvalidInputError,
-         "ticks must be >= 0",
-         lambda w: w.obj.advance_clock(-1)),
-    trie("malformed multimodal item", "lookup([1, 2], mm_items=[(1,)])", InvalidTypeError,
-         "mm_items[0] must be a (hash: bytes | str, start: int, length: int) tuple",
-         lambda w: w.obj.lookup([1, 2], mm_items=[(1,)])),
-    trie("request id 2**64", "release(2**64)", InvalidInputError,
-         "request_id must be an int in [0, 2**64)", lambda w: w.obj.release(2**64)),
-    trie("priority above the maximum", "claim(2, [1, 2], priority=101)", InvalidInputError,
-         "priority must be an int in [0, 100], got 101",
-         lambda w: w.obj.claim(2, [1, 2], priority=101)),
-    trie("retention beyond int64", "claim(2, [1, 2], retention=2**100)", InvalidInputError,
-         "retention must be an int in [0, 2**63)",
-         lambda w: w.obj.claim(2, [1, 2], retention=2**100)),
-    trie("multimodal hash with a lone surrogate", 'lookup([1, 2], mm_items=[("\\ud800", 0, 1)])',
-         InvalidInputError, "mm_items[0] hash is not valid text",
-         lambda w: w.obj.lookup([1, 2], mm_items=[("\ud800", 0, 1)])),
-    trie("salt with a lone surrogate", 'lookup([1, 2], cache_salt="\\ud800")',
-         InvalidInputError, "cache_salt is not valid text",
-         lambda w: w.obj.lookup([1, 2], cache_salt="\ud800")),
+    trie("no blocks", "BlockTrie(0)", InvalidInputError, "num_blocks", lambda w: BlockTrie(0)),
+    trie(
+        "tokens_per_block zero",
+        "BlockTrie(16, tokens_per_block=0)",
+        InvalidInputError,
+        "tokens_per_block",
+        lambda w: BlockTrie(16, tokens_per_block=0),
+    ),
+    trie(
+        "unknown request id", "release(99)", UnknownRequestError, "99", lambda w: w.obj.release(99)
+    ),
+    trie(
+        "duplicate request id",
+        "claim(1, [1, 2])",
+        InvalidInputError,
+        "request 1 already holds blocks",
+        lambda w: w.obj.claim(1, [1, 2]),
+    ),
+    trie(
+        "negative request id",
+        "complete(-1)",
+        InvalidInputError,
+        "request_id must be an int in [0, 2**64), got -1",
+        lambda w: w.obj.complete(-1),
+    ),
+    trie(
+        "capacity exhausted",
+        "claim(2, range(100))",
+        OutOfBlocksError,
+        "cannot get 25 blocks",
+        lambda w: w.obj.claim(2, list(range(100))),
+    ),
+    trie(
+        "empty prompt",
+        "claim(2, [])",
+        InvalidInputError,
+        "tokens must not be empty",
+        lambda w: w.obj.claim(2, []),
+    ),
+    trie(
+        "negative token",
+        "lookup([1, -1])",
+        InvalidInputError,
+        "tokens[1] = -1",
+        lambda w: w.obj.lookup([1, -1]),
+    ),
+    trie(
+        "store more tokens than the request has",
+        "store(1, range(50))",
+        InvalidInputError,
+        "call extend first",
+        lambda w: w.obj.store(1, list(range(50))),
+    ),
+    trie(
+        "negative extend",
+        "extend(1, -1)",
+        InvalidInputError,
+        "num_tokens must be >= 0",
+        lambda w: w.obj.extend(1, -1),
+    ),
+    trie(
+        "negative clock advance",
+        "advance_clock(-1)",
+        InvalidInputError,
+        "ticks must be >= 0",
+        lambda w: w.obj.advance_clock(-1),
+    ),
+    trie(
+        "malformed multimodal item",
+        "lookup([1, 2], mm_items=[(1,)])",
+        InvalidTypeError,
+        "mm_items[0] must be a (hash: bytes | str, start: int, length: int) tuple",
+        lambda w: w.obj.lookup([1, 2], mm_items=[(1,)]),
+    ),
+    trie(
+        "request id 2**64",
+        "release(2**64)",
+        InvalidInputError,
+        "request_id must be an int in [0, 2**64)",
+        lambda w: w.obj.release(2**64),
+    ),
+    trie(
+        "priority above the maximum",
+        "claim(2, [1, 2], priority=101)",
+        InvalidInputError,
+        "priority must be an int in [0, 100], got 101",
+        lambda w: w.obj.claim(2, [1, 2], priority=101),
+    ),
+    trie(
+        "retention beyond int64",
+        "claim(2, [1, 2], retention=2**100)",
+        InvalidInputError,
+        "retention must be an int in [0, 2**63)",
+        lambda w: w.obj.claim(2, [1, 2], retention=2**100),
+    ),
+    trie(
+        "multimodal hash with a lone surrogate",
+        'lookup([1, 2], mm_items=[("\\ud800", 0, 1)])',
+        InvalidInputError,
+        "mm_items[0] hash is not valid text",
+        lambda w: w.obj.lookup([1, 2], mm_items=[("\ud800", 0, 1)]),
+    ),
+    trie(
+        "salt with a lone surrogate",
+        'lookup([1, 2], cache_salt="\\ud800")',
+        InvalidInputError,
+        "cache_salt is not valid text",
+        lambda w: w.obj.lookup([1, 2], cache_salt="\ud800"),
+    ),
     # ---------------- KvIndex ----------------
-    kv("ttl zero", "KvIndex(ttl=0)", InvalidInputError, "ttl must be a positive",
-       lambda w: KvIndex(ttl=0)),
-    kv("hash width outside 8..32", "KvIndex(hash_bytes=7)", InvalidInputError,
-       "hash_bytes must be between 8 and 32", lambda w: KvIndex(hash_bytes=7)),
-    kv("message of two frames", "apply_frames(w, [seq, payload])", InvalidEventError,
-       "3 frames (topic, seq, payload), got 2",
-       lambda w: w.obj.apply_frames("a", kv_frames(1, [])[1:])),
-    kv("sequence frame of 4 bytes", "apply_frames(w, [topic, seq (4 bytes), payload])",
-       InvalidEventError, "sequence frame has 4 bytes",
-       lambda w: w.obj.apply_frames("a", kv_frames(1, [], seq_bytes=4))),
-    kv("truncated msgpack", "apply_frames(w, [topic, seq, payload[:-1]])", InvalidEventError,
-       "truncated", lambda w: w.obj.apply_frames("a", [
-           *kv_frames(1, [])[:2],
-           kv_frames(1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4}])[2][:-1],
-       ])),
-    kv("unknown event tag", 'apply_frames(w, [..., [ts, [{"type": "Zap"}], 0]])',
-       InvalidEventError, "unknown event type", lambda w: w.obj.apply_frames(
-           "a", kv_frames(1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4},
-                              {"type": "Zap"}]))),
-    kv("block hash as str", "apply_frames(w, [..., block_hashes=['7']])", InvalidEventError,
-       "a block hash must be an int or bytes, got str", lambda w: w.obj.apply_frames(
-           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": ["7"]}]))),
-    kv("block hash of 7 bytes", "apply_frames(w, [..., block_hashes=[b'1234567']])",
-       InvalidEventError, "a block hash of 7 bytes, expected 32", lambda w: w.obj.apply_frames(
-           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [b"1234567"]}]))),
-    kv("negative block hash", "apply_frames(w, [..., block_hashes=[-1]])", InvalidEventError,
-       "is out of range", lambda w: w.obj.apply_frames(
-           "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [-1]}]))),
-    kv("block_size zero", "apply(w, [BlockStored(block_size=0)])", InvalidEventError,
-       "block_size must be positive", lambda w: w.obj.apply(
-           "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 0}])),
-    kv("missing block_hashes", 'apply(w, [{"type": "BlockRemoved"}])', InvalidEventError,
-       "BlockRemoved without block_hashes",
-       lambda w: w.obj.apply("a", [{"type": "BlockRemoved"}])),
-    kv("lora_id as str", "apply(w, [BlockStored(lora_id='x')])", InvalidEventError,
-       "lora_id must be an int or None, got str", lambda w: w.obj.apply(
-           "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 4,
-                  "lora_id": "x"}])),
-    kv("event of an unknown class", "apply(w, [object()])", InvalidEventError,
-       "unknown event type", lambda w: w.obj.apply("a", [object()])),
-    kv("negative sequence number", "apply(w, [], seq=-1)", InvalidInputError,
-       "seq must be >= 0", lambda w: w.obj.apply("a", [], seq=-1)),
-    kv("query hash 2**64", "longest_prefix([2**64])", InvalidInputError, "out of range",
-       lambda w: w.obj.longest_prefix([2**64])),
-    kv("query by tokens without a hasher", "longest_prefix(tokens=[1, 2])", InvalidInputError,
-       "give either hashes, or tokens together with a hasher",
-       lambda w: w.obj.longest_prefix(tokens=[1, 2])),
-    kv("negative medium weight", 'longest_prefix([1], weights={"CPU": -1})', InvalidInputError,
-       "must be a finite number >= 0", lambda w: w.obj.longest_prefix([1], weights={"CPU": -1})),
-    kv("unknown worker", 'remove_worker("zz")', UnknownWorkerError, 'unknown worker "zz"',
-       lambda w: w.obj.remove_worker("zz")),
-    kv("status of an unknown worker", 'status("zz")', UnknownWorkerError, "unknown worker",
-       lambda w: w.obj.status("zz")),
+    kv(
+        "ttl zero",
+        "KvIndex(ttl=0)",
+        InvalidInputError,
+        "ttl must be a positive",
+        lambda w: KvIndex(ttl=0),
+    ),
+    kv(
+        "hash width outside 8..32",
+        "KvIndex(hash_bytes=7)",
+        InvalidInputError,
+        "hash_bytes must be between 8 and 32",
+        lambda w: KvIndex(hash_bytes=7),
+    ),
+    kv(
+        "message of two frames",
+        "apply_frames(w, [seq, payload])",
+        InvalidEventError,
+        "3 frames (topic, seq, payload), got 2",
+        lambda w: w.obj.apply_frames("a", kv_frames(1, [])[1:]),
+    ),
+    kv(
+        "sequence frame of 4 bytes",
+        "apply_frames(w, [topic, seq (4 bytes), payload])",
+        InvalidEventError,
+        "sequence frame has 4 bytes",
+        lambda w: w.obj.apply_frames("a", kv_frames(1, [], seq_bytes=4)),
+    ),
+    kv(
+        "truncated msgpack",
+        "apply_frames(w, [topic, seq, payload[:-1]])",
+        InvalidEventError,
+        "truncated",
+        lambda w: w.obj.apply_frames(
+            "a",
+            [
+                *kv_frames(1, [])[:2],
+                kv_frames(1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4}])[2][
+                    :-1
+                ],
+            ],
+        ),
+    ),
+    kv(
+        "unknown event tag",
+        'apply_frames(w, [..., [ts, [{"type": "Zap"}], 0]])',
+        InvalidEventError,
+        "unknown event type",
+        lambda w: w.obj.apply_frames(
+            "a",
+            kv_frames(
+                1, [{"type": "BlockStored", "block_hashes": [3], "block_size": 4}, {"type": "Zap"}]
+            ),
+        ),
+    ),
+    kv(
+        "block hash as str",
+        "apply_frames(w, [..., block_hashes=['7']])",
+        InvalidEventError,
+        "a block hash must be an int or bytes, got str",
+        lambda w: w.obj.apply_frames(
+            "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": ["7"]}])
+        ),
+    ),
+    kv(
+        "block hash of 7 bytes",
+        "apply_frames(w, [..., block_hashes=[b'1234567']])",
+        InvalidEventError,
+        "a block hash of 7 bytes, expected 32",
+        lambda w: w.obj.apply_frames(
+            "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [b"1234567"]}])
+        ),
+    ),
+    kv(
+        "negative block hash",
+        "apply_frames(w, [..., block_hashes=[-1]])",
+        InvalidEventError,
+        "is out of range",
+        lambda w: w.obj.apply_frames(
+            "a", kv_frames(1, [{"type": "BlockRemoved", "block_hashes": [-1]}])
+        ),
+    ),
+    kv(
+        "block_size zero",
+        "apply(w, [BlockStored(block_size=0)])",
+        InvalidEventError,
+        "block_size must be positive",
+        lambda w: w.obj.apply("a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 0}]),
+    ),
+    kv(
+        "missing block_hashes",
+        'apply(w, [{"type": "BlockRemoved"}])',
+        InvalidEventError,
+        "BlockRemoved without block_hashes",
+        lambda w: w.obj.apply("a", [{"type": "BlockRemoved"}]),
+    ),
+    kv(
+        "lora_id as str",
+        "apply(w, [BlockStored(lora_id='x')])",
+        InvalidEventError,
+        "lora_id must be an int or None, got str",
+        lambda w: w.obj.apply(
+            "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 4, "lora_id": "x"}]
+        ),
+    ),
+    kv(
+        "event of an unknown class",
+        "apply(w, [object()])",
+        InvalidEventError,
+        "unknown event type",
+        lambda w: w.obj.apply("a", [object()]),
+    ),
+    kv(
+        "negative sequence number",
+        "apply(w, [], seq=-1)",
+        InvalidInputError,
+        "seq must be >= 0",
+        lambda w: w.obj.apply("a", [], seq=-1),
+    ),
+    kv(
+        "query hash 2**64",
+        "longest_prefix([2**64])",
+        InvalidInputError,
+        "out of range",
+        lambda w: w.obj.longest_prefix([2**64]),
+    ),
+    kv(
+        "query by tokens without a hasher",
+        "longest_prefix(tokens=[1, 2])",
+        InvalidInputError,
+        "give either hashes, or tokens together with a hasher",
+        lambda w: w.obj.longest_prefix(tokens=[1, 2]),
+    ),
+    kv(
+        "negative medium weight",
+        'longest_prefix([1], weights={"CPU": -1})',
+        InvalidInputError,
+        "must be a finite number >= 0",
+        lambda w: w.obj.longest_prefix([1], weights={"CPU": -1}),
+    ),
+    kv(
+        "unknown worker",
+        'remove_worker("zz")',
+        UnknownWorkerError,
+        'unknown worker "zz"',
+        lambda w: w.obj.remove_worker("zz"),
+    ),
+    kv(
+        "status of an unknown worker",
+        'status("zz")',
+        UnknownWorkerError,
+        "unknown worker",
+        lambda w: w.obj.status("zz"),
+    ),
     # ---------------- trace readers ----------------
     trace("not JSON", '{"id": 1,\n', TraceFormatError, ":1: not valid JSON"),
-    trace("not an object (line 2)", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
-          '[1, 2]\n', TraceFormatError, ":2: expected a JSON object"),
-    trace("missing prompt", '{"id": 1, "arrival": 0, "output_len": 1}\n', TraceFormatError,
-          ":1: missing field 'prompt'"),
-    trace("negative token", '{"id": 1, "arrival": 0, "prompt": [-1], "output_len": 1}\n',
-          TraceFormatError, ":1: field 'prompt'[0] = -1"),
-    trace("token 2**32", '{"id": 1, "arrival": 0, "prompt": [4294967296], "output_len": 1}\n',
-          TraceFormatError, "is not a token id"),
-    trace("float token", '{"id": 1, "arrival": 0, "prompt": [1.5], "output_len": 1}\n',
-          TraceFormatError, "is not an integer"),
-    trace("both output and output_len",
-          '{"id": 1, "arrival": 0, "prompt": [1], "output": [2], "output_len": 1}\n',
-          TraceFormatError, "exactly one of 'output' and 'output_len'"),
-    trace("negative arrival", '{"id": 1, "arrival": -1, "prompt": [1], "output_len": 1}\n',
-          TraceFormatError, "'arrival'"),
-    trace("NaN arrival", '{"id": 1, "arrival": NaN, "prompt": [1], "output_len": 1}\n',
-          TraceFormatError, "'arrival'"),
-    trace("duplicate id", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
-          '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n', TraceFormatError,
-          ":2: duplicate id"),
-    trace("unknown field", '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1, "x": 0}\n',
-          TraceFormatError, "unknown field"),
-    trace("Mooncake: missing hash_ids",
-          '{"timestamp": 0, "input_length": 10, "output_length": 1}\n', TraceFormatError,
-          ":1:", reader=read_mooncake),
-    trace("Mooncake: negative hash id",
-          '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}\n',
-          TraceFormatError, "'hash_ids' must hold integers", reader=read_mooncake),
-    trace("lone surrogate in cache_salt",
-          '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1, "cache_salt": "\\ud800"}\n',
-          TraceFormatError, "not valid Unicode"),
-    trace("Mooncake: negative input_length",
-          '{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": [1]}\n',
-          TraceFormatError, "'input_length' must be >= ", reader=read_mooncake),
+    trace(
+        "not an object (line 2)",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n[1, 2]\n',
+        TraceFormatError,
+        ":2: expected a JSON object",
+    ),
+    trace(
+        "missing prompt",
+        '{"id": 1, "arrival": 0, "output_len": 1}\n',
+        TraceFormatError,
+        ":1: missing field 'prompt'",
+    ),
+    trace(
+        "negative token",
+        '{"id": 1, "arrival": 0, "prompt": [-1], "output_len": 1}\n',
+        TraceFormatError,
+        ":1: field 'prompt'[0] = -1",
+    ),
+    trace(
+        "token 2**32",
+        '{"id": 1, "arrival": 0, "prompt": [4294967296], "output_len": 1}\n',
+        TraceFormatError,
+        "is not a token id",
+    ),
+    trace(
+        "float token",
+        '{"id": 1, "arrival": 0, "prompt": [1.5], "output_len": 1}\n',
+        TraceFormatError,
+        "is not an integer",
+    ),
+    trace(
+        "both output and output_len",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output": [2], "output_len": 1}\n',
+        TraceFormatError,
+        "exactly one of 'output' and 'output_len'",
+    ),
+    trace(
+        "negative arrival",
+        '{"id": 1, "arrival": -1, "prompt": [1], "output_len": 1}\n',
+        TraceFormatError,
+        "'arrival'",
+    ),
+    trace(
+        "NaN arrival",
+        '{"id": 1, "arrival": NaN, "prompt": [1], "output_len": 1}\n',
+        TraceFormatError,
+        "'arrival'",
+    ),
+    trace(
+        "duplicate id",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n',
+        TraceFormatError,
+        ":2: duplicate id",
+    ),
+    trace(
+        "unknown field",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1, "x": 0}\n',
+        TraceFormatError,
+        "unknown field",
+    ),
+    trace(
+        "Mooncake: missing hash_ids",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1}\n',
+        TraceFormatError,
+        ":1:",
+        reader=read_mooncake,
+    ),
+    trace(
+        "Mooncake: negative hash id",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}\n',
+        TraceFormatError,
+        "'hash_ids' must hold integers",
+        reader=read_mooncake,
+    ),
+    trace(
+        "lone surrogate in cache_salt",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1, "cache_salt": "\\ud800"}\n',
+        TraceFormatError,
+        "not valid Unicode",
+    ),
+    trace(
+        "Mooncake: negative input_length",
+        '{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": [1]}\n',
+        TraceFormatError,
+        "'input_length' must be >= ",
+        reader=read_mooncake,
+    ),
     # ---------------- CLI ----------------
     cmd("unknown command", ["frobnicate"], "invalid choice"),
     cmd("unknown option", ["replay", "workload:A", "--bogus"], "unrecognized arguments"),
@@ -643,28 +1351,69 @@ CATALOGUE: list[Row] = [
     cmd("zero capacity", ["replay", "workload:A", "--capacity", "0"], "at least 1 token"),
     cmd("capacity in bytes", ["replay", "workload:A", "--capacity", "3MB"], "not bytes"),
     cmd("zero max-running", ["compare", "--max-running", "0"], "--max-running"),
-    cmd("negative block size", ["trace-stats", "workload:A", "--block-size=-5"],
-        "--block-size"),
-    cmd("negative prefill cost", ["compare", "--prefill-ms-per-token", "-1000"],
-        "finite number of ms >= 0"),
+    cmd("negative block size", ["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
+    cmd(
+        "negative prefill cost",
+        ["compare", "--prefill-ms-per-token", "-1000"],
+        "finite number of ms >= 0",
+    ),
     cmd("NaN decode step", ["compare", "--decode-step-ms", "nan"], "finite number of ms"),
-    cmd("output directory missing", ["compare", "--json", "/nonexistent/out.json"],
-        "does not exist"),
-    cmd("--format for a built-in workload", ["replay", "workload:D", "--format", "mooncake"],
-        "applies to trace files"),
-    cmd("fleet of zero instances", ["replay", "workload:F", "--instances", "0"],
-        "instance counts must be >= 1"),
-    cmd("unknown router", ["replay", "workload:F", "--instances", "2", "--router", "fastest"],
-        "unknown router 'fastest'"),
-    cmd("fleet with two policies", ["replay", "workload:F", "--instances", "2", "--policies",
-                                    "radix,vllm-blocks"], "one policy"),
-    cmd("event loss above 1", ["replay", "workload:F", "--instances", "2", "--router",
-                               "cache-aware", "--event-loss", "2"], "event loss must be in [0, 1]"),
-    cmd("cache-aware router on instances without KV events",
-        ["replay", "workload:F", "--instances", "2", "--policies", "radix", "--router",
-         "cache-aware"], "does not publish KV events"),
-    cmd("fleet replay without a capacity", ["replay", "workload:F", "--instances", "2",
-                                            "--capacity", "x"], "bad capacity"),
+    cmd(
+        "output directory missing", ["compare", "--json", "/nonexistent/out.json"], "does not exist"
+    ),
+    cmd(
+        "--format for a built-in workload",
+        ["replay", "workload:D", "--format", "mooncake"],
+        "applies to trace files",
+    ),
+    cmd(
+        "fleet of zero instances",
+        ["replay", "workload:F", "--instances", "0"],
+        "instance counts must be >= 1",
+    ),
+    cmd(
+        "unknown router",
+        ["replay", "workload:F", "--instances", "2", "--router", "fastest"],
+        "unknown router 'fastest'",
+    ),
+    cmd(
+        "fleet with two policies",
+        ["replay", "workload:F", "--instances", "2", "--policies", "radix,vllm-blocks"],
+        "one policy",
+    ),
+    cmd(
+        "event loss above 1",
+        [
+            "replay",
+            "workload:F",
+            "--instances",
+            "2",
+            "--router",
+            "cache-aware",
+            "--event-loss",
+            "2",
+        ],
+        "event loss must be in [0, 1]",
+    ),
+    cmd(
+        "cache-aware router on instances without KV events",
+        [
+            "replay",
+            "workload:F",
+            "--instances",
+            "2",
+            "--policies",
+            "radix",
+            "--router",
+            "cache-aware",
+        ],
+        "does not publish KV events",
+    ),
+    cmd(
+        "fleet replay without a capacity",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "x"],
+        "bad capacity",
+    ),
 ]
 
 
@@ -741,8 +1490,12 @@ def render() -> str:
     ]
     sections = list(dict.fromkeys(r.section for r in CATALOGUE))
     for section in sections:
-        out += [f"## {section}", "", "| misuse | call | raises | message contains |",
-                "|---|---|---|---|"]
+        out += [
+            f"## {section}",
+            "",
+            "| misuse | call | raises | message contains |",
+            "|---|---|---|---|",
+        ]
         for r in CATALOGUE:
             if r.section == section:
                 call = r.call.replace("|", "\\|")
@@ -755,7 +1508,8 @@ def render() -> str:
 
 def test_errors_md_is_generated_from_the_catalogue() -> None:
     assert ERRORS_MD.read_text() == render(), (
-        "docs/ERRORS.md is stale: run python tests/test_errors_catalogue.py")
+        "docs/ERRORS.md is stale: run python tests/test_errors_catalogue.py"
+    )
 
 
 if __name__ == "__main__":

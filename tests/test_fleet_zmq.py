@@ -229,7 +229,12 @@ def test_redis_restart_mid_stream_resyncs_through_replay(ctx: zmq.Context[Any]) 
 
         for w, d in last.items():
             assert sub.wait_for(lambda w=w, d=d: exact(w, d["seq"]), timeout=20), (
-                w, d["seq"], index.status(w), sub.stats, sub.loop_errors)
+                w,
+                d["seq"],
+                index.status(w),
+                sub.stats,
+                sub.loop_errors,
+            )
             assert index.cached_hashes(w) == d["cached_hashes"]
         assert index.state_losses >= 1 and sub.alive
         assert sum(p.replay_requests for p in pubs.values()) >= len(WORKERS)

@@ -111,8 +111,10 @@ class _Seq:
 
 
 SMALL = [5, 0, 7, 100, 9, 65, 11, 12, 30, 4, 127, 6, 1, 2, 3, 8, 10]
-CASES = {**{f"small {k}": v for k, v in forms(SMALL).items()},
-         **{f"wide {k}": v for k, v in forms(TOKENS).items()}}
+CASES = {
+    **{f"small {k}": v for k, v in forms(SMALL).items()},
+    **{f"wide {k}": v for k, v in forms(TOKENS).items()},
+}
 
 
 def expected(name: str) -> list[int]:
@@ -163,13 +165,35 @@ def test_block_ids_from_every_form(name: str) -> None:
     assert freed(forms(IDS)[name]) == freed(IDS)
 
 
-@pytest.mark.parametrize("bad", [
-    {1, 2}, frozenset({1}), {1: 2}, "12", b"12", bytearray(b"12"), 3, 1.5, object(),
-    [1, True], [1, 2.0], np.array([1.0]), np.array([True]), array.array("d", [1.0]),
-    np.zeros((2, 2), np.int64), memoryview(np.zeros((2, 2), np.int64)),
-    np.array(["a"]), np.zeros(2, "datetime64[s]"), [1, -1], [2**32], [10**40],
-    np.array([-1], np.int32), np.array([2**32], np.uint64), array.array("b", [-1]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {1, 2},
+        frozenset({1}),
+        {1: 2},
+        "12",
+        b"12",
+        bytearray(b"12"),
+        3,
+        1.5,
+        object(),
+        [1, True],
+        [1, 2.0],
+        np.array([1.0]),
+        np.array([True]),
+        array.array("d", [1.0]),
+        np.zeros((2, 2), np.int64),
+        memoryview(np.zeros((2, 2), np.int64)),
+        np.array(["a"]),
+        np.zeros(2, "datetime64[s]"),
+        [1, -1],
+        [2**32],
+        [10**40],
+        np.array([-1], np.int32),
+        np.array([2**32], np.uint64),
+        array.array("b", [-1]),
+    ],
+)
 def test_anything_else_raises_and_changes_nothing(bad: Any) -> None:
     calls: list[tuple[Any, Callable[[Any], Any]]] = []
     tree = RadixCache()
@@ -283,8 +307,9 @@ RESIZE_SCRIPT = textwrap.dedent("""
 
 
 def test_an_array_resized_by_a_hook_during_a_call_does_not_abort() -> None:
-    r = subprocess.run([sys.executable, "-c", RESIZE_SCRIPT], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", RESIZE_SCRIPT], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["ok", "64"]
 

@@ -22,12 +22,15 @@ from prefixcache.sim.sequence import SequenceScheduler
 
 
 def make_requests(prompts: list[list[int]]) -> list[Request]:
-    return [Request(i, np.array(p, dtype=np.uint32), np.zeros(0, dtype=np.uint32))
-            for i, p in enumerate(prompts)]
+    return [
+        Request(i, np.array(p, dtype=np.uint32), np.zeros(0, dtype=np.uint32))
+        for i, p in enumerate(prompts)
+    ]
 
 
 def brute_force_hits(prompts: list[list[int]], block: int, cap_blocks: int) -> int:
     """The most hit tokens any cache of ``cap_blocks`` blocks can get, by search."""
+
     # A block is identified by the whole prefix up to its end (chained keys).
     def blocks(p: list[int]) -> list[tuple[int, ...]]:
         return [tuple(p[: (i + 1) * block]) for i in range(len(p) // block)]
@@ -76,8 +79,9 @@ HAND_MADE = [
 
 
 @pytest.mark.parametrize(("prompts", "block", "cap", "expected"), HAND_MADE)
-def test_opt_on_hand_made_sequences(prompts: list[list[int]], block: int, cap: int,
-                                    expected: int) -> None:
+def test_opt_on_hand_made_sequences(
+    prompts: list[list[int]], block: int, cap: int, expected: int
+) -> None:
     assert brute_force_hits(prompts, block, cap) == expected
     assert opt_hits(prompts, block, cap) == expected
 
@@ -86,8 +90,11 @@ prompt_st = st.lists(st.integers(0, 2), min_size=1, max_size=5)
 
 
 @settings(max_examples=60, deadline=None)
-@given(prompts=st.lists(prompt_st, min_size=1, max_size=6), cap=st.integers(0, 3),
-       block=st.sampled_from([1, 2]))
+@given(
+    prompts=st.lists(prompt_st, min_size=1, max_size=6),
+    cap=st.integers(0, 3),
+    block=st.sampled_from([1, 2]),
+)
 def test_opt_equals_brute_force(prompts: list[list[int]], cap: int, block: int) -> None:
     assert opt_hits(prompts, block, cap) == brute_force_hits(prompts, block, cap)
 
@@ -96,9 +103,17 @@ def test_opt_equals_brute_force(prompts: list[list[int]], cap: int, block: int) 
 @given(prompts=st.lists(prompt_st, min_size=1, max_size=8), cap=st.integers(0, 4))
 def test_opt_bounds_every_online_policy(prompts: list[list[int]], cap: int) -> None:
     reqs = make_requests(prompts)
-    names = ["opt@1", "lab-lru@1", "lab-slru@1", "lab-lfu@1", "lab-cost@1", "lab-2q@1",
-             "lab-session@1", "lab-density@1",
-             "lab-lru-admit2@1"]
+    names = [
+        "opt@1",
+        "lab-lru@1",
+        "lab-slru@1",
+        "lab-lfu@1",
+        "lab-cost@1",
+        "lab-2q@1",
+        "lab-session@1",
+        "lab-density@1",
+        "lab-lru-admit2@1",
+    ]
     res = replay(reqs, names, cap, model="sequence", check=True)
     hits = {r.policy: summarize(r)["hit_tokens"] for r in res}
     assert all(hits["opt@1"] >= h for h in hits.values()), hits

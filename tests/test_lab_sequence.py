@@ -37,8 +37,9 @@ def write_mooncake(path: Path, n: int, seed: int) -> list[dict[str, object]]:
             next_id += 4
             sessions.append(ids)
         length = 512 * (len(ids) - 1) + rng.choice([1, 200, 512])
-        rows.append({"timestamp": i * 10, "input_length": length, "output_length": 5,
-                     "hash_ids": list(ids)})
+        rows.append(
+            {"timestamp": i * 10, "input_length": length, "output_length": 5, "hash_ids": list(ids)}
+        )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return rows
 
@@ -66,12 +67,16 @@ def reference_lru(rows: list[dict[str, object]], cap_blocks: int) -> int:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("cap_blocks", [2, 5, 12])
-def test_sequence_model_is_the_papers_method(tmp_path: Path, seed: int,
-                                             cap_blocks: int) -> None:
+def test_sequence_model_is_the_papers_method(tmp_path: Path, seed: int, cap_blocks: int) -> None:
     rows = write_mooncake(tmp_path / "t.jsonl", 60, seed)
     reqs = read_trace(tmp_path / "t.jsonl").requests
-    res = replay(reqs, ["lab-lru@512", "vllm-blocks512", "opt@512"], cap_blocks * 512,
-                 model="sequence", check=True)
+    res = replay(
+        reqs,
+        ["lab-lru@512", "vllm-blocks512", "opt@512"],
+        cap_blocks * 512,
+        model="sequence",
+        check=True,
+    )
     got = {r.policy: summarize(r)["hit_tokens"] for r in res}
     assert got["lab-lru@512"] == reference_lru(rows, cap_blocks)
     assert got["opt@512"] >= got["lab-lru@512"]
@@ -117,21 +122,40 @@ def test_unknown_lab_name_is_an_error() -> None:
 
 
 def test_gap_closed() -> None:
-    sums = [{"policy": "lab-lru", "hit_rate": 0.2}, {"policy": "opt", "hit_rate": 0.5},
-            {"policy": "x", "hit_rate": 0.3}]
+    sums = [
+        {"policy": "lab-lru", "hit_rate": 0.2},
+        {"policy": "opt", "hit_rate": 0.5},
+        {"policy": "x", "hit_rate": 0.3},
+    ]
     rows = {r["policy"]: r for r in gap_rows(sums)}
     assert rows["x"]["gap_closed"] == pytest.approx(1 / 3)
     assert rows["opt"]["gap_closed"] == pytest.approx(1.0)
     assert gap_rows(sums[:1]) == []
 
 
-def test_cli_replay_sequence_reports_the_gap(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_replay_sequence_reports_the_gap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_mooncake(tmp_path / "t.jsonl", 40, 3)
     out = tmp_path / "o.json"
-    assert main(["replay", str(tmp_path / "t.jsonl"), "--model", "sequence", "--capacity",
-                 "3k", "--policies", "lab-lru,opt,lab-2q", "--quiet", "--json",
-                 str(out)]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(tmp_path / "t.jsonl"),
+                "--model",
+                "sequence",
+                "--capacity",
+                "3k",
+                "--policies",
+                "lab-lru,opt,lab-2q",
+                "--quiet",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "gap closed" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert {g["policy"] for g in data["gap"]} == {"lab-lru", "opt", "lab-2q"}
@@ -143,10 +167,14 @@ def test_atlas_writes_tables_and_curves(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     traces.mkdir()
     write_mooncake(traces / "small.jsonl", 30, 4)
-    cfg = AtlasConfig(trace_policies=["vllm-blocks", "lab-lru", "lab-2q", "opt"],
-                      trace_capacities=[2048, 4096], goal_capacity=4096,
-                      workload_policies=["radix", "lab-lru", "opt"],
-                      workload_capacities=[16384], workload_models=["sequence"])
+    cfg = AtlasConfig(
+        trace_policies=["vllm-blocks", "lab-lru", "lab-2q", "opt"],
+        trace_capacities=[2048, 4096],
+        goal_capacity=4096,
+        workload_policies=["radix", "lab-lru", "opt"],
+        workload_capacities=[16384],
+        workload_models=["sequence"],
+    )
     out = run_atlas(traces, tmp_path / "docs" / "ATLAS.md", cfg)
     text = out.read_text()
     assert "small.jsonl - model `sequence`" in text and "small.jsonl - model `time`" in text

@@ -48,8 +48,13 @@ SCRIPT = textwrap.dedent(
 
 
 def grown(kind: str, n: int) -> int:
-    r = subprocess.run([sys.executable, "-c", SCRIPT, kind, str(n)], capture_output=True,
-                       text=True, timeout=600, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, kind, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     return int(r.stdout.strip().splitlines()[-1])
 
 

@@ -24,17 +24,58 @@ from prefixcache import _core
 from prefixcache.errors import PrefixCacheError
 
 HOSTILE: list[Any] = [
-    2**64, 2**63, 2**63 - 1, 2**62, 2**32, 2**31, -1, -(2**63), -(2**63) - 1, 10**30, 0, 1,
-    math.nan, math.inf, -0.0, 1.5, True,
-    None, "", "x" * 100_000, "lru\x00", b"", b"abc", b"x" * 33, bytearray(b"ab"),
-    [], [[1, 2], [3]], [1, None], [2**64], (1, (2, (3,))), {}, {1: 2}, object(),
-    np.array([], dtype=np.uint32), np.zeros((2, 2), dtype=np.int64),
-    np.arange(10, dtype=np.int64)[::2], np.arange(10, dtype=np.int32)[::-1],
-    np.array([1, -1], dtype=np.int32)[::-1], np.array([2**64 - 1], dtype=np.uint64),
-    np.array([1.0], dtype=np.float16), np.array([True]), np.array([1], dtype=object),
-    np.array(["1"]), np.array(3, dtype=np.int64), np.float64("nan"), np.int64(-5),
-    np.uint64(2**64 - 1), array.array("b", [-1]), array.array("d", [1.0]),
-    memoryview(b"abcd"), range(5), iter([1, 2]),
+    2**64,
+    2**63,
+    2**63 - 1,
+    2**62,
+    2**32,
+    2**31,
+    -1,
+    -(2**63),
+    -(2**63) - 1,
+    10**30,
+    0,
+    1,
+    math.nan,
+    math.inf,
+    -0.0,
+    1.5,
+    True,
+    None,
+    "",
+    "x" * 100_000,
+    "lru\x00",
+    b"",
+    b"abc",
+    b"x" * 33,
+    bytearray(b"ab"),
+    [],
+    [[1, 2], [3]],
+    [1, None],
+    [2**64],
+    (1, (2, (3,))),
+    {},
+    {1: 2},
+    object(),
+    np.array([], dtype=np.uint32),
+    np.zeros((2, 2), dtype=np.int64),
+    np.arange(10, dtype=np.int64)[::2],
+    np.arange(10, dtype=np.int32)[::-1],
+    np.array([1, -1], dtype=np.int32)[::-1],
+    np.array([2**64 - 1], dtype=np.uint64),
+    np.array([1.0], dtype=np.float16),
+    np.array([True]),
+    np.array([1], dtype=object),
+    np.array(["1"]),
+    np.array(3, dtype=np.int64),
+    np.float64("nan"),
+    np.int64(-5),
+    np.uint64(2**64 - 1),
+    array.array("b", [-1]),
+    array.array("d", [1.0]),
+    memoryview(b"abcd"),
+    range(5),
+    iter([1, 2]),
 ]
 
 
@@ -72,10 +113,10 @@ def instances() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     def kv_index() -> Any:
         ix = _core.KvIndex(ttl=10.0)
-        ix.apply("a", [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 4}],
-                 seq=0)
-        ix.apply("b", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4,
-                        "medium": "CPU"}])
+        ix.apply("a", [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 4}], seq=0)
+        ix.apply(
+            "b", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4, "medium": "CPU"}]
+        )
         return ix
 
     yield "RadixCache", radix
@@ -87,8 +128,11 @@ def instances() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     def lab() -> Any:
         c = _core.LabCache(8, "opt")
-        c.set_future(np.array([1, 2], dtype=np.uint64), np.array([0, 2], dtype=np.uint64),
-                     np.array([1], dtype=np.uint32))
+        c.set_future(
+            np.array([1, 2], dtype=np.uint64),
+            np.array([0, 2], dtype=np.uint64),
+            np.array([1], dtype=np.uint32),
+        )
         c.acquire(0, np.array([1, 2], dtype=np.uint64), 1, 3)
         return c
 
@@ -149,23 +193,57 @@ def test_methods_with_hostile_arguments(name: str, make: Callable[[], Any]) -> N
 # A plausible value per parameter name, so that each parameter can be made hostile alone
 # while the others are valid (the call then gets past their checks).
 PLAUSIBLE: dict[str, Any] = {
-    "block_hash": b"a" * 32, "block_hashes": [b"c" * 32, b"d" * 32], "block_id": 1,
-    "block_ids": [1, 2], "block_size": 4, "cache_salt": "s", "default_extra_keys": None,
-    "extra_key": "k", "extra_keys": None, "group_id": 0, "group_ids": [0],
-    "inserted_len": 2, "lora_id": 1, "lora_name": "l", "mm_items": None,
-    "new_computed_blocks": None, "num_blocks": 1, "num_cached_blocks": 0,
-    "num_full_blocks": 1, "num_lookahead_tokens": 1, "num_new_computed_tokens": 0,
-    "num_new_tokens": 1, "num_tokens": 4, "output_tokens": np.arange(4, dtype=np.uint32),
-    "parent": None, "priority": 1, "prompt_tokens": np.arange(9, dtype=np.uint32),
-    "request_id": 2, "reserve_tokens": 4, "retention": 1, "ticks": 1,
-    "token_ids": np.arange(8, dtype=np.uint32), "tokens": np.arange(9, dtype=np.uint32),
+    "block_hash": b"a" * 32,
+    "block_hashes": [b"c" * 32, b"d" * 32],
+    "block_id": 1,
+    "block_ids": [1, 2],
+    "block_size": 4,
+    "cache_salt": "s",
+    "default_extra_keys": None,
+    "extra_key": "k",
+    "extra_keys": None,
+    "group_id": 0,
+    "group_ids": [0],
+    "inserted_len": 2,
+    "lora_id": 1,
+    "lora_name": "l",
+    "mm_items": None,
+    "new_computed_blocks": None,
+    "num_blocks": 1,
+    "num_cached_blocks": 0,
+    "num_full_blocks": 1,
+    "num_lookahead_tokens": 1,
+    "num_new_computed_tokens": 0,
+    "num_new_tokens": 1,
+    "num_tokens": 4,
+    "output_tokens": np.arange(4, dtype=np.uint32),
+    "parent": None,
+    "priority": 1,
+    "prompt_tokens": np.arange(9, dtype=np.uint32),
+    "request_id": 2,
+    "reserve_tokens": 4,
+    "retention": 1,
+    "ticks": 1,
+    "token_ids": np.arange(8, dtype=np.uint32),
+    "tokens": np.arange(9, dtype=np.uint32),
     "values": np.arange(9, dtype=np.int64),
     # KvIndex
-    "worker": "a", "events": [], "seq": 5, "now": 1.0, "hashes": [1, 2], "k": 2,
-    "hasher": None, "weights": None, "include_unhealthy": False, "medium": None,
+    "worker": "a",
+    "events": [],
+    "seq": 5,
+    "now": 1.0,
+    "hashes": [1, 2],
+    "k": 2,
+    "hasher": None,
+    "weights": None,
+    "include_unhealthy": False,
+    "medium": None,
     "next_seq": 1,
     "frames": [b"t", (1).to_bytes(8, "big"), b"\x93\x01\x90\x00"],
-    "rid": 1, "keys": np.array([1, 5], dtype=np.uint64), "total": 2, "on": True,
+    "rid": 1,
+    "keys": np.array([1, 5], dtype=np.uint64),
+    "total": 2,
+    "on": True,
 }
 
 
@@ -188,20 +266,31 @@ def test_each_parameter_hostile_alone(name: str, make: Callable[[], Any]) -> Non
                 kwargs[param] = h
                 if name == "RadixCache" and "node" in kwargs and i != params.index("node"):
                     continue
-                problem = call(lambda kw=kwargs, o=obj, m=method: getattr(o, m)(**kw), (),
-                               f"{name}.{method}")
+                problem = call(
+                    lambda kw=kwargs, o=obj, m=method: getattr(o, m)(**kw), (), f"{name}.{method}"
+                )
                 if problem:
                     bad.append(f"{name}.{method}({param}=...): {problem}")
-        problem = call(obj.check_invariants, (), f"{name}.check_invariants") \
-            if hasattr(obj, "check_invariants") else None
+        problem = (
+            call(obj.check_invariants, (), f"{name}.check_invariants")
+            if hasattr(obj, "check_invariants")
+            else None
+        )
         if problem:
             bad.append(f"{name}.check_invariants after {method}: {problem}")
     assert tested, "no method had only known parameter names"
     assert not bad, "\n".join(bad[:40])
 
 
-CONSTRUCTORS = ["RadixCache", "BlockPool", "KVCacheManager", "BlockTrie", "BlockHasher",
-                "KvIndex", "LabCache"]
+CONSTRUCTORS = [
+    "RadixCache",
+    "BlockPool",
+    "KVCacheManager",
+    "BlockTrie",
+    "BlockHasher",
+    "KvIndex",
+    "LabCache",
+]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)
@@ -210,8 +299,14 @@ def test_constructors_with_hostile_arguments(name: str) -> None:
     bad = []
     for h in HOSTILE:
         for args in [(h,), (4, h), (4, h, h), (h, h, h, h, h)]:
-            if name in ("BlockPool", "KVCacheManager", "BlockTrie") and args[0] is h and (
-                isinstance(h, int | np.integer) and not isinstance(h, bool) and 2**20 < h < 2**63
+            if (
+                name in ("BlockPool", "KVCacheManager", "BlockTrie")
+                and args[0] is h
+                and (
+                    isinstance(h, int | np.integer)
+                    and not isinstance(h, bool)
+                    and 2**20 < h < 2**63
+                )
             ):
                 continue  # a legal but huge pool: allocation, not validation
             problem = call(cls, args, name)
@@ -221,8 +316,11 @@ def test_constructors_with_hostile_arguments(name: str) -> None:
 
 
 def test_functions_with_hostile_arguments() -> None:
-    fns = [getattr(_core, n) for n in dir(_core)
-           if not n.startswith("_") and inspect.isbuiltin(getattr(_core, n))]
+    fns = [
+        getattr(_core, n)
+        for n in dir(_core)
+        if not n.startswith("_") and inspect.isbuiltin(getattr(_core, n))
+    ]
     assert fns, "no public functions found"
     bad = []
     for fn in fns:

@@ -59,6 +59,5 @@ CASES = {
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_huge_sizes_raise_memory_error_or_work(kind: str) -> None:
     script = PRELUDE + textwrap.dedent(CASES[kind]) + "\nprint('ok')\n"
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])

@@ -41,8 +41,13 @@ def run(ops: list[Op], page_size: int, policy: str, core: Any) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_core_matches_reference(policy: str, page_size: int) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=PHASES,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=PHASES,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(ops=op_sequences(page_size))
     def check(ops: list[Op]) -> None:
         run(ops, page_size, policy, Core)
@@ -54,8 +59,13 @@ def test_core_matches_reference(policy: str, page_size: int) -> None:
 def test_harness_reference_against_itself(policy: str) -> None:
     """The lockstep harness itself (reference vs reference), so it runs without the core."""
 
-    @settings(max_examples=20, deadline=None, database=None, phases=PHASES,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=20,
+        deadline=None,
+        database=None,
+        phases=PHASES,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(ops=op_sequences(2))
     def check(ops: list[Op]) -> None:
         run(ops, 2, policy, reference.RadixCache)
@@ -69,9 +79,13 @@ def test_tie_between_split_tail_and_new_leaf(policy: str) -> None:
     """One insert splits [1,2,3] and puts [4] beside the tail [3]: both have the same
     logical time. SGLang 0.5.23 (checked, docs/ANCHORS.md) frees the tail first under lru,
     the new leaf first under mru; the serial tie-break must reproduce both."""
-    ops: list[Op] = [("insert", [1, 2, 3], (None, None), 0, 0),
-                     ("insert", [1, 2, 4], (None, None), 0, 0),
-                     ("evict", 1), ("evict", 1), ("evict", 1)]
+    ops: list[Op] = [
+        ("insert", [1, 2, 3], (None, None), 0, 0),
+        ("insert", [1, 2, 4], (None, None), 0, 0),
+        ("evict", 1),
+        ("evict", 1),
+        ("evict", 1),
+    ]
     run(ops, 1, policy, Core)
 
 
@@ -82,11 +96,17 @@ def test_request_lifecycles_agree(policy: str, page_size: int) -> None:
     """Admission, prefill and finish of overlapping multi-turn requests under a KV budget
     (SEMANTICS.md 1.8), with inserted_len tracked per request as SGLang's scheduler does."""
 
-    @settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, database=None,
-              phases=PHASES, suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=max(EXAMPLES // 2, 10),
+        deadline=None,
+        database=None,
+        phases=PHASES,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(plan=lifecycle_plans(page_size))
     def check(plan: Plan) -> None:
-        Lifecycle(Lockstep([Core(page_size, policy),
-                            reference.RadixCache(page_size, policy)])).run(plan)
+        Lifecycle(Lockstep([Core(page_size, policy), reference.RadixCache(page_size, policy)])).run(
+            plan
+        )
 
     check()

@@ -37,9 +37,9 @@ class World:
         self.cache = c = cls(page_size, "lru")
         p = page_size
         self.evicted = c.insert([7] * (2 * p), extra_key="gone").node  # the LRU leaf
-        self.locked = c.insert(list(range(0, 6 * p))).node            # locked leaf
+        self.locked = c.insert(list(range(0, 6 * p))).node  # locked leaf
         c.inc_lock_ref(self.locked)
-        self.unlocked = c.insert(list(range(100, 104 * p))).node      # unlocked leaf
+        self.unlocked = c.insert(list(range(100, 104 * p))).node  # unlocked leaf
         # a locked node whose child is unlocked: lock the split point, not the tail
         c.insert(list(range(200, 200 + 6 * p)))
         self.split_parent = c.match_prefix(list(range(200, 200 + 3 * p))).node
@@ -53,12 +53,19 @@ class World:
 
     def state(self) -> tuple[Any, ...]:
         c = self.cache
-        return (c.dump(), c.evictable_size(), c.protected_size(), c.total_size(), c.num_nodes,
-                c.clock)
+        return (
+            c.dump(),
+            c.evictable_size(),
+            c.protected_size(),
+            c.total_size(),
+            c.num_nodes,
+            c.clock,
+        )
 
 
-def expect(world: World, action: Callable[[Any], Any], exc: type[BaseException],
-           fragment: str) -> None:
+def expect(
+    world: World, action: Callable[[Any], Any], exc: type[BaseException], fragment: str
+) -> None:
     before = world.state()
     with pytest.raises(exc) as info:
         action(world.cache)
@@ -67,17 +74,25 @@ def expect(world: World, action: Callable[[Any], Any], exc: type[BaseException],
 
 
 # ---- constructor ----
-@pytest.mark.parametrize(("args", "exc", "fragment"), [
-    ((0,), InvalidInputError, "page_size must be >= 1, got 0"),
-    ((-3,), InvalidInputError, "page_size must be >= 1, got -3"),
-    ((1.5,), InvalidTypeError, "page_size must be an int"),
-    ((True,), InvalidTypeError, "page_size must be an int, got bool"),
-    ((1, "xyz"), InvalidInputError, "unknown eviction policy"),
-    ((1, ""), InvalidInputError, "unknown eviction policy"),
-    ((1, "tlru"), InvalidInputError, "expected one of lru, lfu, fifo, mru, filo, priority, slru"),
-])
-def test_constructor_errors(impl: Any, args: tuple[Any, ...], exc: type[BaseException],
-                            fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "exc", "fragment"),
+    [
+        ((0,), InvalidInputError, "page_size must be >= 1, got 0"),
+        ((-3,), InvalidInputError, "page_size must be >= 1, got -3"),
+        ((1.5,), InvalidTypeError, "page_size must be an int"),
+        ((True,), InvalidTypeError, "page_size must be an int, got bool"),
+        ((1, "xyz"), InvalidInputError, "unknown eviction policy"),
+        ((1, ""), InvalidInputError, "unknown eviction policy"),
+        (
+            (1, "tlru"),
+            InvalidInputError,
+            "expected one of lru, lfu, fifo, mru, filo, priority, slru",
+        ),
+    ],
+)
+def test_constructor_errors(
+    impl: Any, args: tuple[Any, ...], exc: type[BaseException], fragment: str
+) -> None:
     with pytest.raises(exc) as info:
         impl(*args)
     assert fragment in str(info.value)
@@ -111,12 +126,14 @@ BAD_TOKENS: list[tuple[str, Any, type[BaseException], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("tokens", "exc", "fragment"), [c[1:] for c in BAD_TOKENS],
-                         ids=[c[0] for c in BAD_TOKENS])
+@pytest.mark.parametrize(
+    ("tokens", "exc", "fragment"), [c[1:] for c in BAD_TOKENS], ids=[c[0] for c in BAD_TOKENS]
+)
 @pytest.mark.parametrize("op", ["match_prefix", "insert"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_bad_tokens(impl: Any, page_size: int, op: str, tokens: Any,
-                    exc: type[BaseException], fragment: str) -> None:
+def test_bad_tokens(
+    impl: Any, page_size: int, op: str, tokens: Any, exc: type[BaseException], fragment: str
+) -> None:
     world = World(impl, page_size)
     expect(world, lambda c: getattr(c, op)(tokens), exc, fragment)
 
@@ -129,36 +146,78 @@ def test_first_bad_item_decides(impl: Any) -> None:
 
 # ---- values and the other insert arguments ----
 BAD_INSERTS: list[tuple[str, dict[str, Any], type[BaseException], str]] = [
-    ("values too short", {"tokens": [1, 2, 3], "values": [1, 2]}, InvalidInputError,
-     "values has length 2 but tokens has length 3"),
-    ("values too long", {"tokens": [1], "values": np.arange(2)}, InvalidInputError,
-     "values has length 2 but tokens has length 1"),
+    (
+        "values too short",
+        {"tokens": [1, 2, 3], "values": [1, 2]},
+        InvalidInputError,
+        "values has length 2 but tokens has length 3",
+    ),
+    (
+        "values too long",
+        {"tokens": [1], "values": np.arange(2)},
+        InvalidInputError,
+        "values has length 2 but tokens has length 1",
+    ),
     # page 4 truncates both to 4, but the lengths are checked before truncation
-    ("values length before truncation", {"tokens": list(range(5)), "values": list(range(4))},
-     InvalidInputError, "values has length 4 but tokens has length 5"),
-    ("values beyond int64", {"tokens": [1, 2], "values": [0, 2**63]}, InvalidInputError,
-     "values[1] = 9223372036854775808 does not fit in int64"),
-    ("values uint64 beyond int64", {"tokens": [1], "values": np.array([2**63], dtype=np.uint64)},
-     InvalidInputError, "values[0] = 9223372036854775808 does not fit in int64"),
-    ("values float", {"tokens": [1], "values": [0.5]}, InvalidTypeError,
-     "values[0] must be an int, got float"),
-    ("values float array", {"tokens": [1], "values": np.array([0.5])}, InvalidTypeError,
-     "values must hold integers"),
+    (
+        "values length before truncation",
+        {"tokens": list(range(5)), "values": list(range(4))},
+        InvalidInputError,
+        "values has length 4 but tokens has length 5",
+    ),
+    (
+        "values beyond int64",
+        {"tokens": [1, 2], "values": [0, 2**63]},
+        InvalidInputError,
+        "values[1] = 9223372036854775808 does not fit in int64",
+    ),
+    (
+        "values uint64 beyond int64",
+        {"tokens": [1], "values": np.array([2**63], dtype=np.uint64)},
+        InvalidInputError,
+        "values[0] = 9223372036854775808 does not fit in int64",
+    ),
+    (
+        "values float",
+        {"tokens": [1], "values": [0.5]},
+        InvalidTypeError,
+        "values[0] must be an int, got float",
+    ),
+    (
+        "values float array",
+        {"tokens": [1], "values": np.array([0.5])},
+        InvalidTypeError,
+        "values must hold integers",
+    ),
     ("values str", {"tokens": [1], "values": "1"}, InvalidTypeError, "not str"),
-    ("negative inserted_len", {"tokens": [1, 2], "inserted_len": -1}, InvalidInputError,
-     "inserted_len must be >= 0, got -1"),
-    ("float inserted_len", {"tokens": [1, 2], "inserted_len": 1.0}, InvalidTypeError,
-     "inserted_len must be an int"),
-    ("float priority", {"tokens": [1, 2], "priority": 0.5}, InvalidTypeError,
-     "priority must be an int"),
+    (
+        "negative inserted_len",
+        {"tokens": [1, 2], "inserted_len": -1},
+        InvalidInputError,
+        "inserted_len must be >= 0, got -1",
+    ),
+    (
+        "float inserted_len",
+        {"tokens": [1, 2], "inserted_len": 1.0},
+        InvalidTypeError,
+        "inserted_len must be an int",
+    ),
+    (
+        "float priority",
+        {"tokens": [1, 2], "priority": 0.5},
+        InvalidTypeError,
+        "priority must be an int",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "exc", "fragment"), [c[1:] for c in BAD_INSERTS],
-                         ids=[c[0] for c in BAD_INSERTS])
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "fragment"), [c[1:] for c in BAD_INSERTS], ids=[c[0] for c in BAD_INSERTS]
+)
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_bad_insert_arguments(impl: Any, page_size: int, kwargs: dict[str, Any],
-                              exc: type[BaseException], fragment: str) -> None:
+def test_bad_insert_arguments(
+    impl: Any, page_size: int, kwargs: dict[str, Any], exc: type[BaseException], fragment: str
+) -> None:
     world = World(impl, page_size)
     expect(world, lambda c: c.insert(**kwargs), exc, fragment)
 
@@ -171,12 +230,15 @@ def test_namespace_of_wrong_type(impl: Any) -> None:
 
 
 # ---- evict ----
-@pytest.mark.parametrize(("n", "exc", "fragment"), [
-    (-1, InvalidInputError, "num_tokens must be >= 0, got -1"),
-    (-(10**30), InvalidInputError, "num_tokens must be >= 0"),
-    (1.0, InvalidTypeError, "num_tokens must be an int, got float"),
-    ("3", InvalidTypeError, "num_tokens must be an int, got str"),
-])
+@pytest.mark.parametrize(
+    ("n", "exc", "fragment"),
+    [
+        (-1, InvalidInputError, "num_tokens must be >= 0, got -1"),
+        (-(10**30), InvalidInputError, "num_tokens must be >= 0"),
+        (1.0, InvalidTypeError, "num_tokens must be an int, got float"),
+        ("3", InvalidTypeError, "num_tokens must be an int, got str"),
+    ],
+)
 def test_bad_evict(impl: Any, n: Any, exc: type[BaseException], fragment: str) -> None:
     expect(World(impl), lambda c: c.evict(n), exc, fragment)
 
@@ -264,9 +326,13 @@ def test_root_locks_are_no_ops(impl: Any) -> None:
 
 def test_every_error_is_a_prefixcache_error(impl: Any) -> None:
     world = World(impl)
-    for action in (lambda c: c.evict(-1), lambda c: c.match_prefix([-1]),
-                   lambda c: c.match_prefix([0.5]), lambda c: c.node_info(world.evicted),
-                   lambda c: c.dec_lock_ref(world.unlocked)):
+    for action in (
+        lambda c: c.evict(-1),
+        lambda c: c.match_prefix([-1]),
+        lambda c: c.match_prefix([0.5]),
+        lambda c: c.node_info(world.evicted),
+        lambda c: c.dec_lock_ref(world.unlocked),
+    ):
         with pytest.raises(PrefixCacheError):
             action(world.cache)
 

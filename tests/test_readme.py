@@ -40,8 +40,9 @@ def test_readme_library_example_passes_mypy_strict(tmp_path: Path) -> None:
     assert status == 0, out + err
 
 
-def test_readme_command_lines_run_as_written(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_command_lines_run_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every `prefixcache ...` line of the README's command-line section, from a clone's
     root (examples/ present), exits 0 and writes what it says it writes."""
     import shlex
@@ -49,9 +50,12 @@ def test_readme_command_lines_run_as_written(tmp_path: Path,
     from prefixcache.sim.cli import main
 
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Command line"):text.index("## Library")]
-    lines = [ln.split("#")[0].strip() for b in re.findall(r"```bash\n(.*?)```", section, re.S)
-             for ln in b.splitlines()]
+    section = text[text.index("## Command line") : text.index("## Library")]
+    lines = [
+        ln.split("#")[0].strip()
+        for b in re.findall(r"```bash\n(.*?)```", section, re.S)
+        for ln in b.splitlines()
+    ]
     commands = [shlex.split(ln)[1:] for ln in lines if ln.startswith("prefixcache")]
     assert len(commands) == 7
     (tmp_path / "examples").symlink_to(ROOT / "examples")

@@ -94,8 +94,7 @@ def test_replays_are_deterministic(workload: str) -> None:
     first = run(workload, 7, *policies)
     second = run(workload, 7, *policies)
     for name in policies:
-        assert [repr(r) for r in first[name].records] == \
-            [repr(r) for r in second[name].records]
+        assert [repr(r) for r in first[name].records] == [repr(r) for r in second[name].records]
         assert first[name].stats == second[name].stats
 
 

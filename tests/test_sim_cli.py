@@ -31,11 +31,27 @@ def mooncake_file(tmp_path: Path) -> Path:
     return p
 
 
-def test_compare_prints_and_writes_the_same_numbers(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_prints_and_writes_the_same_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     js, cs = tmp_path / "c.json", tmp_path / "c.csv"
-    assert main(["compare", "--workload", "A,C", "--quiet", "--policies", *POLICIES,
-                 "--json", str(js), "--csv", str(cs)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--workload",
+                "A,C",
+                "--quiet",
+                "--policies",
+                *POLICIES,
+                "--json",
+                str(js),
+                "--csv",
+                str(cs),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     data = json.loads(js.read_text())
     assert [w["workload"] for w in data["workloads"]] == ["A", "C"]
@@ -52,23 +68,56 @@ def test_compare_prints_and_writes_the_same_numbers(tmp_path: Path,
     assert len(rows) == 2 * len(POLICIES) and rows[0]["workload"] == "A"
 
 
-def test_compare_capacity_override_and_time_model(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_capacity_override_and_time_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     js = tmp_path / "t.json"
-    assert main(["compare", "--workload", "F", "--capacity", "8Ki", "--model", "time",
-                 "--policies", "radix,radix-page16", "--quiet", "--json", str(js)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--workload",
+                "F",
+                "--capacity",
+                "8Ki",
+                "--model",
+                "time",
+                "--policies",
+                "radix,radix-page16",
+                "--quiet",
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "TTFT p50" in out and "8,192 tokens" in out
     s = json.loads(js.read_text())["workloads"][0]["summaries"][0]
     assert s["capacity"] == 8192 and s["ttft_p50"] > 0 and s["evicted_tokens"] > 0
 
 
-def test_replay_sweep_and_stats_on_a_mooncake_file(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_sweep_and_stats_on_a_mooncake_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = mooncake_file(tmp_path)
     js, rec = tmp_path / "r.json", tmp_path / "rec.csv"
-    assert main(["replay", str(trace), "--quiet", "--policies", *POLICIES, "--json", str(js),
-                 "--records-csv", str(rec)]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(trace),
+                "--quiet",
+                "--policies",
+                *POLICIES,
+                "--json",
+                str(js),
+                "--records-csv",
+                str(rec),
+            ]
+        )
+        == 0
+    )
     data = json.loads(js.read_text())
     radix = data["summaries"][0]
     # request 2 reuses blocks 1-2 (1024 tokens), 3 reuses block 1, 4 reuses blocks 1-2
@@ -77,8 +126,24 @@ def test_replay_sweep_and_stats_on_a_mooncake_file(tmp_path: Path,
     assert len(list(csv.DictReader(rec.open()))) == 4 * len(POLICIES)
 
     png, sj = tmp_path / "s.png", tmp_path / "s.json"
-    assert main(["sweep", str(trace), "--capacities", "1500,4096,100000", "--plot", str(png),
-                 "--quiet", "--policies", *POLICIES, "--json", str(sj)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(trace),
+                "--capacities",
+                "1500,4096,100000",
+                "--plot",
+                str(png),
+                "--quiet",
+                "--policies",
+                *POLICIES,
+                "--json",
+                str(sj),
+            ]
+        )
+        == 0
+    )
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     rates = json.loads(sj.read_text())["hit_rate"]
     assert set(rates) == set(POLICIES) and all(len(v) == 3 for v in rates.values())
@@ -91,15 +156,29 @@ def test_replay_sweep_and_stats_on_a_mooncake_file(tmp_path: Path,
     assert "hit_rate_ceiling" in capsys.readouterr().out
 
 
-def test_bad_trace_line_is_reported_with_its_number(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_trace_line_is_reported_with_its_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = mooncake_file(tmp_path)
     trace.write_text(trace.read_text() + '{"timestamp": 5, "input_length": 3}\n')
     assert main(["replay", str(trace), "--quiet", "--policies", "radix"]) == 2
     assert f"{trace}:5:" in capsys.readouterr().err
     js = tmp_path / "ok.json"
-    assert main(["replay", str(trace), "--quiet", "--policies", "radix", "--skip-bad-lines",
-                 "--json", str(js)]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(trace),
+                "--quiet",
+                "--policies",
+                "radix",
+                "--skip-bad-lines",
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     assert "skipped 1 malformed line" in capsys.readouterr().out
     assert json.loads(js.read_text())["skipped_lines"] == 1
 
@@ -113,23 +192,49 @@ def test_builtin_workload_as_trace_and_errors(capsys: pytest.CaptureFixture[str]
     assert main(["compare", "--capacity", "lots"]) == 2
 
 
-@pytest.mark.parametrize(("text", "tokens"), [
-    ("3000000", 3_000_000), ("3M", 3_000_000), ("3m", 3_000_000), ("3e6", 3_000_000),
-    ("1.5M", 1_500_000), ("1G", 10**9), ("64k", 64_000), ("1_000", 1000), (" 2T ", 2 * 10**12),
-    ("3Mi", 3 * 2**20), ("64Ki", 65_536), ("2.5Ki", 2560), ("1gi", 2**30), (".5k", 500),
-])
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("3000000", 3_000_000),
+        ("3M", 3_000_000),
+        ("3m", 3_000_000),
+        ("3e6", 3_000_000),
+        ("1.5M", 1_500_000),
+        ("1G", 10**9),
+        ("64k", 64_000),
+        ("1_000", 1000),
+        (" 2T ", 2 * 10**12),
+        ("3Mi", 3 * 2**20),
+        ("64Ki", 65_536),
+        ("2.5Ki", 2560),
+        ("1gi", 2**30),
+        (".5k", 500),
+    ],
+)
 def test_capacity_accepts_decimal_and_binary_forms(text: str, tokens: int) -> None:
     assert parse_capacity(text) == tokens
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("3MB", "not bytes"), ("3MiB", "not bytes"), ("0", "at least 1 token"),
-    ("0k", "at least 1 token"), ("-5", "bad capacity"), ("1.5", "not a whole number"),
-    ("1.0001k", "not a whole number"), ("lots", "bad capacity"), ("inf", "bad capacity"),
-    ("nan", "bad capacity"), ("", "bad capacity"), ("3 M", "bad capacity"),
-])
-def test_capacity_refusals_are_one_line(text: str, message: str,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("3MB", "not bytes"),
+        ("3MiB", "not bytes"),
+        ("0", "at least 1 token"),
+        ("0k", "at least 1 token"),
+        ("-5", "bad capacity"),
+        ("1.5", "not a whole number"),
+        ("1.0001k", "not a whole number"),
+        ("lots", "bad capacity"),
+        ("inf", "bad capacity"),
+        ("nan", "bad capacity"),
+        ("", "bad capacity"),
+        ("3 M", "bad capacity"),
+    ],
+)
+def test_capacity_refusals_are_one_line(
+    text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["compare", "--capacity", text, "--quiet"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "usage" not in captured.err
@@ -137,29 +242,32 @@ def test_capacity_refusals_are_one_line(text: str, message: str,
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["compare", "--max-running", "0"], "--max-running"),
-    (["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
-    (["trace-stats", "workload:A", "--block-size=0"], "--block-size"),
-    (["compare", "--prefill-ms-per-token", "-1000"], "--prefill-ms-per-token"),
-    (["compare", "--decode-step-ms", "nan"], "--decode-step-ms"),
-    (["compare", "--prefill-base-ms", "inf"], "--prefill-base-ms"),
-    (["compare", "--seed", "-1"], "--seed"),
-    (["compare", "--workload", "Z"], "--workload"),
-    (["compare", "--eviction", "random"], "--eviction"),
-    (["replay", "workload:D", "--format", "mooncake"], "--format mooncake"),
-    (["sweep", "workload:A", "--capacities", ","], "at least one capacity"),
-    (["compare", "--json", "/nonexistent/dir/out.json"], "does not exist"),
-    (["compare", "--csv", "/"], "is a directory"),
-    (["replay", "workload:A", "--records-csv", "/nonexistent/r.csv"], "--records-csv"),
-    (["sweep", "workload:A", "--capacities", "1k", "--plot", "/nonexistent/x.png"],
-     "--plot"),
-    (["sweep", "workload:A", "--capacities", "1k", "--plot", "plot.txt"], "image type"),
-    (["bogus"], "invalid choice"),
-    (["--capacity", "1M"], "give a command before the options"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare", "--max-running", "0"], "--max-running"),
+        (["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
+        (["trace-stats", "workload:A", "--block-size=0"], "--block-size"),
+        (["compare", "--prefill-ms-per-token", "-1000"], "--prefill-ms-per-token"),
+        (["compare", "--decode-step-ms", "nan"], "--decode-step-ms"),
+        (["compare", "--prefill-base-ms", "inf"], "--prefill-base-ms"),
+        (["compare", "--seed", "-1"], "--seed"),
+        (["compare", "--workload", "Z"], "--workload"),
+        (["compare", "--eviction", "random"], "--eviction"),
+        (["replay", "workload:D", "--format", "mooncake"], "--format mooncake"),
+        (["sweep", "workload:A", "--capacities", ","], "at least one capacity"),
+        (["compare", "--json", "/nonexistent/dir/out.json"], "does not exist"),
+        (["compare", "--csv", "/"], "is a directory"),
+        (["replay", "workload:A", "--records-csv", "/nonexistent/r.csv"], "--records-csv"),
+        (["sweep", "workload:A", "--capacities", "1k", "--plot", "/nonexistent/x.png"], "--plot"),
+        (["sweep", "workload:A", "--capacities", "1k", "--plot", "plot.txt"], "image type"),
+        (["bogus"], "invalid choice"),
+        (["--capacity", "1M"], "give a command before the options"),
+    ],
+)
 def test_bad_command_lines_fail_before_running_with_one_error_line(
-        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([*argv, "--quiet"] if argv[0] != "bogus" and argv[0][0] != "-" else argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing ran
@@ -176,8 +284,12 @@ def test_version_help_and_python_dash_m(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert out.startswith("usage: prefixcache") and "compare" in out
     assert "prompt tokens, KV" not in out
-    run = subprocess.run([sys.executable, "-m", "prefixcache", "--version"],
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "prefixcache", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert run.stdout.strip() == f"prefixcache {prefixcache.__version__}"
 
 
@@ -185,22 +297,51 @@ def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
     """Every table of a wide run (five policies, the time model, rejections) fits 80
     columns without cutting a cell."""
     policies = ["radix", "radix-page16", "trtllm", "trtllm-nopartial"] + (
-        ["vllm-blocks"] if blocks_available() else [])
-    assert main(["compare", "--workload", "F", "--capacity", "2k", "--model", "time",
-                 "--quiet", "--policies", *policies]) == 0
+        ["vllm-blocks"] if blocks_available() else []
+    )
+    assert (
+        main(
+            [
+                "compare",
+                "--workload",
+                "F",
+                "--capacity",
+                "2k",
+                "--model",
+                "time",
+                "--quiet",
+                "--policies",
+                *policies,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out and "trtllm-nopartial - " in out and "rejected" in out
     assert "requests never fit in KV 2,000 tokens, even alone" in " ".join(out.split())
-    assert main(["sweep", "workload:D", "--capacities", "4k,16k,64k,256k,1M,4M", "--quiet",
-                 "--policies", *policies]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "workload:D",
+                "--capacities",
+                "4k,16k,64k,256k,1M,4M",
+                "--quiet",
+                "--policies",
+                *policies,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
     assert "4,000,000" in out
 
 
 def test_compressed_and_binary_traces_on_the_command_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plain = mooncake_file(tmp_path)
     gz = tmp_path / "mc.jsonl.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
@@ -217,7 +358,8 @@ def test_compressed_and_binary_traces_on_the_command_line(
 
 
 def test_hostile_trace_lines_end_in_an_error_line_or_are_skipped(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = mooncake_file(tmp_path).read_bytes()
     for bad in (b'{"timestamp": 0, "x": "\xff"}\n', b"[" * 50_000 + b"\n"):
         p = tmp_path / "bad.jsonl"
@@ -225,25 +367,46 @@ def test_hostile_trace_lines_end_in_an_error_line_or_are_skipped(
         assert main(["replay", str(p), "--quiet", "--policies", "radix"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {p}:5: ")
-        assert main(["replay", str(p), "--quiet", "--policies", "radix",
-                     "--skip-bad-lines"]) == 0
+        assert main(["replay", str(p), "--quiet", "--policies", "radix", "--skip-bad-lines"]) == 0
         assert "skipped 1 malformed line(s)" in capsys.readouterr().out
     salted = tmp_path / "salt.jsonl"
-    salted.write_text('{"id": 1, "arrival": 0, "prompt": [1, 2, 3], "output_len": 2, '
-                      '"cache_salt": "\\ud800"}\n')
+    salted.write_text(
+        '{"id": 1, "arrival": 0, "prompt": [1, 2, 3], "output_len": 2, "cache_salt": "\\ud800"}\n'
+    )
     assert main(["replay", str(salted), "--quiet", "--policies", "radix"]) == 2
     assert "not valid Unicode" in capsys.readouterr().err
 
 
-def test_outputs_past_2_31_tokens_replay(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_outputs_past_2_31_tokens_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = tmp_path / "long.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": i, "input_length": 600,
-                                     "output_length": 2**30, "hash_ids": [1, 2]}) + "\n"
-                         for i in range(3)))
+    p.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": i, "input_length": 600, "output_length": 2**30, "hash_ids": [1, 2]}
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
     js = tmp_path / "r.json"
-    assert main(["replay", str(p), "--capacity", "1M", "--policies", "radix", "--quiet",
-                 "--json", str(js)]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(p),
+                "--capacity",
+                "1M",
+                "--policies",
+                "radix",
+                "--quiet",
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     s = json.loads(js.read_text())["summaries"][0]
     assert s["requests"] == 3 and s["rejected"] == 3  # 2**30 output tokens never fit 1M
     assert main(["trace-stats", str(p)]) == 0
@@ -267,10 +430,11 @@ def test_a_closed_pipe_still_writes_the_files(tmp_path: Path) -> None:
     """`prefixcache replay ... --json out.json | head -1`: the reader leaves early (here at
     once), the command finishes quietly and writes its file."""
     js = tmp_path / "out.json"
-    cmd = (f"{sys.executable} -m prefixcache replay workload:F --quiet --policies radix "
-           f"--json {js} | true")
-    run = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True,
-                         text=True)
+    cmd = (
+        f"{sys.executable} -m prefixcache replay workload:F --quiet --policies radix "
+        f"--json {js} | true"
+    )
+    run = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
     assert run.returncode == 0 and run.stderr == ""
     assert json.loads(js.read_text())["summaries"][0]["policy"] == "radix"
 
@@ -281,8 +445,12 @@ def test_library_rejects_what_the_cli_rejects() -> None:
     from prefixcache.sim.replay import make_scheduler
     from prefixcache.sim.scheduler import PrefillCost
 
-    for bad in ({"per_token_ms": -1000.0}, {"decode_step_ms": float("nan")},
-                {"base_ms": float("inf")}, {"attention_ms": "1"}):
+    for bad in (
+        {"per_token_ms": -1000.0},
+        {"decode_step_ms": float("nan")},
+        {"base_ms": float("inf")},
+        {"attention_ms": "1"},
+    ):
         with pytest.raises(InvalidInputError, match="PrefillCost"):
             PrefillCost(**bad)  # type: ignore[arg-type]
     for model in ("slots", "time"):

@@ -22,16 +22,22 @@ from prefixcache.sim.workloads import multi_turn_workload, shared_prefix_workloa
 
 def _same(a: object, b: object) -> bool:
     da, db = a.to_dict(), b.to_dict()  # type: ignore[attr-defined]
-    return all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
-               for x, y in zip(da.values(), db.values(), strict=True)) and da.keys() == db.keys()
+    return (
+        all(
+            x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+            for x, y in zip(da.values(), db.values(), strict=True)
+        )
+        and da.keys() == db.keys()
+    )
 
 
 def _toks(start: int, n: int) -> np.ndarray:
     return np.arange(start, start + n, dtype=np.uint32)
 
 
-def groups_trace(groups: int = 2, per_group: int = 8, gap: float = 2.0,
-                 prefix: int = 1024) -> list[Request]:
+def groups_trace(
+    groups: int = 2, per_group: int = 8, gap: float = 2.0, prefix: int = 1024
+) -> list[Request]:
     """``groups`` long shared prefixes; requests of the groups alternate, each arriving
     after the previous finished (the fleet is idle at every arrival, so load says nothing
     and only the held prefix tells the instances apart)."""
@@ -60,8 +66,9 @@ def test_one_instance_fleet_equals_single_replay(policy: str) -> None:
 
 
 def test_one_instance_fleet_with_events_equals_single_replay() -> None:
-    w = shared_prefix_workload(num_groups=4, prompts_per_group=20, seed=1, request_rate=40.0,
-                               shuffle=True)
+    w = shared_prefix_workload(
+        num_groups=4, prompts_per_group=20, seed=1, request_rate=40.0, shuffle=True
+    )
     single = replay(w.requests, ["vllm-blocks"], 5000, scheduler=SCHED)[0]
     assert sum(r.preemptions for r in single.records) > 0  # the run exercises preemption
     for router in ("cache-aware", "sticky-least-loaded", "random", "least-loaded"):
@@ -80,13 +87,13 @@ def test_least_loaded_avoids_the_busy_instance() -> None:
     # A long request holds instance 0; everything arriving meanwhile goes elsewhere, and
     # a request arriving once all are idle again goes to the next in turn.
     long = Request(0, _toks(0, 4000), _toks(5000, 500), arrival=0.0)
-    shorts = [Request(i, _toks(10_000 * i, 100), _toks(10_000 * i + 500, 4),
-                      arrival=0.5 + i * 0.01) for i in range(1, 4)]
-    res = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "least-loaded",
-                       scheduler=SCHED)
+    shorts = [
+        Request(i, _toks(10_000 * i, 100), _toks(10_000 * i + 500, 4), arrival=0.5 + i * 0.01)
+        for i in range(1, 4)
+    ]
+    res = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "least-loaded", scheduler=SCHED)
     assert res.served_by == [0, 1, 1, 1]
-    rr = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "round-robin",
-                      scheduler=SCHED)
+    rr = fleet_replay([long, *shorts], "vllm-blocks", 1 << 16, 2, "round-robin", scheduler=SCHED)
     assert rr.served_by == [0, 1, 0, 1]
 
 
@@ -113,10 +120,16 @@ def test_cache_aware_reads_namespaced_prefixes() -> None:
     reqs = []
     for i in range(16):
         ns = i % 2
-        reqs.append(Request(i, np.concatenate([head, _toks(10_000 + 100 * i, 40)]),
-                            _toks(50_000 + 100 * i, 8), arrival=2.0 * i,
-                            extra_key="adapter-a" if ns == 0 else None,
-                            cache_salt="tenant-b" if ns == 1 else None))
+        reqs.append(
+            Request(
+                i,
+                np.concatenate([head, _toks(10_000 + 100 * i, 40)]),
+                _toks(50_000 + 100 * i, 8),
+                arrival=2.0 * i,
+                extra_key="adapter-a" if ns == 0 else None,
+                cache_salt="tenant-b" if ns == 1 else None,
+            )
+        )
     res = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
     homes = {ns: res.served_by[ns] for ns in range(2)}
     assert res.served_by == [homes[i % 2] for i in range(16)]
@@ -128,30 +141,32 @@ def test_cache_aware_weighs_load_against_the_held_prefix() -> None:
     # in, a request whose prefix is short goes to the idle instance; with the overlap
     # weighted heavily it goes to the prefix.
     head = _toks(0, 512)
-    busy = Request(0, np.concatenate([head, _toks(50_000, 8000)]), _toks(90_000, 2000),
-                   arrival=0.0)
-    probe = Request(1, np.concatenate([head, _toks(70_000, 2000)]), _toks(95_000, 4),
-                    arrival=0.5)
-    res = fleet_replay([busy, probe], "vllm-blocks", 1 << 16, 2, "cache-aware",
-                       scheduler=SCHED)
+    busy = Request(0, np.concatenate([head, _toks(50_000, 8000)]), _toks(90_000, 2000), arrival=0.0)
+    probe = Request(1, np.concatenate([head, _toks(70_000, 2000)]), _toks(95_000, 4), arrival=0.5)
+    res = fleet_replay([busy, probe], "vllm-blocks", 1 << 16, 2, "cache-aware", scheduler=SCHED)
     home = res.served_by[0]
     assert res.served_by == [home, 1 - home]
-    heavy = fleet_replay([busy, probe], "vllm-blocks", 1 << 16, 2, "cache-aware",
-                         scheduler=SCHED, overlap_weight=100.0)
+    heavy = fleet_replay(
+        [busy, probe],
+        "vllm-blocks",
+        1 << 16,
+        2,
+        "cache-aware",
+        scheduler=SCHED,
+        overlap_weight=100.0,
+    )
     assert heavy.served_by == [home, home]
     assert heavy.records[1].hit_tokens == 512
 
 
 def test_sticky_keeps_a_session_on_one_instance() -> None:
     w = multi_turn_workload(num_sessions=12, turns=4, seed=2, request_rate=20.0)
-    res = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "sticky-round-robin",
-                       scheduler=SCHED)
+    res = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "sticky-round-robin", scheduler=SCHED)
     homes: dict[object, set[int]] = {}
     for r, k in zip(w.requests, res.served_by, strict=True):
         homes.setdefault(r.session, set()).add(k)
     assert all(len(v) == 1 for v in homes.values())
-    plain = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "round-robin",
-                         scheduler=SCHED)
+    plain = fleet_replay(w.requests, "vllm-blocks", 1 << 15, 3, "round-robin", scheduler=SCHED)
     assert res.summary()["hit_tokens"] > plain.summary()["hit_tokens"]
 
 
@@ -169,12 +184,16 @@ def test_stale_or_lossy_events_route_worse_and_never_crash() -> None:
     reqs = groups_trace(groups=3, per_group=12, gap=1.0)
     fresh = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED)
     # Events a whole trace late: the router sees no instance holding anything.
-    late = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
-                        event_delay=1000.0)
-    lossy = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
-                         event_loss=0.5, seed=1)
-    hit = {name: r.summary()["hit_tokens"] for name, r in
-           (("fresh", fresh), ("late", late), ("lossy", lossy))}
+    late = fleet_replay(
+        reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED, event_delay=1000.0
+    )
+    lossy = fleet_replay(
+        reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED, event_loss=0.5, seed=1
+    )
+    hit = {
+        name: r.summary()["hit_tokens"]
+        for name, r in (("fresh", fresh), ("late", late), ("lossy", lossy))
+    }
     assert hit["late"] < hit["fresh"]
     assert hit["lossy"] < hit["fresh"]
     assert late.events.delivered == 0 and late.events.in_flight == late.events.batches > 0
@@ -184,15 +203,17 @@ def test_stale_or_lossy_events_route_worse_and_never_crash() -> None:
         e = r.events
         assert e.delivered + e.lost + e.in_flight == e.batches
     # A delay shorter than the gap between requests changes nothing here.
-    soon = fleet_replay(reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED,
-                        event_delay=0.2)
+    soon = fleet_replay(
+        reqs, "vllm-blocks", 1 << 16, 3, "cache-aware", scheduler=SCHED, event_delay=0.2
+    )
     assert soon.summary()["hit_tokens"] == hit["fresh"]
 
 
 def test_fully_lossy_stream_runs() -> None:
     w = multi_turn_workload(num_sessions=8, turns=3, seed=0, request_rate=50.0)
-    res = fleet_replay(w.requests, "vllm-blocks", 8000, 2, "cache-aware", scheduler=SCHED,
-                       event_loss=1.0)
+    res = fleet_replay(
+        w.requests, "vllm-blocks", 8000, 2, "cache-aware", scheduler=SCHED, event_loss=1.0
+    )
     assert res.events.delivered == 0
     assert res.events.lost + res.events.in_flight == res.events.batches > 0
     assert res.summary()["requests"] == len(w.requests)
@@ -200,21 +221,23 @@ def test_fully_lossy_stream_runs() -> None:
 
 # -- determinism, report, errors ------------------------------------------------------------
 def test_same_seed_same_result() -> None:
-    w = shared_prefix_workload(num_groups=6, prompts_per_group=10, seed=4, request_rate=30.0,
-                               shuffle=True)
+    w = shared_prefix_workload(
+        num_groups=6, prompts_per_group=10, seed=4, request_rate=30.0, shuffle=True
+    )
     for router in ("cache-aware", "random", "least-loaded"):
-        a = fleet_replay(w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED,
-                         seed=9, event_loss=0.2)
-        b = fleet_replay(w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED,
-                         seed=9, event_loss=0.2)
+        a = fleet_replay(
+            w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED, seed=9, event_loss=0.2
+        )
+        b = fleet_replay(
+            w.requests, "vllm-blocks", 6000, 3, router, scheduler=SCHED, seed=9, event_loss=0.2
+        )
         assert a.served_by == b.served_by
         assert all(_same(x, y) for x, y in zip(a.records, b.records, strict=True))
 
 
 def test_summary_fields_and_ceiling() -> None:
     w = multi_turn_workload(num_sessions=10, turns=3, seed=1, request_rate=20.0)
-    res = fleet_replay(w.requests, "radix", 6000, 2, "least-loaded", scheduler=SCHED,
-                       ceiling=True)
+    res = fleet_replay(w.requests, "radix", 6000, 2, "least-loaded", scheduler=SCHED, ceiling=True)
     s = res.summary()
     per = s["per_instance"]
     assert sum(p["requests"] for p in per) == s["requests"] - s["rejected"]
@@ -245,9 +268,26 @@ def test_bad_arguments_are_refused() -> None:
 # -- CLI --------------------------------------------------------------------------------------
 def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fleet.json"
-    assert main(["replay", "workload:F", "--instances", "2", "--router",
-                 "round-robin,cache-aware", "--event-delay", "5", "--quiet",
-                 "--json", str(out), "--csv", str(tmp_path / "fleet.csv")]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "workload:F",
+                "--instances",
+                "2",
+                "--router",
+                "round-robin,cache-aware",
+                "--event-delay",
+                "5",
+                "--quiet",
+                "--json",
+                str(out),
+                "--csv",
+                str(tmp_path / "fleet.csv"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "cache-aware" in text and "per instance" in text
     data = json.loads(out.read_text())
@@ -255,9 +295,25 @@ def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rr["router"] == "round-robin" and ca["event_delay"] == pytest.approx(0.005)
     assert ca["hit_rate"] > rr["hit_rate"]
     assert rr["ceiling"]["capacity"] == 2 * 24576
-    assert main(["sweep", "workload:F", "--instances", "1,2", "--capacities", "8k",
-                 "--router", "least-loaded", "--no-ceiling", "--quiet",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "workload:F",
+                "--instances",
+                "1,2",
+                "--capacities",
+                "8k",
+                "--router",
+                "least-loaded",
+                "--no-ceiling",
+                "--quiet",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert [s["instances"] for s in data["fleet"]] == [1, 2]
 
@@ -268,11 +324,22 @@ def test_cli_fleet_progress_bars(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_fleet_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "workload:F", "--instances", "2", "--router", "nope",
-                 "--quiet"]) == 2
+    assert main(["replay", "workload:F", "--instances", "2", "--router", "nope", "--quiet"]) == 2
     assert "unknown router" in capsys.readouterr().err
-    assert main(["replay", "workload:F", "--instances", "2", "--policies", "radix,vllm-blocks",
-                 "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "replay",
+                "workload:F",
+                "--instances",
+                "2",
+                "--policies",
+                "radix,vllm-blocks",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "one policy" in capsys.readouterr().err
 
 
@@ -300,16 +367,23 @@ def test_compact_events_leave_the_index_in_the_same_state() -> None:
     ix_full, ix_compact = KvIndex(), KvIndex()
     merged = 0
     for step in range(200):
-        prompt = np.concatenate([_toks(0, int(rng.integers(0, 200))),
-                                 _toks(1000 * (step + 1), int(rng.integers(1, 300)))])
+        prompt = np.concatenate(
+            [
+                _toks(0, int(rng.integers(0, 200))),
+                _toks(1000 * (step + 1), int(rng.integers(1, 300))),
+            ]
+        )
         for mgr, ix, small in ((full, ix_full, False), (compact, ix_compact, True)):
             if mgr.admit(step, prompt, 0) is not None:
                 mgr.finish(step)
             evs = mgr.take_events(compact=small)
             if small:
                 assert all(getattr(e, "token_ids", None) is None for e in evs)
-                merged += sum(len(getattr(e, "block_hashes", [])) > 1 for e in evs
-                              if type(e).__name__ == "BlockRemoved")
+                merged += sum(
+                    len(getattr(e, "block_hashes", [])) > 1
+                    for e in evs
+                    if type(e).__name__ == "BlockRemoved"
+                )
             ix.apply("w", evs, seq=step)
         assert ix_full.cached_hashes("w") == ix_compact.cached_hashes("w")
     assert merged > 0  # removals were merged

@@ -105,11 +105,13 @@ def test_sweep_in_worker_processes_equals_a_serial_run() -> None:
     parallel = run_sweep(spec, reqs, caps, jobs=2, progress=rec)
     serial = run_sweep(spec, reqs, caps, jobs=1)
     assert _comparable(parallel) == _comparable(serial)
-    assert [(s["capacity"], s["policy"]) for s in parallel] == \
-        [(c, p) for c in caps for p in POLICIES]
+    assert [(s["capacity"], s["policy"]) for s in parallel] == [
+        (c, p) for c in caps for p in POLICIES
+    ]
     # Each (capacity, policy) got its own bar, labelled with the capacity, run to the end.
     assert sorted(t["name"] for t in rec.tasks) == sorted(
-        f"{c:,} tokens: {p}" for c in caps for p in POLICIES)
+        f"{c:,} tokens: {p}" for c in caps for p in POLICIES
+    )
     assert all(t["advanced"] == t["total"] and t["done"] == 1 for t in rec.tasks)
 
 
@@ -117,12 +119,30 @@ def test_replay_in_worker_processes_equals_a_serial_run(tmp_path: Path) -> None:
     outs = []
     for jobs in ("1", "3"):
         js = tmp_path / f"r{jobs}.json"
-        assert main(["replay", "workload:F", "--model", "time", "--quiet",
-                     "--policies", *POLICIES, "--jobs", jobs, "--json", str(js)]) == 0
+        assert (
+            main(
+                [
+                    "replay",
+                    "workload:F",
+                    "--model",
+                    "time",
+                    "--quiet",
+                    "--policies",
+                    *POLICIES,
+                    "--jobs",
+                    jobs,
+                    "--json",
+                    str(js),
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads(js.read_text()))
     assert _comparable(outs[0]["summaries"]) == _comparable(outs[1]["summaries"])
-    assert outs[0]["records"] == outs[1]["records"] and outs[0]["differences"] == \
-        outs[1]["differences"]
+    assert (
+        outs[0]["records"] == outs[1]["records"]
+        and outs[0]["differences"] == outs[1]["differences"]
+    )
     assert all(s["peak_rss_bytes"] > 0 for s in outs[1]["summaries"])
 
 
@@ -130,8 +150,24 @@ def test_sweep_command_jobs_give_the_same_json(tmp_path: Path) -> None:
     outs = []
     for jobs in ("1", "2"):
         js = tmp_path / f"s{jobs}.json"
-        assert main(["sweep", "workload:E", "--capacities", "8k,16k,32k", "--quiet",
-                     "--policies", *POLICIES, "--jobs", jobs, "--json", str(js)]) == 0
+        assert (
+            main(
+                [
+                    "sweep",
+                    "workload:E",
+                    "--capacities",
+                    "8k,16k,32k",
+                    "--quiet",
+                    "--policies",
+                    *POLICIES,
+                    "--jobs",
+                    jobs,
+                    "--json",
+                    str(js),
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads(js.read_text()))
     assert outs[0]["hit_rate"] == outs[1]["hit_rate"]
     assert _comparable(outs[0]["summaries"]) == _comparable(outs[1]["summaries"])
@@ -139,8 +175,8 @@ def test_sweep_command_jobs_give_the_same_json(tmp_path: Path) -> None:
 
 
 def test_interrupt_in_process_is_one_line_and_writes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import prefixcache.sim.sweep as sweep
 
     def interrupted(*a: Any, **k: Any) -> Any:
@@ -158,8 +194,17 @@ def _big_mooncake(path: Path, n: int) -> None:
     with path.open("w") as f:
         for i in range(n):
             ids = [i % 7] + [1000 + 40 * i + j for j in range(39)]
-            f.write(json.dumps({"timestamp": 10 * i, "input_length": 40 * 512,
-                                "output_length": 50, "hash_ids": ids}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": 10 * i,
+                        "input_length": 40 * 512,
+                        "output_length": 50,
+                        "hash_ids": ids,
+                    }
+                )
+                + "\n"
+            )
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -170,9 +215,21 @@ def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
     js = tmp_path / "out.json"
     extra = ["--capacities", "64k,1M"] if command == "sweep" else ["--capacity", "1M"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefixcache.sim.cli", command, str(trace), *extra,
-         "--json", str(js), "--policies", *POLICIES],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "prefixcache.sim.cli",
+            command,
+            str(trace),
+            *extra,
+            "--json",
+            str(js),
+            "--policies",
+            *POLICIES,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "COLUMNS": "120"},
     )
     time.sleep(4.0)  # imports, reading the trace, into the replay

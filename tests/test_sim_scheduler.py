@@ -84,9 +84,14 @@ def test_slot_model_rules(policy: str) -> None:
 
 
 def test_request_too_big_for_the_budget_is_rejected_not_dropped() -> None:
-    reqs = [Request(i, np.arange(10 * i + 1, 10 * i + 11, dtype=np.uint32),
-                    np.arange(1000 + 10 * i, 1000 + 10 * i + n, dtype=np.uint32))
-            for i, n in enumerate([5, 500, 5])]
+    reqs = [
+        Request(
+            i,
+            np.arange(10 * i + 1, 10 * i + 11, dtype=np.uint32),
+            np.arange(1000 + 10 * i, 1000 + 10 * i + n, dtype=np.uint32),
+        )
+        for i, n in enumerate([5, 500, 5])
+    ]
     for model in ("slots", "time"):
         res = replay(reqs, ["radix"], 100, model=model, check=True)[0]
         assert [r.rejected for r in res.records] == [False, True, False]
@@ -110,16 +115,20 @@ def _oracle_hits(reqs: Sequence[Request], page: int) -> list[int]:
 
 def _tree_workload(data: st.DataObject, n: int) -> list[Request]:
     """Prompts built from a few shared pieces, so they overlap at every granularity."""
-    pieces = [np.arange(100 * k + 1, 100 * k + 1 + length, dtype=np.uint32)
-              for k, length in enumerate(data.draw(st.lists(st.integers(1, 40), min_size=3,
-                                                            max_size=6)))]
+    pieces = [
+        np.arange(100 * k + 1, 100 * k + 1 + length, dtype=np.uint32)
+        for k, length in enumerate(data.draw(st.lists(st.integers(1, 40), min_size=3, max_size=6)))
+    ]
     reqs = []
     for i in range(n):
         parts = data.draw(st.lists(st.integers(0, len(pieces) - 1), min_size=1, max_size=4))
         prompt = np.concatenate([pieces[p] for p in parts])
         out_len = data.draw(st.integers(0, 30))
-        reqs.append(Request(i, prompt, np.arange(10_000 + 100 * i, 10_000 + 100 * i + out_len,
-                                                 dtype=np.uint32)))
+        reqs.append(
+            Request(
+                i, prompt, np.arange(10_000 + 100 * i, 10_000 + 100 * i + out_len, dtype=np.uint32)
+            )
+        )
     return reqs
 
 
@@ -128,8 +137,7 @@ def _tree_workload(data: st.DataObject, n: int) -> list[Request]:
 def test_unlimited_hits_equal_the_oracle(data: st.DataObject) -> None:
     reqs = _tree_workload(data, data.draw(st.integers(1, 25)))
     res = {r.policy: r for r in replay(reqs, POLICIES, None, check=True)}
-    for name, page in [("radix", 1), ("radix-page16", 16), ("radix-page4", 4),
-                       ("vllm-blocks", 16)]:
+    for name, page in [("radix", 1), ("radix-page16", 16), ("radix-page4", 4), ("vllm-blocks", 16)]:
         if name in res:
             assert [r.hit_tokens for r in res[name].records] == _oracle_hits(reqs, page), name
 
@@ -144,9 +152,15 @@ def test_invariants_hold_under_pressure(data: st.DataObject) -> None:
     need = max(r.prompt_len + r.output_len for r in reqs)
     cap = data.draw(st.integers(max(1, need // 2), 2 * need + 64))
     model = data.draw(st.sampled_from(["slots", "time"]))
-    sched = SlotScheduler(data.draw(st.integers(1, 4))) if model == "slots" else \
-        TimeScheduler(data.draw(st.integers(1, 6)), PrefillCost(1.0, 0.01, 1e-5, 2.0),
-                      preemption=data.draw(st.booleans()))
+    sched = (
+        SlotScheduler(data.draw(st.integers(1, 4)))
+        if model == "slots"
+        else TimeScheduler(
+            data.draw(st.integers(1, 6)),
+            PrefillCost(1.0, 0.01, 1e-5, 2.0),
+            preemption=data.draw(st.booleans()),
+        )
+    )
     for res in replay(reqs, POLICIES, cap, scheduler=sched, check=True):
         for rec, req in zip(res.records, reqs, strict=True):
             if rec.rejected:  # it cannot fit even alone (slots: at admission; time: decoding)
@@ -162,8 +176,12 @@ def test_time_model_ttft_is_the_prefill_cost() -> None:
     shared = np.arange(1, 101, dtype=np.uint32)
     reqs = [
         Request("a", shared, np.arange(500, 510, dtype=np.uint32), arrival=1.0),
-        Request("b", np.concatenate([shared, np.arange(200, 220, dtype=np.uint32)]),
-                np.arange(600, 603, dtype=np.uint32), arrival=5.0),
+        Request(
+            "b",
+            np.concatenate([shared, np.arange(200, 220, dtype=np.uint32)]),
+            np.arange(600, 603, dtype=np.uint32),
+            arrival=5.0,
+        ),
     ]
     res = replay(reqs, ["radix"], None, scheduler=TimeScheduler(4, cost))[0]
     a, b = res.records
@@ -265,8 +283,11 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
     cap = data.draw(st.integers(need + 16, 3 * need + 64))
     bs = data.draw(st.sampled_from([1, 4, 16]))
     model = data.draw(st.sampled_from(["slots", "time"]))
-    sched = SlotScheduler(data.draw(st.integers(1, 4))) if model == "slots" else \
-        TimeScheduler(data.draw(st.integers(1, 6)), preemption=data.draw(st.booleans()))
+    sched = (
+        SlotScheduler(data.draw(st.integers(1, 4)))
+        if model == "slots"
+        else TimeScheduler(data.draw(st.integers(1, 6)), preemption=data.draw(st.booleans()))
+    )
     tracked = BlocksPolicy(cap, block_size=bs)
     events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
     a, b = replay(reqs, [tracked, events], scheduler=sched, check=True)
@@ -282,8 +303,11 @@ def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
     w = study_workload(workload, 0)
     for model in ("slots", "time"):
         cap = w.capacity or 0
-        a, b = replay(w.requests, [BlocksPolicy(cap), BlocksPolicy(cap, count_evictions="events")],
-                      model=model)
+        a, b = replay(
+            w.requests,
+            [BlocksPolicy(cap), BlocksPolicy(cap, count_evictions="events")],
+            model=model,
+        )
         assert a.stats.evictions == b.stats.evictions > 0
 
 
@@ -291,8 +315,15 @@ def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
 def test_namespaces_never_share(policy: str) -> None:
     prompt = np.arange(1, 65, dtype=np.uint32)
     out = np.zeros(0, dtype=np.uint32)
-    spaces = [(None, None), ("lora-a", None), (None, "salt"), ("lora-a", "salt"), (None, None),
-              ("lora-a", "salt"), ("lora-b", None)]
+    spaces = [
+        (None, None),
+        ("lora-a", None),
+        (None, "salt"),
+        ("lora-a", "salt"),
+        (None, None),
+        ("lora-a", "salt"),
+        ("lora-b", None),
+    ]
     reqs = [Request(i, prompt, out, extra_key=k, cache_salt=s) for i, (k, s) in enumerate(spaces)]
     res = replay(reqs, [policy], None, check=True)[0]
     page = 4 if policy == "radix-page4" else 16 if policy != "radix" else 1

@@ -26,8 +26,9 @@ from prefixcache.sim.traces import (
 
 # The full Mooncake traces are not in the repository: the tests that need them read the
 # directory named by PREFIXCACHE_TRACES (examples/README.md) and skip without it.
-TRACES = Path(os.environ.get("PREFIXCACHE_TRACES", "")) if os.environ.get(
-    "PREFIXCACHE_TRACES") else None
+TRACES = (
+    Path(os.environ.get("PREFIXCACHE_TRACES", "")) if os.environ.get("PREFIXCACHE_TRACES") else None
+)
 SAMPLE = Path(__file__).parents[1] / "examples" / "mooncake_sample.jsonl"
 
 
@@ -53,8 +54,9 @@ def test_expansion_depends_only_on_the_id_and_is_distinct() -> None:
 
 
 def test_mooncake_reader(tmp_path: Path) -> None:
-    p = write(tmp_path, [mc(0, 600, 5, [1, 2]), "", mc(1500, 512, 0, [1]),
-                         mc(2000, 1030, 3, [1, 2, 4])])
+    p = write(
+        tmp_path, [mc(0, 600, 5, [1, 2]), "", mc(1500, 512, 0, [1]), mc(2000, 1030, 3, [1, 2, 4])]
+    )
     tr = read_mooncake(p)
     assert len(tr) == 3 and tr.skipped == 0 and tr.format == "mooncake"
     r0, r1, r2 = tr.requests
@@ -66,20 +68,22 @@ def test_mooncake_reader(tmp_path: Path) -> None:
     outs = np.concatenate([r0.output, r2.output])
     assert np.unique(outs).size == 8
     assert not np.isin(outs, np.concatenate([r.prompt for r in tr.requests])).any()
-    assert tr.hash_ids is not None and [h.tolist() for h in tr.hash_ids] == \
-        [[1, 2], [1], [1, 2, 4]]
+    assert tr.hash_ids is not None and [h.tolist() for h in tr.hash_ids] == [[1, 2], [1], [1, 2, 4]]
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    (json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1}), "hash_ids"),
-    (json.dumps(mc(0, 600, 1, [1])), "needs 2 hash ids"),
-    (json.dumps(mc(0, 0, 1, [])), "input_length"),
-    (json.dumps(mc(-1, 5, 1, [1])), "timestamp"),
-    (json.dumps(mc(0, 5, 1, [-3])), "hash_ids"),
-    (json.dumps(mc(0, 5, 1.5, [1])), "output_length"),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1}), "hash_ids"),
+        (json.dumps(mc(0, 600, 1, [1])), "needs 2 hash ids"),
+        (json.dumps(mc(0, 0, 1, [])), "input_length"),
+        (json.dumps(mc(-1, 5, 1, [1])), "timestamp"),
+        (json.dumps(mc(0, 5, 1, [-3])), "hash_ids"),
+        (json.dumps(mc(0, 5, 1.5, [1])), "output_length"),  # type: ignore[arg-type]
+    ],
+)
 def test_mooncake_errors_name_the_line(tmp_path: Path, line: str, message: str) -> None:
     p = write(tmp_path, [mc(0, 10, 1, [0]), line, mc(5, 10, 1, [0])])
     with pytest.raises(TraceFormatError) as ei:
@@ -97,11 +101,14 @@ def tok(**kw: object) -> dict[str, object]:
 
 
 def test_token_jsonl_reader(tmp_path: Path) -> None:
-    p = write(tmp_path, [
-        tok(id="a", session="s", extra_key="lora1", cache_salt="x"),
-        tok(id=7, arrival=2, prompt=[1, 2, 3, 4], output=[9, 8], output_len=None, session="s"),
-        tok(id="c", cache_salt=""),
-    ])
+    p = write(
+        tmp_path,
+        [
+            tok(id="a", session="s", extra_key="lora1", cache_salt="x"),
+            tok(id=7, arrival=2, prompt=[1, 2, 3, 4], output=[9, 8], output_len=None, session="s"),
+            tok(id="c", cache_salt=""),
+        ],
+    )
     tr = read_token_jsonl(p)
     a, b, c = tr.requests
     assert a.id == "a" and a.extra_key == "lora1" and a.cache_salt == "x" and a.turn == 0
@@ -112,26 +119,30 @@ def test_token_jsonl_reader(tmp_path: Path) -> None:
     assert detect_format(p) == "tokens" and len(read_trace(p)) == 3
 
 
-@pytest.mark.parametrize(("obj", "message"), [
-    (tok(id=None), "missing field 'id'"),
-    (tok(arrival=None), "missing field 'arrival'"),
-    (tok(arrival="soon"), "arrival"),
-    (tok(prompt=[]), "'prompt' is empty"),
-    (tok(prompt=[1, -2]), "'prompt'[1]"),
-    (tok(prompt=[1, 2**32]), "'prompt'[1]"),
-    (tok(prompt=[1, 2.5]), "'prompt'[1]"),
-    (tok(prompt=[1, 2, 10**30]), "'prompt'[2]"),
-    (tok(arrival=10**400), "arrival"),
-    (tok(output=[1]), "exactly one of"),
-    (tok(output_len=None), "exactly one of"),
-    (tok(output_len=-1), "output_len"),
-    (tok(session=[1]), "session"),
-    (tok(extra_key=3), "extra_key"),
-    (tok(colour="red"), "unknown field"),
-    (tok(id="first"), "duplicate id"),
-])
-def test_token_jsonl_errors_name_the_line(tmp_path: Path, obj: dict[str, object],
-                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (tok(id=None), "missing field 'id'"),
+        (tok(arrival=None), "missing field 'arrival'"),
+        (tok(arrival="soon"), "arrival"),
+        (tok(prompt=[]), "'prompt' is empty"),
+        (tok(prompt=[1, -2]), "'prompt'[1]"),
+        (tok(prompt=[1, 2**32]), "'prompt'[1]"),
+        (tok(prompt=[1, 2.5]), "'prompt'[1]"),
+        (tok(prompt=[1, 2, 10**30]), "'prompt'[2]"),
+        (tok(arrival=10**400), "arrival"),
+        (tok(output=[1]), "exactly one of"),
+        (tok(output_len=None), "exactly one of"),
+        (tok(output_len=-1), "output_len"),
+        (tok(session=[1]), "session"),
+        (tok(extra_key=3), "extra_key"),
+        (tok(colour="red"), "unknown field"),
+        (tok(id="first"), "duplicate id"),
+    ],
+)
+def test_token_jsonl_errors_name_the_line(
+    tmp_path: Path, obj: dict[str, object], message: str
+) -> None:
     p = write(tmp_path, [tok(id="first"), "", obj, tok(id="last")])
     with pytest.raises(TraceFormatError) as ei:
         read_token_jsonl(p)
@@ -149,8 +160,11 @@ def test_detect_format_errors(tmp_path: Path) -> None:
         read_trace(write(tmp_path, [tok()]), fmt="csv")
 
 
-@pytest.mark.skipif(TRACES is None, reason="PREFIXCACHE_TRACES is not set (the directory of "
-                    "the full Mooncake traces, see examples/README.md)")
+@pytest.mark.skipif(
+    TRACES is None,
+    reason="PREFIXCACHE_TRACES is not set (the directory of "
+    "the full Mooncake traces, see examples/README.md)",
+)
 def test_real_mooncake_trace_matches_its_readme() -> None:
     assert TRACES is not None
     tr = read_trace(TRACES / "mooncake_synthetic.jsonl")
@@ -209,8 +223,10 @@ def test_ceilings_bound_every_policy_on_the_study_workloads(name: str) -> None:
     w = study_workload(name, 0)
     st = trace_stats(w.requests, 16)
     for cap in (None, w.capacity):
-        rates = {s["policy"]: s["hit_rate"]
-                 for s in map(summarize, replay(w.requests, ["radix", "vllm-blocks"], cap))}
+        rates = {
+            s["policy"]: s["hit_rate"]
+            for s in map(summarize, replay(w.requests, ["radix", "vllm-blocks"], cap))
+        }
         assert rates["radix"] <= st["hit_rate_ceiling"]
         assert rates["vllm-blocks"] <= st["block_hit_rate_ceiling"] <= st["hit_rate_ceiling"]
         if cap is None:
@@ -220,10 +236,15 @@ def test_ceilings_bound_every_policy_on_the_study_workloads(name: str) -> None:
 
 def test_ceilings_keep_namespaces_apart(tmp_path: Path) -> None:
     prompt = list(range(1, 65))
-    p = write(tmp_path, [tok(id="a", prompt=prompt, cache_salt="t1"),
-                         tok(id="b", prompt=prompt, cache_salt="t2"),
-                         tok(id="c", prompt=prompt, extra_key="lora"),
-                         tok(id="d", prompt=prompt, cache_salt="t1")])
+    p = write(
+        tmp_path,
+        [
+            tok(id="a", prompt=prompt, cache_salt="t1"),
+            tok(id="b", prompt=prompt, cache_salt="t2"),
+            tok(id="c", prompt=prompt, extra_key="lora"),
+            tok(id="d", prompt=prompt, cache_salt="t1"),
+        ],
+    )
     st = trace_stats(read_token_jsonl(p).requests, 16)
     # Only d reuses (a's prompt, same salt): 63 tokens, 48 in full 16-token blocks.
     assert st["hit_rate_ceiling"] == 63 / 256 and st["block_hit_rate_ceiling"] == 48 / 256
@@ -235,22 +256,45 @@ def test_trace_stats_rejects_a_block_size_below_one() -> None:
 
 
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 2**33) | st.integers(2**63, 10**40)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 2**33)
+    | st.integers(2**63, 10**40)
     | st.floats(allow_nan=True)
     | st.text(max_size=5),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
-        st.sampled_from(["id", "arrival", "prompt", "output", "output_len", "session",
-                         "extra_key", "cache_salt", "timestamp", "input_length",
-                         "output_length", "hash_ids", "x"]), kids, max_size=6),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "id",
+                    "arrival",
+                    "prompt",
+                    "output",
+                    "output_len",
+                    "session",
+                    "extra_key",
+                    "cache_salt",
+                    "timestamp",
+                    "input_length",
+                    "output_length",
+                    "hash_ids",
+                    "x",
+                ]
+            ),
+            kids,
+            max_size=6,
+        )
+    ),
     max_leaves=12,
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(value=_JSON_VALUES, raw=st.text(max_size=30), use_raw=st.booleans())
-def test_any_line_parses_or_raises_trace_format_error(tmp_path_factory: pytest.TempPathFactory,
-                                                      value: object, raw: str,
-                                                      use_raw: bool) -> None:
+def test_any_line_parses_or_raises_trace_format_error(
+    tmp_path_factory: pytest.TempPathFactory, value: object, raw: str, use_raw: bool
+) -> None:
     line = raw.replace("\n", " ").replace("\r", " ") if use_raw else json.dumps(value)
     p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
     p.write_text(line + "\n", encoding="utf-8")
@@ -333,8 +377,10 @@ def test_outputs_beyond_2_31_tokens_are_readable(tmp_path: Path) -> None:
     """Three requests whose outputs total 3 * 2**30 + 5 tokens (> 2**31): fresh ids wrap,
     but every request's first output token stays distinct from every other's."""
     big = 2**30
-    p = write(tmp_path, [mc(0, 10, big, [0]), mc(1, 10, big + 5, [0]), mc(2, 10, big, [0]),
-                         mc(3, 10, 3, [0])])
+    p = write(
+        tmp_path,
+        [mc(0, 10, big, [0]), mc(1, 10, big + 5, [0]), mc(2, 10, big, [0]), mc(3, 10, 3, [0])],
+    )
     tr = read_mooncake(p)
     assert [r.output_len for r in tr.requests] == [big, big + 5, big, 3]
     last = tr.requests[3].output
@@ -351,8 +397,9 @@ def test_outputs_beyond_2_31_tokens_are_readable(tmp_path: Path) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(raw=st.binary(max_size=40), prefix=st.sampled_from([b"", b'{"id": "', b"\x1f\x8b"]))
-def test_any_bytes_parse_or_raise_a_trace_error(tmp_path_factory: pytest.TempPathFactory,
-                                                raw: bytes, prefix: bytes) -> None:
+def test_any_bytes_parse_or_raise_a_trace_error(
+    tmp_path_factory: pytest.TempPathFactory, raw: bytes, prefix: bytes
+) -> None:
     """Arbitrary bytes (not UTF-8, truncated compressed headers, ...) end in a
     TraceFormatError or InvalidInputError, never another exception."""
     p = tmp_path_factory.mktemp("bytes") / "t.jsonl"

@@ -14,13 +14,17 @@ def all_tokens(reqs: list[Request]) -> np.ndarray:
     return np.concatenate([np.concatenate([r.prompt, r.output]) for r in reqs])
 
 
-@pytest.mark.parametrize(("name", "shared", "q", "o"), [
-    ("A", 1000, (20, 400), (32, 200)),
-    ("B", 1008, (20, 400), (32, 200)),
-    ("C", 12, (20, 60), (16, 64)),
-])
-def test_shared_prefix_study_workloads(name: str, shared: int, q: tuple[int, int],
-                                      o: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("name", "shared", "q", "o"),
+    [
+        ("A", 1000, (20, 400), (32, 200)),
+        ("B", 1008, (20, 400), (32, 200)),
+        ("C", 12, (20, 60), (16, 64)),
+    ],
+)
+def test_shared_prefix_study_workloads(
+    name: str, shared: int, q: tuple[int, int], o: tuple[int, int]
+) -> None:
     w = study_workload(name, 3)
     reqs = list(w.requests)
     assert len(reqs) == 256 and w.capacity is None
@@ -82,15 +86,26 @@ def test_multi_turn_token_ids_unique_except_history() -> None:
 
 def test_same_seed_same_requests_other_seed_differs() -> None:
     a, b, c = study_workload("D", 11), study_workload("D", 11), study_workload("D", 12)
-    assert all(np.array_equal(x.prompt, y.prompt) and np.array_equal(x.output, y.output)
-               and x.session == y.session for x, y in zip(a.requests, b.requests, strict=True))
+    assert all(
+        np.array_equal(x.prompt, y.prompt)
+        and np.array_equal(x.output, y.output)
+        and x.session == y.session
+        for x, y in zip(a.requests, b.requests, strict=True)
+    )
     assert [r.prompt_len for r in a.requests] != [r.prompt_len for r in c.requests]
 
 
 def test_generated_shared_prefix_shape() -> None:
-    w = shared_prefix_workload(num_groups=4, prompts_per_group=5, system_prompt_len=64,
-                               question_len=8, output_len=16, shuffle=True, seed=2,
-                               request_rate=10.0)
+    w = shared_prefix_workload(
+        num_groups=4,
+        prompts_per_group=5,
+        system_prompt_len=64,
+        question_len=8,
+        output_len=16,
+        shuffle=True,
+        seed=2,
+        request_rate=10.0,
+    )
     reqs = list(w.requests)
     assert len(reqs) == 20
     assert {r.prompt_len for r in reqs} == {72} and {r.output_len for r in reqs} == {16}

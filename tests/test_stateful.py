@@ -65,12 +65,15 @@ class RadixMachine(RuleBasedStateMachine):
         self.step: Lockstep | None = None
         self.seen: list[list[int]] = []
 
-    @initialize(page_size=st.sampled_from([1, 2, 4]),
-                policy=st.sampled_from(["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]))
+    @initialize(
+        page_size=st.sampled_from([1, 2, 4]),
+        policy=st.sampled_from(["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]),
+    )
     def setup(self, page_size: int, policy: str) -> None:
         self.page = page_size
-        self.step = Lockstep([prefixcache.RadixCache(page_size, policy),
-                              ref_radix.RadixCache(page_size, policy)])
+        self.step = Lockstep(
+            [prefixcache.RadixCache(page_size, policy), ref_radix.RadixCache(page_size, policy)]
+        )
 
     def _tokens(self, data: st.DataObject) -> list[int]:
         """Often an earlier key's prefix plus a suffix, so paths share and split."""
@@ -84,10 +87,19 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.step is not None
         self.step.apply(op)
 
-    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), priority=st.sampled_from(PRIORITIES),
-          inserted_len=st.integers(0, 12))
-    def insert(self, data: st.DataObject, ns: tuple[str | None, str | None], priority: int,
-               inserted_len: int) -> None:
+    @rule(
+        data=st.data(),
+        ns=st.sampled_from(NAMESPACES),
+        priority=st.sampled_from(PRIORITIES),
+        inserted_len=st.integers(0, 12),
+    )
+    def insert(
+        self,
+        data: st.DataObject,
+        ns: tuple[str | None, str | None],
+        priority: int,
+        inserted_len: int,
+    ) -> None:
         tokens = self._tokens(data)
         self.seen.append(tokens)
         self._apply(("insert", tokens, ns, priority, inserted_len))
@@ -135,8 +147,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.held: list[int] = []
         self.n = 1
 
-    @initialize(num_blocks=st.integers(1, 10), caching=st.booleans(),
-                fmt=st.sampled_from(["u64", "bytes"]))
+    @initialize(
+        num_blocks=st.integers(1, 10), caching=st.booleans(), fmt=st.sampled_from(["u64", "bytes"])
+    )
     def setup(self, num_blocks: int, caching: bool, fmt: str) -> None:
         self.n = num_blocks
         self.core = prefixcache.BlockPool(num_blocks, caching, True, event_hash_format=fmt)
@@ -163,12 +176,23 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cache_full_blocks(self, data: st.DataObject) -> None:
         ids = self._ids(data, 4)
-        hashes = data.draw(st.lists(st.sampled_from(HASHES), min_size=len(ids),
-                                    max_size=len(ids)))
+        hashes = data.draw(st.lists(st.sampled_from(HASHES), min_size=len(ids), max_size=len(ids)))
         lo = data.draw(st.integers(0, len(ids)))
         hi = data.draw(st.integers(0, len(ids)))
-        both(self.core, self.ref, "cache_full_blocks", ids, hashes, lo, hi, 2, 0,
-             list(range(hi * 2)), 7, "l")
+        both(
+            self.core,
+            self.ref,
+            "cache_full_blocks",
+            ids,
+            hashes,
+            lo,
+            hi,
+            2,
+            0,
+            list(range(hi * 2)),
+            7,
+            "l",
+        )
 
     @rule(data=st.data())
     def evict_blocks(self, data: st.DataObject) -> None:
@@ -203,14 +227,21 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.bs = 1
 
-    @initialize(block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(2, 24),
-                window=st.none() | st.integers(2, 20), caching=st.booleans())
-    def setup(self, block_size: int, num_blocks: int, window: int | None,
-              caching: bool) -> None:
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(2, 24),
+        window=st.none() | st.integers(2, 20),
+        caching=st.booleans(),
+    )
+    def setup(self, block_size: int, num_blocks: int, window: int | None, caching: bool) -> None:
         self.bs = block_size
         self.num_blocks = num_blocks
-        kw: dict[str, Any] = dict(block_size=block_size, enable_caching=caching,
-                                  sliding_window=window, enable_kv_cache_events=True)
+        kw: dict[str, Any] = dict(
+            block_size=block_size,
+            enable_caching=caching,
+            sliding_window=window,
+            enable_kv_cache_events=True,
+        )
         self.core = prefixcache.KVCacheManager(num_blocks, **kw)
         self.ref = ref_blocks.KVCacheManager(num_blocks, **kw)
 
@@ -227,8 +258,14 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def admit(self, data: st.DataObject) -> None:
         rid = self._new_id()
-        got = both(self.core, self.ref, "admit", rid, data.draw(prompt_strategy(self.bs)),
-                   data.draw(st.integers(0, 2 * self.bs)))
+        got = both(
+            self.core,
+            self.ref,
+            "admit",
+            rid,
+            data.draw(prompt_strategy(self.bs)),
+            data.draw(st.integers(0, 2 * self.bs)),
+        )
         if got is not None:
             self.known.add(rid)
 
@@ -238,8 +275,9 @@ class ManagerMachine(RuleBasedStateMachine):
         prompt = data.draw(prompt_strategy(self.bs))
         both(self.core, self.ref, "add_request", rid, prompt)
         self.known.add(rid)
-        self._adopt_and_allocate(rid, data.draw(st.integers(0, len(prompt))),
-                                 data.draw(st.integers(0, self.bs)))
+        self._adopt_and_allocate(
+            rid, data.draw(st.integers(0, len(prompt))), data.draw(st.integers(0, self.bs))
+        )
 
     @precondition(lambda self: self.known)
     @rule(data=st.data())
@@ -317,8 +355,12 @@ class BlockTrieMachine(RuleBasedStateMachine):
         self.ref: Any = None
         self.prompts: dict[int, list[int]] = {}
 
-    @initialize(num_blocks=st.integers(2, 12), tpb=st.sampled_from([1, 2, 3, 4]),
-                partial=st.booleans(), copy=st.booleans())
+    @initialize(
+        num_blocks=st.integers(2, 12),
+        tpb=st.sampled_from([1, 2, 3, 4]),
+        partial=st.booleans(),
+        copy=st.booleans(),
+    )
     def setup(self, num_blocks: int, tpb: int, partial: bool, copy: bool) -> None:
         self.core = prefixcache.BlockTrie(num_blocks, tpb, partial, copy)
         self.ref = RefTrie(num_blocks, tpb, partial, copy)
@@ -358,22 +400,24 @@ class BlockHasherMachine(RuleBasedStateMachine):
         self.extra: list[Any] = []
         self.hashes: list[bytes] = []
 
-    @initialize(algo=st.sampled_from(list(ref_hashing.ALGORITHMS)),
-                block_size=st.sampled_from([1, 2, 3, 16]), seed=st.sampled_from(["s", "", "é"]))
+    @initialize(
+        algo=st.sampled_from(list(ref_hashing.ALGORITHMS)),
+        block_size=st.sampled_from([1, 2, 3, 16]),
+        seed=st.sampled_from(["s", "", "é"]),
+    )
     def setup(self, algo: str, block_size: int, seed: str) -> None:
         self.algo, self.bs, self.seed = algo, block_size, seed
         self.core = prefixcache.BlockHasher(block_size, algo, seed)
         assert self.core.none_hash == ref_hashing.none_hash(algo, seed)
 
     def _tail(self) -> list[int]:
-        return self.tokens[len(self.hashes) * self.bs:]
+        return self.tokens[len(self.hashes) * self.bs :]
 
     @rule(data=st.data(), keys=st.none() | key_tuples)
     def append_block(self, data: st.DataObject, keys: Any) -> None:
         """Complete the partial tail to a full block and hash it from its parent."""
         need = self.bs - len(self._tail())
-        self.tokens += data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=need,
-                                          max_size=need))
+        self.tokens += data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=need, max_size=need))
         block = self._tail()
         parent = self.hashes[-1] if self.hashes else None
         keys = fresh(keys)
@@ -402,8 +446,7 @@ class BlockHasherMachine(RuleBasedStateMachine):
         if not self.hashes:
             return
         k = data.draw(st.integers(1, len(self.hashes)))
-        rest = self.core.hash_blocks(self.tokens[k * self.bs:], self.extra[k:],
-                                     self.hashes[k - 1])
+        rest = self.core.hash_blocks(self.tokens[k * self.bs :], self.extra[k:], self.hashes[k - 1])
         assert rest == self.hashes[k:]
 
     @invariant()
@@ -411,13 +454,16 @@ class BlockHasherMachine(RuleBasedStateMachine):
         if self.core is None:
             return
         got = self.core.hash_blocks(self.tokens, [*self.extra, None])
-        want = ref_hashing.hash_blocks(self.algo, self.bs, self.tokens, [*self.extra, None],
-                                       seed=self.seed)
+        want = ref_hashing.hash_blocks(
+            self.algo, self.bs, self.tokens, [*self.extra, None], seed=self.seed
+        )
         assert got == want == self.hashes
 
 
-@pytest.mark.parametrize("machine", [RadixMachine, BlockPoolMachine, ManagerMachine,
-                                     BlockTrieMachine, BlockHasherMachine],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "machine",
+    [RadixMachine, BlockPoolMachine, ManagerMachine, BlockTrieMachine, BlockHasherMachine],
+    ids=lambda m: m.__name__,
+)
 def test_stateful(machine: type[RuleBasedStateMachine]) -> None:
     run_state_machine_as_test(machine, settings=SETTINGS)

@@ -15,7 +15,7 @@ def test_stub_matches_the_compiled_module() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-TOKEN_FORMS = '''
+TOKEN_FORMS = """
 import array
 import numpy as np
 from prefixcache import BlockHasher, RadixCache, TokenBuffer
@@ -31,7 +31,7 @@ t.insert([1], values=np.arange(1))
 BlockHasher().hash_blocks(TokenBuffer())
 t.match_prefix("hello")  # line 15: refused
 BlockHasher().hash_blocks(b"ab")  # line 16: refused
-'''
+"""
 
 
 def test_stub_token_types_refuse_str_and_bytes(tmp_path: Path) -> None:

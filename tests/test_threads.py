@@ -124,9 +124,7 @@ def radix_log(t: int, n: int) -> list[Op]:
         else:
             base = rng.choice(SYSTEMS)
             base = base[: rng.randrange(1, len(base) + 1)]
-        key = base + [
-            rng.randrange(4) for _ in range(rng.randrange(0, 30))
-        ]
+        key = base + [rng.randrange(4) for _ in range(rng.randrange(0, 30))]
         r = rng.random()
         if r < 0.35:
             ops.append(("insert", key, rng.random() < 0.5))
@@ -279,13 +277,23 @@ def manager_log(t: int, n: int) -> list[Op]:
             ]
             ops.append(("admit", prompt, rng.random() < 0.5))
         elif r < 0.7:
-            ops.append(("append", rng.randrange(1 << 30), [rng.randrange(9) for _ in range(
-                rng.choice([1, 1, 5, 40]))]))
+            ops.append(
+                (
+                    "append",
+                    rng.randrange(1 << 30),
+                    [rng.randrange(9) for _ in range(rng.choice([1, 1, 5, 40]))],
+                )
+            )
         elif r < 0.85:
             ops.append(("free", rng.randrange(1 << 30)))
         else:
-            ops.append(("finish", rng.randrange(1 << 30), [rng.randrange(9) for _ in range(
-                rng.randrange(0, 30))]))
+            ops.append(
+                (
+                    "finish",
+                    rng.randrange(1 << 30),
+                    [rng.randrange(9) for _ in range(rng.randrange(0, 30))],
+                )
+            )
     ops.append(("release",))  # free every live request
     return ops
 
@@ -428,8 +436,10 @@ def test_block_pool_never_hands_one_block_to_two_threads() -> None:
 def test_block_hasher_gives_the_same_hashes_from_many_threads() -> None:
     h = BlockHasher(16, "sha256", seed="s")
     rng = random.Random(5)
-    inputs = [np.array([rng.randrange(50_000) for _ in range(n)], dtype=np.uint32)
-              for n in (40, 700, 3000)]
+    inputs = [
+        np.array([rng.randrange(50_000) for _ in range(n)], dtype=np.uint32)
+        for n in (40, 700, 3000)
+    ]
     expected = [h.hash_blocks(x) for x in inputs]
     got: list[list[list[bytes]]] = [[] for _ in range(THREADS)]
 
@@ -590,7 +600,9 @@ def test_error_paths_under_contention_do_not_deadlock() -> None:
     try:
         run = subprocess.run(
             [sys.executable, "-c", code, str(Path(__file__).parent)],
-            capture_output=True, text=True, timeout=JOIN_TIMEOUT + 30,
+            capture_output=True,
+            text=True,
+            timeout=JOIN_TIMEOUT + 30,
         )
     except subprocess.TimeoutExpired as e:
         raise AssertionError("deadlock: the child process did not finish") from e

@@ -88,9 +88,15 @@ def sglang_classic() -> tuple[Callable[[], Any], Callable[..., Any], Callable[..
             pass
 
     def new() -> Any:
-        return SGLangRadixCache(CacheInitParams(
-            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=DropAllocator(),
-            page_size=1, eviction_policy="lru"))
+        return SGLangRadixCache(
+            CacheInitParams(
+                disable=False,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=DropAllocator(),
+                page_size=1,
+                eviction_policy="lru",
+            )
+        )
 
     def insert(t: Any, k: Any, v: Any) -> None:
         t.insert(InsertParams(key=RadixKey(k), value=v))
@@ -106,19 +112,45 @@ def sglang_tree_core() -> tuple[Callable[[], Any], Callable[..., Any], Callable[
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     def new() -> Any:
-        return b.RustUnifiedTreeCoreBinding(b.TreeCoreInitParamsBinding(
-            eviction_policy="lru", slru_protected_threshold=2, tlru_tail_budget=0,
-            tlru_float_config=None, page_size=1, is_write_back=False, enable_hicache=False,
-            write_through_threshold=256, device="cpu", swa_sliding_window_size=None,
-            swa_req_ring=False, enable_kv_cache_events=False, dynamo_kv_event_format=False,
-            mamba_cache_chunk_size=None, mamba_max_states_per_path=None),
-            [int(ComponentType.FULL)])
+        return b.RustUnifiedTreeCoreBinding(
+            b.TreeCoreInitParamsBinding(
+                eviction_policy="lru",
+                slru_protected_threshold=2,
+                tlru_tail_budget=0,
+                tlru_float_config=None,
+                page_size=1,
+                is_write_back=False,
+                enable_hicache=False,
+                write_through_threshold=256,
+                device="cpu",
+                swa_sliding_window_size=None,
+                swa_req_ring=False,
+                enable_kv_cache_events=False,
+                dynamo_kv_event_format=False,
+                mamba_cache_chunk_size=None,
+                mamba_max_states_per_path=None,
+            ),
+            [int(ComponentType.FULL)],
+        )
 
     def insert(t: Any, k: Any, v: Any) -> None:
-        t.begin_insert(b.InsertParamsBinding(
-            key=k, value=v, extra_key=None, cache_salt=None, session_id=None, mamba_value=None,
-            prev_prefix_len=0, swa_evicted_seqlen=0, swa_branching_seqlen=None,
-            inserted_len=0, priority=0, track_adopted_ranges=False, rotation_base=None))
+        t.begin_insert(
+            b.InsertParamsBinding(
+                key=k,
+                value=v,
+                extra_key=None,
+                cache_salt=None,
+                session_id=None,
+                mamba_value=None,
+                prev_prefix_len=0,
+                swa_evicted_seqlen=0,
+                swa_branching_seqlen=None,
+                inserted_len=0,
+                priority=0,
+                track_adopted_ranges=False,
+                rotation_base=None,
+            )
+        )
         while t.has_ongoing_insert():
             t.resume_insert()
         t.end_insert()
@@ -142,7 +174,7 @@ def vllm_chain() -> Callable[[list[int]], list[bytes]]:
         parent = None
         out = []
         for i in range(0, len(tokens) - 15, 16):
-            parent = ku.hash_block_tokens(sha256, parent, tokens[i:i + 16], None)
+            parent = ku.hash_block_tokens(sha256, parent, tokens[i : i + 16], None)
             out.append(parent)
         return out
 
@@ -165,8 +197,7 @@ def forms(prompts: list[np.ndarray]) -> dict[str, list[Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-engines", action="store_true", help="prefixcache only")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
@@ -178,17 +209,20 @@ def main() -> None:
     by_form = forms(prompts)
     keys = by_form["array('q')"]
     tensors = by_form["torch int64"]
-    print(f"workload: {n} prompts x {len(prompts[0])} tokens; best of {args.rounds}; "
-          f"{args.clock} time; "
-          f"ANCHORS_VENV={os.environ.get('ANCHORS_VENV', '(unset)')}")
+    print(
+        f"workload: {n} prompts x {len(prompts[0])} tokens; best of {args.rounds}; "
+        f"{args.clock} time; "
+        f"ANCHORS_VENV={os.environ.get('ANCHORS_VENV', '(unset)')}"
+    )
 
     print("\n## RadixCache (us per call)")
-    print(f"{'':34s} {'insert':>8s} {'match':>8s} {'ins p50':>8s} {'ins p99':>8s} "
-          f"{'mat p99':>8s}")
+    print(f"{'':34s} {'insert':>8s} {'match':>8s} {'ins p50':>8s} {'ins p99':>8s} {'mat p99':>8s}")
     engines: dict[str, tuple[float, float]] = {}
     if not args.skip_engines:
-        for name, make in (("SGLang classic, array('q')", sglang_classic),
-                           ("SGLang Rust TreeCore, array('q')", sglang_tree_core)):
+        for name, make in (
+            ("SGLang classic, array('q')", sglang_classic),
+            ("SGLang Rust TreeCore, array('q')", sglang_tree_core),
+        ):
             new, insert, match = make()
 
             def fill(t: Any, insert: Any = insert) -> Any:
@@ -198,14 +232,21 @@ def main() -> None:
 
             ins = best(fill, new, args.rounds) / n
             tree = fill(new())
-            mat = best(lambda t, match=match: [match(t, k) for k in keys],
-                       lambda tree=tree: tree, args.rounds) / n
+            mat = (
+                best(
+                    lambda t, match=match: [match(t, k) for k in keys],
+                    lambda tree=tree: tree,
+                    args.rounds,
+                )
+                / n
+            )
             _, mp99 = per_call(lambda k, tree=tree, match=match: match(tree, k), keys)
             engines[name] = (ins, mat)
-            print(f"{name:34s} {ins * 1e6:8.2f} {mat * 1e6:8.2f} {'':8s} {'':8s} "
-                  f"{mp99 * 1e6:8.2f}")
-    fastest = (min((v[0] for v in engines.values()), default=0.0),
-               min((v[1] for v in engines.values()), default=0.0))
+            print(f"{name:34s} {ins * 1e6:8.2f} {mat * 1e6:8.2f} {'':8s} {'':8s} {mp99 * 1e6:8.2f}")
+    fastest = (
+        min((v[0] for v in engines.values()), default=0.0),
+        min((v[1] for v in engines.values()), default=0.0),
+    )
     radix: dict[str, tuple[float, float]] = {}
     for form, xs in by_form.items():
 
@@ -217,14 +258,22 @@ def main() -> None:
         ins = best(fill, RadixCache, args.rounds) / n
         tree = fill(RadixCache())
         assert tree.match_prefix(xs[0]).length == len(prompts[0])
-        mat = best(lambda t, xs=xs: [t.match_prefix(x) for x in xs], lambda tree=tree: tree,
-                   args.rounds) / n
+        mat = (
+            best(
+                lambda t, xs=xs: [t.match_prefix(x) for x in xs],
+                lambda tree=tree: tree,
+                args.rounds,
+            )
+            / n
+        )
         t2 = RadixCache()
         ip50, ip99 = per_call(lambda x, t2=t2: t2.insert(x, values=x), xs)
         _, mp99 = per_call(lambda x, tree=tree: tree.match_prefix(x), xs)
         radix[form] = (ins, mat)
-        print(f"{'prefixcache, ' + form:34s} {ins * 1e6:8.2f} {mat * 1e6:8.2f} "
-              f"{ip50 * 1e6:8.2f} {ip99 * 1e6:8.2f} {mp99 * 1e6:8.2f}")
+        print(
+            f"{'prefixcache, ' + form:34s} {ins * 1e6:8.2f} {mat * 1e6:8.2f} "
+            f"{ip50 * 1e6:8.2f} {ip99 * 1e6:8.2f} {mp99 * 1e6:8.2f}"
+        )
     if engines:
         print("speed-up over the faster SGLang tree (insert / match; targets 8x / 5x):")
         for form, (ins, mat) in radix.items():
@@ -234,8 +283,10 @@ def main() -> None:
     print("over the uint32 path, ns per token (insert / match; target <= 2):")
     for form in ("list", "tuple"):
         ins, mat = radix[form]
-        print(f"  {form:14s} {(ins - u32[0]) * 1e9 / per_tok:6.2f} / "
-              f"{(mat - u32[1]) * 1e9 / per_tok:6.2f}")
+        print(
+            f"  {form:14s} {(ins - u32[0]) * 1e9 / per_tok:6.2f} / "
+            f"{(mat - u32[1]) * 1e9 / per_tok:6.2f}"
+        )
 
     print("\n## sha256 block hashes of one prompt (144 blocks of 16), us per prompt")
     sample = by_form["list"][:500]
@@ -248,8 +299,10 @@ def main() -> None:
         print(f"{'vLLM 0.33 chain, list':34s} {vllm_t * 1e6:8.1f}")
     for form, xs in by_form.items():
         xs = xs[:500]
-        t = best(lambda xs: [hasher.hash_blocks(x) for x in xs], lambda xs=xs: xs,
-                 args.rounds) / 500
+        t = (
+            best(lambda xs: [hasher.hash_blocks(x) for x in xs], lambda xs=xs: xs, args.rounds)
+            / 500
+        )
         ratio = f"{vllm_t / t:6.1f}x vLLM" if vllm_t else ""
         print(f"{'prefixcache, ' + form:34s} {t * 1e6:8.1f} {ratio}")
 
@@ -261,8 +314,7 @@ def main() -> None:
                 m.admit(i, x)
                 m.finish(i)
 
-        t = best(run, lambda: KVCacheManager(num_blocks=40_000, block_size=16),
-                 args.rounds) / n
+        t = best(run, lambda: KVCacheManager(num_blocks=40_000, block_size=16), args.rounds) / n
         print(f"{'prefixcache, ' + form:34s} {t * 1e6:8.1f}")
 
 

@@ -57,12 +57,20 @@ from prefixcache.reference import radix as reference  # noqa: E402
 
 SGLANG_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 NAMESPACES: list[tuple[str | None, str | None]] = [
-    (None, None), ("a", None), ("", None), (None, "s"), (None, ""), ("ab", "c"), ("a", "bc"),
+    (None, None),
+    ("a", None),
+    ("", None),
+    (None, "s"),
+    (None, ""),
+    ("ab", "c"),
+    ("a", "bc"),
 ]
 
 _tick = itertools.count(1)
-rc.time = types.SimpleNamespace(monotonic=lambda: float(next(_tick)),  # type: ignore[attr-defined]
-                                perf_counter=time.perf_counter)
+rc.time = types.SimpleNamespace(
+    monotonic=lambda: float(next(_tick)),  # type: ignore[attr-defined]
+    perf_counter=time.perf_counter,
+)
 _original_split = rc.RadixCache._split_node
 
 
@@ -99,8 +107,18 @@ def sglang_dump(tree: Any) -> list[tuple[Any, ...]]:
 
     def visit(node: Any, depth: int) -> None:
         for c in sorted(node.children.values(), key=ns_key):
-            out.append((depth, list(c.key.token_ids), c.value.tolist(), c.lock_ref, c.hit_count,
-                        c.priority, c.key.extra_key, c.key.cache_salt))
+            out.append(
+                (
+                    depth,
+                    list(c.key.token_ids),
+                    c.value.tolist(),
+                    c.lock_ref,
+                    c.hit_count,
+                    c.priority,
+                    c.key.extra_key,
+                    c.key.cache_salt,
+                )
+            )
             visit(c, depth + 1)
 
     visit(tree.root_node, 1)
@@ -108,13 +126,26 @@ def sglang_dump(tree: Any) -> list[tuple[Any, ...]]:
 
 
 def reference_dump(cache: Any) -> list[tuple[Any, ...]]:
-    return [(r["depth"], r["key"], r["value"], r["lock_ref"], r["hit_count"], r["priority"],
-             r["extra_key"], r["cache_salt"]) for r in cache.dump()]
+    return [
+        (
+            r["depth"],
+            r["key"],
+            r["value"],
+            r["lock_ref"],
+            r["hit_count"],
+            r["priority"],
+            r["extra_key"],
+            r["cache_salt"],
+        )
+        for r in cache.dump()
+    ]
 
 
 def random_ops(rng: random.Random, page: int, steps: int) -> list[tuple[Any, ...]]:
-    pool = [[rng.randrange(4) for _ in range(rng.randint(1, 2 * page + 1))]
-            for _ in range(rng.randint(2, 5))]
+    pool = [
+        [rng.randrange(4) for _ in range(rng.randint(1, 2 * page + 1))]
+        for _ in range(rng.randint(2, 5))
+    ]
 
     def tokens() -> list[int]:
         parts = [t for _ in range(rng.randint(0, 4)) for t in rng.choice(pool)]
@@ -156,9 +187,15 @@ def alive(cache: Any, node: Any) -> bool:
 def run(ops: list[tuple[Any, ...]], page: int, policy: str, impl: Any) -> list[str]:
     """Run one sequence on both; returns the disagreements (stops at the first structural one)."""
     alloc = Alloc()
-    tree = rc.RadixCache(CacheInitParams(disable=False, req_to_token_pool=None,
-                                         token_to_kv_pool_allocator=alloc, page_size=page,
-                                         eviction_policy=policy))
+    tree = rc.RadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=alloc,
+            page_size=page,
+            eviction_policy=policy,
+        )
+    )
     ref = impl(page, policy)
     handles: list[tuple[Any, Any]] = []
     locked: list[int] = []
@@ -167,8 +204,9 @@ def run(ops: list[tuple[Any, ...]], page: int, policy: str, impl: Any) -> list[s
 
     def expect(what: str, ours: Any, theirs: Any, step: int, op: Any) -> None:
         if ours != theirs:
-            problems.append(f"step {step} {op!r}: {what}: "
-                            f"prefixcache {ours!r} != sglang {theirs!r}")
+            problems.append(
+                f"step {step} {op!r}: {what}: prefixcache {ours!r} != sglang {theirs!r}"
+            )
             raise Mismatch
 
     def key(tokens: list[int], ns: tuple[str | None, str | None]) -> Any:
@@ -181,53 +219,88 @@ def run(ops: list[tuple[Any, ...]], page: int, policy: str, impl: Any) -> list[s
                 _, toks, ns, prio, il = op
                 vals = list(range(next_value, next_value + len(toks)))
                 next_value += len(toks)
-                ours = ref.insert(toks, vals, extra_key=ns[0], cache_salt=ns[1], priority=prio,
-                                  inserted_len=il)
-                theirs = tree.insert(InsertParams(key=key(toks, ns),
-                                                  value=torch.tensor(vals, dtype=torch.int64),
-                                                  priority=prio, inserted_len=il))
+                ours = ref.insert(
+                    toks, vals, extra_key=ns[0], cache_salt=ns[1], priority=prio, inserted_len=il
+                )
+                theirs = tree.insert(
+                    InsertParams(
+                        key=key(toks, ns),
+                        value=torch.tensor(vals, dtype=torch.int64),
+                        priority=prio,
+                        inserted_len=il,
+                    )
+                )
                 expect("prefix_len", ours.prefix_len, theirs.prefix_len, step, op)
-                expect("insert path", ref.path_indices(ours.node).tolist(),
-                       tree.path_device_indices(theirs.last_device_node).tolist(), step, op)
+                expect(
+                    "insert path",
+                    ref.path_indices(ours.node).tolist(),
+                    tree.path_device_indices(theirs.last_device_node).tolist(),
+                    step,
+                    op,
+                )
                 handles.append((ours.node, theirs.last_device_node))
             elif kind == "match":
                 _, toks, ns = op
                 ours = ref.match_prefix(toks, extra_key=ns[0], cache_salt=ns[1])
                 theirs = tree.match_prefix(MatchPrefixParams(key=key(toks, ns)))
                 expect("match length", ours.length, theirs.device_prefix_len, step, op)
-                expect("match indices", ours.indices.tolist(),
-                       tree.path_device_indices(theirs.last_device_node).tolist(), step, op)
+                expect(
+                    "match indices",
+                    ours.indices.tolist(),
+                    tree.path_device_indices(theirs.last_device_node).tolist(),
+                    step,
+                    op,
+                )
                 handles.append((ours.node, theirs.last_device_node))
             elif kind == "lock":
                 live = [i for i, (n, _) in enumerate(handles) if alive(ref, n)]
                 if not live:
                     continue
                 h = live[op[1] % len(live)]
-                expect("inc_lock_ref delta", ref.inc_lock_ref(handles[h][0]),
-                       tree.inc_lock_ref(handles[h][1]).delta, step, op)
+                expect(
+                    "inc_lock_ref delta",
+                    ref.inc_lock_ref(handles[h][0]),
+                    tree.inc_lock_ref(handles[h][1]).delta,
+                    step,
+                    op,
+                )
                 locked.append(h)
             elif kind == "unlock":
                 if not locked:
                     continue
                 h = locked.pop(op[1] % len(locked))
-                expect("dec_lock_ref delta", ref.dec_lock_ref(handles[h][0]),
-                       tree.dec_lock_ref(handles[h][1]).delta, step, op)
+                expect(
+                    "dec_lock_ref delta",
+                    ref.dec_lock_ref(handles[h][0]),
+                    tree.dec_lock_ref(handles[h][1]).delta,
+                    step,
+                    op,
+                )
             elif kind == "evict":
                 before = len(alloc.freed)
                 ours_freed = ref.evict(op[1]).tolist()
                 tree.evict(EvictParams(num_tokens=op[1]))
                 theirs_freed = alloc.freed[before:]
-                expect("evicted indices (multiset)", Counter(ours_freed), Counter(theirs_freed),
-                       step, op)
+                expect(
+                    "evicted indices (multiset)",
+                    Counter(ours_freed),
+                    Counter(theirs_freed),
+                    step,
+                    op,
+                )
                 expect("evicted indices (order)", ours_freed, theirs_freed, step, op)
             elif kind == "reset":
                 ref.reset()
                 tree.reset()
                 handles.clear()
                 locked.clear()
-            expect("sizes (evictable, protected, total)",
-                   (ref.evictable_size(), ref.protected_size(), ref.total_size()),
-                   (tree.evictable_size(), tree.protected_size(), tree.total_size()), step, op)
+            expect(
+                "sizes (evictable, protected, total)",
+                (ref.evictable_size(), ref.protected_size(), ref.total_size()),
+                (tree.evictable_size(), tree.protected_size(), tree.total_size()),
+                step,
+                op,
+            )
             expect("tree", reference_dump(ref), sglang_dump(tree), step, op)
     except Mismatch:
         pass
@@ -240,20 +313,31 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60, help="operations per sequence")
     ap.add_argument("--policies", default=",".join(SGLANG_POLICIES))
     ap.add_argument("--page-sizes", default="1,4,16")
-    ap.add_argument("--split-creation", choices=["inherit", "fresh"], default="inherit",
-                    help="patch SGLang's split to inherit creation_time (default) or not")
+    ap.add_argument(
+        "--split-creation",
+        choices=["inherit", "fresh"],
+        default="inherit",
+        help="patch SGLang's split to inherit creation_time (default) or not",
+    )
     ap.add_argument("--show", type=int, default=3, help="disagreements to print per config")
-    ap.add_argument("--impl", choices=["reference", "core"], default="reference",
-                    help="what to compare with SGLang: the plain-Python reference (default) or "
-                         "the compiled core (needs `maturin develop` in this checkout for the "
-                         "same Python version)")
+    ap.add_argument(
+        "--impl",
+        choices=["reference", "core"],
+        default="reference",
+        help="what to compare with SGLang: the plain-Python reference (default) or "
+        "the compiled core (needs `maturin develop` in this checkout for the "
+        "same Python version)",
+    )
     args = ap.parse_args()
     if args.impl == "core":
         from prefixcache._core import RadixCache as impl
     else:
         impl = reference.RadixCache
-    rc.RadixCache._split_node = (_inheriting_split if args.split_creation == "inherit"  # type: ignore[method-assign]
-                                 else _original_split)
+    rc.RadixCache._split_node = (
+        _inheriting_split
+        if args.split_creation == "inherit"  # type: ignore[method-assign]
+        else _original_split
+    )
     total_bad = 0
     for policy in args.policies.split(","):
         for page in (int(p) for p in args.page_sizes.split(",")):

@@ -80,17 +80,32 @@ def main() -> int:
     args = ap.parse_args()
     pub_port, replay_port = free_port(), free_port()
     child = subprocess.Popen(
-        [args.anchor_python, "-c", CHILD, str(pub_port), str(replay_port), str(args.batches),
-         str(args.seed)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            args.anchor_python,
+            "-c",
+            CHILD,
+            str(pub_port),
+            str(replay_port),
+            str(args.batches),
+            str(args.seed),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert child.stdin is not None and child.stdout is not None
     line = child.stdout.readline()
     while line and line.strip() != "HALF":
         line = child.stdout.readline()
     index = KvIndex()
-    sub = KvEventSubscriber(index, [Publisher(f"tcp://127.0.0.1:{pub_port}", "vllm",
-                                              f"tcp://127.0.0.1:{replay_port}", "kv@vllm")])
+    sub = KvEventSubscriber(
+        index,
+        [
+            Publisher(
+                f"tcp://127.0.0.1:{pub_port}", "vllm", f"tcp://127.0.0.1:{replay_port}", "kv@vllm"
+            )
+        ],
+    )
     sub.start()
     after_sync = index.status("vllm")["next_seq"]
     time.sleep(0.3)
@@ -104,10 +119,12 @@ def main() -> int:
     child.stdin.flush()
     child.wait(10)
     st = index.status("vllm")
-    print(f"replayed at start: {after_sync} batches; applied {st['batches']} of "
-          f"{args.batches}; gaps {st['gaps']}, replays {sub.stats['vllm'].replays}, "
-          f"errors {st['errors']}; cached hashes equal: {got == truth} ({len(truth)}); "
-          f"subscriber: {sub.stats['vllm']}")
+    print(
+        f"replayed at start: {after_sync} batches; applied {st['batches']} of "
+        f"{args.batches}; gaps {st['gaps']}, replays {sub.stats['vllm'].replays}, "
+        f"errors {st['errors']}; cached hashes equal: {got == truth} ({len(truth)}); "
+        f"subscriber: {sub.stats['vllm']}"
+    )
     return 0 if ok and got == truth and st["errors"] == 0 and after_sync > 0 else 1
 
 

@@ -48,30 +48,34 @@ print(json.dumps(out))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--gc-off", action="store_true", help="disable the cyclic GC in children")
     args = ap.parse_args()
     code = CHILD.format(repo=str(REPO), gc_off=args.gc_off)
     rows = []
     for _ in range(args.processes):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         rows.append(json.loads(r.stdout))
-    print(f"{'run':>3s} | {'phase':9s} | {'wall ms':>8s} {'cpu ms':>8s} {'wall/cpu':>8s} "
-          f"{'minflt':>7s} {'nivcsw':>6s}")
+    print(
+        f"{'run':>3s} | {'phase':9s} | {'wall ms':>8s} {'cpu ms':>8s} {'wall/cpu':>8s} "
+        f"{'minflt':>7s} {'nivcsw':>6s}"
+    )
     for i, row in enumerate(rows):
         for ph, d in row.items():
             ratio = d["wall_ms"] / max(d["cpu_ms"], 1e-9)
-            print(f"{i:3d} | {ph:9s} | {d['wall_ms']:8.2f} {d['cpu_ms']:8.2f} {ratio:8.2f} "
-                  f"{d['minflt']:7d} {d['nivcsw']:6d}")
+            print(
+                f"{i:3d} | {ph:9s} | {d['wall_ms']:8.2f} {d['cpu_ms']:8.2f} {ratio:8.2f} "
+                f"{d['minflt']:7d} {d['nivcsw']:6d}"
+            )
     for ph in rows[0]:
         walls = sorted(r[ph]["wall_ms"] for r in rows)
         cpus = sorted(r[ph]["cpu_ms"] for r in rows)
-        print(f"{ph:9s}: wall min/median/max {walls[0]:.2f}/{walls[len(walls) // 2]:.2f}/"
-              f"{walls[-1]:.2f} ms, cpu {cpus[0]:.2f}/{cpus[len(cpus) // 2]:.2f}/"
-              f"{cpus[-1]:.2f} ms")
+        print(
+            f"{ph:9s}: wall min/median/max {walls[0]:.2f}/{walls[len(walls) // 2]:.2f}/"
+            f"{walls[-1]:.2f} ms, cpu {cpus[0]:.2f}/{cpus[len(cpus) // 2]:.2f}/"
+            f"{cpus[-1]:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

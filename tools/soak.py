@@ -77,8 +77,7 @@ class Worker:
         # A small alphabet of shared prefixes so that things are hit and split.
         base = self.rng.randrange(8) * 1000
         head = np.arange(base, base + self.rng.randrange(0, n + 1), dtype=np.uint32)
-        tail = np.array([self.rng.randrange(50_000) for _ in range(n - len(head))],
-                        dtype=np.uint32)
+        tail = np.array([self.rng.randrange(50_000) for _ in range(n - len(head))], dtype=np.uint32)
         return np.concatenate([head, tail])
 
     def rid(self) -> int:
@@ -94,8 +93,11 @@ class Worker:
             if self.rng.random() < 0.3:
                 m.indices  # noqa: B018 - built lazily, may be stale: StaleHandleError
         elif r < 0.6:
-            res = c.insert(self.tokens(64), cache_salt=salt,
-                           extra_key=self.rng.choice([None, "lora-a", "lora-b"]))
+            res = c.insert(
+                self.tokens(64),
+                cache_salt=salt,
+                extra_key=self.rng.choice([None, "lora-a", "lora-b"]),
+            )
             if self.rng.random() < 0.5:
                 c.inc_lock_ref(res.node)
                 self.nodes.append(res.node)
@@ -137,12 +139,18 @@ class Worker:
         elif r < 0.8:
             # Errors: the null block, an id out of range, an own block freed twice.
             bad = self.rng.choice([0, 4096 + self.rng.randrange(100)])
-            p.free_blocks([bad] if not self.blocks else [self.blocks[-1], self.blocks[-1]]
-                          if self.blocks.count(self.blocks[-1]) == 1 else [bad])
+            p.free_blocks(
+                [bad]
+                if not self.blocks
+                else [self.blocks[-1], self.blocks[-1]]
+                if self.blocks.count(self.blocks[-1]) == 1
+                else [bad]
+            )
         elif r < 0.9:
             p.take_events()
-            self.rng.choice([lambda: p.num_free_blocks, lambda: p.usage,
-                             lambda: p.num_evicted_blocks])()
+            self.rng.choice(
+                [lambda: p.num_free_blocks, lambda: p.usage, lambda: p.num_evicted_blocks]
+            )()
         elif r < 0.9995:
             b = self.rng.randrange(4096)
             p.ref_cnt(b), p.block_hash(b)
@@ -184,11 +192,12 @@ class Worker:
     def trie(self) -> None:
         t, r = self.o.trie, self.rng.random()
         salt = f"s{self.rng.randrange(100_000)}" if self.rng.random() < 0.3 else None
-        mm = ([(self.rng.randbytes(8), 0, 4)] if self.rng.random() < 0.2 else None)
+        mm = [(self.rng.randbytes(8), 0, 4)] if self.rng.random() < 0.2 else None
         if r < 0.35 or not self.claims:
             rid, toks = self.rid(), self.tokens(100)
-            t.claim(rid, toks, cache_salt=salt, mm_items=mm,
-                    priority=self.rng.choice([None, 10, 80]))
+            t.claim(
+                rid, toks, cache_salt=salt, mm_items=mm, priority=self.rng.choice([None, 10, 80])
+            )
             self.claims.append(rid)
             t.complete(rid)
             t.store(rid, toks)
@@ -264,8 +273,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", type=int, default=10_000_000, help="operations in total")
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--check-every", type=int, default=20_000,
-                    help="operations per thread between invariant checks")
+    ap.add_argument(
+        "--check-every",
+        type=int,
+        default=20_000,
+        help="operations per thread between invariant checks",
+    )
     ap.add_argument("--sample-seconds", type=float, default=10.0)
     ap.add_argument("--rss-slack-mb", type=float, default=16.0)
     ap.add_argument("--seed", type=int, default=0, help="random seed")
@@ -301,8 +314,11 @@ def main() -> int:
         now = time.monotonic() - t0
         if now >= next_sample:
             samples.append((ops, rss_mb()))
-            print(f"{now:8.1f} s  {ops:>11,} ops  {ops / max(now, 1e-9):>9,.0f} ops/s  "
-                  f"RSS {samples[-1][1]:7.1f} MB", flush=True)
+            print(
+                f"{now:8.1f} s  {ops:>11,} ops  {ops / max(now, 1e-9):>9,.0f} ops/s  "
+                f"RSS {samples[-1][1]:7.1f} MB",
+                flush=True,
+            )
             next_sample += args.sample_seconds
         if fork_outcome == "not run" and ops >= args.ops // 2:
             fork_outcome = fork_probe(objs)
@@ -318,14 +334,20 @@ def main() -> int:
     if objs.pool.num_free_blocks != objs.pool.num_blocks - 1:
         failures.append("pool: blocks still referenced after every thread freed its own")
     if objs.trie.num_requests or len(objs.manager):
-        failures.append(f"requests left after cleanup: trie {objs.trie.num_requests}, "
-                        f"manager {len(objs.manager)}")
+        failures.append(
+            f"requests left after cleanup: trie {objs.trie.num_requests}, "
+            f"manager {len(objs.manager)}"
+        )
     warm = next((rss for n, rss in samples if n >= ops // 4), samples[0][1])
     grown = samples[-1][1] - warm
-    print(f"\n{ops:,} operations in {elapsed:.1f} s ({ops / elapsed:,.0f} ops/s) on "
-          f"{args.threads} threads; {sum(w.expected for w in workers):,} expected errors")
-    print(f"RSS: {samples[0][1]:.1f} MB at start, {warm:.1f} MB at 25%, "
-          f"{samples[-1][1]:.1f} MB at the end ({grown:+.1f} MB after warm-up)")
+    print(
+        f"\n{ops:,} operations in {elapsed:.1f} s ({ops / elapsed:,.0f} ops/s) on "
+        f"{args.threads} threads; {sum(w.expected for w in workers):,} expected errors"
+    )
+    print(
+        f"RSS: {samples[0][1]:.1f} MB at start, {warm:.1f} MB at 25%, "
+        f"{samples[-1][1]:.1f} MB at the end ({grown:+.1f} MB after warm-up)"
+    )
     print(f"fork: {fork_outcome}")
     if grown > args.rss_slack_mb:
         failures.append(f"RSS grew {grown:.1f} MB after the warm-up")

@@ -90,7 +90,6 @@ _Values = _Tokens
 _Ids = _Tokens
 _I64Array = npt.NDArray[np.int64]
 
-
 # ----- SGLang radix tree ---------------------------------------------------------------
 
 @final
@@ -735,8 +734,9 @@ class LabCache:
     @property
     def num_evictable(self) -> int: ...
     def set_overcommit(self, on: bool) -> None: ...
-    def set_future(self, keys: _U64Array, offsets: _U64Array,
-                   hittable: npt.NDArray[np.uint32]) -> None:
+    def set_future(
+        self, keys: _U64Array, offsets: _U64Array, hittable: npt.NDArray[np.uint32]
+    ) -> None:
         """The future for ``opt``: every request's keys back to back."""
     def lookup(self, keys: _U64Array, hittable: int) -> int: ...
     def acquire(self, rid: int, keys: _U64Array, hittable: int, total: int) -> int | None:

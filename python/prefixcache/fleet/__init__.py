@@ -28,6 +28,7 @@ def __getattr__(name: str) -> Any:
         return getattr(subscriber, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "valkey://", "valkeys://")
 
 

@@ -56,9 +56,7 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
                 f"{what} must be 1-dimensional, got an array of shape {list(obj.shape)}"
             )
         if obj.dtype.kind not in "iu":
-            raise InvalidTypeError(
-                f"{what} must hold integers, got an array of dtype {obj.dtype}"
-            )
+            raise InvalidTypeError(f"{what} must hold integers, got an array of dtype {obj.dtype}")
         items: list[int] = obj.tolist()
         for i, v in enumerate(items):
             check(what, i, v)

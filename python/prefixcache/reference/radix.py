@@ -64,8 +64,16 @@ class Node:
         "value",
     )
 
-    def __init__(self, cache: RadixCache, parent: Node | None, key: tuple[int, ...],
-                 value: tuple[int, ...], namespace: Namespace, now: int, priority: int) -> None:
+    def __init__(
+        self,
+        cache: RadixCache,
+        parent: Node | None,
+        key: tuple[int, ...],
+        value: tuple[int, ...],
+        namespace: Namespace,
+        now: int,
+        priority: int,
+    ) -> None:
         self.cache = cache
         self.generation = cache._generation
         self.serial = next(cache._serials)
@@ -241,8 +249,9 @@ class RadixCache:
         """Put a new node holding child.key[:p] between child and its parent."""
         parent = child.parent
         assert parent is not None and 0 < p < len(child.key)
-        new = Node(self, parent, child.key[:p], child.value[:p], child.namespace, now,
-                   child.priority)
+        new = Node(
+            self, parent, child.key[:p], child.value[:p], child.namespace, now, child.priority
+        )
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.creation_time = child.creation_time  # inherited (a documented choice)
@@ -256,8 +265,9 @@ class RadixCache:
         return n // self._page_size * self._page_size
 
     # ---- match / insert ----
-    def match_prefix(self, tokens: Any, extra_key: str | None = None,
-                     cache_salt: str | None = None) -> MatchResult:
+    def match_prefix(
+        self, tokens: Any, extra_key: str | None = None, cache_salt: str | None = None
+    ) -> MatchResult:
         toks = token_list(tokens)
         ns = _namespace(extra_key, cache_salt)
         key = tuple(toks[: self._aligned(len(toks))])
@@ -282,9 +292,15 @@ class RadixCache:
             node, key = child, key[p:]
         return MatchResult(len(values), _array(values), node)
 
-    def insert(self, tokens: Any, values: Any = None, extra_key: str | None = None,
-               cache_salt: str | None = None, priority: int = 0,
-               inserted_len: int = 0) -> InsertResult:
+    def insert(
+        self,
+        tokens: Any,
+        values: Any = None,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        inserted_len: int = 0,
+    ) -> InsertResult:
         toks = token_list(tokens)
         vals = toks if values is None else value_list(values)
         if len(vals) != len(toks):
@@ -438,41 +454,51 @@ class RadixCache:
         self._protected = 0
 
     def _sorted_children(self, n: Node) -> list[Node]:
-        return sorted(n.children.values(),
-                      key=lambda c: (_namespace_sort_key(c.namespace), c.key))
+        return sorted(n.children.values(), key=lambda c: (_namespace_sort_key(c.namespace), c.key))
 
     def dump(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
 
         def visit(n: Node, depth: int) -> None:
             for c in self._sorted_children(n):
-                out.append({
-                    "depth": depth,
-                    "key": list(c.key),
-                    "value": list(c.value),
-                    "lock_ref": c.lock_ref,
-                    "hit_count": c.hit_count,
-                    "priority": c.priority,
-                    "last_access_time": c.last_access_time,
-                    "creation_time": c.creation_time,
-                    "extra_key": c.extra_key,
-                    "cache_salt": c.cache_salt,
-                })
+                out.append(
+                    {
+                        "depth": depth,
+                        "key": list(c.key),
+                        "value": list(c.value),
+                        "lock_ref": c.lock_ref,
+                        "hit_count": c.hit_count,
+                        "priority": c.priority,
+                        "last_access_time": c.last_access_time,
+                        "creation_time": c.creation_time,
+                        "extra_key": c.extra_key,
+                        "cache_salt": c.cache_salt,
+                    }
+                )
                 visit(c, depth + 1)
 
         visit(self._root, 1)  # the root has depth 0 and is not listed
         return out
 
     def pretty_print(self) -> str:
-        lines = [f"RadixCache(page_size={self._page_size}, eviction_policy={self._policy!r}, "
-                 f"clock={self._clock})"]
+        lines = [
+            f"RadixCache(page_size={self._page_size}, eviction_policy={self._policy!r}, "
+            f"clock={self._clock})"
+        ]
         for r in self.dump():
-            ns = "" if (r["extra_key"], r["cache_salt"]) == (None, None) else \
-                f" ns=({r['extra_key']!r}, {r['cache_salt']!r})"
+            ns = (
+                ""
+                if (r["extra_key"], r["cache_salt"]) == (None, None)
+                else f" ns=({r['extra_key']!r}, {r['cache_salt']!r})"
+            )
             key = r["key"][:10]
             more = "..." if len(r["key"]) > 10 else ""
-            lines.append(f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
-                         f"hits={r['hit_count']} prio={r['priority']}{ns}")
-        lines.append(f"#tokens: {self.total_size()} (evictable {self._evictable}, "
-                     f"protected {self._protected})")
+            lines.append(
+                f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
+                f"hits={r['hit_count']} prio={r['priority']}{ns}"
+            )
+        lines.append(
+            f"#tokens: {self.total_size()} (evictable {self._evictable}, "
+            f"protected {self._protected})"
+        )
         return "\n".join(lines)

@@ -34,22 +34,44 @@ __all__ = ["AtlasConfig", "run_atlas"]
 K = 1024
 M = 1024 * 1024
 
-LAB_POLICIES = ["lab-lru", "lab-2q", "lab-lru-admit2", "lab-cost-admit2",
-                "lab-density-admit2", "lab-slru", "opt"]
+LAB_POLICIES = [
+    "lab-lru",
+    "lab-2q",
+    "lab-lru-admit2",
+    "lab-cost-admit2",
+    "lab-density-admit2",
+    "lab-slru",
+    "opt",
+]
 
 
 @dataclass
 class AtlasConfig:
     trace_policies: list[str] = field(default_factory=lambda: ["vllm-blocks", *LAB_POLICIES])
     trace_capacities: list[int] = field(default_factory=lambda: [1 * M, 3 * M, 25 * M])
-    time_policies: list[str] = field(default_factory=lambda: [
-        "vllm-blocks", "lab-lru", "lab-2q", "lab-lru-admit2", "lab-cost-admit2", "opt"])
+    time_policies: list[str] = field(
+        default_factory=lambda: [
+            "vllm-blocks",
+            "lab-lru",
+            "lab-2q",
+            "lab-lru-admit2",
+            "lab-cost-admit2",
+            "opt",
+        ]
+    )
     goal_capacity: int = 3 * M
     trace_models: list[str] = field(default_factory=lambda: ["sequence", "time"])
-    workload_policies: list[str] = field(default_factory=lambda: [
-        "radix", "radix-page16", "vllm-blocks", "trtllm", "tree-trim", *LAB_POLICIES])
-    workload_capacities: list[int] = field(
-        default_factory=lambda: [8 * K, 16 * K, 24 * K, 32 * K])
+    workload_policies: list[str] = field(
+        default_factory=lambda: [
+            "radix",
+            "radix-page16",
+            "vllm-blocks",
+            "trtllm",
+            "tree-trim",
+            *LAB_POLICIES,
+        ]
+    )
+    workload_capacities: list[int] = field(default_factory=lambda: [8 * K, 16 * K, 24 * K, 32 * K])
     workload_models: list[str] = field(default_factory=lambda: ["sequence", "slots"])
 
 
@@ -76,8 +98,14 @@ def _cap(c: int) -> str:
     return f"{c:,}"
 
 
-def _run_panel(source: str, requests: Sequence[Request], model: str, policies: list[str],
-               capacities: list[int], log: Callable[[str], None]) -> Panel:
+def _run_panel(
+    source: str,
+    requests: Sequence[Request],
+    model: str,
+    policies: list[str],
+    capacities: list[int],
+    log: Callable[[str], None],
+) -> Panel:
     sums = []
     for cap in capacities:
         t0 = time.perf_counter()
@@ -97,8 +125,14 @@ def _plot(panel: Panel, path: Path) -> None:
     for name, rates in panel.rates().items():
         style: dict[str, Any] = {"color": "black", "linewidth": 2.5} if name == "opt" else {}
         ls = "--" if not name.startswith(("lab-", "opt", "tree-")) else "-"
-        ax.plot(panel.capacities, [100 * r for r in rates], marker="o", linestyle=ls,
-                label=name, **style)
+        ax.plot(
+            panel.capacities,
+            [100 * r for r in rates],
+            marker="o",
+            linestyle=ls,
+            label=name,
+            **style,
+        )
     ax.set_xscale("log")
     ax.set_xlabel("KV budget (tokens)")
     ax.set_ylabel("prompt tokens hit (%)")
@@ -113,14 +147,18 @@ def _plot(panel: Panel, path: Path) -> None:
 def _panel_md(panel: Panel, img: str) -> list[str]:
     rates = panel.rates()
     caps = panel.capacities
-    lines = [f"### {panel.source} - model `{panel.model}`", "", f"![{panel.source}]({img})", "",
-             "| policy | " + " | ".join(_cap(c) for c in caps) + " |",
-             "|---|" + "---:|" * len(caps)]
+    lines = [
+        f"### {panel.source} - model `{panel.model}`",
+        "",
+        f"![{panel.source}]({img})",
+        "",
+        "| policy | " + " | ".join(_cap(c) for c in caps) + " |",
+        "|---|" + "---:|" * len(caps),
+    ]
     for name, rs in rates.items():
         lines.append(f"| {name} | " + " | ".join(f"{100 * r:.2f}%" for r in rs) + " |")
     lines.append("")
-    gl = ["| policy | " + " | ".join(_cap(c) for c in caps) + " |",
-          "|---|" + "---:|" * len(caps)]
+    gl = ["| policy | " + " | ".join(_cap(c) for c in caps) + " |", "|---|" + "---:|" * len(caps)]
     per_cap = [{g["policy"]: g for g in gap_rows(s)} for s in panel.summaries]
     if any(not math.isnan(g["gap_closed"]) for pc in per_cap for g in pc.values()):
         base = next((g["lru"] for pc in per_cap for g in pc.values()), None)
@@ -139,26 +177,34 @@ def _panel_md(panel: Panel, img: str) -> list[str]:
 
 
 def _goal_md(panels: list[Panel], goal: int) -> list[str]:
-    rows = ["| trace | model | LRU | OPT | best online policy | its hit rate | gap closed |",
-            "|---|---|---:|---:|---|---:|---:|"]
+    rows = [
+        "| trace | model | LRU | OPT | best online policy | its hit rate | gap closed |",
+        "|---|---|---:|---:|---|---:|---:|",
+    ]
     for p in panels:
         if goal not in p.capacities:
             continue
         gaps = gap_rows(p.summaries[p.capacities.index(goal)])
-        online = [g for g in gaps if not g["policy"].startswith("opt")
-                  and not math.isnan(g["gap_closed"])]
+        online = [
+            g for g in gaps if not g["policy"].startswith("opt") and not math.isnan(g["gap_closed"])
+        ]
         if not online:
             continue
         best = max(online, key=lambda g: g["gap_closed"])
-        rows.append(f"| {p.source} | {p.model} | {100 * best['lru_hit_rate']:.2f}% "
-                    f"| {100 * best['opt_hit_rate']:.2f}% | `{best['policy']}` "
-                    f"| {100 * best['hit_rate']:.2f}% | {100 * best['gap_closed']:+.1f}% |")
+        rows.append(
+            f"| {p.source} | {p.model} | {100 * best['lru_hit_rate']:.2f}% "
+            f"| {100 * best['opt_hit_rate']:.2f}% | `{best['policy']}` "
+            f"| {100 * best['hit_rate']:.2f}% | {100 * best['gap_closed']:+.1f}% |"
+        )
     return rows
 
 
-def run_atlas(trace_dir: str | Path | None, out: str | Path = "docs/ATLAS.md",
-              config: AtlasConfig | None = None,
-              log: Callable[[str], None] = lambda s: None) -> Path:
+def run_atlas(
+    trace_dir: str | Path | None,
+    out: str | Path = "docs/ATLAS.md",
+    config: AtlasConfig | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> Path:
     """Replay everything and write the atlas (see the module docstring)."""
     cfg = config or AtlasConfig()
     folder = trace_dir or os.environ.get("PREFIXCACHE_TRACES")
@@ -189,29 +235,52 @@ def run_atlas(trace_dir: str | Path | None, out: str | Path = "docs/ATLAS.md",
     for name in STUDY_WORKLOADS:
         w = study_workload(name, 0)
         for model in cfg.workload_models:
-            wl_panels.append(_run_panel(f"workload {name}", w.requests, model,
-                                        cfg.workload_policies, cfg.workload_capacities, log))
+            wl_panels.append(
+                _run_panel(
+                    f"workload {name}",
+                    w.requests,
+                    model,
+                    cfg.workload_policies,
+                    cfg.workload_capacities,
+                    log,
+                )
+            )
             write()
     return out
 
 
-def _write(out: Path, traces: list[Path], trace_panels: list[Panel], wl_panels: list[Panel],
-           cfg: AtlasConfig, elapsed: float) -> None:
+def _write(
+    out: Path,
+    traces: list[Path],
+    trace_panels: list[Panel],
+    wl_panels: list[Panel],
+    cfg: AtlasConfig,
+    elapsed: float,
+) -> None:
     from prefixcache.sim.report import write_json
 
-    md = ["# Atlas: hit rate against KV budget", "",
-          "Generated by `prefixcache atlas DIR` (python/prefixcache/sim/atlas.py); do not "
-          "edit by hand. Policies: engine rules (`radix`, `radix-page16`, `vllm-blocks`, "
-          "`trtllm`) and the lab's (docs/LAB.md), all at the same KV budget in tokens; "
-          "`opt` is the offline optimum (exact under the sequence model, a bound "
-          "elsewhere). Models: docs/SIMULATOR.md and docs/LAB.md. Every number is in "
-          "[atlas/atlas.json](atlas/atlas.json).", "",
-          f"Traces: {', '.join(t.name for t in traces) or 'none given'}; workloads A-F "
-          f"(seed 0). Run time {elapsed / 60:.1f} min on {platform.machine()} "
-          f"({os.cpu_count()} cores, shared).", ""]
+    md = [
+        "# Atlas: hit rate against KV budget",
+        "",
+        "Generated by `prefixcache atlas DIR` (python/prefixcache/sim/atlas.py); do not "
+        "edit by hand. Policies: engine rules (`radix`, `radix-page16`, `vllm-blocks`, "
+        "`trtllm`) and the lab's (docs/LAB.md), all at the same KV budget in tokens; "
+        "`opt` is the offline optimum (exact under the sequence model, a bound "
+        "elsewhere). Models: docs/SIMULATOR.md and docs/LAB.md. Every number is in "
+        "[atlas/atlas.json](atlas/atlas.json).",
+        "",
+        f"Traces: {', '.join(t.name for t in traces) or 'none given'}; workloads A-F "
+        f"(seed 0). Run time {elapsed / 60:.1f} min on {platform.machine()} "
+        f"({os.cpu_count()} cores, shared).",
+        "",
+    ]
     if trace_panels:
-        md += [f"## The goal budget: {_cap(cfg.goal_capacity)} tokens", "",
-               *_goal_md(trace_panels, cfg.goal_capacity), ""]
+        md += [
+            f"## The goal budget: {_cap(cfg.goal_capacity)} tokens",
+            "",
+            *_goal_md(trace_panels, cfg.goal_capacity),
+            "",
+        ]
     md += ["## Traces", ""]
     blobs: list[dict[str, Any]] = []
     for i, p in enumerate(trace_panels + wl_panels):
@@ -220,7 +289,13 @@ def _write(out: Path, traces: list[Path], trace_panels: list[Panel], wl_panels: 
         img = f"atlas/{p.source.replace(' ', '_').replace('.jsonl', '')}_{p.model}.png"
         _plot(p, out.parent / img)
         md += _panel_md(p, img)
-        blobs.append({"source": p.source, "model": p.model, "capacities": p.capacities,
-                      "summaries": p.summaries})
+        blobs.append(
+            {
+                "source": p.source,
+                "model": p.model,
+                "capacities": p.capacities,
+                "summaries": p.summaries,
+            }
+        )
     out.write_text("\n".join(md) + "\n")
     write_json(out.parent / "atlas" / "atlas.json", {"panels": blobs})

@@ -49,10 +49,14 @@ __all__ = ["build_parser", "main", "parse_capacity"]
 
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_CAPACITY_RE = re.compile(r"(?P<num>[0-9][0-9_]*(\.[0-9]*)?([e][+-]?[0-9]+)?|\.[0-9]+)"
-                          r"(?P<unit>[kmgt]i?)?(?P<bytes>i?b)?")
-CAPACITY_HELP = ("tokens: 3000000, 3e6, 3M or 1.5G (decimal: k=10^3, M=10^6, G=10^9, T=10^12) "
-                 "or 3Mi (binary: Ki=2^10, Mi=2^20, Gi=2^30, Ti=2^40)")
+_CAPACITY_RE = re.compile(
+    r"(?P<num>[0-9][0-9_]*(\.[0-9]*)?([e][+-]?[0-9]+)?|\.[0-9]+)"
+    r"(?P<unit>[kmgt]i?)?(?P<bytes>i?b)?"
+)
+CAPACITY_HELP = (
+    "tokens: 3000000, 3e6, 3M or 1.5G (decimal: k=10^3, M=10^6, G=10^9, T=10^12) "
+    "or 3Mi (binary: Ki=2^10, Mi=2^20, Gi=2^30, Ti=2^40)"
+)
 
 
 def parse_capacity(text: str) -> int:
@@ -62,21 +66,24 @@ def parse_capacity(text: str) -> int:
     m = _CAPACITY_RE.fullmatch(t)
     if m is not None and m.group("bytes"):
         raise argparse.ArgumentTypeError(
-            f"bad capacity {text!r}: a capacity counts tokens, not bytes (drop the B)")
+            f"bad capacity {text!r}: a capacity counts tokens, not bytes (drop the B)"
+        )
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"bad capacity {text!r}: expected a number of tokens such as 3000000, 3e6, "
-            "1.5M or 3Mi")
+            f"bad capacity {text!r}: expected a number of tokens such as 3000000, 3e6, 1.5M or 3Mi"
+        )
     unit = m.group("unit") or ""
     mult = _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
     value = Fraction(m.group("num")) * mult
     if value.denominator != 1:
         raise argparse.ArgumentTypeError(
-            f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens")
+            f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens"
+        )
     if value < 1:
         raise argparse.ArgumentTypeError(
             f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
-            "unlimited one)")
+            "unlimited one)"
+        )
     return int(value)
 
 
@@ -146,19 +153,34 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
-    p.add_argument("--policies", nargs="+", default=[], metavar="NAME",
-                   help="policies, space or comma separated: radix, radix-page<N>, "
-                   "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>], "
-                   "lab policies: opt, lab-lru, lab-2q, ... (docs/LAB.md) "
-                   "(default: {})".format(", ".join(POLICY_NAMES)))
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="policies, space or comma separated: radix, radix-page<N>, "
+        "vllm-blocks, vllm-blocks<N>, trtllm[<N>], trtllm-nopartial[<N>], "
+        "lab policies: opt, lab-lru, lab-2q, ... (docs/LAB.md) "
+        "(default: {})".format(", ".join(POLICY_NAMES)),
+    )
     if capacity:
-        p.add_argument("--capacity", type=parse_capacity, default=None, metavar="TOKENS",
-                       help=f"KV budget, the same for every policy, in {CAPACITY_HELP} "
-                       "(default: the workload's own; traces: unlimited)")
-    p.add_argument("--eviction", default="lru", choices=EVICTION_POLICIES,
-                   help="radix eviction policy (default lru)")
-    p.add_argument("--hash-algo", default="sha256", choices=HASH_ALGOS,
-                   help="vLLM block hash (default sha256)")
+        p.add_argument(
+            "--capacity",
+            type=parse_capacity,
+            default=None,
+            metavar="TOKENS",
+            help=f"KV budget, the same for every policy, in {CAPACITY_HELP} "
+            "(default: the workload's own; traces: unlimited)",
+        )
+    p.add_argument(
+        "--eviction",
+        default="lru",
+        choices=EVICTION_POLICIES,
+        help="radix eviction policy (default lru)",
+    )
+    p.add_argument(
+        "--hash-algo", default="sha256", choices=HASH_ALGOS, help="vLLM block hash (default sha256)"
+    )
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("--csv", metavar="PATH", help="write the summary rows as CSV")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -166,42 +188,89 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
-    g.add_argument("--model", choices=("slots", "time", "sequence"), default="slots",
-                   help="slots: the A-F study's model; time: continuous batching on a "
-                   "clock; sequence: one request at a time in trace order (docs/LAB.md)")
-    g.add_argument("--max-running", type=_positive_int, default=None, metavar="N",
-                   help="requests holding KV at once, >= 1 (default 8 slots, 256 time)")
-    g.add_argument("--no-preemption", action="store_true",
-                   help="time model: reserve each request's output KV at admission "
-                   "instead of preempting when KV runs out mid-decode")
+    g.add_argument(
+        "--model",
+        choices=("slots", "time", "sequence"),
+        default="slots",
+        help="slots: the A-F study's model; time: continuous batching on a "
+        "clock; sequence: one request at a time in trace order (docs/LAB.md)",
+    )
+    g.add_argument(
+        "--max-running",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="requests holding KV at once, >= 1 (default 8 slots, 256 time)",
+    )
+    g.add_argument(
+        "--no-preemption",
+        action="store_true",
+        help="time model: reserve each request's output KV at admission "
+        "instead of preempting when KV runs out mid-decode",
+    )
     d = PrefillCost()
-    g.add_argument("--prefill-base-ms", type=_milliseconds, default=d.base_ms, metavar="MS",
-                   help=f"fixed cost of a prefill (default {d.base_ms})")
-    g.add_argument("--prefill-ms-per-token", type=_milliseconds, default=d.per_token_ms,
-                   metavar="MS", help=f"per uncached token (default {d.per_token_ms})")
-    g.add_argument("--prefill-attention-ms", type=_milliseconds, default=d.attention_ms,
-                   metavar="MS",
-                   help=f"per (query, key) pair, the quadratic term (default {d.attention_ms})")
-    g.add_argument("--decode-step-ms", type=_milliseconds, default=d.decode_step_ms,
-                   metavar="MS", help=f"one decode step (default {d.decode_step_ms})")
+    g.add_argument(
+        "--prefill-base-ms",
+        type=_milliseconds,
+        default=d.base_ms,
+        metavar="MS",
+        help=f"fixed cost of a prefill (default {d.base_ms})",
+    )
+    g.add_argument(
+        "--prefill-ms-per-token",
+        type=_milliseconds,
+        default=d.per_token_ms,
+        metavar="MS",
+        help=f"per uncached token (default {d.per_token_ms})",
+    )
+    g.add_argument(
+        "--prefill-attention-ms",
+        type=_milliseconds,
+        default=d.attention_ms,
+        metavar="MS",
+        help=f"per (query, key) pair, the quadratic term (default {d.attention_ms})",
+    )
+    g.add_argument(
+        "--decode-step-ms",
+        type=_milliseconds,
+        default=d.decode_step_ms,
+        metavar="MS",
+        help=f"one decode step (default {d.decode_step_ms})",
+    )
 
 
 def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
-                   help=f"worker processes running {what} in parallel, one process per "
-                   "replay (default: the number of cores; 1 runs them one after the other "
-                   "in this process)")
+    p.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help=f"worker processes running {what} in parallel, one process per "
+        "replay (default: the number of cores; 1 runs them one after the other "
+        "in this process)",
+    )
 
 
 def _add_trace(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="a trace file (Mooncake or token JSONL; may be gzip, zstd, "
-                   "bzip2 or xz compressed), or workload:A..F")
-    p.add_argument("--format", choices=("auto", "mooncake", "tokens"), default="auto",
-                   help="trace file format (default: detected from the first line)")
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip malformed lines (counted) instead of stopping at the first")
-    p.add_argument("--seed", type=_seed, default=0,
-                   help="random seed of a built-in workload (default 0)")
+    p.add_argument(
+        "trace",
+        help="a trace file (Mooncake or token JSONL; may be gzip, zstd, "
+        "bzip2 or xz compressed), or workload:A..F",
+    )
+    p.add_argument(
+        "--format",
+        choices=("auto", "mooncake", "tokens"),
+        default="auto",
+        help="trace file format (default: detected from the first line)",
+    )
+    p.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip malformed lines (counted) instead of stopping at the first",
+    )
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="random seed of a built-in workload (default 0)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,10 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     c = sub.add_parser("compare", help="the A-F study table on built-in workloads A-F")
-    c.add_argument("--workload", default="all",
-                   help="A..F, a comma list, or all (default)")
-    c.add_argument("--seed", type=_seed, default=0,
-                   help="random seed of the workloads (default 0)")
+    c.add_argument("--workload", default="all", help="A..F, a comma list, or all (default)")
+    c.add_argument("--seed", type=_seed, default=0, help="random seed of the workloads (default 0)")
     _add_common(c)
     _add_model(c)
 
@@ -232,12 +299,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="hit rate vs KV capacity, one curve per policy")
     _add_trace(s)
-    s.add_argument("--capacities", type=_capacities, required=True, metavar="LIST",
-                   help="comma-separated token budgets (k, M, G decimal; Ki, Mi, Gi binary), "
-                   "e.g. 64k,256k,1M")
-    s.add_argument("--plot", metavar="PNG",
-                   help="write the plot (PNG, SVG or PDF by the name's suffix; needs "
-                   "matplotlib: pip install 'prefixcache[plot]')")
+    s.add_argument(
+        "--capacities",
+        type=_capacities,
+        required=True,
+        metavar="LIST",
+        help="comma-separated token budgets (k, M, G decimal; Ki, Mi, Gi binary), e.g. 64k,256k,1M",
+    )
+    s.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="write the plot (PNG, SVG or PDF by the name's suffix; needs "
+        "matplotlib: pip install 'prefixcache[plot]')",
+    )
     _add_jobs(s, "capacities and policies")
     _add_common(s, capacity=False)
     _add_model(s)
@@ -245,18 +319,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("trace-stats", help="sizes, arrival span and hit-rate ceilings of a trace")
     _add_trace(t)
-    t.add_argument("--block-size", type=_positive_int, default=None, metavar="TOKENS",
-                   help="block size of the block ceiling, >= 1 (default 512 Mooncake, 16 else)")
+    t.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="block size of the block ceiling, >= 1 (default 512 Mooncake, 16 else)",
+    )
     t.add_argument("--json", metavar="PATH", help="write every number as JSON")
     t.add_argument("--csv", metavar="PATH", help="write the row as CSV")
-    t.add_argument("--quiet", action="store_true", help="accepted for symmetry: trace-stats "
-                   "shows no progress bars")
+    t.add_argument(
+        "--quiet",
+        action="store_true",
+        help="accepted for symmetry: trace-stats shows no progress bars",
+    )
     a = sub.add_parser("atlas", help="reference curves of every policy and opt (docs/ATLAS.md)")
-    a.add_argument("trace_dir", nargs="?", default=None,
-                   help="folder of *.jsonl traces (default: $PREFIXCACHE_TRACES; none: "
-                   "built-in workloads only)")
-    a.add_argument("--out", default="docs/ATLAS.md", help="the report (PNGs and JSON "
-                   "go to an atlas/ folder beside it)")
+    a.add_argument(
+        "trace_dir",
+        nargs="?",
+        default=None,
+        help="folder of *.jsonl traces (default: $PREFIXCACHE_TRACES; none: "
+        "built-in workloads only)",
+    )
+    a.add_argument(
+        "--out",
+        default="docs/ATLAS.md",
+        help="the report (PNGs and JSON go to an atlas/ folder beside it)",
+    )
     return ap
 
 
@@ -285,8 +374,10 @@ def _check_plot(path: str | None) -> None:
     suffix = Path(path).suffix.lower().lstrip(".")
     kinds = FigureCanvasBase.get_supported_filetypes()
     if suffix not in kinds:
-        raise _UsageError(f"--plot {path}: unknown image type {suffix!r}; use one of "
-                          + ", ".join(f".{k}" for k in sorted(kinds)))
+        raise _UsageError(
+            f"--plot {path}: unknown image type {suffix!r}; use one of "
+            + ", ".join(f".{k}" for k in sorted(kinds))
+        )
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -295,14 +386,16 @@ def _check_args(args: argparse.Namespace) -> None:
     _check_plot(getattr(args, "plot", None))
     spec = getattr(args, "trace", None)
     if spec is not None and spec.startswith("workload:") and args.format != "auto":
-        raise _UsageError(f"--format {args.format} applies to trace files, not to the "
-                          f"built-in {spec}")
+        raise _UsageError(
+            f"--format {args.format} applies to trace files, not to the built-in {spec}"
+        )
     if getattr(args, "workload", None) is not None:
         names = _workload_names(args.workload)
         bad = [n for n in names if n not in STUDY_WORKLOADS]
         if bad or not names:
-            raise _UsageError(f"--workload {args.workload!r}: expected A..F, a comma list of "
-                              "them, or all")
+            raise _UsageError(
+                f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
+            )
 
 
 def _workload_names(text: str) -> list[str]:
@@ -320,42 +413,71 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
     if tr.skipped:
-        console.print(f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
-                      f"{', '.join(map(str, tr.skipped_lines[:10]))}"
-                      f"{' ...' if tr.skipped > 10 else ''}[/yellow]")
+        console.print(
+            f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
+            f"{', '.join(map(str, tr.skipped_lines[:10]))}"
+            f"{' ...' if tr.skipped > 10 else ''}[/yellow]"
+        )
     return spec, tr
 
 
 def _scheduler(args: argparse.Namespace) -> Any:
-    cost = PrefillCost(args.prefill_base_ms, args.prefill_ms_per_token,
-                       args.prefill_attention_ms, args.decode_step_ms)
-    return make_scheduler(args.model, max_running=args.max_running, cost=cost,
-                          preemption=not args.no_preemption)
+    cost = PrefillCost(
+        args.prefill_base_ms,
+        args.prefill_ms_per_token,
+        args.prefill_attention_ms,
+        args.decode_step_ms,
+    )
+    return make_scheduler(
+        args.model, max_running=args.max_running, cost=cost, preemption=not args.no_preemption
+    )
 
 
-def _run(args: argparse.Namespace, requests: Sequence[Request], capacity: int | None,
-         console: Console, err: Console) -> list[ReplayResult]:
+def _run(
+    args: argparse.Namespace,
+    requests: Sequence[Request],
+    capacity: int | None,
+    console: Console,
+    err: Console,
+) -> list[ReplayResult]:
     with progress_bars(err, enabled=not args.quiet) as bars:
-        return replay(requests, _policies(args.policies), capacity,
-                      scheduler=_scheduler(args), eviction_policy=args.eviction,
-                      hash_algo=args.hash_algo, progress=bars)
+        return replay(
+            requests,
+            _policies(args.policies),
+            capacity,
+            scheduler=_scheduler(args),
+            eviction_policy=args.eviction,
+            hash_algo=args.hash_algo,
+            progress=bars,
+        )
 
 
 def _spec(args: argparse.Namespace) -> Any:
     from prefixcache.sim.sweep import SweepSpec
 
     return SweepSpec(
-        trace=args.trace, fmt=args.format, skip_bad_lines=args.skip_bad_lines, seed=args.seed,
-        policies=_policies(args.policies), eviction_policy=args.eviction,
-        hash_algo=args.hash_algo, model=args.model, max_running=args.max_running,
-        cost=PrefillCost(args.prefill_base_ms, args.prefill_ms_per_token,
-                         args.prefill_attention_ms, args.decode_step_ms),
+        trace=args.trace,
+        fmt=args.format,
+        skip_bad_lines=args.skip_bad_lines,
+        seed=args.seed,
+        policies=_policies(args.policies),
+        eviction_policy=args.eviction,
+        hash_algo=args.hash_algo,
+        model=args.model,
+        max_running=args.max_running,
+        cost=PrefillCost(
+            args.prefill_base_ms,
+            args.prefill_ms_per_token,
+            args.prefill_attention_ms,
+            args.decode_step_ms,
+        ),
         preemption=not args.no_preemption,
     )
 
 
-def _sweep_runs(args: argparse.Namespace, requests: Sequence[Request], caps: Sequence[int],
-                err: Console) -> list[dict[str, Any]]:
+def _sweep_runs(
+    args: argparse.Namespace, requests: Sequence[Request], caps: Sequence[int], err: Console
+) -> list[dict[str, Any]]:
     """Every (capacity, policy) of the sweep, in that order, as summaries."""
     from prefixcache.sim.sweep import run_sweep
 
@@ -363,8 +485,9 @@ def _sweep_runs(args: argparse.Namespace, requests: Sequence[Request], caps: Seq
         return run_sweep(_spec(args), requests, caps, jobs=args.jobs, progress=bars)
 
 
-def _replay_runs(args: argparse.Namespace, requests: Sequence[Request],
-                 err: Console) -> list[ReplayResult]:
+def _replay_runs(
+    args: argparse.Namespace, requests: Sequence[Request], err: Console
+) -> list[ReplayResult]:
     """Every policy at ``args.capacity``, in worker processes unless ``--jobs 1``."""
     from prefixcache.sim.sweep import run_pairs
 
@@ -374,8 +497,11 @@ def _replay_runs(args: argparse.Namespace, requests: Sequence[Request],
 
 
 def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
-    return [hit_difference(results[i], results[j])
-            for i in range(len(results)) for j in range(i + 1, len(results))]
+    return [
+        hit_difference(results[i], results[j])
+        for i in range(len(results))
+        for j in range(i + 1, len(results))
+    ]
 
 
 def _show(console: Console, table: Any) -> None:
@@ -383,20 +509,33 @@ def _show(console: Console, table: Any) -> None:
     console.print()
 
 
-def _print_results(console: Console, heading: str, requests: Sequence[Request],
-                   capacity: int | None, model: str, sums: Sequence[dict[str, Any]],
-                   diffs: Sequence[dict[str, Any]]) -> None:
+def _print_results(
+    console: Console,
+    heading: str,
+    requests: Sequence[Request],
+    capacity: int | None,
+    model: str,
+    sums: Sequence[dict[str, Any]],
+    diffs: Sequence[dict[str, Any]],
+) -> None:
     cap_text = "unlimited" if capacity is None else f"{capacity:,} tokens"
     prompt = sum(r.prompt_len for r in requests)
-    _show(console, comparison_table(
-        f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
-        f"model {model}", sums))
+    _show(
+        console,
+        comparison_table(
+            f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
+            f"model {model}",
+            sums,
+        ),
+    )
     rejected = {str(x["policy"]): int(x["rejected"]) for x in sums if x.get("rejected")}
     if rejected:
         worst = max(rejected.values())
-        console.print(f"[yellow]note: up to {worst:,} of {len(requests):,} requests never fit "
-                      f"in KV {cap_text}, even alone: rejected, not served, not in the hit "
-                      "rate[/yellow]")
+        console.print(
+            f"[yellow]note: up to {worst:,} of {len(requests):,} requests never fit "
+            f"in KV {cap_text}, even alone: rejected, not served, not in the hit "
+            "rate[/yellow]"
+        )
         console.print()
     partial = partial_reuse_table("trie: partial reuse of the last block", sums)
     if partial is not None:
@@ -420,11 +559,19 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
         results = _run(args, w.requests, cap, console, err)
         sums = [summarize(r) for r in results]
         diffs = _diffs(results)
-        _print_results(console, f"workload {w.name}: {w.description}", w.requests, cap,
-                       args.model, sums, diffs)
-        out.append({"workload": w.name, "description": w.description,
-                    "capacity": sums[0]["capacity"], "summaries": sums, "differences": diffs,
-                    "gap": gap_rows(sums)})
+        _print_results(
+            console, f"workload {w.name}: {w.description}", w.requests, cap, args.model, sums, diffs
+        )
+        out.append(
+            {
+                "workload": w.name,
+                "description": w.description,
+                "capacity": sums[0]["capacity"],
+                "summaries": sums,
+                "differences": diffs,
+                "gap": gap_rows(sums),
+            }
+        )
         rows += [{"workload": w.name, **s} for s in sums]
     if args.json:
         write_json(args.json, {"command": "compare", "seed": args.seed, "workloads": out})
@@ -443,16 +590,25 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     diffs = _diffs(results)
     _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
     if args.json:
-        write_json(args.json, {
-            "command": "replay", "trace": label, "skipped_lines": tr.skipped,
-            "summaries": sums, "differences": diffs, "gap": gap_rows(sums),
-            "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
-        })
+        write_json(
+            args.json,
+            {
+                "command": "replay",
+                "trace": label,
+                "skipped_lines": tr.skipped,
+                "summaries": sums,
+                "differences": diffs,
+                "gap": gap_rows(sums),
+                "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
+            },
+        )
     if args.csv:
         write_csv(args.csv, sums)
     if args.records_csv:
-        write_csv(args.records_csv,
-                  [{"policy": r.policy, **x.to_dict()} for r in results for x in r.records])
+        write_csv(
+            args.records_csv,
+            [{"policy": r.policy, **x.to_dict()} for r in results for x in r.records],
+        )
     return 0
 
 
@@ -472,15 +628,27 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         rows = gap_rows([s for s in all_sums if s["capacity"] == cap])
         gaps += [{"capacity": cap, **g} for g in rows]
         if rows:
-            _show(console, gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens",
-                                     rows))
+            _show(console, gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens", rows))
     if args.plot:
-        write_sweep_plot(args.plot, caps, rates,
-                         f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
+        write_sweep_plot(
+            args.plot,
+            caps,
+            rates,
+            f"{Path(label).name} ({len(reqs):,} requests, model {args.model})",
+        )
         console.print(f"plot written to {args.plot}")
     if args.json:
-        write_json(args.json, {"command": "sweep", "trace": label, "capacities": caps,
-                               "hit_rate": rates, "summaries": all_sums, "gap": gaps})
+        write_json(
+            args.json,
+            {
+                "command": "sweep",
+                "trace": label,
+                "capacities": caps,
+                "hit_rate": rates,
+                "summaries": all_sums,
+                "gap": gaps,
+            },
+        )
     if args.csv:
         write_csv(args.csv, all_sums)
     return 0
@@ -488,8 +656,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
-    bs = args.block_size if args.block_size is not None else (
-        512 if tr.format == "mooncake" else 16)
+    bs = (
+        args.block_size if args.block_size is not None else (512 if tr.format == "mooncake" else 16)
+    )
     st = {"skipped_lines": tr.skipped, **trace_stats(tr.requests, bs, tr.hash_ids)}
     _show(console, trace_stats_table(f"{label} ({tr.format})", st))
     if args.json:
@@ -507,8 +676,13 @@ def cmd_atlas(args: argparse.Namespace, console: Console, err: Console) -> int:
     return 0
 
 
-COMMANDS = {"compare": cmd_compare, "replay": cmd_replay, "sweep": cmd_sweep,
-            "trace-stats": cmd_trace_stats, "atlas": cmd_atlas}
+COMMANDS = {
+    "compare": cmd_compare,
+    "replay": cmd_replay,
+    "sweep": cmd_sweep,
+    "trace-stats": cmd_trace_stats,
+    "atlas": cmd_atlas,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -522,12 +696,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
-            raise _UsageError(f"give a command before the options, e.g. prefixcache compare "
-                              f"{' '.join(argv)} (see prefixcache --help)")
+            raise _UsageError(
+                f"give a command before the options, e.g. prefixcache compare "
+                f"{' '.join(argv)} (see prefixcache --help)"
+            )
         args = ap.parse_args(argv)
         if args.command is None:
-            raise _UsageError("give a command: compare, replay, sweep or trace-stats "
-                              "(see prefixcache --help)")
+            raise _UsageError(
+                "give a command: compare, replay, sweep or trace-stats (see prefixcache --help)"
+            )
         _check_args(args)
         console = Console(file=cast(IO[str], _PipeSafe(sys.stdout)), highlight=False)
         return COMMANDS[args.command](args, console, err)

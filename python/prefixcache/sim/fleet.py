@@ -73,8 +73,9 @@ class FleetResult:
 class _EventPath:
     """The KV events on their way from the instances to the router's fleet index."""
 
-    def __init__(self, n: int, block_size: int, hash_algo: str, delay: float, loss: float,
-                 seed: int) -> None:
+    def __init__(
+        self, n: int, block_size: int, hash_algo: str, delay: float, loss: float, seed: int
+    ) -> None:
         from prefixcache import BlockHasher, KvIndex
 
         self.index = KvIndex()
@@ -126,8 +127,7 @@ class _EventPath:
         (vLLM's layout: the extra key as a LoRA name on every block, the salt on block 0)."""
         from prefixcache.events import external_hash
 
-        base: tuple[Any, ...] = (("lora", req.extra_key, ""),) \
-            if req.extra_key is not None else ()
+        base: tuple[Any, ...] = (("lora", req.extra_key, ""),) if req.extra_key is not None else ()
         n = req.prompt_len // self.block_size
         keys: list[tuple[Any, ...] | None] = [base or None] * n
         if req.cache_salt and n:
@@ -139,8 +139,9 @@ class _EventPath:
 class _Fleet:
     """The router's view of the fleet (routers.FleetView)."""
 
-    def __init__(self, insts: list[TimeInstance], path: _EventPath | None,
-                 collect: Callable[[], None]) -> None:
+    def __init__(
+        self, insts: list[TimeInstance], path: _EventPath | None, collect: Callable[[], None]
+    ) -> None:
         self.insts = insts
         self.path = path
         self._collect = collect
@@ -160,15 +161,22 @@ class _Fleet:
         return self.path.held(req, now), self.path.block_size
 
 
-def _publishing_policy(name: str, capacity: int, eviction_policy: str,
-                       hash_algo: str) -> CachePolicy:
+def _publishing_policy(
+    name: str, capacity: int, eviction_policy: str, hash_algo: str
+) -> CachePolicy:
     pol = make_policy(name, capacity, eviction_policy=eviction_policy, hash_algo=hash_algo)
     if isinstance(pol, BlocksPolicy):
-        return BlocksPolicy(capacity, block_size=pol.block_size, hash_algo=hash_algo,
-                            name=pol.name, publish_events=True)
+        return BlocksPolicy(
+            capacity,
+            block_size=pol.block_size,
+            hash_algo=hash_algo,
+            name=pol.name,
+            publish_events=True,
+        )
     raise InvalidInputError(
         f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
-        "vllm-blocks (or vllm-blocks<N>)")
+        "vllm-blocks (or vllm-blocks<N>)"
+    )
 
 
 def fleet_replay(
@@ -207,27 +215,37 @@ def fleet_replay(
     if not 0.0 <= event_loss <= 1.0:
         raise InvalidInputError(f"event loss must be in [0, 1], got {event_loss}")
     sched = scheduler or TimeScheduler()
-    rt = make_router(router, seed=seed, overlap_weight=overlap_weight) \
-        if isinstance(router, str) else router
+    rt = (
+        make_router(router, seed=seed, overlap_weight=overlap_weight)
+        if isinstance(router, str)
+        else router
+    )
     events = needs_events(rt)
     if events:
-        pols = [_publishing_policy(policy, capacity, eviction_policy, hash_algo)
-                for _ in range(instances)]
+        pols = [
+            _publishing_policy(policy, capacity, eviction_policy, hash_algo)
+            for _ in range(instances)
+        ]
     else:
-        pols = [make_policy(policy, capacity, eviction_policy=eviction_policy,
-                            hash_algo=hash_algo) for _ in range(instances)]
+        pols = [
+            make_policy(policy, capacity, eviction_policy=eviction_policy, hash_algo=hash_algo)
+            for _ in range(instances)
+        ]
     n = len(requests)
     records = [new_record(r) for r in requests]
     served_by = [-1] * n
-    task = progress(f"{pols[0].name} x{instances} {rt.name}", n) \
-        if progress is not None else None
+    task = progress(f"{pols[0].name} x{instances} {rt.name}", n) if progress is not None else None
     tick = task.advance if task is not None else None
-    path = _EventPath(instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay,
-                      event_loss, seed) if events else None
+    path = (
+        _EventPath(
+            instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay, event_loss, seed
+        )
+        if events
+        else None
+    )
     out_len = output_lengths(requests)
     gen = np.zeros(n, dtype=np.int64)  # shared: a request runs on one instance at a time
-    insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check)
-             for p in pols]
+    insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check) for p in pols]
     started = [0.0] * instances  # start of each instance's current iteration
 
     def collect() -> None:
@@ -277,13 +295,29 @@ def fleet_replay(
     if path is not None:
         path.counters.in_flight = len(path._queue)
     dt = time.perf_counter() - t0
-    res = FleetResult(pols[0].name, rt.name, instances, capacity, records, served_by,
-                      [p.stats() for p in pols], dt, event_delay, event_loss,
-                      path.counters if path is not None else EventCounters())
+    res = FleetResult(
+        pols[0].name,
+        rt.name,
+        instances,
+        capacity,
+        records,
+        served_by,
+        [p.stats() for p in pols],
+        dt,
+        event_delay,
+        event_loss,
+        path.counters if path is not None else EventCounters(),
+    )
     if ceiling:
-        res.ceiling = replay(requests, [policy], capacity * instances, scheduler=sched,
-                             eviction_policy=eviction_policy, hash_algo=hash_algo,
-                             progress=progress)[0]
+        res.ceiling = replay(
+            requests,
+            [policy],
+            capacity * instances,
+            scheduler=sched,
+            eviction_policy=eviction_policy,
+            hash_algo=hash_algo,
+            progress=progress,
+        )[0]
     return res
 
 
@@ -300,16 +334,18 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
         mine = [r for r, s in zip(recs, res.served_by, strict=True) if s == k and not r.rejected]
         prompt = sum(r.prompt_tokens for r in mine)
         hit = sum(r.hit_tokens for r in mine)
-        per.append({
-            "instance": k,
-            "requests": len(mine),
-            "prompt_tokens": prompt,
-            "hit_tokens": hit,
-            "hit_rate": hit / prompt if prompt else 0.0,
-            "peak_kv_tokens": res.stats[k].peak_used_tokens,
-            "evicted_tokens": res.stats[k].evicted_tokens,
-            "preemptions": sum(r.preemptions for r in mine),
-        })
+        per.append(
+            {
+                "instance": k,
+                "requests": len(mine),
+                "prompt_tokens": prompt,
+                "hit_tokens": hit,
+                "hit_rate": hit / prompt if prompt else 0.0,
+                "peak_kv_tokens": res.stats[k].peak_used_tokens,
+                "evicted_tokens": res.stats[k].evicted_tokens,
+                "preemptions": sum(r.preemptions for r in mine),
+            }
+        )
     served = [r for r in recs if not r.rejected]
     prompt = sum(r.prompt_tokens for r in served)
     hit = sum(r.hit_tokens for r in served)
@@ -331,8 +367,7 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
         "ttft_p50": _percentile(ttft, 50),
         "ttft_p90": _percentile(ttft, 90),
         "ttft_p99": _percentile(ttft, 99),
-        "makespan": max((r.finished for r in served if not math.isnan(r.finished)),
-                        default=0.0),
+        "makespan": max((r.finished for r in served if not math.isnan(r.finished)), default=0.0),
         "event_delay": res.event_delay,
         "event_loss": res.event_loss,
         "events": vars(res.events).copy(),
@@ -341,7 +376,17 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
     }
     if res.ceiling is not None:
         c = summarize(res.ceiling)
-        out["ceiling"] = {key: c[key] for key in (
-            "capacity", "hit_tokens", "hit_rate", "ttft_p50", "ttft_p90", "ttft_p99",
-            "peak_used_tokens", "seconds")}
+        out["ceiling"] = {
+            key: c[key]
+            for key in (
+                "capacity",
+                "hit_tokens",
+                "hit_rate",
+                "ttft_p50",
+                "ttft_p90",
+                "ttft_p99",
+                "peak_used_tokens",
+                "seconds",
+            )
+        }
     return out

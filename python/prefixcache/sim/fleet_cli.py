@@ -26,7 +26,8 @@ def _instances_list(text: str) -> list[int]:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"bad instance count {text!r}: integers separated by commas") from None
+            f"bad instance count {text!r}: integers separated by commas"
+        ) from None
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"instance counts must be >= 1, got {text!r}")
     return out
@@ -35,30 +36,68 @@ def _instances_list(text: str) -> list[int]:
 def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g = p.add_argument_group("fleet (several instances behind a router; time model)")
     if sweep:
-        g.add_argument("--instances", type=_instances_list, default=None, metavar="N,N,..",
-                       help="sweep the fleet size (--capacities are then per instance)")
+        g.add_argument(
+            "--instances",
+            type=_instances_list,
+            default=None,
+            metavar="N,N,..",
+            help="sweep the fleet size (--capacities are then per instance)",
+        )
     else:
-        g.add_argument("--instances", type=_instances_list, default=None, metavar="N",
-                       help="replay on N instances of the policy, --capacity each")
-    g.add_argument("--router", default="round-robin",
-                   help=f"{', '.join(ROUTER_NAMES)}, or sticky-<router> (session "
-                   "affinity); comma separated to compare several")
-    g.add_argument("--event-delay", type=float, default=0.0, metavar="MS",
-                   help="cache-aware routers: the KV events reach the index MS late")
-    g.add_argument("--event-loss", type=float, default=0.0, metavar="P",
-                   help="cache-aware routers: each event batch is lost with probability P")
-    g.add_argument("--overlap-weight", type=float, default=1.0,
-                   help="cache-aware cost: weight of the blocks to prefill against the "
-                   "load in blocks (Dynamo's kv_overlap_score_weight; default 1)")
-    g.add_argument("--router-seed", type=int, default=0,
-                   help="seed of the random router, ties and event losses")
-    g.add_argument("--no-ceiling", action="store_true",
-                   help="skip the reference run on one instance with N x the capacity")
+        g.add_argument(
+            "--instances",
+            type=_instances_list,
+            default=None,
+            metavar="N",
+            help="replay on N instances of the policy, --capacity each",
+        )
+    g.add_argument(
+        "--router",
+        default="round-robin",
+        help=f"{', '.join(ROUTER_NAMES)}, or sticky-<router> (session "
+        "affinity); comma separated to compare several",
+    )
+    g.add_argument(
+        "--event-delay",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="cache-aware routers: the KV events reach the index MS late",
+    )
+    g.add_argument(
+        "--event-loss",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="cache-aware routers: each event batch is lost with probability P",
+    )
+    g.add_argument(
+        "--overlap-weight",
+        type=float,
+        default=1.0,
+        help="cache-aware cost: weight of the blocks to prefill against the "
+        "load in blocks (Dynamo's kv_overlap_score_weight; default 1)",
+    )
+    g.add_argument(
+        "--router-seed",
+        type=int,
+        default=0,
+        help="seed of the random router, ties and event losses",
+    )
+    g.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip the reference run on one instance with N x the capacity",
+    )
 
 
 def _time_scheduler(args: argparse.Namespace) -> TimeScheduler:
-    cost = PrefillCost(args.prefill_base_ms, args.prefill_ms_per_token,
-                       args.prefill_attention_ms, args.decode_step_ms)
+    cost = PrefillCost(
+        args.prefill_base_ms,
+        args.prefill_ms_per_token,
+        args.prefill_attention_ms,
+        args.decode_step_ms,
+    )
     return TimeScheduler(args.max_running or 256, cost, not args.no_preemption)
 
 
@@ -73,17 +112,34 @@ def _routers(args: argparse.Namespace) -> list[str]:
     return [r.strip() for r in args.router.split(",") if r.strip()]
 
 
-def _run(args: argparse.Namespace, tr: Trace, n: int, router: str, capacity: int | None,
-         err: Console, ceiling: bool) -> dict[str, Any]:
+def _run(
+    args: argparse.Namespace,
+    tr: Trace,
+    n: int,
+    router: str,
+    capacity: int | None,
+    err: Console,
+    ceiling: bool,
+) -> dict[str, Any]:
     if capacity is None:
         raise InvalidInputError("a fleet replay needs --capacity (KV tokens per instance)")
     with progress_bars(err, enabled=not args.quiet) as bars:
         res = fleet_replay(
-            tr.requests, _policy(args), capacity, n, router,
-            scheduler=_time_scheduler(args), eviction_policy=args.eviction,
-            hash_algo=args.hash_algo, event_delay=args.event_delay / 1000.0,
-            event_loss=args.event_loss, seed=args.router_seed,
-            overlap_weight=args.overlap_weight, ceiling=ceiling, progress=bars)
+            tr.requests,
+            _policy(args),
+            capacity,
+            n,
+            router,
+            scheduler=_time_scheduler(args),
+            eviction_policy=args.eviction,
+            hash_algo=args.hash_algo,
+            event_delay=args.event_delay / 1000.0,
+            event_loss=args.event_loss,
+            seed=args.router_seed,
+            overlap_weight=args.overlap_weight,
+            ceiling=ceiling,
+            progress=bars,
+        )
     return summarize_fleet(res)
 
 
@@ -97,28 +153,60 @@ def _s(v: float) -> str:
 
 def fleet_table(title: str, sums: list[dict[str, Any]]) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in ("router", "N", "hit rate", "imbalance", "TTFT p50 s", "p90 s", "p99 s",
-                  "preempt", "ceiling hit", "ceiling p99 s", "wall s"):
+    for label in (
+        "router",
+        "N",
+        "hit rate",
+        "imbalance",
+        "TTFT p50 s",
+        "p90 s",
+        "p99 s",
+        "preempt",
+        "ceiling hit",
+        "ceiling p99 s",
+        "wall s",
+    ):
         t.add_column(label, justify="left" if label == "router" else "right", no_wrap=True)
     for s in sums:
         c = s.get("ceiling")
-        t.add_row(s["router"], str(s["instances"]), _pct(s["hit_rate"]),
-                  f"{s['imbalance']:.3f}", _s(s["ttft_p50"]), _s(s["ttft_p90"]),
-                  _s(s["ttft_p99"]), f"{s['preemptions']:,}",
-                  _pct(c["hit_rate"]) if c else "-", _s(c["ttft_p99"]) if c else "-",
-                  f"{s['seconds']:.2f}")
+        t.add_row(
+            s["router"],
+            str(s["instances"]),
+            _pct(s["hit_rate"]),
+            f"{s['imbalance']:.3f}",
+            _s(s["ttft_p50"]),
+            _s(s["ttft_p90"]),
+            _s(s["ttft_p99"]),
+            f"{s['preemptions']:,}",
+            _pct(c["hit_rate"]) if c else "-",
+            _s(c["ttft_p99"]) if c else "-",
+            f"{s['seconds']:.2f}",
+        )
     return t
 
 
 def instance_table(title: str, s: dict[str, Any]) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in ("instance", "requests", "prompt tok", "hit tok", "hit rate",
-                  "peak KV tok", "evicted tok"):
+    for label in (
+        "instance",
+        "requests",
+        "prompt tok",
+        "hit tok",
+        "hit rate",
+        "peak KV tok",
+        "evicted tok",
+    ):
         t.add_column(label, justify="right", no_wrap=True)
     for p in s["per_instance"]:
-        t.add_row(str(p["instance"]), f"{p['requests']:,}", f"{p['prompt_tokens']:,}",
-                  f"{p['hit_tokens']:,}", _pct(p["hit_rate"]), f"{p['peak_kv_tokens']:,}",
-                  f"{p['evicted_tokens']:,}")
+        t.add_row(
+            str(p["instance"]),
+            f"{p['requests']:,}",
+            f"{p['prompt_tokens']:,}",
+            f"{p['hit_tokens']:,}",
+            _pct(p["hit_rate"]),
+            f"{p['peak_kv_tokens']:,}",
+            f"{p['evicted_tokens']:,}",
+        )
     return t
 
 
@@ -132,19 +220,26 @@ def _csv_rows(sums: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def fleet_replay_command(args: argparse.Namespace, label: str, tr: Trace, console: Console,
-                         err: Console) -> int:
+def fleet_replay_command(
+    args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
+) -> int:
     if len(args.instances) != 1:
         raise InvalidInputError("replay takes one --instances count; sweep takes a list")
     n = args.instances[0]
-    sums = [_run(args, tr, n, r, args.capacity, err, ceiling=not args.no_ceiling and i == 0)
-            for i, r in enumerate(_routers(args))]
+    sums = [
+        _run(args, tr, n, r, args.capacity, err, ceiling=not args.no_ceiling and i == 0)
+        for i, r in enumerate(_routers(args))
+    ]
     if len(sums) > 1 and sums[0].get("ceiling"):
         for s in sums[1:]:
             s["ceiling"] = sums[0]["ceiling"]
-    console.print(fleet_table(
-        f"{label}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
-        f"({args.capacity:,} tokens each; time model)", sums))
+    console.print(
+        fleet_table(
+            f"{label}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
+            f"({args.capacity:,} tokens each; time model)",
+            sums,
+        )
+    )
     for s in sums:
         console.print(instance_table(f"{s['router']}: per instance", s))
     if args.json:
@@ -154,15 +249,23 @@ def fleet_replay_command(args: argparse.Namespace, label: str, tr: Trace, consol
     return 0
 
 
-def fleet_sweep_command(args: argparse.Namespace, label: str, tr: Trace, console: Console,
-                        err: Console) -> int:
-    sums = [_run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
-            for cap in args.capacities for n in args.instances
-            for j, r in enumerate(_routers(args))]
+def fleet_sweep_command(
+    args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
+) -> int:
+    sums = [
+        _run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
+        for cap in args.capacities
+        for n in args.instances
+        for j, r in enumerate(_routers(args))
+    ]
     caps = ", ".join(f"{c:,}" for c in args.capacities)
-    console.print(fleet_table(
-        f"{label}: {len(tr.requests):,} requests, fleet size sweep "
-        f"({caps} tokens per instance; time model)", sums))
+    console.print(
+        fleet_table(
+            f"{label}: {len(tr.requests):,} requests, fleet size sweep "
+            f"({caps} tokens per instance; time model)",
+            sums,
+        )
+    )
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, "fleet": sums})
     if args.csv:

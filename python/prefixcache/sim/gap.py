@@ -21,7 +21,7 @@ __all__ = ["gap_rows", "gap_table"]
 
 
 def _baseline(names: set[str], opt: str) -> str | None:
-    suffix = opt[len("opt"):]
+    suffix = opt[len("opt") :]
     for cand in (f"lab-lru{suffix}", "vllm-blocks", "radix"):
         if cand in names:
             return cand
@@ -43,8 +43,17 @@ def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, r in rates.items():
         span = o - lru
         closed = (r - lru) / span if base is not None and span > 0 else math.nan
-        rows.append({"policy": name, "hit_rate": r, "opt": opt, "opt_hit_rate": o,
-                     "lru": base, "lru_hit_rate": lru, "gap_closed": closed})
+        rows.append(
+            {
+                "policy": name,
+                "hit_rate": r,
+                "opt": opt,
+                "opt_hit_rate": o,
+                "lru": base,
+                "lru_hit_rate": lru,
+                "gap_closed": closed,
+            }
+        )
     return rows
 
 
@@ -54,7 +63,11 @@ def gap_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
         t.add_column(c, justify="left" if c == "policy" else "right")
     for r in rows:
         closed = r["gap_closed"]
-        t.add_row(r["policy"], f"{100 * r['hit_rate']:.2f}%", f"{100 * r['opt_hit_rate']:.2f}%",
-                  "-" if r["lru"] is None else f"{100 * r['lru_hit_rate']:.2f}% ({r['lru']})",
-                  "-" if math.isnan(closed) else f"{100 * closed:+.1f}%")
+        t.add_row(
+            r["policy"],
+            f"{100 * r['hit_rate']:.2f}%",
+            f"{100 * r['opt_hit_rate']:.2f}%",
+            "-" if r["lru"] is None else f"{100 * r['lru_hit_rate']:.2f}% ({r['lru']})",
+            "-" if math.isnan(closed) else f"{100 * closed:+.1f}%",
+        )
     return t

@@ -71,16 +71,20 @@ def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
     return (total + pad + block_size - 1) // block_size * block_size
 
 
-def make_scheduler(model: str, *, max_running: int | None = None,
-                   cost: PrefillCost | None = None, preemption: bool = True) -> Scheduler:
+def make_scheduler(
+    model: str,
+    *,
+    max_running: int | None = None,
+    cost: PrefillCost | None = None,
+    preemption: bool = True,
+) -> Scheduler:
     if model == "slots":
         return SlotScheduler(8 if max_running is None else max_running)
     if model == "time":
         return TimeScheduler(256 if max_running is None else max_running, cost, preemption)
     if model == "sequence":
         return SequenceScheduler()
-    raise InvalidInputError(
-        f"unknown scheduler model {model!r}; expected slots, time or sequence")
+    raise InvalidInputError(f"unknown scheduler model {model!r}; expected slots, time or sequence")
 
 
 _COLLECT_MIN_REQUESTS = 1000
@@ -116,8 +120,11 @@ def replay(
             # collection costs ~0.1 s in a big heap: only worth it for runs that long.
             gc.collect()
         reset_peak_rss()
-        pol = make_policy(p, cap, eviction_policy=eviction_policy, hash_algo=hash_algo) \
-            if isinstance(p, str) else p
+        pol = (
+            make_policy(p, cap, eviction_policy=eviction_policy, hash_algo=hash_algo)
+            if isinstance(p, str)
+            else p
+        )
         task = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
         prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)
@@ -127,8 +134,11 @@ def replay(
         dt = time.perf_counter() - t0
         if task is not None:
             task.done()
-        results.append(ReplayResult(pol.name, sched.model, pol.capacity, records, pol.stats(),
-                                    dt, peak_rss_bytes()))
+        results.append(
+            ReplayResult(
+                pol.name, sched.model, pol.capacity, records, pol.stats(), dt, peak_rss_bytes()
+            )
+        )
         del pol
     return results
 
@@ -170,10 +180,10 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
             preemptions=sum(r.preemptions for r in recs),
             recompute_hit_tokens=sum(r.recompute_hit_tokens for r in recs),
             recomputed_tokens=sum(r.recomputed_tokens for r in recs),
-            ttft_p50=_percentile(ttft, 50), ttft_p90=_percentile(ttft, 90),
+            ttft_p50=_percentile(ttft, 50),
+            ttft_p90=_percentile(ttft, 90),
             ttft_p99=_percentile(ttft, 99),
-            makespan=max((r.finished for r in served if not math.isnan(r.finished)),
-                         default=0.0),
+            makespan=max((r.finished for r in served if not math.isnan(r.finished)), default=0.0),
         )
     return out
 
@@ -182,8 +192,14 @@ def hit_difference(a: ReplayResult, b: ReplayResult) -> dict[str, Any]:
     """Per-request hit tokens of ``a`` minus ``b`` (requests served by both)."""
     if len(a.records) != len(b.records):
         raise InvalidInputError("the two results replayed different request lists")
-    d = np.array([ra.hit_tokens - rb.hit_tokens for ra, rb in zip(a.records, b.records,
-                  strict=True) if not (ra.rejected or rb.rejected)], dtype=np.int64)
+    d = np.array(
+        [
+            ra.hit_tokens - rb.hit_tokens
+            for ra, rb in zip(a.records, b.records, strict=True)
+            if not (ra.rejected or rb.rejected)
+        ],
+        dtype=np.int64,
+    )
     n = int(d.size)
     return {
         "a": a.policy,

@@ -62,8 +62,14 @@ def _pct(v: float) -> str:
 def _table(title: str) -> Table:
     """A table whose title lines are not wrapped to its own width (up to 80 columns)."""
     width = min(max((len(line) for line in title.splitlines()), default=0), 80)
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                 show_edge=False, min_width=width)
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        min_width=width,
+    )
 
 
 def _policy_column(t: Table, header: str = "policy") -> None:
@@ -79,8 +85,12 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """One row per policy: hits, hit rate, evictions (``rejected`` when any request was)."""
     t = _table(title)
     _policy_column(t)
-    cols = [("hit\ntokens", "hit_tokens"), ("hit\nrate", "hit_rate"),
-            ("evicted\ntokens", "evicted_tokens"), ("evictions", "evictions")]
+    cols = [
+        ("hit\ntokens", "hit_tokens"),
+        ("hit\nrate", "hit_rate"),
+        ("evicted\ntokens", "evicted_tokens"),
+        ("evictions", "evictions"),
+    ]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
     for label, _ in cols:
@@ -109,8 +119,13 @@ def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Tabl
     for label in ("partial\nhits", "partial\ntokens", "copies", "copied\ntokens"):
         t.add_column(label, justify="right", no_wrap=True)
     for s in rows:
-        t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for k in (
-            "partial_hits", "partial_tokens", "copies", "copied_tokens")))
+        t.add_row(
+            str(s["policy"]),
+            *(
+                _fmt(s.get(k))
+                for k in ("partial_hits", "partial_tokens", "copies", "copied_tokens")
+            ),
+        )
     return t
 
 
@@ -118,9 +133,14 @@ def latency_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """Time model: preemptions, recomputation and the estimated TTFT per policy."""
     t = _table(title)
     _policy_column(t)
-    cols = [("pre-\nempted", "preemptions"), ("recomputed\ntokens", "recomputed_tokens"),
-            ("TTFT p50\n(s)", "ttft_p50"), ("p90\n(s)", "ttft_p90"), ("p99\n(s)", "ttft_p99"),
-            ("makespan\n(s)", "makespan")]
+    cols = [
+        ("pre-\nempted", "preemptions"),
+        ("recomputed\ntokens", "recomputed_tokens"),
+        ("TTFT p50\n(s)", "ttft_p50"),
+        ("p90\n(s)", "ttft_p90"),
+        ("p99\n(s)", "ttft_p99"),
+        ("makespan\n(s)", "makespan"),
+    ]
     for label, _ in cols:
         t.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
@@ -137,8 +157,12 @@ def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
         t.add_column(label, justify="right", no_wrap=True)
     for d in diffs:
         t.add_row(
-            f"{d['a']} - {d['b']}", _fmt(d["a_more"]), _fmt(d["b_more"]),
-            f"{d['total_diff']:+,}", f"{d['min_diff']:+,}", f"{d['max_diff']:+,}",
+            f"{d['a']} - {d['b']}",
+            _fmt(d["a_more"]),
+            _fmt(d["b_more"]),
+            f"{d['total_diff']:+,}",
+            f"{d['min_diff']:+,}",
+            f"{d['max_diff']:+,}",
         )
     return t
 
@@ -157,8 +181,10 @@ def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Tabl
 def short_tokens(n: int) -> str:
     """A token count as the CLI accepts it: 256k, 1.5M (decimal) or 256Ki, 1Mi (binary)
     when that is exact, else the plain number."""
-    for units, base in (((("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)), 10),
-                        ((("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)), 2)):
+    for units, base in (
+        ((("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)), 10),
+        ((("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)), 2),
+    ):
         for suffix, size in units:
             if n >= size and (n * 10) % size == 0 and (base == 10 or n % size == 0):
                 v = n / size
@@ -170,8 +196,9 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _DASHES = ("-", "--", "-.", ":")
 
 
-def write_sweep_plot(path: str | Path, capacities: Sequence[int],
-                     rows: dict[str, list[float]], title: str) -> None:
+def write_sweep_plot(
+    path: str | Path, capacities: Sequence[int], rows: dict[str, list[float]], title: str
+) -> None:
     """Hit rate vs KV capacity, one curve per policy (matplotlib, no display needed).
     Each curve has its own marker and line style, later curves are drawn thinner and
     hollow so that equal rates (radix under radix-page16) stay visible; the x ticks are
@@ -185,11 +212,17 @@ def write_sweep_plot(path: str | Path, capacities: Sequence[int],
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     n = len(rows)
     for i, (name, rates) in enumerate(rows.items()):
-        ax.plot(capacities, [100.0 * r for r in rates], label=name,
-                marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)],
-                linewidth=1.2 + 1.2 * (n - 1 - i) / max(n - 1, 1),
-                markersize=5 + 4 * (n - 1 - i) / max(n - 1, 1),
-                markerfacecolor="none" if i else None, zorder=2 + i)
+        ax.plot(
+            capacities,
+            [100.0 * r for r in rates],
+            label=name,
+            marker=_MARKERS[i % len(_MARKERS)],
+            linestyle=_DASHES[i % len(_DASHES)],
+            linewidth=1.2 + 1.2 * (n - 1 - i) / max(n - 1, 1),
+            markersize=5 + 4 * (n - 1 - i) / max(n - 1, 1),
+            markerfacecolor="none" if i else None,
+            zorder=2 + i,
+        )
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(list(capacities)))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -236,16 +269,21 @@ def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def progress_bars(console: Console, enabled: bool = True,
-                  delay: float = 1.0) -> Iterator[ProgressFactory | None]:
+def progress_bars(
+    console: Console, enabled: bool = True, delay: float = 1.0
+) -> Iterator[ProgressFactory | None]:
     """A factory of per-policy progress bars (rich, on ``console``), shown only once the
     work has run for ``delay`` seconds, so quick commands print nothing extra."""
     if not enabled:
         yield None
         return
     prog = Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     )
     t0 = time.monotonic()
     shown = [False]

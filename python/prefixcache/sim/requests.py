@@ -157,5 +157,6 @@ class RequestRecord:
 
 
 def new_record(req: Request) -> RequestRecord:
-    return RequestRecord(req.id, req.session, req.turn, req.prompt_len, req.output_len,
-                         arrival=req.arrival)
+    return RequestRecord(
+        req.id, req.session, req.turn, req.prompt_len, req.output_len, arrival=req.arrival
+    )

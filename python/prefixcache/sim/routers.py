@@ -115,8 +115,9 @@ class CacheAwareRouter:
 
     name = "cache-aware"
 
-    def __init__(self, overlap_weight: float = 1.0, load_weight: float = 1.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, overlap_weight: float = 1.0, load_weight: float = 1.0, seed: int = 0
+    ) -> None:
         if overlap_weight < 0 or load_weight < 0:
             raise InvalidInputError("router weights must be >= 0")
         self.overlap_weight = overlap_weight
@@ -127,8 +128,10 @@ class CacheAwareRouter:
         held, bs = fleet.held_blocks(req, now)
         load = fleet.load_tokens()
         blocks = -(-req.prompt_len // bs)
-        costs = [self.overlap_weight * (blocks - h) + self.load_weight * (ld / bs)
-                 for h, ld in zip(held, load, strict=True)]
+        costs = [
+            self.overlap_weight * (blocks - h) + self.load_weight * (ld / bs)
+            for h, ld in zip(held, load, strict=True)
+        ]
         low = min(costs)
         tied = [k for k, c in enumerate(costs) if c <= low + 1e-9]
         if len(tied) > 1:
@@ -167,11 +170,12 @@ _BASES: dict[str, Callable[[int, float], Router]] = {
 def make_router(name: str, *, seed: int = 0, overlap_weight: float = 1.0) -> Router:
     """A router by name: round-robin, least-loaded, random, cache-aware, or any of them
     prefixed with ``sticky-``."""
-    base = name[len("sticky-"):] if name.startswith("sticky-") else name
+    base = name[len("sticky-") :] if name.startswith("sticky-") else name
     if base not in _BASES:
         raise InvalidInputError(
             f"unknown router {name!r}; expected {', '.join(ROUTER_NAMES)} "
-            "(each also as sticky-<name>)")
+            "(each also as sticky-<name>)"
+        )
     r = _BASES[base](seed, overlap_weight)
     return StickyRouter(r) if base != name else r
 

@@ -61,8 +61,11 @@ class SlotScheduler:
         self.max_running = max_running
 
     def run(
-        self, requests: Sequence[Request], policy: CachePolicy,
-        progress: Progress | None = None, check: bool = False,
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Progress | None = None,
+        check: bool = False,
     ) -> list[RequestRecord]:
         records = [new_record(r) for r in requests]
         running: deque[int] = deque()
@@ -136,11 +139,15 @@ class PrefillCost:
                 raise InvalidInputError(f"PrefillCost.{name} must be a number, got {v!r}")
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidInputError(
-                    f"PrefillCost.{name} must be a finite number >= 0, got {v!r}")
+                    f"PrefillCost.{name} must be a finite number >= 0, got {v!r}"
+                )
 
     def prefill_ms(self, prompt: int, hit: int) -> float:
-        return (self.base_ms + self.per_token_ms * (prompt - hit)
-                + self.attention_ms * (prompt * prompt - hit * hit) / 2.0)
+        return (
+            self.base_ms
+            + self.per_token_ms * (prompt - hit)
+            + self.attention_ms * (prompt * prompt - hit * hit) / 2.0
+        )
 
 
 class _Seq:
@@ -186,11 +193,18 @@ class TimeInstance:
     one fleet may share them, since a request runs on one instance at a time.
     """
 
-    def __init__(self, scheduler: TimeScheduler, policy: CachePolicy,
-                 records: list[RequestRecord], out_len: npt.NDArray[np.int64], *,
-                 gen: npt.NDArray[np.int64] | None = None,
-                 on_done: Callable[[int, float], None] | None = None,
-                 progress: Progress | None = None, check: bool = False) -> None:
+    def __init__(
+        self,
+        scheduler: TimeScheduler,
+        policy: CachePolicy,
+        records: list[RequestRecord],
+        out_len: npt.NDArray[np.int64],
+        *,
+        gen: npt.NDArray[np.int64] | None = None,
+        on_done: Callable[[int, float], None] | None = None,
+        progress: Progress | None = None,
+        check: bool = False,
+    ) -> None:
         self.max_running = scheduler.max_running
         self.cost = scheduler.cost
         self.preemption = scheduler.preemption
@@ -281,12 +295,13 @@ class TimeInstance:
 
     def _prefill(self) -> bool:
         """Admit every queued request that fits, in order; False when none was."""
-        policy, records, running, waiting = self.policy, self.records, self.running, \
-            self.waiting
+        policy, records, running, waiting = self.policy, self.records, self.running, self.waiting
         admitted: list[_Seq] = []
         prefill_ms = 0.0
-        while waiting and len(running) + len(admitted) < self.max_running and not (
-            self.admit_paused and running
+        while (
+            waiting
+            and len(running) + len(admitted) < self.max_running
+            and not (self.admit_paused and running)
         ):
             seq = waiting[0]
             req = seq.req
@@ -340,8 +355,7 @@ class TimeInstance:
         running = self.running
         step = self.cost.decode_step_ms / 1000.0
         if self._run_dirty:
-            self._run = np.fromiter((s.index for s in running), dtype=np.int64,
-                                    count=len(running))
+            self._run = np.fromiter((s.index for s in running), dtype=np.int64, count=len(running))
             self._run_dirty = False
         run = self._run
         k = int((out_len[run] - gen[run]).min())
@@ -402,8 +416,9 @@ class TimeScheduler:
 
     model = "time"
 
-    def __init__(self, max_running: int = 256, cost: PrefillCost | None = None,
-                 preemption: bool = True) -> None:
+    def __init__(
+        self, max_running: int = 256, cost: PrefillCost | None = None, preemption: bool = True
+    ) -> None:
         if max_running < 1:
             raise InvalidInputError(f"max_running must be >= 1, got {max_running}")
         self.max_running = max_running
@@ -412,23 +427,35 @@ class TimeScheduler:
         if self.cost.decode_step_ms <= 0:
             raise InvalidInputError("decode_step_ms must be > 0")
 
-    def instance(self, policy: CachePolicy, records: list[RequestRecord],
-                 out_len: npt.NDArray[np.int64], *, gen: npt.NDArray[np.int64] | None = None,
-                 on_done: Callable[[int, float], None] | None = None,
-                 progress: Progress | None = None, check: bool = False) -> TimeInstance:
+    def instance(
+        self,
+        policy: CachePolicy,
+        records: list[RequestRecord],
+        out_len: npt.NDArray[np.int64],
+        *,
+        gen: npt.NDArray[np.int64] | None = None,
+        on_done: Callable[[int, float], None] | None = None,
+        progress: Progress | None = None,
+        check: bool = False,
+    ) -> TimeInstance:
         """A steppable instance of this model over ``policy`` (records indexed by request,
         ``out_len`` their output lengths)."""
-        return TimeInstance(self, policy, records, out_len, gen=gen, on_done=on_done,
-                            progress=progress, check=check)
+        return TimeInstance(
+            self, policy, records, out_len, gen=gen, on_done=on_done, progress=progress, check=check
+        )
 
     def run(
-        self, requests: Sequence[Request], policy: CachePolicy,
-        progress: Progress | None = None, check: bool = False,
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Progress | None = None,
+        check: bool = False,
     ) -> list[RequestRecord]:
         records = [new_record(r) for r in requests]
         gate = SessionGate(requests)
-        inst = self.instance(policy, records, output_lengths(requests), progress=progress,
-                             check=check)
+        inst = self.instance(
+            policy, records, output_lengths(requests), progress=progress, check=check
+        )
         inst.on_done = lambda i, t: gate.release(i, t, inst.submit)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)  # stable
         for i in order:

@@ -36,8 +36,11 @@ class SequenceScheduler:
     model = "sequence"
 
     def run(
-        self, requests: Sequence[Request], policy: CachePolicy,
-        progress: Callable[[int], None] | None = None, check: bool = False,
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Callable[[int], None] | None = None,
+        check: bool = False,
     ) -> list[RequestRecord]:
         hook = getattr(policy, "set_sequence_model", None)
         if hook is not None:

@@ -71,16 +71,29 @@ def _label(cap: int, policy: str) -> str:
     return f"{cap:,} tokens: {policy}"
 
 
-def _one(spec: SweepSpec, requests: Sequence[Request], cap: int | None, policy: str,
-         progress: ProgressFactory | None, label: bool) -> ReplayResult:
-    sched = make_scheduler(spec.model, max_running=spec.max_running, cost=spec.cost,
-                           preemption=spec.preemption)
+def _one(
+    spec: SweepSpec,
+    requests: Sequence[Request],
+    cap: int | None,
+    policy: str,
+    progress: ProgressFactory | None,
+    label: bool,
+) -> ReplayResult:
+    sched = make_scheduler(
+        spec.model, max_running=spec.max_running, cost=spec.cost, preemption=spec.preemption
+    )
     labelled = progress
     if progress is not None and label and cap is not None:
         labelled = lambda name, total: progress(_label(cap, name), total)  # noqa: E731
-    return replay(requests, [policy], cap, scheduler=sched,
-                  eviction_policy=spec.eviction_policy, hash_algo=spec.hash_algo,
-                  progress=labelled)[0]
+    return replay(
+        requests,
+        [policy],
+        cap,
+        scheduler=sched,
+        eviction_policy=spec.eviction_policy,
+        hash_algo=spec.hash_algo,
+        progress=labelled,
+    )[0]
 
 
 # -- worker processes -------------------------------------------------------------------
@@ -112,8 +125,9 @@ class _QueueTask:
         self.pending = 0
 
 
-def _work(spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool,
-          records: bool) -> ReplayResult:
+def _work(
+    spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool, records: bool
+) -> ReplayResult:
     if _worker_requests is None:  # pragma: no cover - set by the initializer
         raise RuntimeError("sweep worker without requests")
     progress = (lambda name, total: _QueueTask(key)) if report else None
@@ -126,20 +140,32 @@ def _work(spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool,
     return res
 
 
-def run_sweep(spec: SweepSpec, requests: Sequence[Request], capacities: Sequence[int], *,
-              jobs: int | None = None, progress: ProgressFactory | None = None,
-              ) -> list[dict[str, Any]]:
+def run_sweep(
+    spec: SweepSpec,
+    requests: Sequence[Request],
+    capacities: Sequence[int],
+    *,
+    jobs: int | None = None,
+    progress: ProgressFactory | None = None,
+) -> list[dict[str, Any]]:
     """Summaries of every (capacity, policy) pair, capacity-major, as a serial run."""
     pairs = [(cap, pol) for cap in capacities for pol in spec.policies]
-    results = run_pairs(spec, requests, pairs, jobs=jobs, progress=progress, records=False,
-                        label=True)
+    results = run_pairs(
+        spec, requests, pairs, jobs=jobs, progress=progress, records=False, label=True
+    )
     return [r.summary_only or summarize(r) for r in results]
 
 
-def run_pairs(spec: SweepSpec, requests: Sequence[Request],
-              pairs: Sequence[tuple[int | None, str]], *, jobs: int | None = None,
-              progress: ProgressFactory | None = None, records: bool = True,
-              label: bool = False) -> list[ReplayResult]:
+def run_pairs(
+    spec: SweepSpec,
+    requests: Sequence[Request],
+    pairs: Sequence[tuple[int | None, str]],
+    *,
+    jobs: int | None = None,
+    progress: ProgressFactory | None = None,
+    records: bool = True,
+    label: bool = False,
+) -> list[ReplayResult]:
     """Replay every (capacity, policy) pair, up to ``jobs`` at once in worker processes
     (1: one after the other in this process). ``records=False`` drops the per-request
     records (``ReplayResult.summary_only`` holds the summary); ``label`` names each
@@ -168,12 +194,14 @@ def run_pairs(spec: SweepSpec, requests: Sequence[Request],
             cap, pol = tasks[key]
             bars[key] = progress(_label(cap, pol) if label and cap is not None else pol, n)
         return bars[key]
+
     # One process per replay: each pair's peak RSS is its own.
     pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
     try:
-        pending = [pool.apply_async(_work, (spec, key, cap, pol, progress is not None,
-                                            records))
-                   for key, (cap, pol) in enumerate(tasks)]
+        pending = [
+            pool.apply_async(_work, (spec, key, cap, pol, progress is not None, records))
+            for key, (cap, pol) in enumerate(tasks)
+        ]
         finished = [False] * len(tasks)
         counted = [0] * len(tasks)
         while not all(finished):

@@ -179,8 +179,7 @@ def _number(obj: dict[str, Any], key: str) -> float:
         raise ValueError(f"missing field {key!r}")
     v = obj[key]
     try:
-        ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) \
-            and v >= 0
+        ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v >= 0
     except OverflowError:  # an integer too large for a float
         ok = False
     if not ok:
@@ -344,16 +343,28 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
     for lo, hi, n_in, n_out, arrival in spans:
         reqs.append(
             Request(
-                len(reqs), HashIdPrompt(ids, lo, hi, n_in), fresh.take(n_out),
-                arrival=arrival, prompt_len=n_in, output_len=n_out,
+                len(reqs),
+                HashIdPrompt(ids, lo, hi, n_in),
+                fresh.take(n_out),
+                arrival=arrival,
+                prompt_len=n_in,
+                output_len=n_out,
             )
         )
     blocks = [ids[lo:hi] for lo, hi, _, _, _ in spans]
     return Trace(str(p), "mooncake", reqs, len(skipped), skipped, blocks)
 
 
-_TOKEN_FIELDS = {"id", "arrival", "prompt", "output_len", "output", "session", "extra_key",
-                 "cache_salt"}
+_TOKEN_FIELDS = {
+    "id",
+    "arrival",
+    "prompt",
+    "output_len",
+    "output",
+    "session",
+    "extra_key",
+    "cache_salt",
+}
 
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
@@ -419,8 +430,14 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
             output = fresh.take(n_out)
         reqs.append(
             Request(
-                rid, prompt, output, session=session, arrival=arrival, extra_key=extra_key,
-                cache_salt=salt, output_len=n_out,
+                rid,
+                prompt,
+                output,
+                session=session,
+                arrival=arrival,
+                extra_key=extra_key,
+                cache_salt=salt,
+                output_len=n_out,
             )
         )
     _number_turns(reqs)

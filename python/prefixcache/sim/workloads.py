@@ -33,6 +33,7 @@ __all__ = [
     "study_workload",
 ]
 
+
 @dataclass(frozen=True)
 class Workload:
     """A named list of requests plus the KV capacity it is meant to run at."""
@@ -157,30 +158,48 @@ def _set_arrivals(reqs: list[Request], rng: np.random.Generator, rate: float | N
 # The A-F study (SEMANTICS.md section 5). Names -> (description, builder).
 def _study_a(seed: int) -> Workload:
     return shared_prefix_workload(
-        system_prompt_len=1000, question_len=(20, 400), output_len=(32, 200), seed=seed,
-        name="A", capacity=None,
+        system_prompt_len=1000,
+        question_len=(20, 400),
+        output_len=(32, 200),
+        seed=seed,
+        name="A",
+        capacity=None,
     )
 
 
 def _study_b(seed: int) -> Workload:
     return shared_prefix_workload(
-        system_prompt_len=1008, question_len=(20, 400), output_len=(32, 200), seed=seed,
-        name="B", capacity=None,
+        system_prompt_len=1008,
+        question_len=(20, 400),
+        output_len=(32, 200),
+        seed=seed,
+        name="B",
+        capacity=None,
     )
 
 
 def _study_c(seed: int) -> Workload:
     return shared_prefix_workload(
-        system_prompt_len=12, question_len=(20, 60), output_len=(16, 64), seed=seed,
-        name="C", capacity=None,
+        system_prompt_len=12,
+        question_len=(20, 60),
+        output_len=(16, 64),
+        seed=seed,
+        name="C",
+        capacity=None,
     )
 
 
 def _study_chat(name: str, capacity: int | None) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         return multi_turn_workload(
-            num_sessions=32, turns=6, system_prompt_len=500, new_tokens=(30, 200),
-            output_len=(50, 300), seed=seed, name=name, capacity=capacity,
+            num_sessions=32,
+            turns=6,
+            system_prompt_len=500,
+            new_tokens=(30, 200),
+            output_len=(50, 300),
+            seed=seed,
+            name=name,
+            capacity=capacity,
         )
 
     return build

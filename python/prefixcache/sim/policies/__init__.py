@@ -46,19 +46,20 @@ __all__ = [
 POLICY_NAMES = ("radix", "radix-page16", "vllm-blocks")
 
 
-def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
-                hash_algo: str = "sha256") -> CachePolicy:
+def make_policy(
+    name: str, capacity: int, *, eviction_policy: str = "lru", hash_algo: str = "sha256"
+) -> CachePolicy:
     """Build a policy by name: radix, radix-page<N>, vllm-blocks, vllm-blocks<N>, trtllm,
     trtllm<N>, trtllm-nopartial or trtllm-nopartial<N> (trtllm.py)."""
     if name == "radix":
         return RadixPolicy(capacity, eviction_policy=eviction_policy)
-    if name.startswith("radix-page") and name[len("radix-page"):].isdigit():
-        page = int(name[len("radix-page"):])
+    if name.startswith("radix-page") and name[len("radix-page") :].isdigit():
+        page = int(name[len("radix-page") :])
         return RadixPolicy(capacity, page_size=page, eviction_policy=eviction_policy, name=name)
     if name == "vllm-blocks" or (
-        name.startswith("vllm-blocks") and name[len("vllm-blocks"):].isdigit()
+        name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
     ):
-        bs = int(name[len("vllm-blocks"):] or 16)
+        bs = int(name[len("vllm-blocks") :] or 16)
         return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name)
     trt = parse_trtllm_name(name)
     if trt is not None:
@@ -72,4 +73,3 @@ def make_policy(name: str, capacity: int, *, eviction_policy: str = "lru",
         "lab-lru, lab-slru, lab-session, lab-2q, lab-density, lab-lfu, lab-cost, "
         "tree-trim; optionally -admit<k> and @<block>)"
     )
-

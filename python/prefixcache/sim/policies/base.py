@@ -72,13 +72,19 @@ class CachePolicy(Protocol):
     def on_prefill_done(self, rid: RequestId) -> None: ...
 
     def grow(
-        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+        self,
+        rids: IndexArray,
+        k: int,
+        fed_from: IndexArray,
+        outputs: OutputsOf,
     ) -> IndexArray | None: ...
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None: ...
 
     def max_uniform_growth(
-        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+        self,
+        rids: Sequence[RequestId] | IndexArray,
+        limit: int | None = None,
     ) -> int: ...
 
     def evicted_tokens(self) -> int: ...

@@ -39,8 +39,10 @@ from prefixcache.sim.requests import Request, RequestId, TokenArray
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
 
 LAB_RULES = ("lru", "slru", "session", "2q", "density", "lfu", "cost", "opt")
-_NAME = re.compile(r"^(?:(opt)|lab-(lru|slru|session|2q|density|lfu|cost|opt)|(tree-trim))"
-                   r"(?:-admit(\d+))?(?:@(\d+))?$")
+_NAME = re.compile(
+    r"^(?:(opt)|lab-(lru|slru|session|2q|density|lfu|cost|opt)|(tree-trim))"
+    r"(?:-admit(\d+))?(?:@(\d+))?$"
+)
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
@@ -75,8 +77,9 @@ def _namespace_seed(extra_key: str | None, cache_salt: str | None) -> int:
 class _Held:
     __slots__ = ("allocated", "known", "last_key", "pending", "seed")
 
-    def __init__(self, seed: int, last_key: int, pending: TokenArray, known: int,
-                 allocated: int) -> None:
+    def __init__(
+        self, seed: int, last_key: int, pending: TokenArray, known: int, allocated: int
+    ) -> None:
         self.seed = seed
         self.last_key = last_key  # key of the last full block (the seed if none)
         self.pending = pending  # tokens after the last full block
@@ -99,9 +102,18 @@ class LabPolicy:
 
     eviction_unit = "blocks"
 
-    def __init__(self, capacity: int, *, rule: str = "lru", admit_after: int = 1,
-                 block_size: int = 16, name: str | None = None, protected: float = 0.8,
-                 depth_cost: float | None = None, min_hit: float = 0.25) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        rule: str = "lru",
+        admit_after: int = 1,
+        block_size: int = 16,
+        name: str | None = None,
+        protected: float = 0.8,
+        depth_cost: float | None = None,
+        min_hit: float = 0.25,
+    ) -> None:
         from prefixcache._core import LabCache
 
         if block_size < 1:
@@ -118,8 +130,7 @@ class LabPolicy:
             # The defaults of sim.scheduler.PrefillCost (attention 1e-7 ms per pair, 0.01
             # ms per token; not imported: policies sit below the scheduler).
             depth_cost = 1e-7 / 0.01 * block_size
-        self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost,
-                              min_hit)
+        self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost, min_hit)
         self.held: dict[RequestId, _Held] = {}
         self._peak = 0
         self._prepared = False
@@ -138,8 +149,11 @@ class LabPolicy:
         hittable = np.zeros(len(requests), dtype=np.uint32)
         for i, r in enumerate(requests):
             toks = r.prompt if r.output_len == 0 else np.concatenate([r.prompt, r.output])
-            k = lab_block_keys(np.ascontiguousarray(toks, dtype=np.uint32), bs,
-                               _namespace_seed(r.extra_key, r.cache_salt))
+            k = lab_block_keys(
+                np.ascontiguousarray(toks, dtype=np.uint32),
+                bs,
+                _namespace_seed(r.extra_key, r.cache_salt),
+            )
             keys.append(k)
             offsets[i + 1] = offsets[i] + len(k)
             hittable[i] = (r.prompt_len - 1) // bs
@@ -158,8 +172,14 @@ class LabPolicy:
         used = int(self.cache.num_used) * self.block_size
         self._peak = max(self._peak, used)
 
-    def admit(self, rid: RequestId, prompt: TokenArray, reserve: int,
-              extra_key: str | None = None, cache_salt: str | None = None) -> int | None:
+    def admit(
+        self,
+        rid: RequestId,
+        prompt: TokenArray,
+        reserve: int,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int | None:
         from prefixcache._core import lab_block_keys
 
         if rid in self.held:
@@ -178,8 +198,9 @@ class LabPolicy:
         if got is None:
             return None
         nfull = len(keys)
-        self.held[rid] = _Held(seed, int(keys[-1]) if nfull else seed, prompt[nfull * bs:],
-                               n, n + reserve)
+        self.held[rid] = _Held(
+            seed, int(keys[-1]) if nfull else seed, prompt[nfull * bs :], n, n + reserve
+        )
         self._note_usage()
         return int(got) * bs
 
@@ -212,7 +233,7 @@ class LabPolicy:
             return False
         if nfull:
             h.last_key = int(keys[-1])
-        h.pending = pending[nfull * bs:]
+        h.pending = pending[nfull * bs :]
         h.known, h.allocated = known, allocated
         self._note_usage()
         return True
@@ -230,7 +251,11 @@ class LabPolicy:
         del self.held[rid]
 
     def grow(
-        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+        self,
+        rids: IndexArray,
+        k: int,
+        fed_from: IndexArray,
+        outputs: OutputsOf,
     ) -> IndexArray | None:
         evicted = None
         for j, rid in enumerate(rids.tolist()):
@@ -246,7 +271,9 @@ class LabPolicy:
         return evicted
 
     def max_uniform_growth(
-        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+        self,
+        rids: Sequence[RequestId] | IndexArray,
+        limit: int | None = None,
     ) -> int:
         if not len(rids):
             return 0
@@ -256,8 +283,7 @@ class LabPolicy:
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
-            return int(((np.maximum(have, known + k) + bs - 1) // bs
-                        - (have + bs - 1) // bs).sum())
+            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
 
         avail = max(0, int(self.cache.num_free)) + int(self.cache.num_evictable)
         return max_k(blocks_needed, avail, limit)
@@ -268,9 +294,16 @@ class LabPolicy:
     def stats(self) -> PolicyStats:
         s = self.cache.stats()
         ev = int(s["evicted"])
-        return PolicyStats(self.name, self.capacity, self.eviction_unit, ev * self.block_size,
-                           ev, int(s["cached"]) * self.block_size, self._peak,
-                           extra={"not_admitted_blocks": int(s["not_admitted"])})
+        return PolicyStats(
+            self.name,
+            self.capacity,
+            self.eviction_unit,
+            ev * self.block_size,
+            ev,
+            int(s["cached"]) * self.block_size,
+            self._peak,
+            extra={"not_admitted_blocks": int(s["not_admitted"])},
+        )
 
     def check(self) -> None:
         self.cache.check_invariants()

@@ -46,8 +46,14 @@ class SlotBudget:
 class _TreeSeq:
     __slots__ = ("cache_salt", "extra_key", "node", "prompt", "protected")
 
-    def __init__(self, prompt: TokenArray, protected: int, node: Any,
-                 extra_key: str | None, cache_salt: str | None) -> None:
+    def __init__(
+        self,
+        prompt: TokenArray,
+        protected: int,
+        node: Any,
+        extra_key: str | None,
+        cache_salt: str | None,
+    ) -> None:
         self.prompt = prompt
         self.protected = protected  # the first `protected` tokens' KV belongs to the tree
         self.node = node  # the locked node, None when nothing is locked
@@ -155,7 +161,9 @@ class RadixPolicy:
         if aligned == 0:
             return 0
         r = self.tree.insert(
-            tokens[:aligned], self._values(aligned), extra_key=seq.extra_key,
+            tokens[:aligned],
+            self._values(aligned),
+            extra_key=seq.extra_key,
             cache_salt=seq.cache_salt,
         )
         dup = int(r.prefix_len) - seq.protected
@@ -216,7 +224,11 @@ class RadixPolicy:
         self._note_cached()
 
     def grow(
-        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+        self,
+        rids: IndexArray,
+        k: int,
+        fed_from: IndexArray,
+        outputs: OutputsOf,
     ) -> IndexArray | None:
         self._outputs = outputs
         first = self._fed_n[rids] == 0
@@ -264,9 +276,7 @@ class RadixPolicy:
         held = int(self._held[i])
         if len(tokens) > held:
             self.seqs[i] = seq
-            raise InvalidInputError(
-                f"request {rid!r}: {len(tokens)} tokens but KV for only {held}"
-            )
+            raise InvalidInputError(f"request {rid!r}: {len(tokens)} tokens but KV for only {held}")
         aligned = self._cache(seq, tokens)
         # The unaligned tail and any reserved but unused slots go back to the budget.
         rest = held - max(aligned, seq.protected)
@@ -278,22 +288,32 @@ class RadixPolicy:
         self._note_cached()
 
     def max_uniform_growth(
-        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+        self,
+        rids: Sequence[RequestId] | IndexArray,
+        limit: int | None = None,
     ) -> int:
         if not len(rids):
             return 0
         idx = np.asarray(rids, dtype=np.int64)
         slack = self._held[idx] - self._filled[idx]
-        return max_k(lambda k: int(np.maximum(k - slack, 0).sum()),
-                     self.pool.free + int(self.tree.evictable_size()), limit)
+        return max_k(
+            lambda k: int(np.maximum(k - slack, 0).sum()),
+            self.pool.free + int(self.tree.evictable_size()),
+            limit,
+        )
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens
 
     def stats(self) -> PolicyStats:
         return PolicyStats(
-            self.name, self.capacity, self.eviction_unit, self._evicted_tokens,
-            self._evicted_nodes, int(self.tree.total_size()), self._peak_used,
+            self.name,
+            self.capacity,
+            self.eviction_unit,
+            self._evicted_tokens,
+            self._evicted_nodes,
+            int(self.tree.total_size()),
+            self._peak_used,
             self._peak_cached,
         )
 

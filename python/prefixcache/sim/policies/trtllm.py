@@ -154,7 +154,11 @@ class TrtllmPolicy:
         return True
 
     def grow(
-        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+        self,
+        rids: IndexArray,
+        k: int,
+        fed_from: IndexArray,
+        outputs: OutputsOf,
     ) -> IndexArray | None:
         evicted = None
         for j, rid in enumerate(rids.tolist()):
@@ -183,7 +187,9 @@ class TrtllmPolicy:
         self._note_cached()
 
     def max_uniform_growth(
-        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+        self,
+        rids: Sequence[RequestId] | IndexArray,
+        limit: int | None = None,
     ) -> int:
         if not len(rids):
             return 0

@@ -86,8 +86,9 @@ class BlocksPolicy:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
         if count_evictions not in ("counter", "events"):
-            raise InvalidInputError(f"count_evictions must be counter or events, "
-                                    f"got {count_evictions!r}")
+            raise InvalidInputError(
+                f"count_evictions must be counter or events, got {count_evictions!r}"
+            )
         cls = manager_cls or _default_manager_cls()
         self._use_events = count_evictions == "events"
         self._outbox: list[Any] | None = [] if publish_events else None
@@ -97,7 +98,9 @@ class BlocksPolicy:
         self.usable_blocks = capacity // block_size
         # vLLM's null block (block 0) comes on top of the usable blocks.
         self.mgr = cls(
-            self.usable_blocks + 1, block_size=block_size, hash_algo=hash_algo,
+            self.usable_blocks + 1,
+            block_size=block_size,
+            hash_algo=hash_algo,
             enable_caching=True,
             enable_kv_cache_events=self._use_events or publish_events,
         )
@@ -214,7 +217,11 @@ class BlocksPolicy:
         return None
 
     def grow(
-        self, rids: IndexArray, k: int, fed_from: IndexArray, outputs: OutputsOf,
+        self,
+        rids: IndexArray,
+        k: int,
+        fed_from: IndexArray,
+        outputs: OutputsOf,
     ) -> IndexArray | None:
         self._outputs = outputs
         bs = self.block_size
@@ -231,8 +238,13 @@ class BlocksPolicy:
         at = np.flatnonzero(flush)
         if len(at):
             who = rids[at]
-            todo = zip(at.tolist(), who.tolist(), self._pend_lo[who].tolist(),
-                       self._pend[who].tolist(), strict=True)
+            todo = zip(
+                at.tolist(),
+                who.tolist(),
+                self._pend_lo[who].tolist(),
+                self._pend[who].tolist(),
+                strict=True,
+            )
             self._pend[who] = 0
             for j, i, lo, n in todo:
                 self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
@@ -254,9 +266,7 @@ class BlocksPolicy:
         i = int(rid)
         known = int(self._known[i])
         if known + len(tail) > int(self._have[i]):
-            raise InvalidInputError(
-                f"request {rid!r}: {len(tail)} more tokens exceed its KV"
-            )
+            raise InvalidInputError(f"request {rid!r}: {len(tail)} more tokens exceed its KV")
         n = int(self._pend[i])
         if n:
             if self._outputs is None:  # pragma: no cover - grow always sets it
@@ -272,7 +282,9 @@ class BlocksPolicy:
         del self.blocks[i]
 
     def max_uniform_growth(
-        self, rids: Sequence[RequestId] | IndexArray, limit: int | None = None,
+        self,
+        rids: Sequence[RequestId] | IndexArray,
+        limit: int | None = None,
     ) -> int:
         if not len(rids):
             return 0
@@ -281,8 +293,7 @@ class BlocksPolicy:
         bs = self.block_size
 
         def blocks_needed(k: int) -> int:
-            return int(((np.maximum(have, known + k) + bs - 1) // bs
-                        - (have + bs - 1) // bs).sum())
+            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
 
         return max_k(blocks_needed, int(self.mgr.num_free_blocks), limit)
 
@@ -293,8 +304,14 @@ class BlocksPolicy:
         ev = self._evicted_blocks
         bs = self.block_size
         return PolicyStats(
-            self.name, self.capacity, self.eviction_unit, ev * bs, ev,
-            self._num_cached * bs, self._peak_used, self._peak_cached * bs,
+            self.name,
+            self.capacity,
+            self.eviction_unit,
+            ev * bs,
+            ev,
+            self._num_cached * bs,
+            self._peak_used,
+            self._peak_cached * bs,
         )
 
     def check(self) -> None:
