@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import RequestId, TokenArray
 
 IndexArray = npt.NDArray[np.int64]
@@ -17,7 +18,15 @@ IndexArray = npt.NDArray[np.int64]
 # tokens a decode step fed (to hash the blocks they fill, or to cache them at finish).
 OutputsOf = Callable[[int], TokenArray]
 
-__all__ = ["CachePolicy", "IndexArray", "OutputsOf", "PolicyStats", "max_k"]
+__all__ = [
+    "CachePolicy",
+    "IndexArray",
+    "OutputsOf",
+    "PolicyStats",
+    "grow_each",
+    "grow_slots",
+    "max_k",
+]
 
 
 @dataclass
@@ -113,3 +122,46 @@ def max_k(needed: Callable[[int], int], available: int, limit: int | None = None
         else:
             hi = mid
     return lo
+
+
+def grow_each(
+    name: str,
+    rids: IndexArray,
+    k: int,
+    fed_from: IndexArray,
+    outputs: OutputsOf,
+    append: Callable[[int, TokenArray], bool],
+    evicted_tokens: Callable[[], int],
+) -> IndexArray | None:
+    """``CachePolicy.grow`` for a cache that takes decode tokens one request at a time:
+    ``append(rid, tokens)`` for every request, the tokens evicted for each counted with
+    ``evicted_tokens()`` around the call (None when nothing was evicted)."""
+    evicted = None
+    for j, rid in enumerate(rids.tolist()):
+        before = evicted_tokens()
+        lo = int(fed_from[j])
+        if not append(rid, outputs(rid)[lo : lo + k]):
+            raise AssertionError(f"{name}: growth of {k} promised but refused")
+        ev = evicted_tokens() - before
+        if ev:
+            if evicted is None:
+                evicted = np.zeros(len(rids), dtype=np.int64)
+            evicted[j] = ev
+    return evicted
+
+
+def grow_slots(owner: object, rid: object, names: Sequence[str]) -> int:
+    """Checks a request id (an int >= 0: per-request counters are numpy arrays indexed by
+    it) and grows ``owner``'s int64 arrays ``names`` to hold it. Returns the index."""
+    if isinstance(rid, bool) or not isinstance(rid, int | np.integer) or rid < 0:
+        raise InvalidInputError(f"request ids must be ints >= 0, got {rid!r}")
+    i = int(rid)
+    have = len(getattr(owner, names[0]))
+    if i >= have:
+        size = max(i + 1, 2 * have, 64)
+        for name in names:
+            old = getattr(owner, name)
+            new = np.zeros(size, dtype=np.int64)
+            new[: len(old)] = old
+            setattr(owner, name, new)
+    return i

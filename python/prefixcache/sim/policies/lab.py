@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_each, max_k
 from prefixcache.sim.requests import Request, RequestId, TokenArray
 
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
@@ -257,18 +257,7 @@ class LabPolicy:
         fed_from: IndexArray,
         outputs: OutputsOf,
     ) -> IndexArray | None:
-        evicted = None
-        for j, rid in enumerate(rids.tolist()):
-            before = self.evicted_tokens()
-            lo = int(fed_from[j])
-            if not self._grow(rid, outputs(rid)[lo : lo + k]):
-                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-            ev = self.evicted_tokens() - before
-            if ev:
-                if evicted is None:
-                    evicted = np.zeros(len(rids), dtype=np.int64)
-                evicted[j] = ev
-        return evicted
+        return grow_each(self.name, rids, k, fed_from, outputs, self._grow, self.evicted_tokens)
 
     def max_uniform_growth(
         self,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_slots, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["RadixPolicy", "SlotBudget"]
@@ -110,17 +110,7 @@ class RadixPolicy:
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
-        if isinstance(rid, bool) or not isinstance(rid, int | np.integer) or rid < 0:
-            raise InvalidInputError(f"request ids must be ints >= 0, got {rid!r}")
-        i = int(rid)
-        if i >= len(self._held):
-            size = max(i + 1, 2 * len(self._held), 64)
-            for name in ("_held", "_filled", "_fed_lo", "_fed_n"):
-                old = getattr(self, name)
-                new = np.zeros(size, dtype=np.int64)
-                new[: len(old)] = old
-                setattr(self, name, new)
-        return i
+        return grow_slots(self, rid, ("_held", "_filled", "_fed_lo", "_fed_n"))
 
     def _values(self, n: int) -> IndexArray:
         if n > len(self._zeros):

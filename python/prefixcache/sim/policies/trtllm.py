@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, OutOfBlocksError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_each, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
@@ -160,18 +160,7 @@ class TrtllmPolicy:
         fed_from: IndexArray,
         outputs: OutputsOf,
     ) -> IndexArray | None:
-        evicted = None
-        for j, rid in enumerate(rids.tolist()):
-            before = self.evicted_tokens()
-            lo = int(fed_from[j])
-            if not self.append(rid, outputs(rid)[lo : lo + k]):
-                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-            ev = self.evicted_tokens() - before
-            if ev:
-                if evicted is None:
-                    evicted = np.zeros(len(rids), dtype=np.int64)
-                evicted[j] = ev
-        return evicted
+        return grow_each(self.name, rids, k, fed_from, outputs, self.append, self.evicted_tokens)
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
         seq = self.seqs[rid]

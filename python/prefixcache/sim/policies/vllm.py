@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, max_k
+from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_slots, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["BlocksPolicy", "blocks_available"]
@@ -120,17 +120,7 @@ class BlocksPolicy:
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
-        if isinstance(rid, bool) or not isinstance(rid, int | np.integer) or rid < 0:
-            raise InvalidInputError(f"request ids must be ints >= 0, got {rid!r}")
-        i = int(rid)
-        if i >= len(self._have):
-            size = max(i + 1, 2 * len(self._have), 64)
-            for name in ("_have", "_known", "_pend", "_pend_lo"):
-                old = getattr(self, name)
-                new = np.zeros(size, dtype=np.int64)
-                new[: len(old)] = old
-                setattr(self, name, new)
-        return i
+        return grow_slots(self, rid, ("_have", "_known", "_pend", "_pend_lo"))
 
     def _after_call(self) -> int:
         """Account for the manager call just made: evictions, cached blocks and their
