@@ -617,7 +617,9 @@ class KvIndex:
     """The fleet index, embedded: which workers hold which block hashes, per medium, fed
     by vLLM / SGLang KV events (docs/FLEET.md). Thread-safe."""
 
-    def __new__(cls, ttl: float | None = None, hash_bytes: int | None = None) -> KvIndex: ...
+    def __new__(cls, ttl: float | None = None, hash_bytes: int | None = None) -> KvIndex:
+        """An empty index; ``ttl`` seconds of silence expire a worker (None: never),
+        ``hash_bytes`` the width of byte-string hashes (default 32)."""
     @property
     def ttl(self) -> float | None:
         """Seconds of silence after which a worker counts as expired (None: never)."""
@@ -700,9 +702,7 @@ def fleet_bitmap_walk(
 
 _U64Array = npt.NDArray[np.uint64]
 
-def lab_block_keys(
-    tokens: npt.NDArray[np.uint32], block_size: int, seed: int | None = None
-) -> _U64Array:
+def lab_block_keys(tokens: _Tokens, block_size: int, seed: int | None = None) -> _U64Array:
     """The chained 64-bit keys of the full blocks of ``tokens`` (uint32), from namespace
     ``seed`` (lab caches only; not vLLM's hashes)."""
 
@@ -722,26 +722,41 @@ class LabCache:
         protected: float = 0.8,
         depth_cost: float = 0.0,
         min_hit: float = 0.25,
-    ) -> LabCache: ...
+    ) -> LabCache:
+        """A cache of ``capacity`` blocks; ``protected`` is the protected share of slru / 2q,
+        ``depth_cost`` how much dearer deeper blocks are for ``cost``, ``min_hit`` the
+        density floor of ``density``."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """The budget in blocks."""
     @property
-    def num_free(self) -> int: ...
+    def num_free(self) -> int:
+        """Blocks neither cached nor held (negative while overcommitted)."""
     @property
-    def num_used(self) -> int: ...
+    def num_used(self) -> int:
+        """Blocks in use: cached plus held by requests."""
     @property
-    def num_evicted(self) -> int: ...
+    def num_evicted(self) -> int:
+        """Cached blocks evicted so far."""
     @property
-    def num_evictable(self) -> int: ...
-    def set_overcommit(self, on: bool) -> None: ...
+    def num_evictable(self) -> int:
+        """Cached blocks no request holds (what eviction can free)."""
+    def set_overcommit(self, on: bool) -> None:
+        """Switches the request-sequence model on or off."""
     def set_future(
         self, keys: _U64Array, offsets: _U64Array, hittable: npt.NDArray[np.uint32]
     ) -> None:
         """The future for ``opt``: every request's keys back to back."""
-    def lookup(self, keys: _U64Array, hittable: int) -> int: ...
+    def lookup(self, keys: _U64Array, hittable: int) -> int:
+        """Cached leading blocks of ``keys`` (at most ``hittable``); changes nothing."""
     def acquire(self, rid: int, keys: _U64Array, hittable: int, total: int) -> int | None:
         """Hit in blocks, or None (nothing changed) when the budget is short."""
-    def grow(self, rid: int, keys: _U64Array, total: int) -> bool: ...
-    def release(self, rid: int) -> None: ...
-    def stats(self) -> dict[str, int]: ...
-    def check_invariants(self) -> None: ...
+    def grow(self, rid: int, keys: _U64Array, total: int) -> bool:
+        """Request ``rid`` now needs ``total`` blocks (its full ones keyed by ``keys``);
+        False (nothing changed) when the budget is short."""
+    def release(self, rid: int) -> None:
+        """The request ends: its blocks are cached (admission permitting) or freed."""
+    def stats(self) -> dict[str, int]:
+        """Counters: evicted, not_admitted, cached, used, hit_blocks (blocks)."""
+    def check_invariants(self) -> None:
+        """Full consistency check (tests); raises AssertionError."""

@@ -1190,6 +1190,22 @@ pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     int_in(obj, "request_id", 0, U64_MAX).map(|v| v as u64)
 }
 
+/// A 1-D numpy uint64 array (the lab's block keys), copied out in one stretch with the
+/// GIL held and no Python code running while it is borrowed.
+pub fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let arr = obj
+        .extract::<numpy::PyReadonlyArray1<'_, u64>>()
+        .map_err(|_| {
+            invalid_type(format!(
+                "{what} must be a 1-D numpy uint64 array, got {}",
+                type_name(obj)
+            ))
+        })?;
+    let v = arr.as_slice().map(<[u64]>::to_vec);
+    drop(arr);
+    v.map_err(|_| invalid_input(format!("{what} must be contiguous")))
+}
+
 /// A short sequence of u32 ids (e.g. KV-cache group ids), item by item.
 pub fn u32_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     let v = read_ints::<i64>(obj, what)?;

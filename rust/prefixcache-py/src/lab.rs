@@ -6,28 +6,13 @@ use prefixcache_core::lab::{block_keys, Admission, LabCache as Core, NextUse, Ru
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{invalid_input, invalid_type, IntoPyResult};
+use crate::convert;
+use crate::errors::{invalid_input, IntoPyResult};
 use crate::shared::Shared;
 
-/// A non-negative integer argument below 2**64 (Python ints only: no bools or floats).
+/// A non-negative integer argument below 2**64 (the one conversion layer's rules).
 fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(invalid_type(format!("{what} must be an int, got bool")));
-    }
-    let v: i128 = obj.extract().map_err(|_| {
-        let tn = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "?".to_owned());
-        invalid_type(format!("{what} must be an int, got {tn}"))
-    })?;
-    u64::try_from(v).map_err(|_| invalid_input(format!("{what} must be in [0, 2**64), got {v}")))
-}
-
-/// [`uint`] as a count of blocks or tokens.
-fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    usize::try_from(uint(obj, what)?).map_err(|_| invalid_input(format!("{what} is too large")))
+    convert::int_in(obj, what, 0, convert::U64_MAX).map(|v| v as u64)
 }
 
 /// The chained 64-bit keys of the full blocks of `tokens` (uint32), from namespace `seed`.
@@ -35,11 +20,11 @@ fn size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
 #[pyo3(signature = (tokens, block_size, seed = None))]
 pub fn lab_block_keys<'py>(
     py: Python<'py>,
-    tokens: PyReadonlyArray1<'py, u32>,
+    tokens: &Bound<'py, PyAny>,
     block_size: &Bound<'py, PyAny>,
     seed: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-    let block_size = size(block_size, "block_size")?;
+    let block_size = convert::size_arg(block_size, "block_size")?;
     let seed = match seed {
         Some(s) => uint(s, "seed")?,
         None => 0,
@@ -47,7 +32,8 @@ pub fn lab_block_keys<'py>(
     if block_size == 0 {
         return Err(invalid_input("block_size must be >= 1".to_owned()));
     }
-    let keys = block_keys(tokens.as_slice()?, block_size, seed);
+    let tokens = convert::tokens(tokens, "tokens")?;
+    let keys = block_keys(tokens.as_slice(), block_size, seed);
     Ok(PyArray1::from_vec(py, keys))
 }
 
@@ -71,7 +57,7 @@ impl LabCache {
         depth_cost: f64,
         min_hit: f64,
     ) -> PyResult<Self> {
-        let capacity = size(capacity, "capacity")?;
+        let capacity = convert::size_arg(capacity, "capacity")?;
         let admit_after = match admit_after {
             Some(a) => u32::try_from(uint(a, "admit_after")?)
                 .map_err(|_| invalid_input("admit_after must be below 2**32"))?,
@@ -136,11 +122,12 @@ impl LabCache {
     fn lookup(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, u64>,
-        hittable: usize,
+        keys: &Bound<'_, PyAny>,
+        hittable: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let k = keys.as_slice()?;
-        self.inner.with(py, |c| c.lookup(k, hittable))
+        let hittable = convert::size_arg(hittable, "hittable")?;
+        let k = convert::u64_array(keys, "keys")?;
+        self.inner.with(py, |c| c.lookup(&k, hittable))
     }
 
     /// Hit in blocks, or None (nothing changed) when the budget is short.
@@ -148,16 +135,16 @@ impl LabCache {
         &self,
         py: Python<'_>,
         rid: &Bound<'_, PyAny>,
-        keys: PyReadonlyArray1<'_, u64>,
+        keys: &Bound<'_, PyAny>,
         hittable: &Bound<'_, PyAny>,
         total: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
         let rid = uint(rid, "rid")?;
-        let hittable = size(hittable, "hittable")?;
-        let total = size(total, "total")?;
-        let k = keys.as_slice()?;
+        let hittable = convert::size_arg(hittable, "hittable")?;
+        let total = convert::size_arg(total, "total")?;
+        let k = convert::u64_array(keys, "keys")?;
         self.inner
-            .with(py, |c| c.acquire(rid, k, hittable, total))?
+            .with(py, |c| c.acquire(rid, &k, hittable, total))?
             .py_err()
     }
 
@@ -165,13 +152,13 @@ impl LabCache {
         &self,
         py: Python<'_>,
         rid: &Bound<'_, PyAny>,
-        keys: PyReadonlyArray1<'_, u64>,
+        keys: &Bound<'_, PyAny>,
         total: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
         let rid = uint(rid, "rid")?;
-        let total = size(total, "total")?;
-        let k = keys.as_slice()?;
-        self.inner.with(py, |c| c.grow(rid, k, total))?.py_err()
+        let total = convert::size_arg(total, "total")?;
+        let k = convert::u64_array(keys, "keys")?;
+        self.inner.with(py, |c| c.grow(rid, &k, total))?.py_err()
     }
 
     fn release(&self, py: Python<'_>, rid: &Bound<'_, PyAny>) -> PyResult<()> {
