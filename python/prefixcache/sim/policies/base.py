@@ -25,6 +25,7 @@ __all__ = [
     "PolicyStats",
     "grow_each",
     "grow_slots",
+    "max_block_growth",
     "max_k",
 ]
 
@@ -165,3 +166,18 @@ def grow_slots(owner: object, rid: object, names: Sequence[str]) -> int:
             new[: len(old)] = old
             setattr(owner, name, new)
     return i
+
+
+def max_block_growth(
+    have: IndexArray, known: IndexArray, block_size: int, available: int, limit: int | None
+) -> int:
+    """``max_uniform_growth`` of a block cache: the most decode steps every request can
+    take when request j holds KV for ``have[j]`` tokens and knows ``known[j]``, and
+    ``available`` blocks can still be taken (capped at ``limit``)."""
+    bs = block_size
+    held_blocks = (have + bs - 1) // bs
+
+    def blocks_needed(k: int) -> int:
+        return int(((np.maximum(have, known + k) + bs - 1) // bs - held_blocks).sum())
+
+    return max_k(blocks_needed, available, limit)

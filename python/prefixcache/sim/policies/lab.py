@@ -33,7 +33,13 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_each, max_k
+from prefixcache.sim.policies.base import (
+    IndexArray,
+    OutputsOf,
+    PolicyStats,
+    grow_each,
+    max_block_growth,
+)
 from prefixcache.sim.requests import Request, RequestId, TokenArray
 
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
@@ -269,13 +275,8 @@ class LabPolicy:
         ids = rids.tolist() if isinstance(rids, np.ndarray) else rids
         have = np.array([self.held[r].allocated for r in ids], dtype=np.int64)
         known = np.array([self.held[r].known for r in ids], dtype=np.int64)
-        bs = self.block_size
-
-        def blocks_needed(k: int) -> int:
-            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
-
         avail = max(0, int(self.cache.num_free)) + int(self.cache.num_evictable)
-        return max_k(blocks_needed, avail, limit)
+        return max_block_growth(have, known, self.block_size, avail, limit)
 
     def evicted_tokens(self) -> int:
         return int(self.cache.num_evicted) * self.block_size

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, OutOfBlocksError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_each, max_k
+from prefixcache.sim.policies.base import (
+    IndexArray,
+    OutputsOf,
+    PolicyStats,
+    grow_each,
+    max_block_growth,
+)
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
@@ -185,12 +191,7 @@ class TrtllmPolicy:
         seqs = [self.seqs[r] for r in (rids.tolist() if isinstance(rids, np.ndarray) else rids)]
         have = np.array([s.allocated for s in seqs], dtype=np.int64)
         known = np.array([s.known for s in seqs], dtype=np.int64)
-        bs = self.block_size
-
-        def blocks_needed(k: int) -> int:
-            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
-
-        return max_k(blocks_needed, int(self.trie.num_free_blocks), limit)
+        return max_block_growth(have, known, self.block_size, int(self.trie.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return int(self.trie.stats["evicted_tokens"])

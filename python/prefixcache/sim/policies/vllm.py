@@ -9,7 +9,13 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_slots, max_k
+from prefixcache.sim.policies.base import (
+    IndexArray,
+    OutputsOf,
+    PolicyStats,
+    grow_slots,
+    max_block_growth,
+)
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["BlocksPolicy", "blocks_available"]
@@ -280,12 +286,7 @@ class BlocksPolicy:
             return 0
         idx = np.asarray(rids, dtype=np.int64)
         have, known = self._have[idx], self._known[idx]
-        bs = self.block_size
-
-        def blocks_needed(k: int) -> int:
-            return int(((np.maximum(have, known + k) + bs - 1) // bs - (have + bs - 1) // bs).sum())
-
-        return max_k(blocks_needed, int(self.mgr.num_free_blocks), limit)
+        return max_block_growth(have, known, self.block_size, int(self.mgr.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_blocks * self.block_size
