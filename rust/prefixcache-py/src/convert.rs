@@ -24,6 +24,7 @@
 //! memory, and nothing is borrowed with rust-numpy's borrow tracking (which aborted the
 //! process when an array was resized under it).
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::{Arc, OnceLock};
@@ -33,8 +34,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyCapsule, PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple,
-    PyType,
+    PyBool, PyByteArray, PyBytes, PyCapsule, PyDict, PyFrozenSet, PyInt, PyList, PyMemoryView,
+    PySet, PyString, PyTuple, PyType,
 };
 
 use crate::errors::{invalid_input, invalid_type};
@@ -66,12 +67,98 @@ impl Tokens {
     }
 }
 
-/// KV indices: i64 in the core (as SGLang).
-pub struct Values(Vec<i64>);
+impl Drop for Tokens {
+    fn drop(&mut self) {
+        if let TokensRepr::Owned(v) = &mut self.0 {
+            give_back(std::mem::take(v));
+        }
+    }
+}
 
-impl Values {
-    pub fn as_slice(&self) -> &[i64] {
-        &self.0
+/// Token ids or KV indices of a short call that keeps the GIL throughout, read in place
+/// when they already are what the core reads (a `uint32` / `int64` array, native order,
+/// contiguous, aligned) and copied otherwise ([`prepare`], [`Prepared::acquire`]).
+///
+/// Not `Send`, and only valid until Python code runs: use it inside
+/// [`Shared::try_with`](crate::shared::Shared::try_with), which never releases the GIL;
+/// anywhere else (a call that releases the GIL, or waits for the lock), turn it into an
+/// owned copy first ([`Input::into_owned`]).
+pub struct Input<'py, T: Elem>(InputRepr<'py, T>);
+
+enum InputRepr<'py, T: Elem> {
+    Owned(Vec<T>),
+    Shared(Arc<Vec<T>>),
+    /// `n` elements of `T` at `base` (aligned, contiguous), exported by `array`.
+    InPlace(RawArray<'py>),
+}
+
+impl<'py, T: Elem> Input<'py, T> {
+    pub fn as_slice(&self) -> &[T] {
+        match &self.0 {
+            InputRepr::Owned(v) => v,
+            InputRepr::Shared(v) => v,
+            // SAFETY: checked by `RawArray::is_native::<T>` when built: `n` aligned,
+            // contiguous elements of `T`, exported while `self` holds the view or capsule.
+            // Its callers read it with the GIL held and no Python code running (see the
+            // type's documentation), so nothing can resize or free the memory meanwhile.
+            InputRepr::InPlace(a) => unsafe { std::slice::from_raw_parts(a.base as *const T, a.n) },
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// An owned copy (`Send`), usable after Python code ran or with the GIL released.
+    pub fn into_owned(mut self) -> PyResult<Owned<T>> {
+        let repr = std::mem::replace(&mut self.0, InputRepr::Owned(Vec::new()));
+        Ok(match repr {
+            InputRepr::Owned(v) => Owned(OwnedRepr::Owned(v)),
+            InputRepr::Shared(v) => Owned(OwnedRepr::Shared(v)),
+            InputRepr::InPlace(a) => {
+                let mut v = scratch::<T>(a.n).ok_or_else(|| {
+                    PyMemoryError::new_err(format!("cannot allocate {} elements", a.n))
+                })?;
+                // SAFETY: as in `as_slice`; the GIL is still held and no Python code ran
+                // since the array was exported.
+                let src = unsafe { std::slice::from_raw_parts(a.base as *const T, a.n) };
+                v.extend_from_slice(src);
+                Owned(OwnedRepr::Owned(v))
+            }
+        })
+    }
+}
+
+impl<T: Elem> Drop for Input<'_, T> {
+    fn drop(&mut self) {
+        if let InputRepr::Owned(v) = &mut self.0 {
+            give_back(std::mem::take(v));
+        }
+    }
+}
+
+/// Token ids or KV indices owned by the call (`Send`): what [`Input::into_owned`] gives.
+pub struct Owned<T: Elem>(OwnedRepr<T>);
+
+enum OwnedRepr<T: Elem> {
+    Owned(Vec<T>),
+    Shared(Arc<Vec<T>>),
+}
+
+impl<T: Elem> Owned<T> {
+    pub fn as_slice(&self) -> &[T] {
+        match &self.0 {
+            OwnedRepr::Owned(v) => v,
+            OwnedRepr::Shared(v) => v,
+        }
+    }
+}
+
+impl<T: Elem> Drop for Owned<T> {
+    fn drop(&mut self) {
+        if let OwnedRepr::Owned(v) = &mut self.0 {
+            give_back(std::mem::take(v));
+        }
     }
 }
 
@@ -82,11 +169,22 @@ impl Values {
 pub trait Elem: Copy + Send + Sync + 'static {
     /// The value as this type, or `None` when out of range.
     fn from_i64(v: i64) -> Option<Self>;
-    /// `(value, in range)`, branch-free (for vectorised loops); the value is unspecified
-    /// when out of range.
-    fn narrow(v: i64) -> (Self, bool);
+    /// The bits of an i64 that must be clear for it to be in range (the high 32 bits
+    /// for `u32`): a loop ORs every value together and checks the mask once at the end.
+    const HIGH: u64;
+    /// The low bits of `v` as this type (the value when in range).
+    fn truncate(v: i64) -> Self;
     /// Why `v` at `what[i]` is refused, for messages.
     fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String;
+    /// This thread's spare buffer of this type (see [`scratch`]).
+    fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>>;
+    /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened.
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>>;
+}
+
+thread_local! {
+    static SPARE_U32: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+    static SPARE_I64: Cell<Vec<i64>> = const { Cell::new(Vec::new()) };
 }
 
 impl Elem for u32 {
@@ -94,12 +192,19 @@ impl Elem for u32 {
     fn from_i64(v: i64) -> Option<Self> {
         u32::try_from(v).ok()
     }
+    const HIGH: u64 = 0xffff_ffff_0000_0000;
     #[inline(always)]
-    fn narrow(v: i64) -> (Self, bool) {
-        (v as u32, (v as u64) >> 32 == 0)
+    fn truncate(v: i64) -> Self {
+        v as u32
     }
     fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String {
         format!("{what}[{i}] = {v} is out of range: token ids must be in [0, 2**32)")
+    }
+    fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
+        &SPARE_U32
+    }
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
+        Ok(s)
     }
 }
 
@@ -108,13 +213,62 @@ impl Elem for i64 {
     fn from_i64(v: i64) -> Option<Self> {
         Some(v)
     }
+    const HIGH: u64 = 0;
     #[inline(always)]
-    fn narrow(v: i64) -> (Self, bool) {
-        (v, true)
+    fn truncate(v: i64) -> Self {
+        v
     }
     fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String {
         format!("{what}[{i}] = {v} does not fit in int64")
     }
+    fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
+        &SPARE_I64
+    }
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
+        let n = s.len();
+        let Some(mut v) = scratch::<i64>(n) else {
+            return Err(s.iter().map(|&t| i64::from(t)).collect());
+        };
+        let dst = v.spare_capacity_mut()[..n].as_mut_ptr() as *mut i64;
+        // SAFETY: `n` u32 at `s`, room for `n` i64 at `dst`; every u32 fits.
+        unsafe {
+            narrow_any::<u32, i64>(s.as_ptr(), dst, n);
+            v.set_len(n);
+        }
+        Err(v)
+    }
+}
+
+/// Buffers up to this many elements go back to their thread's spare slot when a call is
+/// done with them (a 2304-token prompt: 9 KB of `u32`), so the next call of the thread
+/// reads into memory that is already in its cache instead of a fresh allocation.
+const SPARE_MAX: usize = 1 << 16;
+
+/// An empty `Vec` with room for `n` elements: this thread's spare buffer when it has one,
+/// else a new allocation. `None`: out of memory.
+fn scratch<T: Elem>(n: usize) -> Option<Vec<T>> {
+    let mut v = T::spare().try_with(Cell::take).unwrap_or_default();
+    v.clear();
+    v.try_reserve_exact(n).ok()?;
+    Some(v)
+}
+
+/// Gives a buffer back to this thread's spare slot (dropped when larger than
+/// [`SPARE_MAX`]).
+fn give_back<T: Elem>(mut v: Vec<T>) {
+    if v.capacity() == 0 || v.capacity() > SPARE_MAX {
+        return;
+    }
+    v.clear();
+    let _ = T::spare().try_with(|c| {
+        // Keep the larger of the two.
+        let old = c.take();
+        c.set(if old.capacity() > v.capacity() {
+            old
+        } else {
+            v
+        });
+    });
 }
 
 fn range_error<T: Elem>(what: &str, i: usize, v: impl std::fmt::Display) -> PyErr {
@@ -123,26 +277,107 @@ fn range_error<T: Elem>(what: &str, i: usize, v: impl std::fmt::Display) -> PyEr
 
 /// An element type of an array: read raw, byte-swapped if needed, widened to i64.
 trait Src: Copy {
+    /// The bits of the widened value that must be clear (bit 63 for `u64`: values
+    /// beyond i64, which `widen` wraps to negative numbers).
+    const HIGH: u64;
     fn swap(self) -> Self;
-    /// `(value, exact)`: false only for u64 values beyond i64.
-    fn to_i64(self) -> (i64, bool);
+    /// The value as i64 (`u64` values beyond i64 wrap: see `HIGH`).
+    fn widen(self) -> i64;
     fn to_i128(self) -> i128;
 }
 
 macro_rules! src {
-    ($($t:ty),*) => {$(
+    ($($t:ty: $high:expr),*) => {$(
         impl Src for $t {
+            const HIGH: u64 = $high;
             #[inline(always)]
             fn swap(self) -> Self { self.swap_bytes() }
             #[inline(always)]
             #[allow(clippy::cast_lossless, clippy::cast_possible_wrap)]
-            fn to_i64(self) -> (i64, bool) { (self as i64, (self as i128) <= i64::MAX as i128) }
+            fn widen(self) -> i64 { self as i64 }
             #[inline(always)]
             fn to_i128(self) -> i128 { self as i128 }
         }
     )*};
 }
-src!(i8, u8, i16, u16, i32, u32, i64, u64);
+src!(i8: 0, u8: 0, i16: 0, u16: 0, i32: 0, u32: 0, i64: 0, u64: 1 << 63);
+
+/// Narrows `n` contiguous native-order elements at `src` into `dst`; returns the OR of
+/// every widened value: all are in range when it has none of the bits `S::HIGH |
+/// T::HIGH`. Branch-free so that the compiler vectorises it (one OR per vector on top
+/// of the copy).
+///
+/// # Safety
+/// `src` points at `n` readable elements (any alignment), `dst` at room for `n`.
+#[inline(always)]
+unsafe fn narrow_run<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> u64 {
+    let mut all = 0u64;
+    for i in 0..n {
+        // SAFETY: i < n, by the caller's contract. A raw read, never a Rust reference:
+        // the memory may be written by native code on another thread (e.g. a numpy
+        // operation that released the GIL), which can only make us read some other
+        // integers, each range-checked here.
+        let w = unsafe { std::ptr::read_unaligned(src.add(i)) }.widen();
+        all |= w as u64;
+        // SAFETY: i < n, room for n elements.
+        unsafe { dst.add(i).write(T::truncate(w)) };
+    }
+    all
+}
+
+/// [`narrow_run`] compiled for AVX-512 (`vpmovqd` narrows 8 values in one instruction).
+///
+/// # Safety
+/// As [`narrow_run`], on a CPU with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn narrow_run_avx512<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> u64 {
+    // SAFETY: forwarded contract.
+    unsafe { narrow_run(src, dst, n) }
+}
+
+/// [`narrow_run`] compiled for AVX2 (8 lanes of 32 bits: ~4x the baseline x86-64 loop).
+///
+/// # Safety
+/// As [`narrow_run`], on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn narrow_run_avx2<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> u64 {
+    // SAFETY: forwarded contract.
+    unsafe { narrow_run(src, dst, n) }
+}
+
+/// [`narrow_run`] with the widest instructions this CPU has; true when every element
+/// is in range.
+///
+/// # Safety
+/// As [`narrow_run`].
+#[inline]
+unsafe fn narrow_contiguous<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> bool {
+    // SAFETY: forwarded contract.
+    let all = unsafe { narrow_any::<S, T>(src, dst, n) };
+    all & (S::HIGH | T::HIGH) == 0
+}
+
+/// [`narrow_run`] dispatched on the CPU's vector extensions.
+///
+/// # Safety
+/// As [`narrow_run`].
+#[inline]
+unsafe fn narrow_any<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: forwarded contract; AVX-512F checked just above.
+        return unsafe { narrow_run_avx512(src, dst, n) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: forwarded contract; AVX2 checked just above.
+        return unsafe { narrow_run_avx2(src, dst, n) };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { narrow_run(src, dst, n) }
+}
 
 /// Reads `n` elements of type `S` at `base + i * stride` into a `Vec<T>`, in one pass,
 /// range-checking as it goes. `Err((i, v))`: the first element out of range.
@@ -156,13 +391,10 @@ unsafe fn gather<S: Src, T: Elem>(
     stride: isize,
     swap: bool,
 ) -> Result<Vec<T>, (usize, i128)> {
-    let mut ok = true;
     let size = std::mem::size_of::<S>() as isize;
     let read = |i: usize| -> S {
         // SAFETY: in bounds by the caller's contract; `read_unaligned` allows any
-        // alignment. A raw read, never a Rust reference: the memory may be written by
-        // native code on another thread (e.g. a numpy operation that released the GIL),
-        // which can only make us read some other integers, each range-checked below.
+        // alignment (a raw read, as in `narrow_run`).
         let x = unsafe { std::ptr::read_unaligned(base.offset(i as isize * stride) as *const S) };
         if swap {
             x.swap()
@@ -170,30 +402,23 @@ unsafe fn gather<S: Src, T: Elem>(
             x
         }
     };
-    let mut out: Vec<T> = Vec::new();
-    if out.try_reserve_exact(n).is_err() {
+    let Some(mut out) = scratch::<T>(n) else {
         return Err((usize::MAX, 0));
-    }
-    let dst = &mut out.spare_capacity_mut()[..n];
-    if stride == size && !swap {
-        // Contiguous, native order: a branch-free loop the compiler vectorises.
-        let p = base as *const S;
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: as above, with stride == size_of::<S>().
-            let x = unsafe { std::ptr::read_unaligned(p.add(i)) };
-            let (w, exact) = x.to_i64();
-            let (v, fits) = T::narrow(w);
-            ok &= exact & fits;
-            d.write(v);
-        }
+    };
+    let dst = out.spare_capacity_mut()[..n].as_mut_ptr() as *mut T;
+    let ok = if stride == size && !swap {
+        // SAFETY: `n` contiguous elements at `base` (caller), room for `n` at `dst`.
+        unsafe { narrow_contiguous::<S, T>(base as *const S, dst, n) }
     } else {
-        for (i, d) in dst.iter_mut().enumerate() {
-            let (w, exact) = read(i).to_i64();
-            let (v, fits) = T::narrow(w);
-            ok &= exact & fits;
-            d.write(v);
+        let mut all = 0u64;
+        for i in 0..n {
+            let w = read(i).widen();
+            all |= w as u64;
+            // SAFETY: i < n, room for n elements.
+            unsafe { dst.add(i).write(T::truncate(w)) };
         }
-    }
+        all & (S::HIGH | T::HIGH) == 0
+    };
     // SAFETY: the first `n` elements were all written above.
     unsafe { out.set_len(n) };
     if ok {
@@ -201,12 +426,13 @@ unsafe fn gather<S: Src, T: Elem>(
     }
     for i in 0..n {
         let x = read(i);
-        let (w, exact) = x.to_i64();
-        if !exact || T::from_i64(w).is_none() {
+        let w = x.widen();
+        if (w as u64) & S::HIGH != 0 || T::from_i64(w).is_none() {
+            give_back(out);
             return Err((i, x.to_i128()));
         }
     }
-    Ok(out) // unreachable: some element was out of range
+    Ok(out) // only when another thread rewrote the element meanwhile
 }
 
 /// An array's element layout.
@@ -255,14 +481,6 @@ unsafe fn read_array<T: Elem>(
             range_error::<T>(what, i, v)
         }
     })
-}
-
-/// A Vec with room for `n` elements, or `MemoryError`.
-fn with_capacity<T>(n: usize) -> PyResult<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {n} elements")))?;
-    Ok(v)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -474,7 +692,8 @@ unsafe fn read_item_array<T: Elem>(
 ) -> PyResult<Vec<T>> {
     let py = obj.py();
     let fast = fast_ints_ok(py);
-    let mut out = with_capacity::<T>(n)?;
+    let mut out = scratch::<T>(n)
+        .ok_or_else(|| PyMemoryError::new_err(format!("cannot allocate {n} elements")))?;
     // Only the address of the static is taken (no read or write).
     let int_type = &raw mut ffi::PyLong_Type;
     let dst = &mut out.spare_capacity_mut()[..n];
@@ -643,8 +862,56 @@ impl Drop for BufferView {
     }
 }
 
-/// Reads an object with the buffer protocol; `Ok(None)` when it has none.
-fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<T>>> {
+/// A 1-D integer array exported by a Python object: its memory stays valid (and, with
+/// the GIL held and no Python code running, unchanged in size) while `hold` lives.
+struct RawArray<'py> {
+    /// Keeps the memory exported: a buffer view or a DLPack capsule.
+    _hold: Hold<'py>,
+    base: *const u8,
+    n: usize,
+    /// In bytes.
+    stride: isize,
+    layout: Layout,
+}
+
+/// Held only for its `Drop` (which releases the export).
+#[allow(dead_code)]
+enum Hold<'py> {
+    Buffer(BufferView),
+    Capsule(Bound<'py, PyCapsule>),
+    /// The exporting object itself (a DLPack view, valid while it lives and no Python
+    /// code runs).
+    Object(Bound<'py, PyAny>),
+}
+
+impl RawArray<'_> {
+    /// The elements as `T`, copied (narrowed and range-checked).
+    fn read<T: Elem>(&self, what: &str) -> PyResult<Vec<T>> {
+        if self.n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the exporter guarantees `n` elements at `base + i * stride` while the
+        // view / capsule is held (it is: `self` holds it); GIL held, no Python code runs
+        // while reading.
+        unsafe { read_array::<T>(self.base, self.n, self.stride, self.layout, what) }
+    }
+
+    /// Whether the elements are already `T` in memory (native order, contiguous,
+    /// aligned), so the core can read them in place.
+    fn is_native<T: Elem>(&self) -> bool {
+        let size = std::mem::size_of::<T>();
+        let signed = T::from_i64(-1).is_some();
+        self.n > 0
+            && self.layout.size == size
+            && self.layout.signed == signed
+            && !self.layout.swap
+            && self.stride == size as isize
+            && (self.base as usize) % std::mem::align_of::<T>() == 0
+    }
+}
+
+/// Exports an object's buffer; `Ok(None)` when it has no buffer protocol.
+fn buffer_array<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Option<RawArray<'py>>> {
     let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed();
     // SAFETY: GIL held; `view` is written by a successful call.
     let rc =
@@ -687,6 +954,7 @@ fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<V
     let itemsize = usize::try_from(b.itemsize).unwrap_or(0);
     let Some(layout) = buffer_layout(format, itemsize) else {
         let f = String::from_utf8_lossy(format).into_owned();
+        drop(view);
         if obj.hasattr("dtype").unwrap_or(false) {
             return Err(dtype_error(obj, what, &f));
         }
@@ -707,15 +975,22 @@ fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<V
             "{what}: indirect buffers are not supported"
         )));
     }
-    let mut out = with_capacity::<T>(0)?;
-    if n > 0 {
-        out.try_reserve_exact(0).ok();
-        // SAFETY: the exporter guarantees `n` elements of `itemsize` bytes at
-        // `buf + i * stride`, valid while the view is held (it is, until the end of this
-        // function); GIL held, no Python code runs while reading.
-        out = unsafe { read_array::<T>(b.buf as *const u8, n, stride, layout, what)? };
+    let base = b.buf as *const u8;
+    Ok(Some(RawArray {
+        _hold: Hold::Buffer(view),
+        base,
+        n,
+        stride,
+        layout,
+    }))
+}
+
+/// Reads an object with the buffer protocol; `Ok(None)` when it has none.
+fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<T>>> {
+    match buffer_array(obj, what)? {
+        Some(a) => a.read(what).map(Some),
+        None => Ok(None),
     }
-    Ok(Some(out))
 }
 
 /// An int from a dict entry of `__array_interface__`.
@@ -835,39 +1110,129 @@ const DL_CUDA_HOST: i32 = 3;
 const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
 
-/// `torch._C._to_dlpack` when `obj` is exactly a `torch.Tensor`: the C function behind
-/// `Tensor.__dlpack__`, without its Python-level argument checks (~0.5 us instead of
-/// ~2.5 us per call). Looked up once, when the first tensor is seen (torch is never
-/// imported by prefixcache itself).
-fn torch_to_dlpack<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
-    static TORCH: PyOnceLock<(Py<PyType>, Py<PyAny>)> = PyOnceLock::new();
+/// DLPack 1.x `DLPackDLTensorFromPyObjectNoSync`: fills a non-owning `DLTensor` view
+/// of a tensor, valid until control returns to Python.
+type DlTensorView = unsafe extern "C" fn(*mut std::ffi::c_void, *mut DLTensor) -> c_int;
+
+/// DLPack 1.x `DLPackExchangeAPI` (dlpack.h), the table a tensor type publishes as
+/// `__dlpack_c_exchange_api__` (a capsule named "dlpack_exchange_api").
+#[repr(C)]
+struct DlpackExchangeApi {
+    major: u32,
+    minor: u32,
+    prev_api: *const std::ffi::c_void,
+    managed_tensor_allocator: *const std::ffi::c_void,
+    managed_tensor_from_py_object_no_sync: *const std::ffi::c_void,
+    managed_tensor_to_py_object_no_sync: *const std::ffi::c_void,
+    dltensor_from_py_object_no_sync: Option<DlTensorView>,
+    current_work_stream: *const std::ffi::c_void,
+}
+
+/// What is known about torch, once a tensor was seen (torch is never imported by
+/// prefixcache itself).
+struct Torch {
+    /// `torch.Tensor`, exactly (subclasses go through `__dlpack__`).
+    tensor: Py<PyType>,
+    /// `torch._C._to_dlpack`: the C function behind `Tensor.__dlpack__`, without its
+    /// Python-level argument checks (~0.5 us instead of ~2.5 us per call).
+    to_dlpack: Py<PyAny>,
+    /// The DLPack exchange API's view function when torch has one (torch >= 2.10): no
+    /// capsule, no allocation (tens of ns instead of ~0.5 us).
+    view: Option<DlTensorView>,
+    /// Keeps the exchange API's capsule alive (the table is static in torch anyway).
+    _api: Option<Py<PyAny>>,
+}
+
+static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
+
+/// The exchange API's view function of a tensor type, if it publishes a DLPack 1.x one.
+fn exchange_view(ty: &Bound<'_, PyType>) -> Option<(DlTensorView, Py<PyAny>)> {
+    let cap = ty.getattr("__dlpack_c_exchange_api__").ok()?;
+    let cap = cap.cast_into::<PyCapsule>().ok()?;
+    // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
+    let p = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
+    if p.is_null() {
+        let _ = PyErr::take(ty.py());
+        return None;
+    }
+    // SAFETY: a "dlpack_exchange_api" capsule points at a static `DLPackExchangeAPI`
+    // whose header (version) is stable across versions; the rest is read only for
+    // major version 1, whose layout `DlpackExchangeApi` mirrors.
+    let api = unsafe { &*(p as *const DlpackExchangeApi) };
+    if api.major != 1 {
+        return None;
+    }
+    Some((
+        api.dltensor_from_py_object_no_sync?,
+        cap.into_any().unbind(),
+    ))
+}
+
+/// Whether `obj` is exactly a `torch.Tensor` and torch is known (so exporting it
+/// imports nothing).
+fn torch_tensor_known(obj: &Bound<'_, PyAny>) -> bool {
+    let py = obj.py();
+    TORCH
+        .get(py)
+        .is_some_and(|t| obj.get_type().is(t.tensor.bind(py)))
+}
+
+/// What is known about torch, when `obj` is exactly a `torch.Tensor` (looked up when
+/// the first tensor is seen).
+fn torch_of(obj: &Bound<'_, PyAny>) -> Option<&'static Torch> {
     let py = obj.py();
     let ty = obj.get_type();
-    if let Some((tensor, f)) = TORCH.get(py) {
-        return ty.is(tensor.bind(py)).then(|| f.bind(py).clone());
+    if let Some(t) = TORCH.get(py) {
+        return ty.is(t.tensor.bind(py)).then_some(t);
     }
     let is_tensor =
         ty.name().is_ok_and(|n| n == "Tensor") && ty.module().is_ok_and(|m| m == "torch");
     if !is_tensor {
         return None;
     }
-    let (tensor, f) = TORCH
+    let t = TORCH
         .get_or_try_init(py, || -> PyResult<_> {
             let f = py.import("torch")?.getattr("_C")?.getattr("_to_dlpack")?;
-            Ok((ty.clone().unbind(), f.unbind()))
+            let (view, api) = match exchange_view(&ty) {
+                Some((v, a)) => (Some(v), Some(a)),
+                None => (None, None),
+            };
+            Ok(Torch {
+                tensor: ty.clone().unbind(),
+                to_dlpack: f.unbind(),
+                view,
+                _api: api,
+            })
         })
         .ok()?;
-    ty.is(tensor.bind(py)).then(|| f.bind(py).clone())
+    ty.is(t.tensor.bind(py)).then_some(t)
 }
 
-/// Reads an object exposing `__dlpack__` (CPU memory only); `Ok(None)` when it has none.
-fn from_dlpack<'py, T: Elem>(
+/// Exports an object through DLPack (CPU memory only): a torch tensor through torch's
+/// view function or `_to_dlpack` (`torch` given), anything else through `__dlpack__`;
+/// `Ok(None)` when it has none.
+fn dlpack_array<'py>(
     obj: &Bound<'py, PyAny>,
-    to_dlpack: Option<Bound<'py, PyAny>>,
+    torch: Option<&Torch>,
     what: &str,
-) -> PyResult<Option<Vec<T>>> {
-    let exported = match to_dlpack {
-        Some(to_dlpack) => to_dlpack.call1((obj,)),
+) -> PyResult<Option<RawArray<'py>>> {
+    if let Some(view) = torch.and_then(|t| t.view) {
+        let mut t = std::mem::MaybeUninit::<DLTensor>::zeroed();
+        // SAFETY: `obj` is a live tensor of the type the API was published by; the
+        // function fills `t` (0) or sets a Python exception (-1). The view is valid
+        // until control returns to Python: `RawArray` is only read before that (GIL
+        // held, no Python code run), and holds `obj` meanwhile.
+        if unsafe { view(obj.as_ptr().cast(), t.as_mut_ptr()) } == 0 {
+            // SAFETY: filled by the successful call.
+            let t = unsafe { t.assume_init() };
+            return dltensor_array(obj, &t, Hold::Object(obj.clone()), what).map(Some);
+        }
+        // Not describable as a view (e.g. a lazy conjugate): the exporting call below
+        // either copes or raises the error the caller sees.
+        let _ = PyErr::take(obj.py());
+    }
+    let exported = match torch {
+        Some(t) => t.to_dlpack.bind(obj.py()).call1((obj,)),
         None => match obj.getattr("__dlpack__") {
             Ok(method) => method.call0(),
             Err(_) => return Ok(None),
@@ -880,7 +1245,7 @@ fn from_dlpack<'py, T: Elem>(
         ))
     })?;
     let cap = cap
-        .cast::<PyCapsule>()
+        .cast_into::<PyCapsule>()
         .map_err(|_| invalid_type(format!("{what}: __dlpack__() did not return a capsule")))?;
     let name = c"dltensor";
     // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
@@ -892,9 +1257,19 @@ fn from_dlpack<'py, T: Elem>(
         )));
     }
     // SAFETY: a "dltensor" capsule holds a DLManagedTensor, valid while the capsule lives
-    // (we hold it until the end of this function and do not consume it: its destructor
-    // calls the producer's deleter).
+    // (the result holds it and does not consume it: its destructor calls the producer's
+    // deleter).
     let t = unsafe { &(*(p as *const DLManagedTensor)).dl_tensor };
+    dltensor_array(obj, t, Hold::Capsule(cap), what).map(Some)
+}
+
+/// A validated 1-D integer array in CPU memory from a DLPack tensor, kept alive by `hold`.
+fn dltensor_array<'py>(
+    obj: &Bound<'py, PyAny>,
+    t: &DLTensor,
+    hold: Hold<'py>,
+    what: &str,
+) -> PyResult<RawArray<'py>> {
     if t.device.device_type != DL_CPU && t.device.device_type != DL_CUDA_HOST {
         return Err(invalid_type(format!(
             "{what} must be in CPU memory, got a DLPack tensor on device type {}",
@@ -933,16 +1308,39 @@ fn from_dlpack<'py, T: Elem>(
         (unsafe { *t.strides }) as isize * size as isize
     };
     if n == 0 {
-        return Ok(Some(Vec::new()));
+        return Ok(RawArray {
+            _hold: hold,
+            base: std::ptr::null(),
+            n: 0,
+            stride,
+            layout,
+        });
     }
     if t.data.is_null() {
         return Err(invalid_type(format!("{what}: DLPack tensor without data")));
     }
+    // The producer guarantees `n` elements at `base + i * stride` in host memory while
+    // `hold` lives.
     let base = (t.data as *const u8).wrapping_add(t.byte_offset as usize);
-    // SAFETY: the producer guarantees `n` elements at `base + i * stride` in host memory
-    // while the capsule lives; GIL held, no Python code runs while reading.
-    let v = unsafe { read_array::<T>(base, n, stride, layout, what)? };
-    Ok(Some(v))
+    Ok(RawArray {
+        _hold: hold,
+        base,
+        n,
+        stride,
+        layout,
+    })
+}
+
+/// Reads an object exposing DLPack (CPU memory only); `Ok(None)` when it has none.
+fn from_dlpack<T: Elem>(
+    obj: &Bound<'_, PyAny>,
+    torch: Option<&Torch>,
+    what: &str,
+) -> PyResult<Option<Vec<T>>> {
+    match dlpack_array(obj, torch, what)? {
+        Some(a) => a.read(what).map(Some),
+        None => Ok(None),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -979,8 +1377,8 @@ fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
             return Ok(v);
         }
     }
-    if let Some(to_dlpack) = torch_to_dlpack(obj) {
-        return from_dlpack(obj, Some(to_dlpack), what).map(Option::unwrap_or_default);
+    if let Some(torch) = torch_of(obj) {
+        return from_dlpack(obj, Some(torch), what).map(Option::unwrap_or_default);
     }
     if let Some(v) = from_array_interface(obj, what)? {
         return Ok(v);
@@ -997,6 +1395,72 @@ fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
     Err(not_ints(obj, what))
 }
 
+/// Whether reading `obj` as token ids or KV indices runs no Python code: a
+/// `TokenBuffer`, or an object of exactly one of the types whose export is C code
+/// (`numpy.ndarray`, `array.array`, `memoryview`, and `torch.Tensor` once torch's export
+/// function was looked up). A subclass may override anything, so it does not count.
+pub fn reads_without_python(obj: &Bound<'_, PyAny>) -> bool {
+    static ARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    let ty = obj.get_type();
+    if obj.cast::<TokenBuffer>().is_ok()
+        || ty.is(py.get_type::<numpy::PyUntypedArray>())
+        || ty.is(py.get_type::<PyMemoryView>())
+    {
+        return true;
+    }
+    if let Ok(array) = ARRAY.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py
+            .import("array")?
+            .getattr("array")?
+            .cast_into::<PyType>()?
+            .unbind())
+    }) {
+        if ty.is(array.bind(py)) {
+            return true;
+        }
+    }
+    torch_tensor_known(obj)
+}
+
+/// Whether an integer argument is read without running Python code: absent, None or an
+/// exact `int` (anything else may run `__index__`).
+pub fn plain_int(obj: Option<&Bound<'_, PyAny>>) -> bool {
+    obj.is_none_or(|o| o.is_none() || o.is_exact_instance_of::<PyInt>())
+}
+
+/// Token ids or KV indices for a call that keeps the GIL ([`Input`]). With `in_place`
+/// (only when [`reads_without_python`] holds for every array argument of the call and
+/// [`plain_int`] for its integer arguments, so that no Python code runs between this
+/// export and the core's read), an array that already holds `T` is read in place;
+/// anything else is copied, as [`tokens`] does.
+pub fn input<'py, T: Elem>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    in_place: bool,
+) -> PyResult<Input<'py, T>> {
+    if let Ok(b) = obj.cast::<TokenBuffer>() {
+        return Ok(Input(match T::from_snapshot(b.get().snapshot()) {
+            Ok(s) => InputRepr::Shared(s),
+            Err(v) => InputRepr::Owned(v),
+        }));
+    }
+    if in_place {
+        let a = match torch_of(obj) {
+            Some(torch) => dlpack_array(obj, Some(torch), what)?,
+            None if has_buffer(obj) => buffer_array(obj, what)?,
+            None => None,
+        };
+        if let Some(a) = a {
+            if a.is_native::<T>() {
+                return Ok(Input(InputRepr::InPlace(a)));
+            }
+            return Ok(Input(InputRepr::Owned(a.read(what)?)));
+        }
+    }
+    read_ints::<T>(obj, what).map(|v| Input(InputRepr::Owned(v)))
+}
+
 /// Token ids from any accepted object (`what` names the argument in messages).
 pub fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tokens> {
     if let Ok(b) = obj.cast::<TokenBuffer>() {
@@ -1011,15 +1475,6 @@ pub fn token_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
         return Ok(b.get().snapshot().as_ref().clone());
     }
     read_ints::<u32>(obj, what)
-}
-
-/// KV indices (any int64 value) from any accepted object.
-pub fn values(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Values> {
-    if let Ok(b) = obj.cast::<TokenBuffer>() {
-        let s = b.get().snapshot();
-        return Ok(Values(s.iter().map(|&t| i64::from(t)).collect()));
-    }
-    read_ints::<i64>(obj, what).map(Values)
 }
 
 /// An int64 numpy array that takes ownership of `v` (no copy).

@@ -38,30 +38,46 @@ pub struct Node {
 #[pymethods]
 impl Node {
     fn __repr__(&self) -> String {
-        format!("Node(slot={}, serial={})", self.r.slot, self.r.serial)
+        node_repr(self.r)
     }
 }
 
-/// The result of `RadixCache.match_prefix`. `indices` is built on first access from the
-/// matched node's path (so a match costs no copy of the indices unless they are read);
-/// read it while the node is alive (lock the node or read it before evicting).
+/// The result of `RadixCache.match_prefix`. `node` and `indices` are built on first
+/// access (so a match allocates neither unless they are read); read `indices` while the
+/// node is alive (lock the node or read it before evicting).
 #[pyclass(frozen, module = "prefixcache._core")]
 pub struct MatchResult {
     #[pyo3(get)]
     length: usize,
-    #[pyo3(get)]
-    node: Py<Node>,
+    node_ref: NodeRef,
+    node: PyOnceLock<Py<Node>>,
     cache: Py<RadixCache>,
     indices: PyOnceLock<Py<PyArray1<i64>>>,
 }
 
+/// The node handle of a result, built on first access (the same object afterwards).
+fn lazy_node<'py>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<Node>>,
+    r: NodeRef,
+) -> PyResult<Bound<'py, Node>> {
+    let n = cell.get_or_try_init(py, || Py::new(py, Node { r }))?;
+    Ok(n.bind(py).clone())
+}
+
 #[pymethods]
 impl MatchResult {
+    /// The last node of the matched prefix (the root when nothing matched).
+    #[getter]
+    fn node<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, Node>> {
+        lazy_node(py, &self.node, self.node_ref)
+    }
+
     /// The KV indices of the matched prefix (numpy int64, length == `length`).
     #[getter]
     fn indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let arr = self.indices.get_or_try_init(py, || -> PyResult<_> {
-            let r = self.node.get().r;
+            let r = self.node_ref;
             let v = self
                 .cache
                 .get()
@@ -77,9 +93,13 @@ impl MatchResult {
         format!(
             "MatchResult(length={}, node={})",
             self.length,
-            self.node.get().__repr__()
+            node_repr(self.node_ref)
         )
     }
+}
+
+fn node_repr(r: NodeRef) -> String {
+    format!("Node(slot={}, serial={})", r.slot, r.serial)
 }
 
 /// The result of `RadixCache.insert`.
@@ -88,18 +108,23 @@ pub struct InsertResult {
     /// Tokens that were already cached: the caller frees its own duplicate KV indices.
     #[pyo3(get)]
     prefix_len: usize,
-    /// The last node of the inserted key's path.
-    #[pyo3(get)]
-    node: Py<Node>,
+    node_ref: NodeRef,
+    node: PyOnceLock<Py<Node>>,
 }
 
 #[pymethods]
 impl InsertResult {
+    /// The last node of the inserted key's path.
+    #[getter]
+    fn node<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, Node>> {
+        lazy_node(py, &self.node, self.node_ref)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "InsertResult(prefix_len={}, node={})",
             self.prefix_len,
-            self.node.get().__repr__()
+            node_repr(self.node_ref)
         )
     }
 }
@@ -172,18 +197,32 @@ impl RadixCache {
         #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
     ) -> PyResult<MatchResult> {
         let py = slf.py();
-        let tokens = convert::tokens(tokens, "tokens")?;
+        // The only array argument, and nothing else runs Python code: read in place.
+        let in_place = convert::reads_without_python(tokens);
+        let key = convert::input::<u32>(tokens, "tokens", in_place)?;
         let ns = namespace(extra_key, cache_salt);
         let this = slf.get();
-        let key = tokens.as_slice();
-        let m = this
-            .inner
-            .with_gil_released_if(py, key.len() >= DETACH_MIN_MATCH, |t| {
-                t.match_prefix(key, &ns)
-            })?;
+        let m = if key.len() >= DETACH_MIN_MATCH {
+            let key = key.into_owned()?;
+            this.inner
+                .with_gil_released(py, |t| t.match_prefix(key.as_slice(), &ns))?
+        } else {
+            match this
+                .inner
+                .try_with(py, |t| t.match_prefix(key.as_slice(), &ns))?
+            {
+                Some(m) => m,
+                None => {
+                    let key = key.into_owned()?;
+                    this.inner
+                        .with(py, |t| t.match_prefix(key.as_slice(), &ns))?
+                }
+            }
+        };
         Ok(MatchResult {
             length: m.length,
-            node: this.node(py, m.node)?,
+            node_ref: m.node,
+            node: PyOnceLock::new(),
             cache: slf.clone().unbind(),
             indices: PyOnceLock::new(),
         })
@@ -203,21 +242,48 @@ impl RadixCache {
         priority: Option<&Bound<'_, PyAny>>,
         inserted_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<InsertResult> {
-        let tokens = convert::tokens(tokens, "tokens")?;
-        let values = values.map(|v| convert::values(v, "values")).transpose()?;
+        // In place only when no argument can run Python code (no `__index__`, no list
+        // item hooks): otherwise the arrays are copied first, in argument order, as
+        // before any hook runs.
+        let in_place = convert::reads_without_python(tokens)
+            && values.is_none_or(convert::reads_without_python)
+            && convert::plain_int(priority)
+            && convert::plain_int(inserted_len);
+        let tokens = convert::input::<u32>(tokens, "tokens", in_place)?;
+        let values = values
+            .map(|v| convert::input::<i64>(v, "values", in_place))
+            .transpose()?;
         let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
         let inserted_len = convert::size_or(inserted_len, 0, "inserted_len")?;
         let ns = namespace(extra_key, cache_salt);
-        let (key, values) = (tokens.as_slice(), values.as_ref().map(|v| v.as_slice()));
-        let r = self
-            .inner
-            .with_gil_released_if(py, key.len() >= DETACH_MIN_ALLOC, |t| {
-                t.insert(key, values, &ns, priority, inserted_len)
+        let r = if tokens.len() >= DETACH_MIN_ALLOC {
+            let key = tokens.into_owned()?;
+            let values = values.map(convert::Input::into_owned).transpose()?;
+            self.inner.with_gil_released(py, |t| {
+                let v = values.as_ref().map(|v| v.as_slice());
+                t.insert(key.as_slice(), v, &ns, priority, inserted_len)
             })?
-            .py_err()?;
+        } else {
+            let v = values.as_ref().map(|v| v.as_slice());
+            match self.inner.try_with(py, |t| {
+                t.insert(tokens.as_slice(), v, &ns, priority, inserted_len)
+            })? {
+                Some(r) => r,
+                None => {
+                    let key = tokens.into_owned()?;
+                    let values = values.map(convert::Input::into_owned).transpose()?;
+                    self.inner.with(py, |t| {
+                        let v = values.as_ref().map(|v| v.as_slice());
+                        t.insert(key.as_slice(), v, &ns, priority, inserted_len)
+                    })?
+                }
+            }
+        }
+        .py_err()?;
         Ok(InsertResult {
             prefix_len: r.prefix_len,
-            node: self.node(py, r.node)?,
+            node_ref: r.node,
+            node: PyOnceLock::new(),
         })
     }
 

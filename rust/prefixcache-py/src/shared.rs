@@ -13,7 +13,9 @@
 //!    `try_lock` and, when another thread has it, waits with the GIL released, so a long
 //!    detached operation never stalls the other Python threads.
 //! 3. A closure run detached only sees owned data (`Send`), never a borrowed numpy buffer
-//!    that Python code could write to (or resize) once the GIL is released.
+//!    that Python code could write to (or resize) once the GIL is released. A closure
+//!    that reads a buffer in place runs through [`Shared::try_with`], which never
+//!    releases the GIL (it gives up instead of waiting for the lock).
 //! 4. A panic inside the closure poisons the lock (the guard drops while unwinding); the
 //!    call raises `RuntimeError` and every later call on that object raises `RuntimeError`
 //!    too, instead of working on a possibly half-updated structure.
@@ -165,8 +167,9 @@ impl<T: Send> Shared<T> {
     }
 
     /// Short operation: runs `f` with the GIL held. When another thread holds the lock,
-    /// waits for it with the GIL released, then retries. `f` may read borrowed (numpy)
-    /// inputs: it runs in one stretch with the GIL held, so no Python code runs meanwhile.
+    /// waits for it with the GIL released, then retries: Python code may run before `f`
+    /// does, so `f` must not read inputs borrowed from Python objects (see
+    /// [`Shared::try_with`]).
     pub fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> PyResult<R> {
         self.check_fork().map_err(|e| self.error(e))?;
         loop {
@@ -179,6 +182,21 @@ impl<T: Send> Shared<T> {
                     py.detach(|| drop(self.inner.lock()));
                 }
             }
+        }
+    }
+
+    /// Short operation on inputs read in place from Python objects
+    /// ([`convert::Input`](crate::convert::Input)): runs `f` with the GIL held throughout,
+    /// taking the lock without waiting, so no Python code runs between the caller's export
+    /// of its inputs and `f`'s read. `Ok(None)`, `f` not run, when another thread holds
+    /// the lock: the caller then copies its inputs and waits with [`Shared::with`].
+    pub fn try_with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R) -> PyResult<Option<R>> {
+        let _ = py; // proof that the GIL is held
+        self.check_fork().map_err(|e| self.error(e))?;
+        match self.inner.try_lock() {
+            Ok(guard) => run_locked(guard, f).map(Some).map_err(|e| self.error(e)),
+            Err(TryLockError::Poisoned(_)) => Err(self.error(Failure::Poisoned)),
+            Err(TryLockError::WouldBlock) => Ok(None),
         }
     }
 
