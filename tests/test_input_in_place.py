@@ -1,9 +1,10 @@
-"""RadixCache reads arrays in place in short calls (docs/API.md, "Input forms"): every form
-that may be read in place gives exactly what the equivalent list gives, whether it is read
-in place (uint32 / int64, native order, contiguous, aligned) or copied; a call whose
-arguments can run Python code (``__index__``, list items, sequences) copies its arrays
-before any hook runs, so hooks that resize or rewrite an array cannot make it read freed
-memory; a call that finds the lock taken copies its input before waiting."""
+"""RadixCache reads arrays in place in short calls (docs/API.md, "Input forms": match keys
+and insert values): every form that may be read in place gives exactly what the
+equivalent list gives, whether it is read in place (uint32 / int64, native order,
+contiguous, aligned) or copied; a call whose arguments can run Python code
+(``__index__``, list items, sequences) copies each array when it converts it, in argument
+order, so hooks that resize or rewrite an array cannot make it read freed memory; a call
+that finds the lock taken copies its input before waiting."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ import pytest
 
 from prefixcache import RadixCache, TokenBuffer
 from prefixcache.errors import InvalidInputError
+
+
+class _Sub(np.ndarray):
+    """A numpy subclass: it could override anything, so it is read like any buffer."""
+
+
+class _List(list):
+    pass
+
 
 TOKENS = [7, 0, 5, 2**31 + 3, 9, 65536, 11, 2**32 - 1, 300, 4, 12, 6, 1, 2, 3, 8, 10, 13]
 
@@ -48,6 +58,8 @@ def in_place_forms(values: list[int]) -> dict[str, Any]:
     }
     if max(values) < 2**31:
         out["numpy int32 (copied)"] = i64.astype(np.int32)
+    out["numpy subclass (copied)"] = u32.view(_Sub)
+    out["list subclass (copied)"] = _List(values)
     try:
         import torch  # type: ignore[import-not-found]
 

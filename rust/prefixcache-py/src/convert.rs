@@ -17,11 +17,15 @@
 //! the position). Every accepted form gives exactly what the equivalent list gives.
 //!
 //! Memory safety: every array is read in one pass, with the GIL held and no Python code
-//! running, straight into an owned `Vec` (the only copy: the core's own key, narrowed and
-//! range-checked in the same pass). No pointer into Python-owned memory outlives the
-//! conversion, so a caller resizing or freeing the array later (another thread, or a
-//! Python hook run while the next argument is converted) cannot make us read freed
-//! memory, and nothing is borrowed with rust-numpy's borrow tracking (which aborted the
+//! running between its export and the read. [`tokens`] and [`read_ints`] copy it at
+//! conversion (narrowed and range-checked in the same pass) into an owned `Vec`, so a
+//! caller resizing or freeing the array later (another thread, or a Python hook run while
+//! the next argument is converted) cannot make us read freed memory. [`input`] may instead
+//! hand the core the array itself ([`Input`]): only for calls whose arguments run no
+//! Python code at all ([`reads_without_python`], [`plain_int`]) and only inside
+//! [`Shared::try_with`](crate::shared::Shared::try_with), which never releases the GIL;
+//! such an input is copied ([`Input::into_owned`]) before anything that could let Python
+//! code run. Nothing is borrowed with rust-numpy's borrow tracking (which aborted the
 //! process when an array was resized under it).
 
 use std::cell::Cell;
@@ -101,6 +105,11 @@ impl<'py, T: Elem> Input<'py, T> {
             // contiguous elements of `T`, exported while `self` holds the view or capsule.
             // Its callers read it with the GIL held and no Python code running (see the
             // type's documentation), so nothing can resize or free the memory meanwhile.
+            // Native code of another thread that released the GIL could still write the
+            // array (a data race in the caller's program, as for any C extension reading
+            // it): the core then sees some mix of old and new integers, each in range
+            // for `T`; callers whose result's structure depends on the values (insert's
+            // key) copy them instead.
             InputRepr::InPlace(a) => unsafe { std::slice::from_raw_parts(a.base as *const T, a.n) },
         }
     }

@@ -242,14 +242,15 @@ impl RadixCache {
         priority: Option<&Bound<'_, PyAny>>,
         inserted_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<InsertResult> {
-        // In place only when no argument can run Python code (no `__index__`, no list
-        // item hooks): otherwise the arrays are copied first, in argument order, as
-        // before any hook runs.
-        let in_place = convert::reads_without_python(tokens)
-            && values.is_none_or(convert::reads_without_python)
+        // The tokens are copied (narrowed) even from a uint32 array: the tree's shape
+        // follows their values, so a native writer racing with the call (another thread
+        // without the GIL) must not change them between the walk and the new leaf. The
+        // values, only copied into the new leaf, are read in place when no later
+        // argument can run Python code (`__index__`); else copied, in argument order.
+        let in_place = values.is_some_and(convert::reads_without_python)
             && convert::plain_int(priority)
             && convert::plain_int(inserted_len);
-        let tokens = convert::input::<u32>(tokens, "tokens", in_place)?;
+        let tokens = convert::input::<u32>(tokens, "tokens", false)?;
         let values = values
             .map(|v| convert::input::<i64>(v, "values", in_place))
             .transpose()?;
