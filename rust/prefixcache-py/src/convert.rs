@@ -1504,13 +1504,16 @@ pub fn input<'py, T: Elem>(
         }));
     }
     if in_place {
-        let a = match torch_of(obj) {
-            Some(torch) => dlpack_array(obj, Some(torch), what)?,
-            None if has_buffer(obj) => match numpy_array(obj) {
+        let a = if has_buffer(obj) {
+            match numpy_array(obj) {
                 Some(a) => Some(a),
                 None => buffer_array(obj, what)?,
-            },
-            None => None,
+            }
+        } else {
+            match torch_of(obj) {
+                Some(torch) => dlpack_array(obj, Some(torch), what)?,
+                None => None,
+            }
         };
         if let Some(a) = a {
             if a.is_native::<T>() {
