@@ -240,6 +240,19 @@ mod tests {
     }
 
     #[test]
+    fn try_with_gives_up_instead_of_waiting_for_the_lock() {
+        Python::initialize();
+        Python::attach(|py| {
+            let s = Shared::new("Thing", 1u32);
+            assert_eq!(s.try_with(py, |v| *v).ok().flatten(), Some(1));
+            let held = s.inner.lock();
+            assert!(matches!(s.try_with(py, |v| *v), Ok(None)));
+            drop(held);
+            assert_eq!(s.try_with(py, |v| *v + 1).ok().flatten(), Some(2));
+        });
+    }
+
+    #[test]
     fn a_panic_raises_and_poisons_for_later_calls() {
         Python::initialize();
         Python::attach(|py| {
