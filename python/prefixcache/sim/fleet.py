@@ -140,11 +140,16 @@ class _Fleet:
     """The router's view of the fleet (routers.FleetView)."""
 
     def __init__(
-        self, insts: list[TimeInstance], path: _EventPath | None, collect: Callable[[], None]
+        self,
+        insts: list[TimeInstance],
+        path: _EventPath | None,
+        collect: Callable[[], None],
+        records: list[RequestRecord],
     ) -> None:
         self.insts = insts
         self.path = path
         self._collect = collect
+        self._records = records
 
     @property
     def size(self) -> int:
@@ -159,6 +164,9 @@ class _Fleet:
         self._collect()
         self.path.deliver(now)
         return self.path.held(req, now), self.path.block_size
+
+    def first_token(self, index: int) -> float:
+        return self._records[index].first_token
 
 
 def _publishing_policy(
@@ -253,17 +261,23 @@ def fleet_replay(
             for k, p in enumerate(pols):
                 path.publish(k, started[k], p.take_events())  # type: ignore[attr-defined]
 
-    view = _Fleet(insts, path, collect)
+    view = _Fleet(insts, path, collect, records)
     gate = SessionGate(requests)
+    routed = getattr(rt, "routed", None)
+    finished = getattr(rt, "finished", None)
 
     def route(i: int, req: Request, at: float) -> None:
         k = rt.choose(req, at, view)
         if not 0 <= k < instances:
             raise InvalidInputError(f"router {rt.name} chose instance {k} of {instances}")
         served_by[i] = k
+        if routed is not None:
+            routed(i, req, k, at)
         insts[k].submit(i, req, at)
 
     def on_done(i: int, t: float) -> None:
+        if finished is not None:
+            finished(i, served_by[i], t)
         gate.release(i, t, route)
 
     for inst in insts:

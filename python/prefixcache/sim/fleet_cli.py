@@ -75,8 +75,8 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         "--overlap-weight",
         type=float,
         default=1.0,
-        help="cache-aware cost: weight of the blocks to prefill against the "
-        "load in blocks (Dynamo's kv_overlap_score_weight; default 1)",
+        help="cache-aware cost: weight of the blocks to prefill against the running "
+        "blocks (Dynamo's kv_overlap_score_weight; default 1)",
     )
     g.add_argument(
         "--router-seed",

@@ -4,6 +4,7 @@ policy."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,6 +25,7 @@ __all__ = [
     "TokenArray",
     "TokenCounter",
     "TokenFactory",
+    "namespace_seed",
     "new_record",
 ]
 
@@ -160,3 +162,13 @@ def new_record(req: Request) -> RequestRecord:
     return RequestRecord(
         req.id, req.session, req.turn, req.prompt_len, req.output_len, arrival=req.arrival
     )
+
+
+def namespace_seed(extra_key: str | None, cache_salt: str | None) -> int:
+    """A 64-bit seed for a request's cache namespace (0 for the default one): the seed of
+    the chained block keys the lab caches and the cache-aware router's own bookkeeping
+    compute (``prefixcache._core.lab_block_keys``), so two namespaces never share a key."""
+    if extra_key is None and cache_salt is None:
+        return 0
+    text = f"{extra_key!r}\x00{cache_salt!r}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
