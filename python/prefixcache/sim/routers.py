@@ -154,7 +154,7 @@ class _ActiveBlocks:
         self.blocks = [0] * n  # distinct running blocks per instance
         self.prefill = [0] * n  # prompt tokens still to prefill per instance
         self.unprefilled: list[dict[int, int]] = [{} for _ in range(n)]  # index -> tokens
-        self.running: dict[int, tuple[int, BlockKeys, list[int]]] = {}  # index -> instance, keys
+        self.running: dict[int, tuple[int, BlockKeys]] = {}  # index -> (instance, keys)
         self.done: list[tuple[float, int]] = []  # heap of (t, index): completions to apply
 
     def keys(self, req: Request) -> BlockKeys:
@@ -179,27 +179,25 @@ class _ActiveBlocks:
                     self.prefill[k] -= pend.pop(i)
 
     def add(self, i: int, k: int, keys: BlockKeys, new_blocks: int, prefill: int) -> None:
-        # Events take a list of ints (an array would be read element by element).
-        hashes = keys.tolist()
-        self.index.apply(self.names[k], [_stored(hashes, self.block_size)], now=0.0)
+        self.index.apply(self.names[k], [_stored(keys, self.block_size)], now=0.0)
         self.blocks[k] += new_blocks
         self.prefill[k] += prefill
         self.unprefilled[k][i] = prefill
-        self.running[i] = (k, keys, hashes)
+        self.running[i] = (k, keys)
 
     def _remove(self, i: int) -> None:
-        k, keys, hashes = self.running.pop(i)
+        k, keys = self.running.pop(i)
         self.prefill[k] -= self.unprefilled[k].pop(i, 0)
         w = self.names[k]
-        self.index.apply(w, [{"type": "BlockRemoved", "block_hashes": hashes}], now=0.0)
+        self.index.apply(w, [{"type": "BlockRemoved", "block_hashes": keys}], now=0.0)
         still = int(self.index.longest_prefix(keys, now=0.0).blocks(w))
         self.blocks[k] -= len(keys) - still
 
 
-def _stored(hashes: list[int], block_size: int) -> dict[str, Any]:
+def _stored(keys: BlockKeys, block_size: int) -> dict[str, Any]:
     return {
         "type": "BlockStored",
-        "block_hashes": hashes,
+        "block_hashes": keys,
         "parent_block_hash": None,
         "token_ids": None,
         "block_size": block_size,
