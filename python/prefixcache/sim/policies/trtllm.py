@@ -140,6 +140,10 @@ class TrtllmPolicy:
         self._note_usage()
         return int(c.num_matched_tokens)
 
+    def host_hit(self, rid: RequestId) -> int:
+        """No host tier: every reused token of the last ``admit`` is on the GPU."""
+        return 0
+
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
         self.trie.store(seq.iid, seq.prompt)
@@ -210,7 +214,7 @@ class TrtllmPolicy:
             int(self.trie.num_cached_tokens),
             self._peak,
             self._peak_cached,
-            extra,
+            extra=extra,
         )
 
     def check(self) -> None:
