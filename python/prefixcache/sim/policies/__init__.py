@@ -46,6 +46,7 @@ __all__ = [
     "TrtllmPolicy",
     "blocks_available",
     "check_offload",
+    "check_tier",
     "make_policy",
     "offload_family",
 ]
@@ -105,20 +106,35 @@ def check_offload(policy: str, offload: str | None) -> None:
         )
 
 
-def _with_tier(cls: type, policy: str, cpu_capacity: int, offload: str | None) -> dict[str, Any]:
-    """The constructor keywords of the host tier: none without one (cpu_capacity 0)."""
+_TIER_CLASSES: dict[str, type] = {
+    "radix": RadixPolicy,
+    "vllm-blocks": BlocksPolicy,
+    "trtllm": TrtllmPolicy,
+}
+
+
+def check_tier(policy: str, cpu_capacity: int, offload: str | None = None) -> None:
+    """Raise InvalidInputError unless ``policy`` can be built with ``cpu_capacity`` tokens
+    of host memory (0: no tier, then ``offload`` must be None) and tier policy
+    ``offload``; builds nothing."""
     if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
         raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
     if cpu_capacity == 0:
         if offload is not None:
             raise InvalidInputError(f"offload {offload!r} needs a host tier (cpu_capacity > 0)")
-        return {}
+        return
     check_offload(policy, offload)
+    cls = _TIER_CLASSES[offload_family(policy) or ""]
     if "cpu_capacity" not in inspect.signature(cls).parameters:
         raise InvalidInputError(
             f"policy {policy!r}: this build has no host tier for {cls.__name__}"
         )
-    return {"cpu_capacity": cpu_capacity, "offload": offload}
+
+
+def _with_tier(policy: str, cpu_capacity: int, offload: str | None) -> dict[str, Any]:
+    """The constructor keywords of the host tier: none without one (cpu_capacity 0)."""
+    check_tier(policy, cpu_capacity, offload)
+    return {"cpu_capacity": cpu_capacity, "offload": offload} if cpu_capacity else {}
 
 
 def make_policy(
@@ -137,11 +153,11 @@ def make_policy(
     None = the family's default; :data:`OFFLOAD_NAMES`) give the policy a second tier; the
     constructors get them as keywords only when ``cpu_capacity > 0``."""
     if name == "radix":
-        tier = _with_tier(RadixPolicy, name, cpu_capacity, offload)
+        tier = _with_tier(name, cpu_capacity, offload)
         return RadixPolicy(capacity, eviction_policy=eviction_policy, **tier)
     if name.startswith("radix-page") and name[len("radix-page") :].isdigit():
         page = int(name[len("radix-page") :])
-        tier = _with_tier(RadixPolicy, name, cpu_capacity, offload)
+        tier = _with_tier(name, cpu_capacity, offload)
         return RadixPolicy(
             capacity,
             page_size=page,
@@ -153,11 +169,11 @@ def make_policy(
         name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
     ):
         bs = int(name[len("vllm-blocks") :] or 16)
-        tier = _with_tier(BlocksPolicy, name, cpu_capacity, offload)
+        tier = _with_tier(name, cpu_capacity, offload)
         return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name, **tier)
     trt = parse_trtllm_name(name)
     if trt is not None:
-        tier = _with_tier(TrtllmPolicy, name, cpu_capacity, offload)
+        tier = _with_tier(name, cpu_capacity, offload)
         return TrtllmPolicy(
             capacity,
             tokens_per_block=trt[0],
@@ -167,8 +183,7 @@ def make_policy(
         )
     lab = make_lab_policy(name, capacity)  # not engine rules: policies/lab.py
     if lab is not None:
-        if cpu_capacity or offload is not None:
-            check_offload(name, offload)  # raises: the lab policies have no host tier
+        check_tier(name, cpu_capacity, offload)  # the lab policies have no host tier
         return lab
     raise InvalidInputError(
         f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks, "
