@@ -468,3 +468,27 @@ def test_grid_sweep_command_writes_tables_json_csv_and_heatmap(
     assert len(d["summaries"]) == 2 * 2 * 2
     assert len(cs.read_text().splitlines()) == 1 + 8
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prefixcache.sim.fleet as fleet_mod
+
+    built: list[tuple[int, str | None]] = []
+    real = make_policy
+
+    def fake(name: str, capacity: int, **kw: Any) -> Any:
+        cpu, off = kw.pop("cpu_capacity", 0), kw.pop("offload", None)
+        built.append((cpu, off))
+        return HalfOnHost(real(name, capacity, **kw), cpu)
+
+    monkeypatch.setattr(fleet_mod, "make_policy", fake)
+    monkeypatch.setattr(replay_mod, "make_policy", fake)
+    reqs = one_token_requests([2000, 2000, 2000, 2000])
+    res = fleet_mod.fleet_replay(
+        reqs, "radix", 10_000, 2, "round-robin", cpu_capacity=5000, offload="write-back",
+        ceiling=True,
+    )  # fmt: skip
+    assert built == [(5000, "write-back")] * 2 + [(10_000, "write-back")]  # + the ceiling
+    s = fleet_mod.summarize_fleet(res)
+    assert s["cpu_capacity"] == 5000
+    assert s["loaded_tokens"] == s["host_hit_tokens"] == sum(r.hit_tokens // 2 for r in res.records)
