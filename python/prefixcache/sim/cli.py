@@ -105,7 +105,7 @@ def parse_capacity(text: str) -> int:
 
 def _cpu_capacity(text: str) -> int:
     """A host tier capacity in tokens: as --capacity, or 0 for no tier."""
-    if text.strip() in ("0", "0.0"):
+    if re.fullmatch(r"0[0_]*(\.0*)?([kmgt]i?)?", text.strip().lower()):
         return 0
     return parse_capacity(text)
 
@@ -315,10 +315,14 @@ def _add_offload(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         help=f"time model: the KV bytes per token of a model: {kv} (default {DEFAULT_KV_MODEL}); "
         "the flags below change one field of it",
     )
-    g.add_argument("--kv-layers", type=_positive_int, default=None, metavar="N")
-    g.add_argument("--kv-heads", type=_positive_int, default=None, metavar="N")
-    g.add_argument("--head-dim", type=_positive_int, default=None, metavar="N")
-    g.add_argument("--kv-dtype", choices=tuple(KV_DTYPE_BYTES), default=None)
+    g.add_argument("--kv-layers", type=_positive_int, default=None, metavar="N", help="layers")
+    g.add_argument(
+        "--kv-heads", type=_positive_int, default=None, metavar="N", help="KV heads (GQA groups)"
+    )
+    g.add_argument("--head-dim", type=_positive_int, default=None, metavar="N", help="head size")
+    g.add_argument(
+        "--kv-dtype", choices=tuple(KV_DTYPE_BYTES), default=None, help="KV cache element type"
+    )
     g.add_argument(
         "--kv-mla",
         action="store_true",
@@ -567,7 +571,10 @@ def _check_tier_args(args: argparse.Namespace) -> None:
                 check_offload(p, off)
             except PrefixCacheError as e:
                 opt = "--cpu-capacity" if off is None else "--offload"
-                raise _UsageError(f"{opt}: {e}") from None
+                hint = ""
+                if off is not None and "=" not in args.offload and len(policies) > 1:
+                    hint = " (policies of different engines: give POLICY=NAME pairs)"
+                raise _UsageError(f"{opt}: {e}{hint}") from None
         for p in policies:
             try:
                 check_tier(p, max(cpus), offload_for(p, args.offload_map))
