@@ -492,3 +492,23 @@ def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) ->
     s = fleet_mod.summarize_fleet(res)
     assert s["cpu_capacity"] == 5000
     assert s["loaded_tokens"] == s["host_hit_tokens"] == sum(r.hit_tokens // 2 for r in res.records)
+
+
+def test_tables_show_the_host_columns_only_with_a_tier() -> None:
+    from rich.console import Console
+
+    from prefixcache.sim.report import comparison_table, host_tier_table
+
+    def text(table: Any) -> str:
+        c = Console(width=120, record=True)
+        c.print(table)
+        return c.export_text()
+
+    reqs = one_token_requests([1000, 2000])
+    plain = summarize(replay(reqs, ["radix"], 10_000)[0])
+    tiered = summarize(replay(reqs, [ScriptedTier({1: 1500}, {1: 600}, 1)])[0])
+    assert "GPU" not in text(comparison_table("t", [plain]))
+    assert host_tier_table("t", [plain]) is None
+    both = text(comparison_table("t", [plain, tiered]))
+    assert "GPU" in both and "host" in both
+    assert "not worth" in text(host_tier_table("t", [plain, tiered]))
