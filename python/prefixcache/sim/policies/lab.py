@@ -203,7 +203,6 @@ class LabPolicy:
         return int(got) * bs
 
     def host_hit(self, rid: RequestId) -> int:
-        """No host tier: every reused token of the last ``admit`` is on the GPU."""
         return 0
 
     def _known_keys(self, rid: RequestId, count: int) -> npt.NDArray[np.uint64] | None:

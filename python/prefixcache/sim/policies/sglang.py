@@ -197,7 +197,6 @@ class RadixPolicy:
         return hit
 
     def host_hit(self, rid: RequestId) -> int:
-        """No host tier: every reused token of the last ``admit`` is on the GPU."""
         return 0
 
     def on_prefill_done(self, rid: RequestId) -> None:

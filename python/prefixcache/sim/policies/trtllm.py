@@ -141,7 +141,6 @@ class TrtllmPolicy:
         return int(c.num_matched_tokens)
 
     def host_hit(self, rid: RequestId) -> int:
-        """No host tier: every reused token of the last ``admit`` is on the GPU."""
         return 0
 
     def on_prefill_done(self, rid: RequestId) -> None:

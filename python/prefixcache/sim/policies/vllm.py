@@ -195,7 +195,6 @@ class BlocksPolicy:
         return hit
 
     def host_hit(self, rid: RequestId) -> int:
-        """No host tier: every reused token of the last ``admit`` is on the GPU."""
         return 0
 
     def take_events(self) -> list[Any]:
