@@ -497,10 +497,10 @@ def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) ->
 def test_tables_show_the_host_columns_only_with_a_tier() -> None:
     from rich.console import Console
 
-    from prefixcache.sim.report import comparison_table, host_tier_table
+    from prefixcache.sim.report import comparison_table, host_tier_tables
 
     def text(table: Any) -> str:
-        c = Console(width=120, record=True)
+        c = Console(width=80, record=True)
         c.print(table)
         return c.export_text()
 
@@ -508,7 +508,15 @@ def test_tables_show_the_host_columns_only_with_a_tier() -> None:
     plain = summarize(replay(reqs, ["radix"], 10_000)[0])
     tiered = summarize(replay(reqs, [ScriptedTier({1: 1500}, {1: 600}, 1)])[0])
     assert "GPU" not in text(comparison_table("t", [plain]))
-    assert host_tier_table("t", [plain]) is None
+    assert host_tier_tables([plain]) == []
     both = text(comparison_table("t", [plain, tiered]))
     assert "GPU" in both and "host" in both
-    assert "not worth" in text(host_tier_table("t", [plain, tiered]))
+    assert "not worth" in text(host_tier_tables([plain, tiered])[0])
+    # Rows as wide as the Mooncake conversation trace's (145M prompt tokens, every one
+    # evicted in 16-token blocks) and a rejected column still fit 80 columns, uncut.
+    big = {k: (v * 10**5 if isinstance(v, int) else v) for k, v in tiered.items()}
+    big.update(policy="radix-page16", rejected=1234, hit_rate=1.0, cpu_capacity=64 * 10**9)
+    big.update(evicted_tokens=145_000_000, evictions=9_062_500, eviction_unit="blocks")
+    for t in [comparison_table("t", [plain, big]), *host_tier_tables([big])]:
+        out = text(t)
+        assert "\u2026" not in out and max(map(len, out.splitlines())) <= 80, out

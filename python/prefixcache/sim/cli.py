@@ -37,7 +37,7 @@ from prefixcache.sim.report import (
     comparison_table,
     difference_table,
     grid_tables,
-    host_tier_table,
+    host_tier_tables,
     latency_table,
     partial_reuse_table,
     progress_bars,
@@ -726,9 +726,8 @@ def _print_results(
             "rate[/yellow]"
         )
         console.print()
-    host = host_tier_table("host tier: reuse from host memory, stores and evictions", sums)
-    if host is not None:
-        _show(console, host)
+    for t in host_tier_tables(sums):
+        _show(console, t)
     partial = partial_reuse_table("trie: partial reuse of the last block", sums)
     if partial is not None:
         _show(console, partial)

@@ -23,7 +23,7 @@ __all__ = [
     "comparison_table",
     "difference_table",
     "grid_tables",
-    "host_tier_table",
+    "host_tier_tables",
     "latency_table",
     "partial_reuse_table",
     "progress_bars",
@@ -94,8 +94,14 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
         ("evicted\ntokens", "evicted_tokens"),
         ("evictions", "evictions"),
     ]
-    if any(s.get("cpu_capacity") for s in summaries):  # a host tier: split the hit rate
-        cols[2:2] = [("GPU\nhit rate", "gpu_hit_rate"), ("host\nhit rate", "host_hit_rate")]
+    if any(s.get("cpu_capacity") for s in summaries):
+        # A host tier: the hit rate split into GPU and host; the token counts (hits,
+        # evicted) move to the host tier's tables, so that the table fits 80 columns.
+        cols[0:3] = [
+            ("hit\nrate", "hit_rate"),
+            ("GPU\nrate", "gpu_hit_rate"),
+            ("host\nrate", "host_hit_rate"),
+        ]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
     for label, _ in cols:
@@ -116,30 +122,47 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     return t
 
 
-_HOST_COLUMNS = (
-    ("host\ncapacity", "cpu_capacity"),
+_HOST_REUSE = (
+    ("GPU hit\ntokens", "gpu_hit_tokens"),
     ("host hit\ntokens", "host_hit_tokens"),
     ("loaded\ntokens", "loaded_tokens"),
     ("not worth\nloading", "host_unloaded_tokens"),
+)
+_HOST_MEMORY = (
+    ("GPU\nevicted", "evicted_tokens"),
     ("stored\ntokens", "stored_tokens"),
     ("host\nevicted", "host_evicted_tokens"),
     ("peak host\ntokens", "peak_host_tokens"),
 )
 
 
-def host_tier_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table | None:
+def host_tier_tables(summaries: Sequence[dict[str, Any]]) -> list[Table]:
     """The second tier's counters, for the policies that have one (docs/SIMULATOR.md,
-    "Offload"); None when none has."""
+    "Offload"): the reuse (GPU hits, host hits, loaded, not worth loading) and the memory
+    (GPU evicted, stored, host evicted, peak host); none when no policy has a tier."""
     rows = [s for s in summaries if s.get("cpu_capacity")]
     if not rows:
-        return None
-    t = _table(title)
-    _policy_column(t)
-    for label, _ in _HOST_COLUMNS:
-        t.add_column(label, justify="right", no_wrap=True)
-    for s in rows:
-        t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for _, k in _HOST_COLUMNS))
-    return t
+        return []
+    caps = {int(s["cpu_capacity"]) for s in rows}
+    memory: tuple[tuple[str, str], ...] = _HOST_MEMORY
+    if len(caps) == 1:
+        where = f"host capacity {caps.pop():,} tokens"
+    else:
+        where = "host capacity per policy"
+        memory = (("host\ncapacity", "cpu_capacity"), *_HOST_MEMORY)
+    out = []
+    for title, cols in (
+        (f"host tier: reuse, tokens ({where})", _HOST_REUSE),
+        ("host tier: GPU and host memory, tokens", memory),
+    ):
+        t = _table(title)
+        _policy_column(t)
+        for label, _ in cols:
+            t.add_column(label, justify="right", no_wrap=True)
+        for s in rows:
+            t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for _, k in cols))
+        out.append(t)
+    return out
 
 
 def _grid(
