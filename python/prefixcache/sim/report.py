@@ -360,6 +360,7 @@ def write_grid_plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
 
     policies = _grid_policies(summaries)
     figures = [("hit rate (%)", "hit_rate", "viridis")]
@@ -381,7 +382,11 @@ def write_grid_plot(
             grid = np.array(_grid(capacities, cpu_capacities, summaries, pol, key))
             if key == "hit_rate":
                 grid = 100.0 * grid
-            im = ax.imshow(grid, cmap=cmap, aspect="auto", origin="lower")
+            finite = grid[np.isfinite(grid)]
+            norm = None
+            if key != "hit_rate" and finite.size and 0 < 10 * finite.min() < finite.max():
+                norm = LogNorm(finite.min(), finite.max())  # TTFTs over decades: log scale
+            im = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", origin="lower")
             fig.colorbar(im, ax=ax)
             ax.set_xticks(
                 range(len(cpu_capacities)), [short_tokens(h) if h else "0" for h in cpu_capacities]
@@ -390,11 +395,11 @@ def write_grid_plot(
             ax.set_xlabel("host capacity (tokens)")
             ax.set_ylabel("GPU capacity (tokens)")
             ax.set_title(f"{pol}: {what}", fontsize=10)
-            finite = grid[np.isfinite(grid)]
-            mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
             for (r, c), v in np.ndenumerate(grid):
                 if math.isfinite(v):
-                    dark = (v < mid) == (cmap == "viridis")
+                    # white text on the dark end of the colour map
+                    shade = im.norm(v)
+                    dark = shade < 0.5 if cmap == "viridis" else shade > 0.5
                     ax.text(
                         c,
                         r,
