@@ -4,7 +4,8 @@ and prints markdown tables of the hit rate and the TTFT p50 / p99 (rows: GPU cap
 columns: host capacity; 0 = no host tier).
 
     python tools/offload_tables.py mooncake_conversation.jsonl mooncake_synthetic.jsonl \\
-        [--capacities 1M,4M,16M] [--cpu-capacities 0,4M,16M,64M] [--jobs N] [--json out.json]
+        [--capacities 1M,4M,16M] [--cpu-capacities 0,4M,16M,64M] [--policies vllm-blocks,radix]
+        [--jobs N] [--json out.json]
 
 Each cell is one replay, the one ``prefixcache replay TRACE --model time --capacity C
 --cpu-capacity H --policies P`` runs; all of them run in worker processes (``--jobs``).
@@ -23,7 +24,7 @@ from prefixcache.sim.cli import parse_capacity
 from prefixcache.sim.report import short_tokens, write_json
 from prefixcache.sim.sweep import SweepSpec, load_requests, run_grid
 
-POLICIES = ("vllm-blocks", "radix")
+POLICIES = "vllm-blocks,radix"
 
 
 def _caps(text: str, zero: bool) -> list[int]:
@@ -46,6 +47,7 @@ def _cell(s: dict[str, Any], key: str) -> str:
 
 def markdown_tables(
     name: str,
+    policies: Sequence[str],
     capacities: Sequence[int],
     cpu_capacities: Sequence[int],
     sums: Sequence[dict[str, Any]],
@@ -55,7 +57,7 @@ def markdown_tables(
     head = "| GPU \\ host | " + " | ".join(short_tokens(h) if h else "0" for h in cpu_capacities)
     rule = "|---|" + "---:|" * len(cpu_capacities)
     out = [f"#### {name}", ""]
-    for pol in POLICIES:
+    for pol in policies:
         for title, cell in (
             ("hit rate", lambda s: _cell(s, "hit_rate")),
             (
@@ -79,14 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--cpu-capacities", default="0,4M,16M,64M", help="host tier capacities, tokens (0: none)"
     )
+    ap.add_argument("--policies", default=POLICIES, help=f"comma separated (default {POLICIES})")
     ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     ap.add_argument("--json", default=None, help="also write every summary as JSON")
     args = ap.parse_args(argv)
     caps = _caps(args.capacities, zero=False)
     cpus = _caps(args.cpu_capacities, zero=True)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     everything: dict[str, Any] = {"capacities": caps, "cpu_capacities": cpus, "traces": {}}
     for path in (args.conversation, args.synthetic):
-        spec = SweepSpec(trace=path, policies=POLICIES, model="time")
+        spec = SweepSpec(trace=path, policies=policies, model="time")
         reqs = load_requests(spec)
         t0 = time.perf_counter()
         sums = run_grid(spec, reqs, caps, cpus, jobs=args.jobs)
@@ -94,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{Path(path).name}: {len(sums)} replays in {time.perf_counter() - t0:.0f} s",
             file=sys.stderr,
         )
-        print(markdown_tables(Path(path).stem, caps, cpus, sums))
+        print(markdown_tables(Path(path).stem, policies, caps, cpus, sums))
         everything["traces"][Path(path).name] = sums
     if args.json:
         write_json(args.json, everything)
