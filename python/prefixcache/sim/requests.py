@@ -153,9 +153,24 @@ class RequestRecord:
     preemptions: int = 0
     recompute_hit_tokens: int = 0  # hits on re-admission after preemption
     recomputed_tokens: int = 0  # tokens prefilled again after preemption
+    # Second tier (docs/SIMULATOR.md, "Offload"), at first admission: the reused tokens
+    # found in host memory, those of them loaded (the rest were recomputed: loading them
+    # would have been slower), and the load's time in seconds (part of the TTFT).
+    host_hit_tokens: int = 0
+    loaded_tokens: int = 0
+    load_time: float = 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+    def to_dict(self, host_tier: bool = False) -> dict[str, object]:
+        """The record's fields; the second tier's only with ``host_tier`` (a policy
+        without one reports exactly what it reported before tiers existed)."""
+        d = asdict(self)
+        if not host_tier:
+            for k in _HOST_FIELDS:
+                del d[k]
+        return d
+
+
+_HOST_FIELDS = ("host_hit_tokens", "loaded_tokens", "load_time")
 
 
 def new_record(req: Request) -> RequestRecord:
