@@ -194,6 +194,9 @@ class BlocksPolicy:
         self._note_used()
         return hit
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def take_events(self) -> list[Any]:
         """The KV events (``prefixcache.events``) published since the last call, in order
         (needs ``publish_events=True``): what the fleet index of a router consumes. Their
