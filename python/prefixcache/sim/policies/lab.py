@@ -221,6 +221,9 @@ class LabPolicy:
         a, b = int(offsets[rid]), int(offsets[rid + 1])
         return flat[a : a + count] if count <= b - a else None
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def on_prefill_done(self, rid: RequestId) -> None:
         return None
 

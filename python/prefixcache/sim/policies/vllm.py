@@ -208,6 +208,9 @@ class BlocksPolicy:
         out, self._outbox = self._outbox, []
         return out
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def on_prefill_done(self, rid: RequestId) -> None:
         # The full prompt blocks were cached when their slots were allocated.
         return None
