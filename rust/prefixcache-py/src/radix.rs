@@ -171,7 +171,8 @@ impl RadixCache {
     /// When nodes are copied to host memory (None without a host tier).
     #[getter]
     fn write_policy(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
-        self.inner.with(py, |t| t.write_policy().map(WritePolicy::name))
+        self.inner
+            .with(py, |t| t.write_policy().map(WritePolicy::name))
     }
 
     /// Tokens in host memory (backed-up nodes, on the device or host-only).

@@ -227,7 +227,7 @@ class RadixPolicy:
             return None
         self.pool.take(need)
         if host:
-            self.tree.load_back(node, self._values(host))
+            self.tree.load_back(m.last_host_node, self._values(host))
             hit += host
             self._host_hit_tokens += host
         self._host_hit[i] = host

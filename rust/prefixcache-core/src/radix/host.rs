@@ -179,7 +179,9 @@ impl RadixTree {
 
     /// The tier's counters (zeros without one).
     pub fn host_stats(&self) -> HostStats {
-        self.host.as_ref().map_or_else(HostStats::default, |h| h.stats)
+        self.host
+            .as_ref()
+            .map_or_else(HostStats::default, |h| h.stats)
     }
 
     /// Whether `node` has a host copy and whether it is host-only.
@@ -191,7 +193,9 @@ impl RadixTree {
 
     #[inline]
     pub(crate) fn host_slot(&self, slot: u32) -> HostSlot {
-        self.host.as_ref().map_or_else(HostSlot::default, |h| h.slot(slot))
+        self.host
+            .as_ref()
+            .map_or_else(HostSlot::default, |h| h.slot(slot))
     }
 
     /// Whether `slot` is host-only (no device KV).
@@ -309,7 +313,10 @@ impl RadixTree {
             else {
                 break;
             };
-            let live = self.nodes.get(slot as usize).is_some_and(|n| n.serial == serial);
+            let live = self
+                .nodes
+                .get(slot as usize)
+                .is_some_and(|n| n.serial == serial);
             if !live || !self.is_host_leaf(slot) || self.policy_key(slot) != key {
                 continue;
             }
