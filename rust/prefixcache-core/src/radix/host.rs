@@ -627,3 +627,60 @@ impl RadixTree {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::policy::EvictionPolicy;
+    use super::super::tree::{Namespace, RadixTree};
+    use super::WritePolicy;
+
+    fn tree(host: usize, write: WritePolicy) -> RadixTree {
+        let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+        t.set_host_tier(host, write).expect("tier");
+        t
+    }
+
+    /// Demote, match through the host part, load back, evict from host: the invariants
+    /// hold after each step.
+    #[test]
+    fn demote_match_load_and_host_evict() {
+        let ns = Namespace::default();
+        let mut t = tree(8, WritePolicy::WriteThrough);
+        t.insert(&[1, 2, 3], Some(&[10, 11, 12]), &ns, 0, 0)
+            .expect("insert");
+        t.insert(&[1, 2, 3, 4, 5], Some(&[10, 11, 12, 13, 14]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.host_size(), 5);
+        assert_eq!(t.evict(2).expect("evict"), vec![13, 14]);
+        t.check_invariants().expect("invariants");
+        let m = t.match_prefix(&[1, 2, 3, 4, 5], &ns);
+        assert_eq!((m.length, m.host_length), (3, 2));
+        t.check_invariants().expect("invariants");
+        assert_eq!(t.load_back(m.host_node, Some(&[20, 21])).expect("load"), 2);
+        assert_eq!(
+            t.path_indices(m.host_node).expect("path"),
+            vec![10, 11, 12, 20, 21]
+        );
+        t.check_invariants().expect("invariants");
+        assert_eq!(t.evict(5).expect("evict").len(), 5);
+        assert_eq!((t.total_size(), t.num_nodes(), t.host_size()), (0, 2, 5));
+        assert_eq!(t.evict_host(1), 2);
+        assert_eq!(t.evict_host(10), 3);
+        assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
+        t.check_invariants().expect("invariants");
+    }
+
+    /// A load with values of the wrong length changes nothing.
+    #[test]
+    fn bad_load_changes_nothing() {
+        let ns = Namespace::default();
+        let mut t = tree(8, WritePolicy::WriteBack);
+        t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
+        t.evict(3).expect("evict");
+        let m = t.match_prefix(&[1, 2, 3], &ns);
+        let before = (t.dump(), t.host_dump(), t.host_size());
+        assert!(t.load_back(m.host_node, Some(&[1])).is_err());
+        assert_eq!((t.dump(), t.host_dump(), t.host_size()), before);
+        t.check_invariants().expect("invariants");
+    }
+}
