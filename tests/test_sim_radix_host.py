@@ -83,3 +83,11 @@ def test_conversation_trace_with_a_host_tier() -> None:
     reqs = list(read_trace(path).requests)[:1500]
     res = replay(reqs, [RadixPolicy(3_000_000, cpu_capacity=12_000_000)], check=True)[0]
     assert res.stats.host_hit_tokens > 0
+
+
+def test_trtllm_host_tier_is_refused_not_ignored() -> None:
+    from prefixcache.sim.policies.trtllm import TrtllmPolicy
+
+    with pytest.raises(InvalidInputError, match="not modelled"):
+        TrtllmPolicy(6400, cpu_capacity=640, offload="host")
+    assert TrtllmPolicy(6400, cpu_capacity=0).stats().cpu_capacity == 0
