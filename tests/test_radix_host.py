@@ -24,7 +24,7 @@ if Core is not None:
 
 WRITE_POLICIES = ["write_through", "write_through_selective", "write_back"]
 PHASES = [p for p in Phase if os.environ.get("RADIX_SHRINK") == "1" or p is not Phase.shrink]
-EXAMPLES = int(os.environ.get("RADIX_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("RADIX_EXAMPLES", "30"))
 
 
 def make(impl: Any, host: int, write: str = "write_through", page: int = 1, policy: str = "lru"):  # type: ignore[no-untyped-def]
@@ -351,7 +351,7 @@ def check_host_invariants(cache: Any) -> list[dict[str, Any]]:
 @pytest.mark.skipif(Core is None, reason="prefixcache.RadixCache (the core) not built")
 @pytest.mark.parametrize("page_size", [1, 2])
 @pytest.mark.parametrize("write", WRITE_POLICIES)
-@pytest.mark.parametrize("policy", ["lru", "lfu", "mru", "priority", "slru"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"])
 def test_core_matches_reference_with_a_host_tier(policy: str, write: str, page_size: int) -> None:
     @settings(
         max_examples=EXAMPLES,
