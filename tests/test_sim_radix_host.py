@@ -86,8 +86,19 @@ def test_conversation_trace_with_a_host_tier() -> None:
 
 
 def test_trtllm_host_tier_is_refused_not_ignored() -> None:
-    from prefixcache.sim.policies.trtllm import TrtllmPolicy
+    from prefixcache.sim.policies import make_policy
 
-    with pytest.raises(InvalidInputError, match="not modelled"):
-        TrtllmPolicy(6400, cpu_capacity=640, offload="host")
-    assert TrtllmPolicy(6400, cpu_capacity=0).stats().cpu_capacity == 0
+    with pytest.raises(InvalidInputError, match="no host tier"):
+        make_policy("trtllm", 6400, cpu_capacity=640, offload="host")
+
+
+def test_make_policy_gives_radix_its_tier() -> None:
+    from prefixcache.sim.policies import make_policy
+
+    pol = make_policy("radix-page16", 100_000, cpu_capacity=50_000, offload="write-back")
+    assert isinstance(pol, RadixPolicy)
+    assert (pol.cpu_capacity, pol.offload, pol.tree.write_policy) == (
+        50_000,
+        "write-back",
+        "write_back",
+    )

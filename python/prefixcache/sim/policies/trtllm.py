@@ -73,18 +73,7 @@ class TrtllmPolicy:
         copy_on_partial_reuse: bool = True,
         trie_cls: Callable[..., Any] | None = None,
         name: str | None = None,
-        cpu_capacity: int = 0,
-        offload: str | None = None,
     ) -> None:
-        if cpu_capacity < 0:
-            raise InvalidInputError(f"cpu_capacity must be >= 0, got {cpu_capacity}")
-        if cpu_capacity > 0:
-            # TensorRT-LLM's secondary (host) block pool is not modelled yet: refuse
-            # rather than replay without it.
-            raise InvalidInputError(
-                f"{name or 'trtllm'}: a host tier (TensorRT-LLM secondary offload, "
-                f"offload={offload!r}) is not modelled yet; use cpu_capacity=0"
-            )
         if tokens_per_block < 1:
             raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
         if capacity < tokens_per_block:

@@ -194,6 +194,9 @@ class BlocksPolicy:
         self._note_used()
         return hit
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def take_events(self) -> list[Any]:
         """The KV events (``prefixcache.events``) published since the last call, in order
         (needs ``publish_events=True``): what the fleet index of a router consumes. Their
@@ -207,9 +210,6 @@ class BlocksPolicy:
             return list(self.mgr.take_events(compact=True))
         out, self._outbox = self._outbox, []
         return out
-
-    def host_hit(self, rid: RequestId) -> int:
-        return 0
 
     def on_prefill_done(self, rid: RequestId) -> None:
         # The full prompt blocks were cached when their slots were allocated.
