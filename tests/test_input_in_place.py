@@ -143,7 +143,8 @@ def test_result_handles_are_built_once_and_equal_to_other_handles() -> None:
     assert r.node is r.node
     m = t.match_prefix(np.arange(8, dtype=np.uint32))
     assert m.node is m.node and m.node == r.node and hash(m.node) == hash(r.node)
-    assert repr(m) == f"MatchResult(length=8, node={m.node!r})"
+    assert repr(m) == f"MatchResult(length=8, node={m.node!r}, host_hit_length=0)"
+    assert m.last_host_node is m.node
     assert repr(r) == f"InsertResult(prefix_len=0, node={r.node!r})"
     assert t.match_prefix([99]).node == t.root
 
