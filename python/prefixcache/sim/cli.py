@@ -149,7 +149,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
-HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "xxh3_64")
 
 
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
