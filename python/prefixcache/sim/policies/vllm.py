@@ -200,6 +200,9 @@ class BlocksPolicy:
         self._note_used()
         return hit
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def block_ids(self, rid: RequestId) -> IndexArray:
         """The blocks a running request holds (vLLM's block table, in order)."""
         return np.asarray(self.mgr.block_ids(int(rid)), dtype=np.int64)
