@@ -210,6 +210,9 @@ class LabPolicy:
         self._note_usage()
         return int(got) * bs
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def _known_keys(self, rid: RequestId, count: int) -> npt.NDArray[np.uint64] | None:
         """Request ``rid``'s first ``count`` block keys as :meth:`prepare` computed them
         (a prompt, or a prompt plus generated tokens, is a prefix of what it hashed)."""

@@ -196,6 +196,9 @@ class RadixPolicy:
         self._note_used()
         return hit
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[int(rid)]
         aligned = self._cache(seq, seq.prompt)

@@ -18,7 +18,31 @@ from prefixcache.sim.policies.base import (
 )
 from prefixcache.sim.requests import RequestId, TokenArray
 
-__all__ = ["BlocksPolicy", "blocks_available"]
+__all__ = ["BlocksPolicy", "blocks_available", "parse_offload"]
+
+
+def parse_offload(offload: str | None) -> tuple[str, int]:
+    """The CPU tier's policy and store threshold from an offload name: "lru" (default)
+    or "arc", optionally ":K" (a block is stored once offered K times), e.g. "arc:2"."""
+    name, _, k = (offload or "lru").partition(":")
+    if name not in ("lru", "arc") or (k and not (k.isdigit() and int(k) >= 1)):
+        raise InvalidInputError(
+            f"offload must be lru or arc with an optional :K store threshold (K >= 1), "
+            f"got {offload!r}"
+        )
+    return name, int(k) if k else 1
+
+
+class _TierRequest:
+    """One admitted request's state in the CPU tier (the connector's RequestOffloadState)."""
+
+    __slots__ = ("hashes", "loading", "next_store", "num_prompt_blocks")
+
+    def __init__(self, hashes: list[bytes], num_prompt_blocks: int) -> None:
+        self.hashes = hashes  # the prompt's full blocks
+        self.num_prompt_blocks = num_prompt_blocks
+        self.loading: list[bytes] = []  # keys pinned by the load until the prefill runs
+        self.next_store = 0  # first prompt block not yet stored (next_stored_chunk_idx)
 
 
 def _default_manager_cls() -> Callable[..., Any]:
@@ -74,6 +98,11 @@ class BlocksPolicy:
     after each call (``num_evicted_blocks``, ``num_cached_blocks``). ``"events"`` counts
     the manager's BlockRemoved / BlockStored events instead (exact by construction, but
     materialising every event costs about 3x the replay); the tests check both agree.
+
+    ``cpu_capacity`` (tokens, 0 = none) puts vLLM's CPU offloading tier behind the pool
+    (``prefixcache.CpuOffloadManager``, ``cpu_capacity // block_size`` chunks of one
+    block), driven as vLLM's OffloadingConnector drives it; ``offload`` names its policy
+    (``parse_offload``). docs/SIMULATOR.md "Offload" lists the rules.
     """
 
     eviction_unit = "blocks"
@@ -88,6 +117,8 @@ class BlocksPolicy:
         name: str | None = None,
         count_evictions: str = "counter",
         publish_events: bool = False,
+        cpu_capacity: int = 0,
+        offload: str | None = None,
     ) -> None:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
@@ -123,6 +154,27 @@ class BlocksPolicy:
         self._evicted_blocks = 0
         self._peak_used = 0
         self._peak_cached = 0
+        # The CPU tier (None without one).
+        if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
+            raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
+        self.cpu_capacity = cpu_capacity
+        self.tier: Any = None
+        self._tier_req: dict[int, _TierRequest] = {}
+        self._host_hit: dict[int, int] = {}
+        self._host_hit_tokens = 0
+        self._peak_host = 0
+        if cpu_capacity > 0:
+            import prefixcache
+
+            policy, threshold = parse_offload(offload)
+            self.tier = prefixcache.CpuOffloadManager(
+                cpu_capacity // block_size,
+                cache_policy=policy,
+                store_threshold=threshold,
+                enable_events=publish_events,
+            )
+        elif offload is not None:
+            parse_offload(offload)
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
@@ -192,7 +244,55 @@ class BlocksPolicy:
         self._known[i] = len(prompt)
         self._pend[i] = 0
         self._note_used()
+        if self.tier is not None:
+            hit += self._tier_admit(i, len(prompt), hit)
         return hit
+
+    def host_hit(self, rid: RequestId) -> int:
+        return self._host_hit.get(int(rid), 0)
+
+    # -- the CPU tier (OffloadingConnector, scheduler side) ---------------------------
+    def _tier_admit(self, i: int, prompt_len: int, gpu_hit: int) -> int:
+        """After the GPU hit: the tier's hit on the following full blocks (capped like
+        the GPU hit at ``len(prompt) - 1``), pinned for loading. Returns its tokens."""
+        bs = self.block_size
+        tier = self.tier
+        hashes = list(self.mgr.block_hashes(i))
+        st = _TierRequest(hashes, prompt_len // bs)
+        self._tier_req[i] = st
+        tier.on_new_request(i)
+        tier.set_offload_key_positions(i, hashes, np.arange(1, len(hashes) + 1) * bs)
+        start, cap = gpu_hit // bs, (prompt_len - 1) // bs
+        n = 0
+        if cap > start:
+            n = tier.lookup_prefix(hashes[start:cap]) or 0  # None: a store still in flight
+        if n:
+            st.loading = hashes[start : start + n]
+            tier.prepare_load(i, st.loading)
+            st.next_store = start + n  # the connector skips the chunks it loads
+        self._host_hit[i] = n * bs
+        self._host_hit_tokens += n * bs
+        return n * bs
+
+    def _tier_store(self, i: int, st: _TierRequest) -> None:
+        """Offer the prompt's computed full blocks not yet stored (the connector stores
+        prompt blocks only: ``offload_prompt_only``); the store completes at once."""
+        if st.loading:
+            self.tier.complete_load(i, st.loading)
+            st.loading = []
+        keys = st.hashes[st.next_store : st.num_prompt_blocks]
+        if not keys:
+            return
+        out = self.tier.prepare_store(i, keys)
+        if out is None:
+            return  # not enough to evict: offered again when the request finishes
+        st.next_store = st.num_prompt_blocks
+        stored = out.keys_to_store
+        if stored:
+            self.tier.complete_store(i, stored)
+            held = int(self.tier.num_stored) * self.block_size
+            if held > self._peak_host:
+                self._peak_host = held
 
     def take_events(self) -> list[Any]:
         """The KV events (``prefixcache.events``) published since the last call, in order
@@ -204,13 +304,19 @@ class BlocksPolicy:
         if self._outbox is None:
             raise InvalidInputError(f"{self.name} was built without publish_events=True")
         if not self._use_events:
-            return list(self.mgr.take_events(compact=True))
-        out, self._outbox = self._outbox, []
+            out = list(self.mgr.take_events(compact=True))
+        else:
+            out, self._outbox = self._outbox, []
+        if self.tier is not None:  # after the pool's, as vLLM's scheduler appends them
+            out.extend(self.tier.take_kv_events(compact=True))
         return out
 
     def on_prefill_done(self, rid: RequestId) -> None:
         # The full prompt blocks were cached when their slots were allocated.
-        return None
+        if self.tier is not None:
+            st = self._tier_req.get(int(rid))
+            if st is not None:
+                self._tier_store(int(rid), st)
 
     def grow(
         self,
@@ -272,6 +378,11 @@ class BlocksPolicy:
             tail = np.concatenate([pending, tail]) if len(tail) else pending
         ok = self.mgr.finish(i, tail if len(tail) else None)
         self._after_call()
+        if self.tier is not None:
+            st = self._tier_req.pop(i, None)
+            if st is not None:
+                self._tier_store(i, st)
+            self.tier.on_request_finished(i)
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
         self._have[i] = self._known[i] = self._pend[i] = 0
@@ -303,11 +414,20 @@ class BlocksPolicy:
             self._num_cached * bs,
             self._peak_used,
             self._peak_cached * bs,
+            cpu_capacity=self.cpu_capacity,
+            host_hit_tokens=self._host_hit_tokens,
+            stored_tokens=int(self.tier.num_stored_total) * bs if self.tier is not None else 0,
+            host_evicted_tokens=(
+                int(self.tier.num_evicted_total) * bs if self.tier is not None else 0
+            ),
+            peak_host_tokens=self._peak_host,
         )
 
     def check(self) -> None:
         if hasattr(self.mgr, "check_invariants"):
             self.mgr.check_invariants()
+        if self.tier is not None:
+            self.tier.check_invariants()
         free = int(self.mgr.num_free_blocks)
         if not 0 <= free <= self.usable_blocks:
             raise AssertionError(f"{self.name}: {free} free of {self.usable_blocks} blocks")
