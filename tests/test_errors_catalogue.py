@@ -1177,11 +1177,11 @@ CATALOGUE: list[Row] = [
         ),
     ),
     kv(
-        "block_size zero",
-        "apply(w, [BlockStored(block_size=0)])",
+        "block_size negative",
+        "apply(w, [BlockStored(block_size=-1)])",
         InvalidEventError,
-        "block_size must be positive",
-        lambda w: w.obj.apply("a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 0}]),
+        "block_size must be in [0, 2**32)",
+        lambda w: w.obj.apply("a", [{"type": "BlockStored", "block_hashes": [3], "block_size": -1}]),
     ),
     kv(
         "missing block_hashes",

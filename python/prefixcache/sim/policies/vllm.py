@@ -24,8 +24,8 @@ __all__ = ["BlocksPolicy", "blocks_available", "parse_offload"]
 def parse_offload(offload: str | None) -> tuple[str, int]:
     """The CPU tier's policy and store threshold from an offload name: "lru" (default)
     or "arc", optionally ":K" (a block is stored once offered K times), e.g. "arc:2"."""
-    name, _, k = (offload or "lru").partition(":")
-    if name not in ("lru", "arc") or (k and not (k.isdigit() and int(k) >= 1)):
+    name, sep, k = (offload or "lru").partition(":")
+    if name not in ("lru", "arc") or (sep and not (k.isdigit() and int(k) >= 1)):
         raise InvalidInputError(
             f"offload must be lru or arc with an optional :K store threshold (K >= 1), "
             f"got {offload!r}"
