@@ -537,6 +537,27 @@ class CpuOffloadManager:
     ) -> None:
         """Each key's end token in the request (vLLM's
         ``ReqContext.set_offload_key_position``): orders the request's accesses."""
+    def set_request_keys(
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], tokens_per_key: int
+    ) -> None:
+        """The request's keys in block order, key i ending at token
+        ``(i + 1) * tokens_per_key`` (the connector's offload keys): the ``*_range``
+        calls name slices of them."""
+    def set_request_keys_from(self, manager: KVCacheManager, request_id: int) -> None:
+        """``set_request_keys`` with the full blocks' hashes and the block size of a
+        KVCacheManager's request (no Python object per block)."""
+    def lookup_prefix_range(self, request_id: int, start: int, stop: int) -> int | None:
+        """``lookup_prefix`` over the request's keys ``start:stop``."""
+    def prepare_load_range(self, request_id: int, start: int, stop: int) -> int:
+        """``prepare_load`` of the request's keys ``start:stop``; how many were pinned."""
+    def complete_load_range(self, request_id: int, start: int, stop: int) -> None:
+        """``complete_load`` of the request's keys ``start:stop``."""
+    def prepare_store_range(
+        self, request_id: int, start: int, stop: int, complete: bool = False
+    ) -> tuple[int, int] | None:
+        """``prepare_store`` of the request's keys ``start:stop``: (keys stored, keys
+        evicted), or None when eviction cannot free enough; with ``complete`` the
+        stored keys' ``complete_store`` follows at once."""
     def lookup(self, key: bytes) -> str:
         """"HIT" (stored, loadable), "HIT_PENDING" (being stored) or "MISS"."""
     def lookup_prefix(self, keys: list[bytes] | tuple[bytes, ...]) -> int | None:

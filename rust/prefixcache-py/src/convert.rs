@@ -1180,6 +1180,9 @@ named! {
     sliding_window: Option<usize> = opt_size;
     lora_id: Option<i64> = opt_i64_named;
     num_chunks: usize = size_arg;
+    start: usize = size_arg;
+    stop: usize = size_arg;
+    tokens_per_key: usize = positive_named;
     max_tracker_size: usize = positive_named;
     store_threshold: u32 = positive_u32;
 }

@@ -11,6 +11,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use crate::convert;
 use crate::errors::IntoPyResult;
+use crate::manager::PyKVCacheManager;
 use crate::pool::{events_to_py, HashFormat};
 use crate::shared::Shared;
 
@@ -205,6 +206,121 @@ impl PyCpuOffloadManager {
         let ends = convert::u64_list(end_tokens, "end_tokens")?;
         self.inner
             .with(py, |m| m.set_offload_key_positions(rid, &ks, &ends))?
+            .py_err()
+    }
+
+    /// The request's keys in block order, key i ending at token (i + 1) * tokens_per_key
+    /// (the connector's offload keys): the `*_range` calls name slices of them.
+    fn set_request_keys(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::tokens_per_key)] tokens_per_key: usize,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        let t = tokens_per_key as u64;
+        self.inner
+            .with(py, |m| m.set_request_keys(rid, &ks, t))?
+            .py_err()
+    }
+
+    /// `set_request_keys` with a KVCacheManager's request: its full blocks' hashes, its
+    /// block size (read without Python objects per block).
+    fn set_request_keys_from(
+        &self,
+        py: Python<'_>,
+        manager: &Bound<'_, PyKVCacheManager>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let mgr = manager.get();
+        let (hashes, bs) = mgr
+            .inner
+            .with(py, |m| {
+                m.block_hashes(rid)
+                    .map(|h| (h.to_vec(), m.block_size() as u64))
+            })?
+            .py_err()?;
+        self.inner
+            .with(py, |m| m.set_request_keys(rid, &hashes, bs))?
+            .py_err()
+    }
+
+    /// `lookup_prefix` over the request's keys `start:stop`.
+    fn lookup_prefix_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<Option<usize>> {
+        let rid = convert::request_id(request_id)?;
+        self.inner.with(py, |m| {
+            let ks = m.request_keys(rid, start, stop);
+            m.lookup_prefix(&ks)
+        })
+    }
+
+    /// `prepare_load` of the request's keys `start:stop`; returns how many were pinned.
+    fn prepare_load_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<usize> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                m.prepare_load(rid, &ks).map(|ids| ids.len())
+            })?
+            .py_err()
+    }
+
+    /// `complete_load` of the request's keys `start:stop`.
+    fn complete_load_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                m.complete_load(rid, &ks)
+            })?
+            .py_err()
+    }
+
+    /// `prepare_store` of the request's keys `start:stop`: (keys to store, keys
+    /// evicted), or None when eviction cannot free enough. With `complete`, the stored
+    /// keys' `complete_store` follows at once.
+    #[pyo3(signature = (request_id, start, stop, complete = false))]
+    fn prepare_store_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+        complete: bool,
+    ) -> PyResult<Option<(usize, usize)>> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                let out = m.prepare_store(rid, &ks)?;
+                Ok(out.map(|o| {
+                    if complete && !o.keys_to_store.is_empty() {
+                        m.complete_store(rid, &o.keys_to_store, true);
+                    }
+                    (o.keys_to_store.len(), o.evicted_keys.len())
+                }))
+            })?
             .py_err()
     }
 

@@ -34,14 +34,14 @@ def parse_offload(offload: str | None) -> tuple[str, int]:
 
 
 class _TierRequest:
-    """One admitted request's state in the CPU tier (the connector's RequestOffloadState)."""
+    """One admitted request's state in the CPU tier (the connector's RequestOffloadState;
+    the keys themselves stay in the tier, named by block index)."""
 
-    __slots__ = ("hashes", "loading", "next_store", "num_prompt_blocks")
+    __slots__ = ("load_start", "load_stop", "next_store", "num_prompt_blocks")
 
-    def __init__(self, hashes: list[bytes], num_prompt_blocks: int) -> None:
-        self.hashes = hashes  # the prompt's full blocks
+    def __init__(self, num_prompt_blocks: int) -> None:
         self.num_prompt_blocks = num_prompt_blocks
-        self.loading: list[bytes] = []  # keys pinned by the load until the prefill runs
+        self.load_start = self.load_stop = 0  # blocks pinned by the load until the prefill
         self.next_store = 0  # first prompt block not yet stored (next_stored_chunk_idx)
 
 
@@ -257,18 +257,17 @@ class BlocksPolicy:
         the GPU hit at ``len(prompt) - 1``), pinned for loading. Returns its tokens."""
         bs = self.block_size
         tier = self.tier
-        hashes = list(self.mgr.block_hashes(i))
-        st = _TierRequest(hashes, prompt_len // bs)
+        st = _TierRequest(prompt_len // bs)
         self._tier_req[i] = st
         tier.on_new_request(i)
-        tier.set_offload_key_positions(i, hashes, np.arange(1, len(hashes) + 1) * bs)
+        tier.set_request_keys_from(self.mgr, i)  # the prompt's full blocks, in order
         start, cap = gpu_hit // bs, (prompt_len - 1) // bs
         n = 0
         if cap > start:
-            n = tier.lookup_prefix(hashes[start:cap]) or 0  # None: a store still in flight
+            n = tier.lookup_prefix_range(i, start, cap) or 0  # None: a store in flight
         if n:
-            st.loading = hashes[start : start + n]
-            tier.prepare_load(i, st.loading)
+            tier.prepare_load_range(i, start, start + n)
+            st.load_start, st.load_stop = start, start + n
             st.next_store = start + n  # the connector skips the chunks it loads
         self._host_hit[i] = n * bs
         self._host_hit_tokens += n * bs
@@ -277,19 +276,16 @@ class BlocksPolicy:
     def _tier_store(self, i: int, st: _TierRequest) -> None:
         """Offer the prompt's computed full blocks not yet stored (the connector stores
         prompt blocks only: ``offload_prompt_only``); the store completes at once."""
-        if st.loading:
-            self.tier.complete_load(i, st.loading)
-            st.loading = []
-        keys = st.hashes[st.next_store : st.num_prompt_blocks]
-        if not keys:
+        if st.load_stop:
+            self.tier.complete_load_range(i, st.load_start, st.load_stop)
+            st.load_start = st.load_stop = 0
+        if st.next_store >= st.num_prompt_blocks:
             return
-        out = self.tier.prepare_store(i, keys)
+        out = self.tier.prepare_store_range(i, st.next_store, st.num_prompt_blocks, True)
         if out is None:
             return  # not enough to evict: offered again when the request finishes
         st.next_store = st.num_prompt_blocks
-        stored = out.keys_to_store
-        if stored:
-            self.tier.complete_store(i, stored)
+        if out[0]:
             held = int(self.tier.num_stored) * self.block_size
             if held > self._peak_host:
                 self._peak_host = held

@@ -95,21 +95,21 @@ impl Arc {
         &mut self,
         chunks: &mut FxHashMap<BlockHash, Chunk>,
         ordered: &[BlockHash],
-        inserted_only: &FxHashSet<BlockHash>,
-        reused: &FxHashSet<BlockHash>,
+        class: impl Fn(&BlockHash) -> (bool, bool),
     ) {
         for k in ordered.iter().rev() {
             let Some(c) = chunks.get_mut(k) else {
                 continue;
             };
-            if inserted_only.contains(k) {
+            let (inserted_only, reused) = class(k);
+            if inserted_only {
                 // Storing is not a reuse: the key keeps its list, as its newest entry.
                 if c.in_t2 {
                     self.t2.move_to_back(k);
                 } else {
                     self.t1.move_to_back(k);
                 }
-            } else if reused.contains(k) {
+            } else if reused {
                 if c.in_t2 {
                     self.t2.move_to_back(k);
                 } else {

@@ -4,23 +4,34 @@
 //! evicted first. A rank is `(r, -position)` for a key a request accessed at that end
 //! token (all keys of one request share r, so a request's tails go before its heads),
 //! or `(r, 0)` with r fresh from the global counter (insert without a position, touch,
-//! request finish). vLLM keeps the idle chunks in a lazily invalidated heap of
-//! `(rank, key)`; the ordered set here pops the same keys in the same order.
+//! request finish). As in vLLM, the idle chunks live in a lazily invalidated min-heap of
+//! `(rank, key)`: an entry counts only while its key is idle at that rank; stale entries
+//! are dropped when popped, and the heap is rebuilt when it holds more than twice the
+//! idle chunks (at least 64 entries).
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::manager::{Chunk, RequestState};
 use crate::hash::BlockHash;
 
 pub type Rank = (u64, i64);
 
+type Entry = Reverse<(Rank, BlockHash)>;
+
 #[derive(Debug, Clone, Default)]
 pub struct Lru {
-    /// The idle chunks by (rank, key).
-    idle: BTreeSet<(Rank, BlockHash)>,
+    heap: BinaryHeap<Entry>,
+    num_idle: usize,
     counter: u64,
+}
+
+fn current(chunks: &FxHashMap<BlockHash, Chunk>, rank: Rank, k: &BlockHash) -> bool {
+    chunks
+        .get(k)
+        .is_some_and(|c| c.ref_cnt == 0 && c.rank == rank)
 }
 
 impl Lru {
@@ -39,12 +50,28 @@ impl Lru {
         }
     }
 
-    fn set_rank(&mut self, k: &BlockHash, c: &mut Chunk, rank: Rank) {
-        if c.ref_cnt == 0 {
-            self.idle.remove(&(c.rank, *k));
-            self.idle.insert((rank, *k));
+    fn push(&mut self, rank: Rank, k: BlockHash) {
+        self.heap.push(Reverse((rank, k)));
+    }
+
+    fn maybe_compact(&mut self, chunks: &FxHashMap<BlockHash, Chunk>) {
+        if self.heap.len() < (2 * self.num_idle).max(64) {
+            return;
         }
+        let mut seen = FxHashSet::default();
+        let live: Vec<Entry> = std::mem::take(&mut self.heap)
+            .into_vec()
+            .into_iter()
+            .filter(|Reverse((r, k))| current(chunks, *r, k) && seen.insert(*k))
+            .collect();
+        self.heap = BinaryHeap::from(live);
+    }
+
+    fn set_rank(&mut self, k: &BlockHash, c: &mut Chunk, rank: Rank) {
         c.rank = rank;
+        if c.ref_cnt == 0 {
+            self.push(rank, *k);
+        }
     }
 
     /// A fresh counter rank for each present key, in the order given (`_update_recency`).
@@ -60,11 +87,12 @@ impl Lru {
                 self.set_rank(k, c, r);
             }
         }
+        self.maybe_compact(chunks);
     }
 
     /// The rank of a newly inserted (pending, not idle) chunk.
     pub fn insert_rank(&mut self, k: &BlockHash, st: &mut RequestState) -> Rank {
-        match st.positions.get(k).copied() {
+        match st.position(k) {
             Some(pos) => (self.request_rank(st), -(pos as i64)),
             None => {
                 self.counter += 1;
@@ -87,7 +115,7 @@ impl Lru {
     ) {
         let r = self.request_rank(st);
         for k in keys {
-            let Some(pos) = st.positions.get(k).copied() else {
+            let Some(pos) = st.position(k) else {
                 continue;
             };
             let Some(c) = chunks.get_mut(k) else {
@@ -98,56 +126,87 @@ impl Lru {
                 self.set_rank(k, c, rank);
             }
         }
+        self.maybe_compact(chunks);
     }
 
     pub fn on_finished(&mut self, chunks: &mut FxHashMap<BlockHash, Chunk>, ordered: &[BlockHash]) {
         self.fresh(chunks, ordered.iter().rev());
     }
 
-    /// The `n` idle unprotected keys of smallest rank, smallest first; None (nothing
-    /// changed) when there are fewer.
-    pub fn select(
-        &self,
+    /// Evicts the `n` idle unprotected keys of smallest rank, smallest first (the caller
+    /// removes their chunks); None (nothing changed) when there are fewer.
+    pub fn evict(
+        &mut self,
+        chunks: &FxHashMap<BlockHash, Chunk>,
         n: usize,
-        protected: &rustc_hash::FxHashSet<BlockHash>,
+        protected: &FxHashSet<BlockHash>,
     ) -> Option<Vec<BlockHash>> {
-        let out: Vec<BlockHash> = self
-            .idle
-            .iter()
-            .filter(|(_, k)| !protected.contains(k))
-            .take(n)
-            .map(|(_, k)| *k)
-            .collect();
-        (out.len() == n).then_some(out)
+        let mut picked: Vec<Entry> = Vec::with_capacity(n);
+        let mut picked_keys = FxHashSet::default();
+        let mut deferred: Vec<Entry> = Vec::new();
+        while picked.len() < n {
+            let Some(e) = self.heap.pop() else {
+                break;
+            };
+            let Reverse((rank, k)) = &e;
+            if !current(chunks, *rank, k) || picked_keys.contains(k) {
+                continue;
+            }
+            if protected.contains(k) {
+                deferred.push(e);
+                continue;
+            }
+            picked_keys.insert(*k);
+            picked.push(e);
+        }
+        let ok = picked.len() == n;
+        self.heap.extend(deferred);
+        if !ok {
+            self.heap.extend(picked);
+            return None;
+        }
+        self.num_idle -= n;
+        Some(picked.into_iter().map(|Reverse((_, k))| k).collect())
     }
 
-    pub fn mark_idle(&mut self, k: &BlockHash, c: &Chunk) {
-        self.idle.insert((c.rank, *k));
+    pub fn after_evict(&mut self, chunks: &FxHashMap<BlockHash, Chunk>) {
+        self.maybe_compact(chunks);
     }
 
-    pub fn mark_busy(&mut self, k: &BlockHash, c: &Chunk) {
-        self.idle.remove(&(c.rank, *k));
+    pub fn mark_idle(&mut self, chunks: &FxHashMap<BlockHash, Chunk>, k: &BlockHash, c: Chunk) {
+        self.num_idle += 1;
+        self.push(c.rank, *k);
+        self.maybe_compact(chunks);
+    }
+
+    pub fn mark_busy(&mut self) {
+        self.num_idle -= 1;
     }
 
     pub fn clear(&mut self) {
-        self.idle.clear();
+        self.heap.clear();
+        self.num_idle = 0;
         self.counter = 0;
     }
 
     pub fn check(&self, chunks: &FxHashMap<BlockHash, Chunk>) -> Result<(), String> {
-        let idle = chunks.values().filter(|c| c.ref_cnt == 0).count();
-        if idle != self.idle.len() {
+        let idle: Vec<(&BlockHash, &Chunk)> =
+            chunks.iter().filter(|(_, c)| c.ref_cnt == 0).collect();
+        if idle.len() != self.num_idle {
             return Err(format!(
-                "lru: {} idle chunks, {} listed",
-                idle,
-                self.idle.len()
+                "lru: {} idle chunks, {} counted",
+                idle.len(),
+                self.num_idle
             ));
         }
-        for (rank, k) in &self.idle {
-            match chunks.get(k) {
-                Some(c) if c.ref_cnt == 0 && c.rank == *rank => {}
-                _ => return Err(format!("lru: listed key {k:?} is not idle at its rank")),
-            }
+        let listed: FxHashSet<BlockHash> = self
+            .heap
+            .iter()
+            .filter(|Reverse((r, k))| current(chunks, *r, k))
+            .map(|Reverse((_, k))| *k)
+            .collect();
+        if listed.len() != idle.len() || idle.iter().any(|(k, _)| !listed.contains(*k)) {
+            return Err("lru: an idle chunk has no current heap entry".into());
         }
         Ok(())
     }

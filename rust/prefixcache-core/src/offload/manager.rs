@@ -28,26 +28,63 @@ pub struct Chunk {
     pub in_t2: bool,
 }
 
+const NO_POSITION: u64 = u64::MAX;
+const SEEN: u8 = 1;
+const INSERTED: u8 = 2;
+const REUSED: u8 = 4;
+const STORE_MISSED: u8 = 8;
+
+/// One key of a request: its end token (vLLM's `ReqContext` offload key position) and
+/// what the request did with it (the manager's `_RequestCacheAccess` sets).
+#[derive(Debug, Clone, Copy)]
+struct KeyInfo {
+    position: u64,
+    flags: u8,
+}
+
 /// What vLLM keeps per request in its `ReqContext` (key positions, the LRU request
 /// rank) and in the manager's `_RequestCacheAccess`.
 #[derive(Debug, Clone, Default)]
 pub struct RequestState {
-    pub positions: FxHashMap<BlockHash, u64>,
+    keys: FxHashMap<BlockHash, KeyInfo>,
+    /// Keys in first-access order (`key_groups`).
     seen: Vec<BlockHash>,
-    seen_set: FxHashSet<BlockHash>,
-    inserted: FxHashSet<BlockHash>,
-    reused: FxHashSet<BlockHash>,
-    store_missed: FxHashSet<BlockHash>,
+    /// The request's keys in block order (the connector's `offload_keys`), for the
+    /// range calls.
+    order: Vec<BlockHash>,
     pub lru_rank: Option<u64>,
 }
 
 impl RequestState {
+    pub fn position(&self, k: &BlockHash) -> Option<u64> {
+        self.keys
+            .get(k)
+            .map(|i| i.position)
+            .filter(|&p| p != NO_POSITION)
+    }
+
+    fn has(&self, k: &BlockHash, flag: u8) -> bool {
+        self.keys.get(k).is_some_and(|i| i.flags & flag != 0)
+    }
+
+    fn flag(&mut self, k: &BlockHash, flag: u8) -> bool {
+        let e = self.keys.entry(*k).or_insert(KeyInfo {
+            position: NO_POSITION,
+            flags: 0,
+        });
+        let was = e.flags & flag != 0;
+        e.flags |= flag;
+        !was
+    }
+
+    /// A new cache generation (`reset_cache`): access state restarts, positions stay.
     fn restart(&mut self) {
-        let positions = std::mem::take(&mut self.positions);
-        *self = RequestState {
-            positions,
-            ..RequestState::default()
-        };
+        self.keys.retain(|_, i| {
+            i.flags = 0;
+            i.position != NO_POSITION
+        });
+        self.seen.clear();
+        self.lru_rank = None;
     }
 }
 
@@ -175,11 +212,6 @@ pub struct CpuOffloadManager {
     num_evicted_total: u64,
 }
 
-fn has_duplicates(keys: &[BlockHash]) -> bool {
-    let mut seen = FxHashSet::default();
-    !keys.iter().all(|k| seen.insert(*k))
-}
-
 impl CpuOffloadManager {
     pub fn new(
         num_chunks: u64,
@@ -285,12 +317,52 @@ impl CpuOffloadManager {
             )));
         }
         let st = self.state(rid);
-        st.positions
+        st.keys
             .try_reserve(keys.len())
             .map_err(|e| Error::out_of_memory("key positions", e))?;
-        st.positions
-            .extend(keys.iter().copied().zip(end_tokens.iter().copied()));
+        for (k, &p) in keys.iter().zip(end_tokens) {
+            st.keys
+                .entry(*k)
+                .and_modify(|i| i.position = p)
+                .or_insert(KeyInfo {
+                    position: p,
+                    flags: 0,
+                });
+        }
         Ok(())
+    }
+
+    /// The request's keys in block order, key `i` ending at token
+    /// `(i + 1) * tokens_per_key` (what the connector's `update_offload_keys` records);
+    /// the `*_range` calls name slices of them.
+    pub fn set_request_keys(
+        &mut self,
+        rid: u64,
+        keys: &[BlockHash],
+        tokens_per_key: u64,
+    ) -> Result<()> {
+        let ends: Vec<u64> = (1..=keys.len() as u64)
+            .map(|i| i.saturating_mul(tokens_per_key))
+            .collect();
+        self.set_offload_key_positions(rid, keys, &ends)?;
+        let st = self.state(rid);
+        st.order.clear();
+        st.order
+            .try_reserve_exact(keys.len())
+            .map_err(|e| Error::out_of_memory("request keys", e))?;
+        st.order.extend_from_slice(keys);
+        Ok(())
+    }
+
+    /// Keys `start..stop` of the request's `set_request_keys` (clamped).
+    pub fn request_keys(&self, rid: u64, start: usize, stop: usize) -> Vec<BlockHash> {
+        match self.requests.get(&rid) {
+            None => Vec::new(),
+            Some(st) => {
+                let stop = stop.min(st.order.len());
+                st.order.get(start.min(stop)..stop).unwrap_or(&[]).to_vec()
+            }
+        }
     }
 
     /// `_record_request_cache_access`.
@@ -298,7 +370,7 @@ impl CpuOffloadManager {
         let st = self.requests.entry(rid).or_default();
         let mut new = Vec::new();
         for k in keys {
-            if st.seen_set.insert(*k) {
+            if st.flag(k, SEEN) {
                 st.seen.push(*k);
                 new.push(*k);
             }
@@ -309,8 +381,8 @@ impl CpuOffloadManager {
             }
         }
         for k in reused {
-            if !st.inserted.contains(k) {
-                st.reused.insert(*k);
+            if !st.has(k, INSERTED) {
+                st.flag(k, REUSED);
             }
         }
     }
@@ -319,19 +391,27 @@ impl CpuOffloadManager {
     /// (by position when every key has one, else first-access order); the request's
     /// context is dropped.
     pub fn on_request_finished(&mut self, rid: u64) {
-        let Some(st) = self.requests.remove(&rid) else {
+        let Some(mut st) = self.requests.remove(&rid) else {
             return;
         };
-        let mut ordered = st.seen.clone();
-        if ordered.iter().all(|k| st.positions.contains_key(k)) {
-            ordered.sort_by_key(|k| st.positions.get(k).copied().unwrap_or(0));
+        let mut ordered = std::mem::take(&mut st.seen);
+        let positions: Option<Vec<(u64, BlockHash)>> = ordered
+            .iter()
+            .map(|k| st.position(k).map(|p| (p, *k)))
+            .collect();
+        if let Some(mut by_position) = positions {
+            // A stable sort by position, as Python's sort.
+            by_position.sort_by_key(|(p, _)| *p);
+            ordered = by_position.into_iter().map(|(_, k)| k).collect();
         }
         match &mut self.policy {
             Policy::Lru(l) => l.on_finished(&mut self.chunks, &ordered),
             Policy::Arc(a) => {
-                let inserted_only: FxHashSet<BlockHash> =
-                    st.inserted.difference(&st.reused).copied().collect();
-                a.on_finished(&mut self.chunks, &ordered, &inserted_only, &st.reused);
+                let class = |k: &BlockHash| {
+                    let f = st.keys.get(k).map_or(0, |i| i.flags);
+                    (f & INSERTED != 0 && f & REUSED == 0, f & REUSED != 0)
+                };
+                a.on_finished(&mut self.chunks, &ordered, class);
             }
         }
     }
@@ -377,7 +457,7 @@ impl CpuOffloadManager {
             };
             if c.ref_cnt == 0 {
                 if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_busy(k, c);
+                    l.mark_busy();
                 }
                 self.num_idle -= 1;
             }
@@ -413,8 +493,9 @@ impl CpuOffloadManager {
             c.ref_cnt -= 1;
             if c.ref_cnt == 0 {
                 self.num_idle += 1;
+                let c = *c;
                 if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_idle(k, c);
+                    l.mark_idle(&self.chunks, k, c);
                 }
             }
         }
@@ -460,7 +541,12 @@ impl CpuOffloadManager {
         rid: u64,
         keys: &[BlockHash],
     ) -> Result<Option<PrepareStoreOutput>> {
-        if has_duplicates(keys) {
+        // The offered keys: checked distinct, and protected from eviction by this call.
+        let mut protected: FxHashSet<BlockHash> = FxHashSet::default();
+        protected
+            .try_reserve(keys.len())
+            .map_err(|e| Error::out_of_memory("the offered keys", e))?;
+        if !keys.iter().all(|k| protected.insert(*k)) {
             return Err(Error::InvalidArgument(
                 "prepare_store keys must be distinct".into(),
             ));
@@ -472,38 +558,43 @@ impl CpuOffloadManager {
             a.try_reserve(keys.len())?;
         }
         self.count_offers(keys);
+        // One pass: keys absent (store candidates passing the threshold) and keys ready;
+        // a key still being stored is neither.
+        let threshold = self.store_threshold;
         let mut to_store: Vec<BlockHash> = Vec::new();
         let mut ready: Vec<BlockHash> = Vec::new();
+        let mut offered: Vec<BlockHash> = Vec::with_capacity(keys.len());
         for k in keys {
             match self.chunks.get(k) {
-                None => to_store.push(*k),
-                Some(c) if c.ref_cnt >= 0 => ready.push(*k),
+                None => {
+                    let admitted = self
+                        .counts
+                        .as_ref()
+                        .is_none_or(|c| c.get(k).copied().unwrap_or(0) >= threshold);
+                    if admitted {
+                        to_store.push(*k);
+                        offered.push(*k);
+                    }
+                }
+                Some(c) if c.ref_cnt >= 0 => {
+                    ready.push(*k);
+                    offered.push(*k);
+                }
                 Some(_) => {}
             }
-        }
-        if let Some(counts) = &self.counts {
-            let t = self.store_threshold;
-            to_store.retain(|k| counts.get(k).copied().unwrap_or(0) >= t);
         }
         let st = self.requests.entry(rid).or_default();
         let missed: Vec<BlockHash> = to_store
             .iter()
-            .filter(|k| !st.store_missed.contains(*k))
+            .filter(|k| st.flag(k, STORE_MISSED))
             .copied()
             .collect();
+        // LRU's hook is a touch of absent keys: nothing moves.
         if !missed.is_empty() {
-            st.store_missed.extend(missed.iter().copied());
-            // LRU's hook is a touch of absent keys: nothing moves.
             if let Policy::Arc(a) = &mut self.policy {
                 a.on_store_miss(&missed);
             }
         }
-        let recorded: FxHashSet<BlockHash> = to_store.iter().chain(&ready).copied().collect();
-        let offered: Vec<BlockHash> = keys
-            .iter()
-            .filter(|k| recorded.contains(*k))
-            .copied()
-            .collect();
         self.record(rid, &offered, &ready);
         if to_store.is_empty() {
             return Ok(Some(PrepareStoreOutput::default()));
@@ -516,19 +607,18 @@ impl CpuOffloadManager {
             if short > self.num_idle {
                 return Ok(None);
             }
-            let protected: FxHashSet<BlockHash> = keys.iter().copied().collect();
             let short = usize::try_from(short).unwrap_or(usize::MAX);
             match &mut self.policy {
                 Policy::Lru(l) => {
-                    let Some(picked) = l.select(short, &protected) else {
+                    let Some(picked) = l.evict(&self.chunks, short, &protected) else {
                         return Ok(None);
                     };
                     for k in &picked {
                         if let Some(c) = self.chunks.remove(k) {
-                            l.mark_busy(k, &c);
                             self.free_ids.push(c.chunk_id);
                         }
                     }
+                    l.after_evict(&self.chunks);
                     evicted = picked;
                 }
                 Policy::Arc(a) => {
@@ -583,7 +673,9 @@ impl CpuOffloadManager {
         }
         self.num_pending += n;
         self.num_stored_total += n;
-        st.inserted.extend(to_store.iter().copied());
+        for k in &to_store {
+            st.flag(k, INSERTED);
+        }
         Ok(Some(PrepareStoreOutput {
             keys_to_store: to_store,
             chunk_ids: ids,
@@ -606,8 +698,9 @@ impl CpuOffloadManager {
             if success {
                 c.ref_cnt = 0;
                 self.num_idle += 1;
+                let c = *c;
                 if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_idle(k, c);
+                    l.mark_idle(&self.chunks, k, c);
                 }
             } else {
                 let c = *c;
