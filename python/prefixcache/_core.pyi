@@ -490,7 +490,7 @@ class OffloadingEvent:
 class CpuOffloadManager:
     """vLLM 0.33's ``CPUOffloadingManager``: ``num_chunks`` host slots behind the GPU
     block pool, LRU or ARC eviction, a store admitted once its key was offered
-    ``store_threshold`` times (docs/SEMANTICS.md section 5). Keys are block hashes
+    ``store_threshold`` times (docs/SEMANTICS.md section 2.4). Keys are block hashes
     (bytes, 1 to 32); a request id (int in [0, 2**64)) names vLLM's per-request context
     (key positions, accesses)."""
 

@@ -1,6 +1,6 @@
 """Plain-Python model of vLLM 0.33's CPU offloading tier (``CPUOffloadingManager`` in
 ``vllm/v1/kv_offload/cpu/manager.py`` with its LRU and ARC policies), the executable
-specification of ``prefixcache.CpuOffloadManager``. Rules: docs/SEMANTICS.md section 5.
+specification of ``prefixcache.CpuOffloadManager``. Rules: docs/SEMANTICS.md section 2.4.
 
 Keys are block hashes (bytes). vLLM keys an offloaded chunk by ``hash + group_idx``
 (4 bytes); with one KV-cache group the group suffix is the same for every key, so

@@ -100,7 +100,7 @@ impl PyOffloadingEvent {
     }
 }
 
-/// vLLM 0.33's `CPUOffloadingManager` (SEMANTICS.md section 5).
+/// vLLM 0.33's `CPUOffloadingManager` (SEMANTICS.md section 2.4).
 #[pyclass(frozen, module = "prefixcache._core", name = "CpuOffloadManager")]
 pub struct PyCpuOffloadManager {
     inner: Shared<CpuOffloadManager>,

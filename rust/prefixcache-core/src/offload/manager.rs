@@ -1,6 +1,6 @@
 //! vLLM 0.33's `CPUOffloadingManager` (`vllm/v1/kv_offload/cpu/manager.py`): host chunk
 //! slots with reference counts, the store-threshold tracker, request access state, the
-//! LRU / ARC policies and the stored / removed events (SEMANTICS.md section 5).
+//! LRU / ARC policies and the stored / removed events (SEMANTICS.md section 2.4).
 
 use rustc_hash::{FxHashMap, FxHashSet};
 

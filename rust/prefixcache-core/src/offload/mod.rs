@@ -1,4 +1,4 @@
-//! vLLM 0.33's CPU offloading tier behind the GPU block pool (SEMANTICS.md section 5).
+//! vLLM 0.33's CPU offloading tier behind the GPU block pool (SEMANTICS.md section 2.4).
 //!
 //! - [`manager`]: `CpuOffloadManager` (vLLM's `CPUOffloadingManager`): chunk slots, ref
 //!   counts, the store-threshold tracker, request access state, events.
