@@ -91,7 +91,14 @@ def test_core_matches_reference(
         )
         if op == "positions":
             ks = data.draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=8))
-            both(core, r, "set_offload_key_positions", rid, ks, [16 * (i + 1) for i in range(len(ks))])
+            both(
+                core,
+                r,
+                "set_offload_key_positions",
+                rid,
+                ks,
+                [16 * (i + 1) for i in range(len(ks))],
+            )
         elif op == "lookup":
             both(core, r, "lookup", data.draw(st.sampled_from(KEYS)))
         elif op == "lookup_prefix":

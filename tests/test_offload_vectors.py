@@ -39,7 +39,10 @@ def answer(op: str, out: Any) -> Any:
 def test_streams_cover_the_cases() -> None:
     cfgs = [s["config"] for s in STREAMS]
     assert {(c["cache_policy"], c["store_threshold"]) for c in cfgs} == {
-        ("lru", 1), ("lru", 2), ("arc", 1), ("arc", 2)
+        ("lru", 1),
+        ("lru", 2),
+        ("arc", 1),
+        ("arc", 2),
     }
     calls = [c for s in STREAMS for c in s["calls"]]
     stores = [c for c in calls if c[0] == "prepare_store"]

@@ -154,7 +154,14 @@ class Driver:
 
     def do(self, op: str, *args: Any) -> Any:
         out = getattr(self.side, op)(*args)
-        shown = [a.hex() if isinstance(a, bytes) else [x.hex() for x in a] if isinstance(a, list) and a and isinstance(a[0], bytes) else a for a in args]
+        shown = [
+            a.hex()
+            if isinstance(a, bytes)
+            else [x.hex() for x in a]
+            if isinstance(a, list) and a and isinstance(a[0], bytes)
+            else a
+            for a in args
+        ]
         self.call(op, shown, answer_json(op, out))
         return out
 
@@ -247,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(a.seed * 100_003 + i)
         cfg = config(rng, i)
         calls: list[Call] = []
-        Driver(rng, VllmSide(cfg), lambda op, args, out: calls.append([op, args, out])).run(a.steps)
+        Driver(rng, VllmSide(cfg), lambda op, args, out, c=calls: c.append([op, args, out])).run(
+            a.steps
+        )
         lines.append(json.dumps({"config": cfg, "calls": calls}, separators=(",", ":")))
     a.out.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} streams, {a.out.stat().st_size} bytes -> {a.out}", file=sys.stderr)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_vllm_offload import Driver, VllmSide, answer_json, config  # noqa: E402
+from record_vllm_offload import Driver, VllmSide, answer_json, config
 
 
 class Mismatch(Exception):

@@ -21,6 +21,7 @@ __all__ = [
     "BlockPool",
     "BlockTrie",
     "Claim",
+    "CpuOffloadManager",
     "FleetMatch",
     "InsertResult",
     "KVCacheManager",
@@ -29,6 +30,8 @@ __all__ = [
     "Lookup",
     "MatchResult",
     "Node",
+    "OffloadingEvent",
+    "PrepareStoreOutput",
     "RadixCache",
     "TokenBuffer",
     "__version__",
@@ -474,6 +477,7 @@ class PrepareStoreOutput:
     @property
     def evicted_keys(self) -> list[bytes]: ...
 
+@final
 class OffloadingEvent:
     """vLLM's ``OffloadingEvent``: keys stored (``removed`` False) or removed from the
     host tier; ``medium`` is "CPU"; ``metadata_only``: a failed store released them."""
@@ -487,6 +491,7 @@ class OffloadingEvent:
     @property
     def metadata_only(self) -> bool: ...
 
+@final
 class CpuOffloadManager:
     """vLLM 0.33's ``CPUOffloadingManager``: ``num_chunks`` host slots behind the GPU
     block pool, LRU or ARC eviction, a store admitted once its key was offered
@@ -559,7 +564,7 @@ class CpuOffloadManager:
         evicted), or None when eviction cannot free enough; with ``complete`` the
         stored keys' ``complete_store`` follows at once."""
     def lookup(self, key: bytes) -> str:
-        """"HIT" (stored, loadable), "HIT_PENDING" (being stored) or "MISS"."""
+        """ "HIT" (stored, loadable), "HIT_PENDING" (being stored) or "MISS"."""
     def lookup_prefix(self, keys: list[bytes] | tuple[bytes, ...]) -> int | None:
         """The connector's prefix lookup: how many leading keys are stored; None when one
         of them is still being stored (the lookup defers)."""
@@ -586,15 +591,14 @@ class CpuOffloadManager:
         """Drop every chunk (vLLM's ``reset_cache``)."""
     def take_events(self) -> list[OffloadingEvent]:
         """The events since the last call, in order (needs ``enable_events=True``)."""
-    def take_kv_events(
-        self, event_hash_format: str = "u64", compact: bool = False
-    ) -> list[_Event]:
+    def take_kv_events(self, event_hash_format: str = "u64", compact: bool = False) -> list[_Event]:
         """The events since the last call as the KV events vLLM's OffloadingConnector
         publishes for them (medium "CPU": one BlockStored per stored key, hash only;
         one BlockRemoved per eviction); ``compact`` merges runs of removals."""
     def check_invariants(self) -> None:
         """Raise AssertionError if an internal invariant is broken (for tests)."""
 
+@final
 class KVCacheManager:
     """vLLM v1's request-level KV-cache manager over one block pool (one KV-cache group,
     full attention or sliding window). Request ids are ints in [0, 2**64)."""

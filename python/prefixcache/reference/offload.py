@@ -67,7 +67,7 @@ def _rid(request_id: object) -> int:
 
 
 def _keys(keys: object) -> list[bytes]:
-    out = list(keys)  # type: ignore[call-overload]
+    out: list[bytes] = list(keys)  # type: ignore[call-overload]
     for k in out:
         if not isinstance(k, bytes) or not 1 <= len(k) <= 32:
             raise InvalidInputError(f"keys must be block hashes of 1 to 32 bytes, got {k!r}")
@@ -126,7 +126,9 @@ class _Lru:
             if self.rank[k] < (r, -pos):
                 self.rank[k] = (r, -pos)
 
-    def on_finished(self, ordered: list[bytes], inserted_only: set[bytes], reused: set[bytes]) -> None:
+    def on_finished(
+        self, ordered: list[bytes], inserted_only: set[bytes], reused: set[bytes]
+    ) -> None:
         self.fresh(ordered[::-1])
 
     def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
@@ -215,7 +217,9 @@ class _Arc:
     def on_access(self, keys: list[bytes], st: RequestState) -> None:
         return
 
-    def on_finished(self, ordered: list[bytes], inserted_only: set[bytes], reused: set[bytes]) -> None:
+    def on_finished(
+        self, ordered: list[bytes], inserted_only: set[bytes], reused: set[bytes]
+    ) -> None:
         for k in reversed(ordered):
             if k in inserted_only:
                 for t in (self.t1, self.t2):
@@ -531,10 +535,14 @@ class CpuOffloadManager:
     def check_invariants(self) -> None:
         n = len(self.policy)
         assert n + self.num_free_chunks == self.num_chunks, "chunks lost or doubled"
-        chunks = list(self.policy.chunks.values()) if isinstance(self.policy, _Lru) else [
-            *self.policy.t1.values(),
-            *self.policy.t2.values(),
-        ]
+        chunks = (
+            list(self.policy.chunks.values())
+            if isinstance(self.policy, _Lru)
+            else [
+                *self.policy.t1.values(),
+                *self.policy.t2.values(),
+            ]
+        )
         ids = [c.chunk_id for c in chunks] + self.free_ids
         assert sorted(ids) == list(range(self.allocated)), "chunk ids not a permutation"
         assert self.num_idle == sum(c.ref_cnt == 0 for c in chunks)

@@ -1366,25 +1366,28 @@ pub fn block_hash_at(
     what: &str,
     at: Option<usize>,
 ) -> PyResult<prefixcache_core::hash::BlockHash> {
-    let name = match at {
+    let name = || match at {
         Some(i) => format!("{what}[{i}]"),
         None => what.to_owned(),
     };
     let Ok(b) = obj.cast::<PyBytes>() else {
         return Err(invalid_type(format!(
-            "{name} must be bytes, got {}",
+            "{} must be bytes, got {}",
+            name(),
             type_name(obj)
         )));
     };
     let raw = b.as_bytes();
     if raw.is_empty() {
         return Err(invalid_input(format!(
-            "{name} is empty: a block hash has 1 to 32 bytes"
+            "{} is empty: a block hash has 1 to 32 bytes",
+            name()
         )));
     }
     prefixcache_core::hash::BlockHash::from_bytes(raw).ok_or_else(|| {
         invalid_input(format!(
-            "{name} has {} bytes: a block hash has 1 to 32 bytes",
+            "{} has {} bytes: a block hash has 1 to 32 bytes",
+            name(),
             raw.len()
         ))
     })

@@ -213,7 +213,7 @@ class TrtllmPolicy:
             int(self.trie.num_cached_tokens),
             self._peak,
             self._peak_cached,
-            extra,
+            extra=extra,
         )
 
     def check(self) -> None:
