@@ -1525,6 +1525,45 @@ CATALOGUE: list[Row] = [
         ["replay", "workload:F", "--instances", "2", "--capacity", "x"],
         "bad capacity",
     ),
+    cmd(
+        "--offload without a host tier",
+        ["replay", "workload:F", "--offload", "lru"],
+        "needs a host tier: --cpu-capacity > 0",
+    ),
+    cmd(
+        "an offload policy another engine's",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--offload", "lru"],
+        "'lru' does not apply to radix",
+    ),
+    cmd(
+        "--offload for a policy not in the run",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--offload", "trtllm=host"],
+        "'trtllm' is not a policy of this run",
+    ),
+    cmd(
+        "a host tier for a policy without one",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--policies", "lab-lru"],
+        "'lab-lru' has no host tier",
+    ),
+    cmd(
+        "both host capacity forms",
+        [
+            "sweep",
+            "workload:F",
+            "--capacities",
+            "16k",
+            "--cpu-capacity",
+            "1M",
+            "--cpu-capacities",
+            "0,1M",
+        ],
+        "--cpu-capacity or --cpu-capacities, not both",
+    ),
+    cmd(
+        "a zero host bandwidth",
+        ["replay", "workload:F", "--host-bandwidth", "0"],
+        "expected a bandwidth in GB/s > 0",
+    ),
 ]
 
 
