@@ -15,7 +15,7 @@ pub(crate) const UNLISTED: u32 = u32::MAX;
 impl RadixTree {
     fn is_evictable(&self, slot: u32) -> bool {
         let n = &self.nodes[slot as usize];
-        slot != ROOT && n.lock_ref == 0 && n.children.is_empty()
+        slot != ROOT && n.lock_ref == 0 && !self.is_evicted(slot) && !self.has_device_children(slot)
     }
 
     /// The node's place in the eviction order (unique: it ends with the serial).
@@ -75,7 +75,7 @@ impl RadixTree {
     }
 
     /// Takes the entry at heap position `i` out; returns its slot.
-    fn remove_at(&mut self, i: usize) -> u32 {
+    pub(crate) fn remove_at(&mut self, i: usize) -> u32 {
         let slot = self.evictable[i];
         self.nodes[slot as usize].heap_pos = UNLISTED;
         let Some(last) = self.evictable.pop() else {
@@ -120,7 +120,8 @@ impl RadixTree {
     }
 
     /// Evicts whole leaves in policy order until at least `num_tokens` tokens are freed or
-    /// nothing evictable is left; returns the freed KV indices in eviction order.
+    /// nothing evictable is left; returns the freed KV indices in eviction order. With a
+    /// host tier, leaves are device leaves and a backed-up one stays host-only (host.rs).
     pub fn evict(&mut self, num_tokens: i64) -> Result<Vec<i64>> {
         if num_tokens < 0 {
             return Err(Error::InvalidArgument(format!(
@@ -133,6 +134,10 @@ impl RadixTree {
             .unwrap_or(usize::MAX)
             .min(self.evictable_size);
         let mut freed: Vec<i64> = Vec::with_capacity(expected);
+        if self.host.is_some() {
+            self.evict_with_host(target, &mut freed);
+            return Ok(freed);
+        }
         while (freed.len() as u64) < target {
             if self.evictable.is_empty() {
                 break;

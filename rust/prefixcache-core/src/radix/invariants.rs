@@ -60,12 +60,15 @@ impl RadixTree {
                     n.lock_ref
                 ));
             }
-            if n.lock_ref == 0 {
+            let evicted = self.is_evicted(slot);
+            if evicted {
+                // Host-only: no device KV (host.rs checks the host side).
+            } else if n.lock_ref == 0 {
                 evictable += len;
             } else {
                 protected += len;
             }
-            let should_list = n.lock_ref == 0 && n.children.is_empty();
+            let should_list = n.lock_ref == 0 && !evicted && !self.has_device_children(slot);
             if should_list != n.listed() {
                 return Err(format!(
                     "node {slot}: listed={} but evictable={should_list}",
@@ -103,6 +106,6 @@ impl RadixTree {
                 self.evictable_size, self.protected_size
             ));
         }
-        Ok(())
+        self.check_host_invariants()
     }
 }

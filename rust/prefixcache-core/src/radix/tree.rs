@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Children};
 use super::evict::UNLISTED;
+use super::host::HostTier;
 use super::policy::EvictionPolicy;
 use super::slab::Slab;
 use super::span::Span;
@@ -104,16 +105,23 @@ impl Node {
 /// Result of [`RadixTree::match_prefix`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatchOutcome {
-    /// Matched tokens (a multiple of the page size).
+    /// Matched tokens on the device (a multiple of the page size).
     pub length: usize,
-    /// The last node of the matched path (the root when nothing matched).
+    /// The last device node of the matched path (the root when nothing matched).
     pub node: NodeRef,
+    /// Matched tokens beyond `length` that are only in host memory (0 without a host
+    /// tier; SGLang `host_hit_length`).
+    pub host_length: usize,
+    /// The last node of the whole matched path, host part included (SGLang
+    /// `last_host_node`; `node` when `host_length` is 0).
+    pub host_node: NodeRef,
 }
 
 /// Result of [`RadixTree::insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InsertOutcome {
-    /// Tokens that were already cached (their values were kept, not replaced).
+    /// Tokens that were already cached on the device (their values were kept, not
+    /// replaced). Host-only nodes on the path take the inserted values instead.
     pub prefix_len: usize,
     /// The last node of the inserted key's path.
     pub node: NodeRef,
@@ -170,6 +178,8 @@ pub struct RadixTree {
     namespace_ids: FxHashMap<Namespace, u32>,
     /// Ids of dropped namespaces, reused first.
     free_namespaces: Vec<u32>,
+    /// The HiCache host tier, if any (host.rs).
+    pub(crate) host: Option<Box<HostTier>>,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -216,6 +226,7 @@ impl RadixTree {
             namespaces: Vec::new(),
             namespace_ids: FxHashMap::default(),
             free_namespaces: Vec::new(),
+            host: None,
         };
         tree.reset();
         Ok(tree)
@@ -241,6 +252,7 @@ impl RadixTree {
         root.lock_ref = 1;
         root.priority = i64::MIN;
         self.nodes.push(root);
+        self.host_on_reset();
         // A new id, so that handles from before the reset can never alias new nodes.
         self.id = NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed);
     }
@@ -377,7 +389,7 @@ impl RadixTree {
         if let Some(e) = self.namespaces.get_mut(node.ns as usize) {
             e.1 += 1;
         }
-        match self.free_slots.pop() {
+        let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.nodes[slot as usize] = node;
                 slot
@@ -386,7 +398,9 @@ impl RadixTree {
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
-        }
+        };
+        self.host_on_alloc(slot);
+        slot
     }
 
     pub(crate) fn release(&mut self, slot: u32) {
@@ -398,6 +412,7 @@ impl RadixTree {
         n.children = Children::Empty;
         self.free_slots.push(slot);
         self.num_nodes -= 1;
+        self.host_on_release(slot);
         if let Some(e) = self.namespaces.get_mut(ns as usize) {
             e.1 -= 1;
         }
@@ -426,6 +441,7 @@ impl RadixTree {
         // The new node has no child yet: no key to read.
         new.children.insert(child_key(ns, first_tail), child, |_| 0);
         let new_slot = self.alloc(new);
+        self.host_on_split(child, new_slot);
         self.nodes[child as usize].parent = new_slot;
         let replaced = self.nodes[parent as usize]
             .children
@@ -443,6 +459,9 @@ impl RadixTree {
             self.relist(node);
         } else {
             self.nodes[node as usize].last_access = now;
+            if self.host.is_some() {
+                self.host_offer(node);
+            }
         }
     }
 
@@ -451,26 +470,31 @@ impl RadixTree {
         let now = self.tick();
         let key = &key[..self.aligned(key.len())];
         let root = self.root();
+        let nothing = MatchOutcome {
+            length: 0,
+            node: root,
+            host_length: 0,
+            host_node: root,
+        };
         if key.is_empty() {
-            return MatchOutcome {
-                length: 0,
-                node: root,
-            };
+            return nothing;
         }
         self.nodes[ROOT as usize].last_access = now;
         let Some(ns) = self.namespace_id(ns) else {
-            return MatchOutcome {
-                length: 0,
-                node: root,
-            };
+            return nothing;
         };
         let mut node = ROOT;
         let mut matched = 0;
         let mut rest = key;
+        // The device part ends at the first host-only node (device nodes are a prefix).
+        let mut device: Option<(u32, usize)> = None;
         while !rest.is_empty() {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
             };
+            if device.is_none() && self.is_evicted(child) {
+                device = Some((node, matched));
+            }
             self.touch(child, now);
             let c = &self.nodes[child as usize];
             let p = self.aligned(common_prefix_len(c.span.key(), rest));
@@ -482,9 +506,12 @@ impl RadixTree {
             node = child;
             rest = &rest[p..];
         }
+        let (dev_node, dev_len) = device.unwrap_or((node, matched));
         MatchOutcome {
-            length: matched,
-            node: self.handle(node),
+            length: dev_len,
+            node: self.handle(dev_node),
+            host_length: matched - dev_len,
+            host_node: self.handle(node),
         }
     }
 
@@ -524,6 +551,10 @@ impl RadixTree {
         let mut node = ROOT;
         let mut total = 0;
         let mut rest = key;
+        let counts_hits = self.counts_hits();
+        // Host tier: the device part of the path, and the nodes to back up afterwards.
+        let mut device_prefix: Option<usize> = None;
+        let mut backups: Vec<u32> = Vec::new();
         while !rest.is_empty() {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
@@ -549,11 +580,38 @@ impl RadixTree {
             };
             let n = &mut self.nodes[node as usize];
             n.priority = n.priority.max(priority);
-            if total > inserted_len {
+            let counted = total > inserted_len && counts_hits;
+            if counted {
                 n.hit_count += 1;
             }
             if listed && node == child {
                 self.relist(child);
+            }
+            if self.host.is_some() {
+                if node != child {
+                    // The host-only tail of a split keeps the new access time.
+                    self.host_offer(child);
+                }
+                if self.is_evicted(node) {
+                    // A host-only node takes the inserted KV (SGLang
+                    // `_unevict_node_on_insert`): it is on the device again.
+                    let start = total - p;
+                    device_prefix.get_or_insert(start);
+                    let span = match value {
+                        Some(v) => Span::from_values(&key[start..total], &v[start..total]),
+                        None => Span::from_tokens(&key[start..total]),
+                    };
+                    match span {
+                        Ok(span) => self.revive(node, span),
+                        Err(e) => {
+                            self.drop_unused_namespace(ns);
+                            return Err(e);
+                        }
+                    }
+                }
+                if counted && self.wants_backup(node) {
+                    backups.push(node);
+                }
             }
         }
         if !rest.is_empty() {
@@ -574,7 +632,7 @@ impl RadixTree {
             let serial = self.take_serial();
             let mut leaf = Node::new(node, serial, ns, now);
             leaf.priority = priority;
-            if total + rest.len() > inserted_len {
+            if total + rest.len() > inserted_len && counts_hits {
                 leaf.hit_count = 1;
             }
             leaf.span = span;
@@ -586,13 +644,20 @@ impl RadixTree {
             let mut children = std::mem::take(&mut self.nodes[node as usize].children);
             children.insert(ck, slot, |c| self.child_key_of(c));
             self.nodes[node as usize].children = children;
+            self.host_on_device_child(node);
             self.evictable_size += rest.len();
             self.relist(slot);
+            if self.wants_backup(slot) {
+                backups.push(slot);
+            }
             node = slot;
         }
         self.drop_unused_namespace(ns);
+        for slot in backups {
+            self.backup_chain(slot);
+        }
         Ok(InsertOutcome {
-            prefix_len: total,
+            prefix_len: device_prefix.unwrap_or(total),
             node: self.handle(node),
         })
     }
@@ -616,8 +681,10 @@ impl RadixTree {
         let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
+            let evicted = self.is_evicted(cur);
             let n = &mut self.nodes[cur as usize];
-            if n.lock_ref == 0 {
+            // A host-only node has no device KV to protect (SGLang locks it all the same).
+            if n.lock_ref == 0 && !evicted {
                 let len = n.span.len();
                 self.evictable_size -= len;
                 self.protected_size += len;
@@ -669,15 +736,20 @@ impl RadixTree {
         let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
+            let evicted = self.is_evicted(cur);
             let n = &mut self.nodes[cur as usize];
             n.lock_ref -= 1;
             let parent = n.parent;
             if n.lock_ref == 0 {
-                let len = n.span.len();
-                self.evictable_size += len;
-                self.protected_size -= len;
-                delta += len as i64;
-                self.relist(cur);
+                if evicted {
+                    self.host_offer(cur);
+                } else {
+                    let len = n.span.len();
+                    self.evictable_size += len;
+                    self.protected_size -= len;
+                    delta += len as i64;
+                    self.relist(cur);
+                }
             }
             cur = parent;
         }
@@ -687,6 +759,11 @@ impl RadixTree {
     /// The KV indices on the path from the root to `node`, concatenated.
     pub fn path_indices(&self, node: NodeRef) -> Result<Vec<i64>> {
         let mut cur = self.resolve(node)?;
+        if self.is_evicted(cur) {
+            return Err(Error::InvalidArgument(
+                "path_indices: the node is only in host memory (load_back it first)".into(),
+            ));
+        }
         let mut path = Vec::new();
         let mut len = 0;
         while cur != ROOT {
@@ -737,7 +814,7 @@ impl RadixTree {
     }
 
     /// Children of `slot` in canonical order: namespace, then key tokens.
-    fn sorted_children(&self, slot: u32) -> Vec<u32> {
+    pub(crate) fn sorted_children(&self, slot: u32) -> Vec<u32> {
         let mut ids = self.nodes[slot as usize].children.ids();
         ids.sort_by(|&a, &b| {
             let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
@@ -764,7 +841,12 @@ impl RadixTree {
             out.push(NodeDump {
                 depth,
                 key: n.span.key().to_vec(),
-                value: n.span.values(),
+                // A host-only node has no device KV indices.
+                value: if self.is_evicted(slot) {
+                    Vec::new()
+                } else {
+                    n.span.values()
+                },
                 lock_ref: u64::from(n.lock_ref),
                 hit_count: n.hit_count,
                 priority: n.priority,
