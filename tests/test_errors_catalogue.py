@@ -31,6 +31,7 @@ from prefixcache import (
     BlockHasher,
     BlockPool,
     BlockTrie,
+    CpuOffloadManager,
     KVCacheManager,
     KvIndex,
     RadixCache,
@@ -141,6 +142,25 @@ class ManagerWorld(World):
         )
 
 
+class OffloadWorld(World):
+    """A CPU tier of 2 chunks: key 1 stored, key 2 being stored."""
+
+    def __init__(self) -> None:
+        m = self.obj = CpuOffloadManager(2, enable_events=True)
+        m.complete_store(0, m.prepare_store(0, [b"\x01" * 8]).keys_to_store)  # type: ignore[union-attr]
+        m.prepare_store(0, [b"\x02" * 8])
+
+    def state(self) -> Any:
+        m = self.obj
+        return (
+            m.num_stored,
+            m.num_idle,
+            m.num_write_pending,
+            m.num_free_chunks,
+            [m.lookup(bytes([i]) * 8) for i in range(1, 4)],
+        )
+
+
 class HasherWorld(World):
     def __init__(self) -> None:
         self.obj = BlockHasher(4, "sha256", seed="s")
@@ -246,6 +266,7 @@ WORLDS: dict[str, Callable[[Path], World]] = {
     "RadixCache": lambda _: RadixWorld(),
     "BlockPool": lambda _: PoolWorld(),
     "KVCacheManager": lambda _: ManagerWorld(),
+    "CpuOffloadManager": lambda _: OffloadWorld(),
     "BlockHasher / hash_block_tokens": lambda _: HasherWorld(),
     "BlockTrie": lambda _: TrieWorld(),
     "KvIndex": lambda _: KvIndexWorld(),
@@ -288,6 +309,16 @@ def mgr(
     run: Callable[[ManagerWorld], Any],
 ) -> Row:
     return Row("KVCacheManager", misuse, call, run, exc, fragment)
+
+
+def offload(
+    misuse: str,
+    call: str,
+    exc: type[BaseException],
+    fragment: str,
+    run: Callable[[OffloadWorld], Any],
+) -> Row:
+    return Row("CpuOffloadManager", misuse, call, run, exc, fragment)
 
 
 def hasher(
@@ -791,6 +822,84 @@ CATALOGUE: list[Row] = [
         "not set",
         lambda w: w.obj.free_blocks({1, 2}),
     ),
+    # ---------------- CpuOffloadManager ----------------
+    offload(
+        "unknown cache policy",
+        'CpuOffloadManager(2, cache_policy="fifo")',
+        InvalidInputError,
+        "cache_policy must be lru or arc",
+        lambda w: CpuOffloadManager(2, cache_policy="fifo"),
+    ),
+    offload(
+        "store threshold zero",
+        "CpuOffloadManager(2, store_threshold=0)",
+        InvalidInputError,
+        "store_threshold",
+        lambda w: CpuOffloadManager(2, store_threshold=0),
+    ),
+    offload(
+        "key not bytes",
+        'prepare_store(0, ["ab"])',
+        InvalidTypeError,
+        "keys[0] must be bytes",
+        lambda w: w.obj.prepare_store(0, ["ab"]),
+    ),
+    offload(
+        "key of 33 bytes",
+        'lookup(b"x" * 33)',
+        InvalidInputError,
+        "a block hash has 1 to 32 bytes",
+        lambda w: w.obj.lookup(b"x" * 33),
+    ),
+    offload(
+        "empty key",
+        'lookup(b"")',
+        InvalidInputError,
+        "is empty",
+        lambda w: w.obj.lookup(b""),
+    ),
+    offload(
+        "keys not a list",
+        'touch(0, b"ab")',
+        InvalidTypeError,
+        "keys must be a list or tuple of bytes",
+        lambda w: w.obj.touch(0, b"ab"),
+    ),
+    offload(
+        "repeated key in a store",
+        "prepare_store(0, [k, k])",
+        InvalidInputError,
+        "prepare_store keys must be distinct",
+        lambda w: w.obj.prepare_store(0, [b"\x03" * 8, b"\x03" * 8]),
+    ),
+    offload(
+        "load of a key being stored",
+        "prepare_load(0, [k2])",
+        BlockStateError,
+        "is not stored and ready to load",
+        lambda w: w.obj.prepare_load(0, [b"\x01" * 8, b"\x02" * 8]),
+    ),
+    offload(
+        "load completed twice",
+        "complete_load(0, [k1])",
+        BlockStateError,
+        "has no load in flight",
+        lambda w: w.obj.complete_load(0, [b"\x01" * 8]),
+    ),
+    offload(
+        "positions of another length",
+        "set_offload_key_positions(0, [k1], [16, 32])",
+        InvalidInputError,
+        "1 keys but 2 end_tokens",
+        lambda w: w.obj.set_offload_key_positions(0, [b"\x01" * 8], [16, 32]),
+    ),
+    offload(
+        "negative position",
+        "set_offload_key_positions(0, [k1], [-1])",
+        InvalidInputError,
+        "must be >= 0",
+        lambda w: w.obj.set_offload_key_positions(0, [b"\x01" * 8], [-1]),
+    ),
     # ---------------- KVCacheManager ----------------
     mgr(
         "block size zero",
@@ -1212,11 +1321,13 @@ CATALOGUE: list[Row] = [
         ),
     ),
     kv(
-        "block_size zero",
-        "apply(w, [BlockStored(block_size=0)])",
+        "block_size negative",
+        "apply(w, [BlockStored(block_size=-1)])",
         InvalidEventError,
-        "block_size must be positive",
-        lambda w: w.obj.apply("a", [{"type": "BlockStored", "block_hashes": [3], "block_size": 0}]),
+        "block_size must be in [0, 2**32)",
+        lambda w: w.obj.apply(
+            "a", [{"type": "BlockStored", "block_hashes": [3], "block_size": -1}]
+        ),
     ),
     kv(
         "missing block_hashes",

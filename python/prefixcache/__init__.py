@@ -2,7 +2,7 @@
 
 - ``RadixCache``: SGLang's token-level radix tree.
 - ``BlockPool`` / ``BlockHasher`` / ``KVCacheManager``: vLLM v1's chained block hashes and
-  block pool.
+  block pool; ``CpuOffloadManager``: vLLM's CPU offloading tier behind it.
 - ``BlockTrie``: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
 - ``KvIndex``: the fleet index (which worker holds a prefix), fed by engines' KV events;
   Redis backend and ZMQ subscriber in ``prefixcache.fleet``.
@@ -16,6 +16,7 @@ from prefixcache._core import (
     BlockPool,
     BlockTrie,
     Claim,
+    CpuOffloadManager,
     FleetMatch,
     InsertResult,
     KVCacheManager,
@@ -55,6 +56,7 @@ __all__ = [
     "BlockStored",
     "BlockTrie",
     "Claim",
+    "CpuOffloadManager",
     "FleetMatch",
     "InsertResult",
     "InvalidEventError",

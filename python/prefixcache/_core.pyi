@@ -21,6 +21,7 @@ __all__ = [
     "BlockPool",
     "BlockTrie",
     "Claim",
+    "CpuOffloadManager",
     "FleetMatch",
     "InsertResult",
     "KVCacheManager",
@@ -29,6 +30,8 @@ __all__ = [
     "Lookup",
     "MatchResult",
     "Node",
+    "OffloadingEvent",
+    "PrepareStoreOutput",
     "RadixCache",
     "TokenBuffer",
     "__version__",
@@ -501,6 +504,139 @@ class BlockPool:
         """The free queue, head first."""
     def check_invariants(self) -> None:
         """Raises AssertionError if an internal invariant is broken."""
+
+@final
+class PrepareStoreOutput:
+    """vLLM's ``PrepareStoreOutput``: the keys to write now (in offer order), the host
+    chunk id each gets, and the keys evicted to make room (in eviction order)."""
+
+    @property
+    def keys_to_store(self) -> list[bytes]: ...
+    @property
+    def chunk_ids(self) -> list[int]: ...
+    @property
+    def evicted_keys(self) -> list[bytes]: ...
+
+@final
+class OffloadingEvent:
+    """vLLM's ``OffloadingEvent``: keys stored (``removed`` False) or removed from the
+    host tier; ``medium`` is "CPU"; ``metadata_only``: a failed store released them."""
+
+    @property
+    def keys(self) -> list[bytes]: ...
+    @property
+    def removed(self) -> bool: ...
+    @property
+    def medium(self) -> str: ...
+    @property
+    def metadata_only(self) -> bool: ...
+
+@final
+class CpuOffloadManager:
+    """vLLM 0.33's ``CPUOffloadingManager``: ``num_chunks`` host slots behind the GPU
+    block pool, LRU or ARC eviction, a store admitted once its key was offered
+    ``store_threshold`` times (docs/SEMANTICS.md section 2.4). Keys are block hashes
+    (bytes, 1 to 32); a request id (int in [0, 2**64)) names vLLM's per-request context
+    (key positions, accesses)."""
+
+    def __new__(
+        cls,
+        num_chunks: int,
+        cache_policy: str = "lru",
+        store_threshold: int = 1,
+        max_tracker_size: int = 64000,
+        enable_events: bool = False,
+    ) -> CpuOffloadManager: ...
+    @property
+    def num_chunks(self) -> int: ...
+    @property
+    def cache_policy(self) -> str: ...
+    @property
+    def store_threshold(self) -> int: ...
+    @property
+    def max_tracker_size(self) -> int: ...
+    @property
+    def num_stored(self) -> int:
+        """Chunks held (stored or being stored)."""
+    @property
+    def num_free_chunks(self) -> int: ...
+    @property
+    def num_idle(self) -> int:
+        """Stored chunks no load reads (evictable)."""
+    @property
+    def num_write_pending(self) -> int:
+        """Chunks whose store is in flight (not loadable yet)."""
+    @property
+    def num_tracked(self) -> int:
+        """Keys the store-threshold tracker counts (0 with threshold 1)."""
+    @property
+    def num_stored_total(self) -> int:
+        """Chunks prepared for storing since construction."""
+    @property
+    def num_evicted_total(self) -> int:
+        """Chunks evicted since construction."""
+    def on_new_request(self, request_id: int) -> None:
+        """Open the request's context (vLLM's ``on_new_request``)."""
+    def set_offload_key_positions(
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], end_tokens: Any
+    ) -> None:
+        """Each key's end token in the request (vLLM's
+        ``ReqContext.set_offload_key_position``): orders the request's accesses."""
+    def set_request_keys(
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], tokens_per_key: int
+    ) -> None:
+        """The request's keys in block order, key i ending at token
+        ``(i + 1) * tokens_per_key`` (the connector's offload keys): the ``*_range``
+        calls name slices of them."""
+    def set_request_keys_from(self, manager: KVCacheManager, request_id: int) -> None:
+        """``set_request_keys`` with the full blocks' hashes and the block size of a
+        KVCacheManager's request (no Python object per block)."""
+    def lookup_prefix_range(self, request_id: int, start: int, stop: int) -> int | None:
+        """``lookup_prefix`` over the request's keys ``start:stop``."""
+    def prepare_load_range(self, request_id: int, start: int, stop: int) -> int:
+        """``prepare_load`` of the request's keys ``start:stop``; how many were pinned."""
+    def complete_load_range(self, request_id: int, start: int, stop: int) -> None:
+        """``complete_load`` of the request's keys ``start:stop``."""
+    def prepare_store_range(
+        self, request_id: int, start: int, stop: int, complete: bool = False
+    ) -> tuple[int, int] | None:
+        """``prepare_store`` of the request's keys ``start:stop``: (keys stored, keys
+        evicted), or None when eviction cannot free enough; with ``complete`` the
+        stored keys' ``complete_store`` follows at once."""
+    def lookup(self, key: bytes) -> str:
+        """ "HIT" (stored, loadable), "HIT_PENDING" (being stored) or "MISS"."""
+    def lookup_prefix(self, keys: list[bytes] | tuple[bytes, ...]) -> int | None:
+        """The connector's prefix lookup: how many leading keys are stored; None when one
+        of them is still being stored (the lookup defers)."""
+    def prepare_load(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> list[int]:
+        """Pin stored, ready keys for a load (not evictable until ``complete_load``);
+        returns their chunk ids. BlockStateError (nothing changed) when one is not."""
+    def touch(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> None:
+        """Mark keys recently used (vLLM's ``touch``)."""
+    def complete_load(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> None:
+        """Unpin keys of a finished load. BlockStateError (nothing changed) when a key
+        has no load in flight."""
+    def prepare_store(
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...]
+    ) -> PrepareStoreOutput | None:
+        """Offer distinct keys for storing: which to write now, their chunk ids, the keys
+        evicted for them; None when eviction cannot free enough (nothing stored)."""
+    def complete_store(
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], success: bool = True
+    ) -> None:
+        """Finish a store: the keys become loadable, or with ``success=False`` are dropped."""
+    def on_request_finished(self, request_id: int) -> None:
+        """Apply the request's accesses to the policy and drop its context."""
+    def reset_cache(self) -> None:
+        """Drop every chunk (vLLM's ``reset_cache``)."""
+    def take_events(self) -> list[OffloadingEvent]:
+        """The events since the last call, in order (needs ``enable_events=True``)."""
+    def take_kv_events(self, event_hash_format: str = "u64", compact: bool = False) -> list[_Event]:
+        """The events since the last call as the KV events vLLM's OffloadingConnector
+        publishes for them (medium "CPU": one BlockStored per stored key, hash only;
+        one BlockRemoved per eviction); ``compact`` merges runs of removals."""
+    def check_invariants(self) -> None:
+        """Raise AssertionError if an internal invariant is broken (for tests)."""
 
 @final
 class KVCacheManager:

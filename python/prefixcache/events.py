@@ -1,5 +1,5 @@
-"""KV-cache events of the vLLM block pool, with vLLM's field names
-(``vllm/distributed/kv_events.py``).
+"""KV-cache events of the vLLM block pool and its CPU offloading tier, with vLLM's field
+names (``vllm/distributed/kv_events.py``); ``medium`` says which ("GPU" or "CPU").
 
 Block hashes are reported as vLLM does by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``):
 the last 8 bytes of the hash read big-endian, as an int. With
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # vLLM's CPU offloading tier (prefixcache.CpuOffloadManager)
 
 ExternalBlockHash = int | bytes
 
@@ -57,6 +58,7 @@ def external_hash(digest: bytes, fmt: str = "u64") -> ExternalBlockHash:
 
 
 __all__ = [
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
     "AllBlocksCleared",
     "BlockRemoved",

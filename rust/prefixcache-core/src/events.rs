@@ -2,12 +2,32 @@
 //!
 //! The core keeps hashes as [`BlockHash`] values; the bindings turn them into vLLM's
 //! external form (by default the last 8 bytes read big-endian as a u64) or raw bytes.
-//! Every event carries vLLM's `medium` ("GPU" for the device pool modelled here).
+//! Every event carries vLLM's `medium`: "GPU" for the device block pool, "CPU" for the
+//! offloading tier behind it (`crate::offload`).
 
 use crate::hash::{BlockHash, KeyValue};
 
 /// The storage medium vLLM reports for its device block pool.
 pub const MEDIUM_GPU: &str = "GPU";
+/// The storage medium vLLM reports for its CPU offloading tier.
+pub const MEDIUM_CPU: &str = "CPU";
+
+/// Where the blocks of an event live (vLLM's `medium` field of BlockStored / BlockRemoved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Medium {
+    #[default]
+    Gpu,
+    Cpu,
+}
+
+impl Medium {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => MEDIUM_GPU,
+            Medium::Cpu => MEDIUM_CPU,
+        }
+    }
+}
 
 /// One event, in the order the pool emitted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,18 +51,20 @@ pub enum KvEvent {
         /// (`("mm", id, offset)` -> `(id, offset)`, any other `(tag, value)` -> `value`);
         /// `None` when the batch has no block.
         extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
+        medium: Medium,
     },
     /// A block's hash left the prefix cache (one event per removed hash, as vLLM).
     BlockRemoved {
         block_hashes: Vec<BlockHash>,
         group_idx: u32,
+        medium: Medium,
     },
     /// `reset_prefix_cache` succeeded.
     AllBlocksCleared,
 }
 
-/// The same events with every run of consecutive `BlockRemoved` events of one group
-/// merged into one event carrying all their hashes, in order. An index applying them
+/// The same events with every run of consecutive `BlockRemoved` events of one group and
+/// medium merged into one event carrying all their hashes, in order. An index applying them
 /// ends in the same state; vLLM publishes one event per removed hash, which makes a
 /// router's event stream mostly single-hash removals.
 pub fn coalesce_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
@@ -51,14 +73,16 @@ pub fn coalesce_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
         if let KvEvent::BlockRemoved {
             block_hashes,
             group_idx,
+            medium,
         } = &ev
         {
             if let Some(KvEvent::BlockRemoved {
                 block_hashes: last,
                 group_idx: g,
+                medium: m,
             }) = out.last_mut()
             {
-                if g == group_idx {
+                if g == group_idx && m == medium {
                     last.extend_from_slice(block_hashes);
                     continue;
                 }
@@ -93,6 +117,7 @@ mod coalesce_tests {
                 .filter_map(|&b| BlockHash::from_bytes(&[b; 8]))
                 .collect(),
             group_idx,
+            medium: Medium::Gpu,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`blocks`]: vLLM v1 block pool, LRU free queue and request-level manager.
 //! - [`trie`]: TensorRT-LLM's per-block trie with partial reuse and priority-LRU eviction.
 //! - [`fleet`]: the fleet index: which worker holds a prefix, fed by engines' KV events.
+//! - [`offload`]: vLLM's CPU offloading tier (LRU / ARC, store threshold, events).
 //! - [`lab`]: not an engine rule: the offline optimum (Belady) and online eviction and
 //!   admission policies over a prefix-closed block cache, for the simulator's lab.
 
@@ -17,6 +18,7 @@ pub mod events;
 pub mod fleet;
 pub mod hash;
 pub mod lab;
+pub mod offload;
 pub mod radix;
 pub mod trie;
 

@@ -1698,6 +1698,25 @@ named! {
     group_id: u32 = u32_arg;
     sliding_window: Option<usize> = opt_size;
     lora_id: Option<i64> = opt_i64_named;
+    num_chunks: usize = size_arg;
+    start: usize = size_arg;
+    stop: usize = size_arg;
+    tokens_per_key: usize = positive_named;
+    max_tracker_size: usize = positive_named;
+    store_threshold: u32 = positive_u32;
+}
+
+fn positive_named(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    int_in(obj, what, 1, SIZE_MAX).map(|v| v as usize)
+}
+
+fn positive_u32(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u32> {
+    int_in(obj, what, 1, U32_MAX).map(|v| v as u32)
+}
+
+/// The `cache_policy` argument of the CPU offload tier (a str; the core checks the name).
+pub fn cache_policy(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    str_arg(obj, "cache_policy")
 }
 
 fn opt_i64_named(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<i64>> {
@@ -1836,4 +1855,75 @@ pub fn default_seed() -> String {
 /// A `seed` argument, or [`default_seed`] for None.
 pub fn seed_or_default(seed: Option<String>) -> String {
     seed.unwrap_or_else(default_seed)
+}
+
+// ---------------------------------------------------------------------------------------
+// Block hashes as keys (the CPU offload tier)
+
+/// A list or tuple of block hashes, each `bytes` of 1 to 32 bytes.
+pub fn block_hash_list(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<Vec<prefixcache_core::hash::BlockHash>> {
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(l) = obj.cast::<PyList>() {
+        l.iter().collect()
+    } else if let Ok(t) = obj.cast::<PyTuple>() {
+        t.iter().collect()
+    } else {
+        return Err(invalid_type(format!(
+            "{what} must be a list or tuple of bytes, got {}",
+            type_name(obj)
+        )));
+    };
+    let mut out = Vec::new();
+    out.try_reserve_exact(items.len())
+        .map_err(|e| PyMemoryError::new_err(format!("cannot allocate memory for {what}: {e}")))?;
+    for (i, it) in items.iter().enumerate() {
+        out.push(block_hash_at(it, what, Some(i))?);
+    }
+    Ok(out)
+}
+
+/// One block hash: `bytes` of 1 to 32 bytes.
+pub fn block_hash_at(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    at: Option<usize>,
+) -> PyResult<prefixcache_core::hash::BlockHash> {
+    let name = || match at {
+        Some(i) => format!("{what}[{i}]"),
+        None => what.to_owned(),
+    };
+    let Ok(b) = obj.cast::<PyBytes>() else {
+        return Err(invalid_type(format!(
+            "{} must be bytes, got {}",
+            name(),
+            type_name(obj)
+        )));
+    };
+    let raw = b.as_bytes();
+    if raw.is_empty() {
+        return Err(invalid_input(format!(
+            "{} is empty: a block hash has 1 to 32 bytes",
+            name()
+        )));
+    }
+    prefixcache_core::hash::BlockHash::from_bytes(raw).ok_or_else(|| {
+        invalid_input(format!(
+            "{} has {} bytes: a block hash has 1 to 32 bytes",
+            name(),
+            raw.len()
+        ))
+    })
+}
+
+/// A sequence of ints >= 0 (token positions).
+pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let v = read_ints::<i64>(obj, what)?;
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            u64::try_from(x).map_err(|_| invalid_input(format!("{what}[{i}] = {x} must be >= 0")))
+        })
+        .collect()
 }

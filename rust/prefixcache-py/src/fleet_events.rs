@@ -158,8 +158,9 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
                 None => None,
             };
             let block_size = match opt_int(field(ev, "block_size")?, "block_size")? {
-                Some(b) if b > 0 && b <= i64::from(u32::MAX) => b as u32,
-                Some(b) => return Err(format!("block_size must be positive, got {b}")),
+                // 0: vLLM's OffloadingConnector publishes hash-only placeholders.
+                Some(b) if (0..=i64::from(u32::MAX)).contains(&b) => b as u32,
+                Some(b) => return Err(format!("block_size must be in [0, 2**32), got {b}")),
                 None => return Err("BlockStored without block_size".to_owned()),
             };
             if let Some(k) = field(ev, "extra_keys")? {

@@ -18,6 +18,7 @@ mod hasher;
 mod kv_index;
 mod lab;
 mod manager;
+mod offload;
 mod pool;
 mod radix;
 mod shared;
@@ -45,6 +46,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hasher::hash_block_tokens, m)?)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
+    m.add_class::<offload::PyCpuOffloadManager>()?;
+    m.add_class::<offload::PyPrepareStoreOutput>()?;
+    m.add_class::<offload::PyOffloadingEvent>()?;
     m.add_class::<kv_index::PyKvIndex>()?;
     m.add_class::<fleet_match::PyFleetMatch>()?;
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_frames, m)?)?;

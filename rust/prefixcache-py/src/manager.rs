@@ -56,7 +56,7 @@ fn options(
 /// full attention or sliding window). Request ids are ints in [0, 2**64).
 #[pyclass(frozen, module = "prefixcache._core", name = "KVCacheManager")]
 pub struct PyKVCacheManager {
-    inner: Shared<KVCacheManager>,
+    pub(crate) inner: Shared<KVCacheManager>,
     fmt: HashFormat,
     /// Immutable after construction: read without the lock.
     block_size: usize,

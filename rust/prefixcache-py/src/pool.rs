@@ -3,7 +3,7 @@
 
 use numpy::PyArray1;
 use prefixcache_core::blocks::{BlockPool, StoreInfo};
-use prefixcache_core::events::{coalesce_removals, KvEvent, MEDIUM_GPU};
+use prefixcache_core::events::{coalesce_removals, KvEvent};
 use prefixcache_core::hash::{BlockHash, KeyValue};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -132,6 +132,7 @@ pub fn events_to_py<'py>(
                 lora_name,
                 group_idx,
                 extra_keys,
+                medium,
             } => {
                 let keys = match extra_keys {
                     None => None,
@@ -166,7 +167,7 @@ pub fn events_to_py<'py>(
                     },
                     block_size,
                     lora_id,
-                    MEDIUM_GPU,
+                    medium.as_str(),
                     lora_name,
                     keys,
                     group_idx,
@@ -177,6 +178,7 @@ pub fn events_to_py<'py>(
             KvEvent::BlockRemoved {
                 block_hashes,
                 group_idx,
+                medium,
             } => {
                 let hashes = PyList::empty(py);
                 for h in &block_hashes {
@@ -184,7 +186,7 @@ pub fn events_to_py<'py>(
                 }
                 cls.removed
                     .bind(py)
-                    .call1((hashes, MEDIUM_GPU, group_idx))?
+                    .call1((hashes, medium.as_str(), group_idx))?
             }
             KvEvent::AllBlocksCleared => cls.cleared.bind(py).call0()?,
         };

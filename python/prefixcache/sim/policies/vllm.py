@@ -17,7 +17,31 @@ from prefixcache.sim.policies.base import (
 )
 from prefixcache.sim.requests import RequestId, TokenArray
 
-__all__ = ["BlocksPolicy", "blocks_available"]
+__all__ = ["BlocksPolicy", "blocks_available", "parse_offload"]
+
+
+def parse_offload(offload: str | None) -> tuple[str, int]:
+    """The CPU tier's policy and store threshold from an offload name: "lru" (default)
+    or "arc", optionally ":K" (a block is stored once offered K times), e.g. "arc:2"."""
+    name, sep, k = (offload or "lru").partition(":")
+    if name not in ("lru", "arc") or (sep and not (k.isdigit() and int(k) >= 1)):
+        raise InvalidInputError(
+            f"offload must be lru or arc with an optional :K store threshold (K >= 1), "
+            f"got {offload!r}"
+        )
+    return name, int(k) if k else 1
+
+
+class _TierRequest:
+    """One admitted request's state in the CPU tier (the connector's RequestOffloadState;
+    the keys themselves stay in the tier, named by block index)."""
+
+    __slots__ = ("load_start", "load_stop", "next_store", "num_prompt_blocks")
+
+    def __init__(self, num_prompt_blocks: int) -> None:
+        self.num_prompt_blocks = num_prompt_blocks
+        self.load_start = self.load_stop = 0  # blocks pinned by the load until the prefill
+        self.next_store = 0  # first prompt block not yet stored (next_stored_chunk_idx)
 
 
 def _default_manager_cls() -> Callable[..., Any]:
@@ -73,6 +97,11 @@ class BlocksPolicy:
     after each call (``num_evicted_blocks``, ``num_cached_blocks``). ``"events"`` counts
     the manager's BlockRemoved / BlockStored events instead (exact by construction, but
     materialising every event costs about 3x the replay); the tests check both agree.
+
+    ``cpu_capacity`` (tokens, 0 = none) puts vLLM's CPU offloading tier behind the pool
+    (``prefixcache.CpuOffloadManager``, ``cpu_capacity // block_size`` chunks of one
+    block), driven as vLLM's OffloadingConnector drives it; ``offload`` names its policy
+    (``parse_offload``). docs/SIMULATOR.md "Offload" lists the rules.
     """
 
     eviction_unit = "blocks"
@@ -87,6 +116,8 @@ class BlocksPolicy:
         name: str | None = None,
         count_evictions: str = "counter",
         publish_events: bool = False,
+        cpu_capacity: int = 0,
+        offload: str | None = None,
     ) -> None:
         if block_size < 1:
             raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
@@ -122,6 +153,27 @@ class BlocksPolicy:
         self._evicted_blocks = 0
         self._peak_used = 0
         self._peak_cached = 0
+        # The CPU tier (None without one).
+        if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
+            raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
+        self.cpu_capacity = cpu_capacity
+        self.tier: Any = None
+        self._tier_req: dict[int, _TierRequest] = {}
+        self._host_hit: dict[int, int] = {}
+        self._host_hit_tokens = 0
+        self._peak_host = 0
+        if cpu_capacity > 0:
+            import prefixcache
+
+            policy, threshold = parse_offload(offload)
+            self.tier = prefixcache.CpuOffloadManager(
+                cpu_capacity // block_size,
+                cache_policy=policy,
+                store_threshold=threshold,
+                enable_events=publish_events,
+            )
+        elif offload is not None:
+            parse_offload(offload)
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
@@ -198,10 +250,51 @@ class BlocksPolicy:
         self._known[i] = len(prompt)
         self._pend[i] = 0
         self._note_used()
+        if self.tier is not None:
+            hit += self._tier_admit(i, len(prompt), hit)
         return hit
 
     def host_hit(self, rid: RequestId) -> int:
-        return 0
+        return self._host_hit.get(int(rid), 0)
+
+    # -- the CPU tier (OffloadingConnector, scheduler side) ---------------------------
+    def _tier_admit(self, i: int, prompt_len: int, gpu_hit: int) -> int:
+        """After the GPU hit: the tier's hit on the following full blocks (capped like
+        the GPU hit at ``len(prompt) - 1``), pinned for loading. Returns its tokens."""
+        bs = self.block_size
+        tier = self.tier
+        st = _TierRequest(prompt_len // bs)
+        self._tier_req[i] = st
+        tier.on_new_request(i)
+        tier.set_request_keys_from(self.mgr, i)  # the prompt's full blocks, in order
+        start, cap = gpu_hit // bs, (prompt_len - 1) // bs
+        n = 0
+        if cap > start:
+            n = tier.lookup_prefix_range(i, start, cap) or 0  # None: a store in flight
+        if n:
+            tier.prepare_load_range(i, start, start + n)
+            st.load_start, st.load_stop = start, start + n
+            st.next_store = start + n  # the connector skips the chunks it loads
+        self._host_hit[i] = n * bs
+        self._host_hit_tokens += n * bs
+        return n * bs
+
+    def _tier_store(self, i: int, st: _TierRequest) -> None:
+        """Offer the prompt's computed full blocks not yet stored (the connector stores
+        prompt blocks only: ``offload_prompt_only``); the store completes at once."""
+        if st.load_stop:
+            self.tier.complete_load_range(i, st.load_start, st.load_stop)
+            st.load_start = st.load_stop = 0
+        if st.next_store >= st.num_prompt_blocks:
+            return
+        out = self.tier.prepare_store_range(i, st.next_store, st.num_prompt_blocks, True)
+        if out is None:
+            return  # not enough to evict: offered again when the request finishes
+        st.next_store = st.num_prompt_blocks
+        if out[0]:
+            held = int(self.tier.num_stored) * self.block_size
+            if held > self._peak_host:
+                self._peak_host = held
 
     def block_ids(self, rid: RequestId) -> IndexArray:
         """The blocks a running request holds (vLLM's block table, in order)."""
@@ -217,13 +310,19 @@ class BlocksPolicy:
         if self._outbox is None:
             raise InvalidInputError(f"{self.name} was built without publish_events=True")
         if not self._use_events:
-            return list(self.mgr.take_events(compact=True))
-        out, self._outbox = self._outbox, []
+            out = list(self.mgr.take_events(compact=True))
+        else:
+            out, self._outbox = self._outbox, []
+        if self.tier is not None:  # after the pool's, as vLLM's scheduler appends them
+            out.extend(self.tier.take_kv_events(compact=True))
         return out
 
     def on_prefill_done(self, rid: RequestId) -> None:
         # The full prompt blocks were cached when their slots were allocated.
-        return None
+        if self.tier is not None:
+            st = self._tier_req.get(int(rid))
+            if st is not None:
+                self._tier_store(int(rid), st)
 
     def grow(
         self,
@@ -295,6 +394,11 @@ class BlocksPolicy:
             tail = np.concatenate([pending, tail]) if len(tail) else pending
         ok = self.mgr.finish(i, tail if len(tail) else None)
         self._after_call()
+        if self.tier is not None:
+            st = self._tier_req.pop(i, None)
+            if st is not None:
+                self._tier_store(i, st)
+            self.tier.on_request_finished(i)
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
         self._have[i] = self._known[i] = self._pend[i] = 0
@@ -326,11 +430,20 @@ class BlocksPolicy:
             self._num_cached * bs,
             self._peak_used,
             self._peak_cached * bs,
+            cpu_capacity=self.cpu_capacity,
+            host_hit_tokens=self._host_hit_tokens,
+            stored_tokens=int(self.tier.num_stored_total) * bs if self.tier is not None else 0,
+            host_evicted_tokens=(
+                int(self.tier.num_evicted_total) * bs if self.tier is not None else 0
+            ),
+            peak_host_tokens=self._peak_host,
         )
 
     def check(self) -> None:
         if hasattr(self.mgr, "check_invariants"):
             self.mgr.check_invariants()
+        if self.tier is not None:
+            self.tier.check_invariants()
         free = int(self.mgr.num_free_blocks)
         if not 0 <= free <= self.usable_blocks:
             raise AssertionError(f"{self.name}: {free} free of {self.usable_blocks} blocks")

@@ -16,7 +16,7 @@
 //! holds 4 bytes per cached key. Growth is reserved fallibly before anything changes.
 
 use crate::error::{Error, Result};
-use crate::events::{untag_extra_keys, KvEvent};
+use crate::events::{untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
@@ -379,6 +379,7 @@ impl BlockPool {
             self.events.push(KvEvent::BlockRemoved {
                 block_hashes: vec![key.hash],
                 group_idx: key.group,
+                medium: Medium::Gpu,
             });
         }
         if !self.cached.remove(&mut self.blocks, id) {
@@ -670,6 +671,7 @@ impl BlockPool {
                 lora_name: info.lora_name.map(str::to_owned),
                 group_idx: group,
                 extra_keys: (!event_keys.is_empty()).then_some(event_keys),
+                medium: Medium::Gpu,
             });
         }
         Ok(())
@@ -844,7 +846,8 @@ mod tests {
             p.take_events(),
             vec![KvEvent::BlockRemoved {
                 block_hashes: vec![h(2)],
-                group_idx: 0
+                group_idx: 0,
+                medium: Medium::Gpu,
             }]
         );
         assert_eq!(p.get_cached_block(&h(1), &[0]).unwrap(), Some(vec![1]));

@@ -257,10 +257,10 @@ fn read_field(r: &mut Reader<'_>, key: &[u8], f: &mut Fields, form: HashForm) ->
         b"block_size" => {
             f.block_size = match r.int()? {
                 Some(i) => Some(
+                    // 0: vLLM's OffloadingConnector publishes hash-only placeholders.
                     i.as_u64()
                         .and_then(|x| u32::try_from(x).ok())
-                        .filter(|&x| x > 0)
-                        .ok_or_else(|| bad("block_size must be a positive int below 2**32"))?,
+                        .ok_or_else(|| bad("block_size must be an int in [0, 2**32)"))?,
                 ),
                 None => {
                     return Err(bad(format!(

@@ -1,0 +1,22 @@
+//! vLLM 0.33's CPU offloading tier behind the GPU block pool (SEMANTICS.md section 2.4).
+//!
+//! - [`manager`]: `CpuOffloadManager` (vLLM's `CPUOffloadingManager`): chunk slots, ref
+//!   counts, the store-threshold tracker, request access state, events.
+//! - [`lru`], [`arc`]: the two cache policies vLLM ships.
+//! - [`order`]: an insertion-ordered key map (Python's `OrderedDict`).
+//!
+//! Keys are block hashes; vLLM appends the KV-cache group index (4 bytes), which is the
+//! same for every key with one group.
+
+pub mod arc;
+pub mod lru;
+pub mod manager;
+pub mod order;
+
+pub use manager::{
+    to_kv_events, CachePolicy, CpuOffloadManager, LookupResult, OffloadEvent, PrepareStoreOutput,
+    DEFAULT_MAX_TRACKER_SIZE, MEDIUM_CPU,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,449 @@
+//! `CpuOffloadManager`: vLLM 0.33's CPU offloading tier (prefixcache_core::offload).
+//! Argument and error mapping only.
+
+use prefixcache_core::hash::BlockHash;
+use prefixcache_core::offload::{
+    to_kv_events, CachePolicy, CpuOffloadManager, OffloadEvent, PrepareStoreOutput,
+    DEFAULT_MAX_TRACKER_SIZE, MEDIUM_CPU,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::convert;
+use crate::errors::IntoPyResult;
+use crate::manager::PyKVCacheManager;
+use crate::pool::{events_to_py, HashFormat};
+use crate::shared::Shared;
+
+fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    convert::block_hash_list(obj, "keys")
+}
+
+fn bytes_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k.as_bytes())))
+}
+
+/// vLLM's `PrepareStoreOutput`: the keys to write now (in offer order), the chunk id
+/// each gets, and the keys evicted to make room (in eviction order).
+#[pyclass(frozen, module = "prefixcache._core", name = "PrepareStoreOutput")]
+pub struct PyPrepareStoreOutput {
+    inner: PrepareStoreOutput,
+}
+
+#[pymethods]
+impl PyPrepareStoreOutput {
+    #[getter]
+    fn keys_to_store<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        bytes_list(py, &self.inner.keys_to_store)
+    }
+
+    #[getter]
+    fn chunk_ids(&self) -> Vec<u64> {
+        self.inner.chunk_ids.clone()
+    }
+
+    #[getter]
+    fn evicted_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        bytes_list(py, &self.inner.evicted_keys)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PrepareStoreOutput(keys_to_store={}, chunk_ids={:?}, evicted_keys={})",
+            self.inner.keys_to_store.len(),
+            self.inner.chunk_ids,
+            self.inner.evicted_keys.len()
+        )
+    }
+}
+
+/// vLLM's `OffloadingEvent`: keys stored (`removed=False`) or removed, medium "CPU".
+/// `metadata_only`: a failed store released these keys (not an eviction).
+#[pyclass(frozen, module = "prefixcache._core", name = "OffloadingEvent")]
+pub struct PyOffloadingEvent {
+    inner: OffloadEvent,
+}
+
+#[pymethods]
+impl PyOffloadingEvent {
+    #[getter]
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        bytes_list(py, &self.inner.keys)
+    }
+
+    #[getter]
+    fn removed(&self) -> bool {
+        self.inner.removed
+    }
+
+    #[getter]
+    fn medium(&self) -> &'static str {
+        MEDIUM_CPU
+    }
+
+    #[getter]
+    fn metadata_only(&self) -> bool {
+        self.inner.metadata_only
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "OffloadingEvent(keys={}, medium='CPU', removed={}, metadata_only={})",
+            self.inner.keys.len(),
+            if self.inner.removed { "True" } else { "False" },
+            if self.inner.metadata_only {
+                "True"
+            } else {
+                "False"
+            },
+        )
+    }
+}
+
+/// vLLM 0.33's `CPUOffloadingManager` (SEMANTICS.md section 2.4).
+#[pyclass(frozen, module = "prefixcache._core", name = "CpuOffloadManager")]
+pub struct PyCpuOffloadManager {
+    inner: Shared<CpuOffloadManager>,
+}
+
+#[pymethods]
+impl PyCpuOffloadManager {
+    #[new]
+    #[pyo3(signature = (num_chunks, cache_policy = "lru".to_owned(), store_threshold = 1, max_tracker_size = DEFAULT_MAX_TRACKER_SIZE, enable_events = false))]
+    #[pyo3(
+        text_signature = "(num_chunks, cache_policy='lru', store_threshold=1, max_tracker_size=64000, enable_events=False)"
+    )]
+    fn new(
+        #[pyo3(from_py_with = convert::num_chunks)] num_chunks: usize,
+        #[pyo3(from_py_with = convert::cache_policy)] cache_policy: String,
+        #[pyo3(from_py_with = convert::store_threshold)] store_threshold: u32,
+        #[pyo3(from_py_with = convert::max_tracker_size)] max_tracker_size: usize,
+        enable_events: bool,
+    ) -> PyResult<Self> {
+        let policy = CachePolicy::from_name(&cache_policy).py_err()?;
+        let m = CpuOffloadManager::new(
+            num_chunks as u64,
+            policy,
+            store_threshold,
+            max_tracker_size,
+            enable_events,
+        )
+        .py_err()?;
+        Ok(PyCpuOffloadManager {
+            inner: Shared::new("CpuOffloadManager", m),
+        })
+    }
+
+    #[getter]
+    fn num_chunks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_chunks())
+    }
+
+    #[getter]
+    fn cache_policy(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.inner.with(py, |m| m.cache_policy().name())
+    }
+
+    #[getter]
+    fn store_threshold(&self, py: Python<'_>) -> PyResult<u32> {
+        self.inner.with(py, |m| m.store_threshold())
+    }
+
+    #[getter]
+    fn max_tracker_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.max_tracker_size())
+    }
+
+    #[getter]
+    fn num_stored(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.num_stored())
+    }
+
+    #[getter]
+    fn num_free_chunks(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_free_chunks())
+    }
+
+    #[getter]
+    fn num_idle(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_idle())
+    }
+
+    #[getter]
+    fn num_write_pending(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_write_pending())
+    }
+
+    #[getter]
+    fn num_tracked(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |m| m.num_tracked())
+    }
+
+    #[getter]
+    fn num_stored_total(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_stored_total())
+    }
+
+    #[getter]
+    fn num_evicted_total(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |m| m.num_evicted_total())
+    }
+
+    fn on_new_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        self.inner.with(py, |m| m.on_new_request(rid))
+    }
+
+    fn set_offload_key_positions(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        end_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        let ends = convert::u64_list(end_tokens, "end_tokens")?;
+        self.inner
+            .with(py, |m| m.set_offload_key_positions(rid, &ks, &ends))?
+            .py_err()
+    }
+
+    /// The request's keys in block order, key i ending at token (i + 1) * tokens_per_key
+    /// (the connector's offload keys): the `*_range` calls name slices of them.
+    fn set_request_keys(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::tokens_per_key)] tokens_per_key: usize,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        let t = tokens_per_key as u64;
+        self.inner
+            .with(py, |m| m.set_request_keys(rid, &ks, t))?
+            .py_err()
+    }
+
+    /// `set_request_keys` with a KVCacheManager's request: its full blocks' hashes, its
+    /// block size (read without Python objects per block).
+    fn set_request_keys_from(
+        &self,
+        py: Python<'_>,
+        manager: &Bound<'_, PyKVCacheManager>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let mgr = manager.get();
+        let (hashes, bs) = mgr
+            .inner
+            .with(py, |m| {
+                m.block_hashes(rid)
+                    .map(|h| (h.to_vec(), m.block_size() as u64))
+            })?
+            .py_err()?;
+        self.inner
+            .with(py, |m| m.set_request_keys(rid, &hashes, bs))?
+            .py_err()
+    }
+
+    /// `lookup_prefix` over the request's keys `start:stop`.
+    fn lookup_prefix_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<Option<usize>> {
+        let rid = convert::request_id(request_id)?;
+        self.inner.with(py, |m| {
+            let ks = m.request_keys(rid, start, stop);
+            m.lookup_prefix(&ks)
+        })
+    }
+
+    /// `prepare_load` of the request's keys `start:stop`; returns how many were pinned.
+    fn prepare_load_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<usize> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                m.prepare_load(rid, &ks).map(|ids| ids.len())
+            })?
+            .py_err()
+    }
+
+    /// `complete_load` of the request's keys `start:stop`.
+    fn complete_load_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                m.complete_load(rid, &ks)
+            })?
+            .py_err()
+    }
+
+    /// `prepare_store` of the request's keys `start:stop`: (keys to store, keys
+    /// evicted), or None when eviction cannot free enough. With `complete`, the stored
+    /// keys' `complete_store` follows at once.
+    #[pyo3(signature = (request_id, start, stop, complete = false))]
+    fn prepare_store_range(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::start)] start: usize,
+        #[pyo3(from_py_with = convert::stop)] stop: usize,
+        complete: bool,
+    ) -> PyResult<Option<(usize, usize)>> {
+        let rid = convert::request_id(request_id)?;
+        self.inner
+            .with(py, |m| {
+                let ks = m.request_keys(rid, start, stop);
+                let out = m.prepare_store(rid, &ks)?;
+                Ok(out.map(|o| {
+                    if complete && !o.keys_to_store.is_empty() {
+                        m.complete_store(rid, &o.keys_to_store, true);
+                    }
+                    (o.keys_to_store.len(), o.evicted_keys.len())
+                }))
+            })?
+            .py_err()
+    }
+
+    fn lookup(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+        let k = convert::block_hash_at(key, "key", None)?;
+        self.inner.with(py, |m| m.lookup(&k).name())
+    }
+
+    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        let ks = self::keys(keys)?;
+        self.inner.with(py, |m| m.lookup_prefix(&ks))
+    }
+
+    fn prepare_load(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u64>> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        self.inner.with(py, |m| m.prepare_load(rid, &ks))?.py_err()
+    }
+
+    fn touch(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        self.inner.with(py, |m| m.touch(rid, &ks))
+    }
+
+    fn complete_load(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        self.inner.with(py, |m| m.complete_load(rid, &ks))?.py_err()
+    }
+
+    fn prepare_store(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<PyPrepareStoreOutput>> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        let out = self
+            .inner
+            .with(py, |m| m.prepare_store(rid, &ks))?
+            .py_err()?;
+        Ok(out.map(|inner| PyPrepareStoreOutput { inner }))
+    }
+
+    #[pyo3(signature = (request_id, keys, success = true))]
+    fn complete_store(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        success: bool,
+    ) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        let ks = self::keys(keys)?;
+        self.inner.with(py, |m| m.complete_store(rid, &ks, success))
+    }
+
+    fn on_request_finished(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = convert::request_id(request_id)?;
+        self.inner.with(py, |m| m.on_request_finished(rid))
+    }
+
+    fn reset_cache(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.with(py, |m| m.reset_cache())
+    }
+
+    fn take_events(&self, py: Python<'_>) -> PyResult<Vec<PyOffloadingEvent>> {
+        let evs = self.inner.with(py, |m| m.take_events())?;
+        Ok(evs
+            .into_iter()
+            .map(|inner| PyOffloadingEvent { inner })
+            .collect())
+    }
+
+    /// The events since the last call as the KV events vLLM's OffloadingConnector
+    /// publishes for them (`prefixcache.events`, medium "CPU"); `compact` merges runs of
+    /// removals.
+    #[pyo3(signature = (event_hash_format = "u64".to_owned(), compact = false))]
+    #[pyo3(text_signature = "(self, event_hash_format='u64', compact=False)")]
+    fn take_kv_events<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
+        compact: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let fmt = HashFormat::parse(&event_hash_format)?;
+        let evs = self.inner.with(py, |m| m.take_events())?;
+        events_to_py(py, to_kv_events(&evs), fmt, None, compact)
+    }
+
+    /// Raise AssertionError if an internal invariant is broken (for tests).
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .with(py, |m| m.check_invariants())?
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        self.inner.with(py, |m| {
+            format!(
+                "CpuOffloadManager(num_chunks={}, cache_policy='{}', store_threshold={}, stored={})",
+                m.num_chunks(),
+                m.cache_policy().name(),
+                m.store_threshold(),
+                m.num_stored()
+            )
+        })
+    }
+}

@@ -1,0 +1,90 @@
+"""CpuOffloadManager's API: errors leave the state unchanged, the KV events it publishes
+carry medium "CPU", and a fleet index fed a pool's and its tier's events keeps holders per
+medium."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import prefixcache
+from prefixcache import BlockRemoved, BlockStored, CpuOffloadManager, KvIndex
+from prefixcache.sim.policies.vllm import BlocksPolicy, parse_offload
+
+
+def k(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+def test_bad_arguments_raise_and_change_nothing() -> None:
+    m = CpuOffloadManager(2, enable_events=True)
+    out = m.prepare_store(0, [k(1)])
+    assert out is not None and out.keys_to_store == [k(1)] and out.chunk_ids == [0]
+    with pytest.raises(prefixcache.InvalidInputError, match="cache_policy"):
+        CpuOffloadManager(2, cache_policy="fifo")
+    with pytest.raises(prefixcache.InvalidInputError, match="store_threshold"):
+        CpuOffloadManager(2, store_threshold=0)
+    with pytest.raises(prefixcache.InvalidTypeError, match=r"keys\[0\] must be bytes"):
+        m.prepare_store(0, ["ab"])
+    with pytest.raises(prefixcache.InvalidInputError, match="1 to 32 bytes"):
+        m.lookup(b"x" * 33)
+    with pytest.raises(prefixcache.InvalidInputError, match="distinct"):
+        m.prepare_store(0, [k(2), k(2)])
+    with pytest.raises(prefixcache.BlockStateError, match="not stored and ready"):
+        m.prepare_load(0, [k(1)])  # still being stored
+    with pytest.raises(prefixcache.BlockStateError, match="no load in flight"):
+        m.complete_load(0, [k(1)])
+    with pytest.raises(prefixcache.InvalidInputError, match="request_id"):
+        m.on_new_request(-1)
+    with pytest.raises(prefixcache.InvalidInputError, match="end_tokens"):
+        m.set_offload_key_positions(0, [k(1)], [16, 32])
+    m.check_invariants()
+    assert (m.num_stored, m.num_write_pending, m.num_free_chunks) == (1, 1, 1)
+    m.complete_store(0, [k(1)])
+    assert m.lookup(k(1)) == "HIT" and m.lookup(k(2)) == "MISS"
+    assert m.prepare_load(1, [k(1)]) == [0]
+
+
+def test_kv_events_carry_the_cpu_medium() -> None:
+    m = CpuOffloadManager(1, enable_events=True)
+    m.complete_store(0, m.prepare_store(0, [k(1)]).keys_to_store)  # type: ignore[union-attr]
+    m.complete_store(1, m.prepare_store(1, [k(2)]).keys_to_store)  # type: ignore[union-attr]
+    evs = m.take_kv_events()
+    assert [type(e) for e in evs] == [BlockStored, BlockRemoved, BlockStored]
+    assert all(e.medium == "CPU" for e in evs)
+    assert evs[0].block_hashes == [1] and evs[1].block_hashes == [1]
+    assert evs[0].block_size == 0 and evs[0].parent_block_hash is None
+    assert m.take_kv_events() == []
+
+
+def test_fleet_index_sees_gpu_and_cpu_holders() -> None:
+    """A pool of 4 blocks with an 8-block CPU tier: the second prompt evicts the first
+    from the GPU, but its blocks stay on the CPU tier, and the index says so."""
+    pol = BlocksPolicy(4 * 16, cpu_capacity=8 * 16, publish_events=True)
+    a = np.arange(3 * 16 + 1, dtype=np.uint32)
+    b = np.arange(1000, 1000 + 3 * 16 + 1, dtype=np.uint32)
+    for rid, p in enumerate((a, b)):
+        assert pol.admit(rid, p, 0) is not None
+        pol.on_prefill_done(rid)
+        pol.finish(rid, np.zeros(0, dtype=np.uint32))
+    evs = pol.take_events()
+    assert {e.medium for e in evs} == {"GPU", "CPU"}
+    ix = KvIndex()
+    ix.apply("w", evs)
+    ha = [int.from_bytes(h[-8:], "big") for h in prefixcache.BlockHasher().hash_blocks(a)]
+    m = ix.longest_prefix(ha[:3])
+    assert (m.blocks("w", "CPU"), m.blocks("w")) == (3, 3)
+    assert m.blocks("w", "GPU") < 3
+    ix.check_invariants()
+    # Admitted again: the GPU lost some of it, the CPU tier supplies the rest.
+    hit = pol.admit(2, a, 0)
+    assert hit == 48 and pol.host_hit(2) > 0
+    pol.check()
+
+
+def test_parse_offload() -> None:
+    assert parse_offload(None) == ("lru", 1)
+    assert parse_offload("arc:2") == ("arc", 2)
+    for bad in ("fifo", "lru:0", "lru:x", "arc:"):
+        with pytest.raises(prefixcache.InvalidInputError, match="offload"):
+            parse_offload(bad)
