@@ -4,13 +4,9 @@
 //! keys are read off the nodes. Keys are unique (they end with the serial), so the order
 //! of eviction is a total order, the same as a sorted set's.
 
-use super::children::child_key;
-use super::policy::PolicyKey;
+use super::children::{child_key, UNLISTED};
 use super::tree::{RadixTree, ROOT};
 use crate::{Error, Result};
-
-/// `heap_pos` of a node that is not in the evictable set.
-pub(crate) const UNLISTED: u32 = u32::MAX;
 
 impl RadixTree {
     fn is_evictable(&self, slot: u32) -> bool {
@@ -18,18 +14,10 @@ impl RadixTree {
         slot != ROOT && n.lock_ref == 0 && n.children.is_empty()
     }
 
-    /// The node's place in the eviction order (unique: it ends with the serial).
-    #[inline]
-    pub(crate) fn policy_key(&self, slot: u32) -> PolicyKey {
-        let n = &self.nodes[slot as usize];
-        self.policy
-            .key(n.last_access, n.creation, n.hit_count, n.priority, n.serial)
-    }
-
     #[inline]
     fn place(&mut self, i: usize, slot: u32) {
         self.evictable[i] = slot;
-        self.nodes[slot as usize].heap_pos = i as u32;
+        self.nodes[slot as usize].children.set_heap_pos(i as u32);
     }
 
     fn sift_up(&mut self, mut i: usize) {
@@ -77,14 +65,14 @@ impl RadixTree {
     /// Takes the entry at heap position `i` out; returns its slot.
     fn remove_at(&mut self, i: usize) -> u32 {
         let slot = self.evictable[i];
-        self.nodes[slot as usize].heap_pos = UNLISTED;
+        self.nodes[slot as usize].children.set_heap_pos(UNLISTED);
         let Some(last) = self.evictable.pop() else {
             return slot;
         };
         if i < self.evictable.len() {
             self.place(i, last);
             self.sift_down(i);
-            let j = self.nodes[last as usize].heap_pos as usize;
+            let j = self.nodes[last as usize].children.heap_pos() as usize;
             if j == i {
                 self.sift_up(i);
             }
@@ -98,7 +86,7 @@ impl RadixTree {
 
     /// Takes `slot` out of the evictable set (before a change of its policy fields).
     pub(crate) fn unlist(&mut self, slot: u32) {
-        let pos = self.nodes[slot as usize].heap_pos;
+        let pos = self.nodes[slot as usize].children.heap_pos();
         if pos != UNLISTED {
             self.remove_at(pos as usize);
         }
@@ -109,7 +97,7 @@ impl RadixTree {
         if !self.nodes[slot as usize].listed() && self.is_evictable(slot) {
             self.evictable.push(slot);
             let i = self.evictable.len() - 1;
-            self.nodes[slot as usize].heap_pos = i as u32;
+            self.nodes[slot as usize].children.set_heap_pos(i as u32);
             self.sift_up(i);
         }
     }
@@ -140,10 +128,12 @@ impl RadixTree {
             let slot = self.remove_at(0);
             let n = &self.nodes[slot as usize];
             let parent = n.parent;
-            let ck = child_key(n.ns, n.span.key()[0]);
+            let ck = child_key(self.ns(slot), n.span.key()[0]);
             self.evictable_size -= n.span.len();
             n.span.extend_values(&mut freed);
-            let removed = self.nodes[parent as usize].children.remove(ck, slot);
+            let removed = self.nodes[parent as usize]
+                .children
+                .remove(ck, slot, &mut self.indexes);
             debug_assert!(removed, "evict: leaf not filed under its parent");
             self.release(slot);
             self.relist(parent);

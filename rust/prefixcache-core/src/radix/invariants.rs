@@ -21,7 +21,7 @@ impl RadixTree {
         while let Some(slot) = stack.pop() {
             let n = &self.nodes[slot as usize];
             let mut child_locks = 0u64;
-            for c in n.children.ids() {
+            for c in n.children.ids(&self.indexes) {
                 let cn = &self.nodes[c as usize];
                 if cn.parent != slot {
                     return Err(format!(
@@ -32,12 +32,12 @@ impl RadixTree {
                 if cn.span.len() == 0
                     || !n
                         .children
-                        .candidates(child_key(cn.ns, cn.span.key()[0]))
+                        .candidates(child_key(self.ns(c), cn.span.key()[0]), &self.indexes)
                         .any(|x| x == c)
                 {
                     return Err(format!("node {c} is not filed under its child key"));
                 }
-                if slot != ROOT && cn.ns != n.ns {
+                if slot != ROOT && self.ns(c) != self.ns(slot) {
                     return Err(format!("node {c} is in another namespace than its parent"));
                 }
                 child_locks += u64::from(cn.lock_ref);
@@ -74,7 +74,7 @@ impl RadixTree {
             }
             if should_list {
                 leaves += 1;
-                if self.evictable.get(n.heap_pos as usize) != Some(&slot) {
+                if self.evictable.get(n.children.heap_pos() as usize) != Some(&slot) {
                     return Err(format!("node {slot} is not at its heap position"));
                 }
             }

@@ -3,6 +3,7 @@
 //! - [`tree`]: the node arena, match / insert / split, locks, sizes and inspection.
 //! - [`children`]: the per-node child index (first token or first page, plus namespace).
 //! - [`evict`]: the incrementally maintained set of evictable leaves and `evict`.
+//! - [`node`]: the 56-byte node record and the side tables for what does not fit in it.
 //! - [`policy`]: the eviction policies and their ordering keys.
 //! - [`slab`]: the node arena, chunks that never move.
 //! - [`span`]: the tokens and KV indices of one node, in one buffer.
@@ -10,6 +11,7 @@
 mod children;
 mod evict;
 mod invariants;
+mod node;
 mod policy;
 mod slab;
 mod span;
