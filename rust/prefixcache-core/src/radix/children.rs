@@ -220,7 +220,7 @@ impl Children {
         (self.w[0] == 0 && self.w[1] != 0).then(|| self.w[1] - 1)
     }
 
-    #[inline]
+    #[inline(always)]
     fn few(&self) -> &[u32] {
         if self.w[0] == 0 {
             return &[];
@@ -233,6 +233,16 @@ impl Children {
             3
         };
         &self.w[..n]
+    }
+
+    /// The children of a small index (none for a childless node); `None` for a large one.
+    #[inline(always)]
+    pub(crate) fn few_slots(&self) -> Option<&[u32]> {
+        if self.w[0] == 0 && self.w[1] != 0 {
+            None
+        } else {
+            Some(self.few())
+        }
     }
 
     pub(crate) fn len(&self, ixs: &Indexes) -> usize {
@@ -249,7 +259,7 @@ impl Children {
 
     /// The position of this childless node in the evictable heap ([`UNLISTED`] if none,
     /// or if the node has children).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn heap_pos(&self) -> u32 {
         if self.is_empty() {
             self.w[2]

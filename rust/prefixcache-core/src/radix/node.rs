@@ -184,15 +184,21 @@ impl RadixTree {
         self.nodes[slot as usize].span.meta()
     }
 
+    /// The stamps of a wide node.
+    #[cold]
+    #[inline(never)]
+    fn wide_stamps(&self, slot: u32) -> Stamps {
+        let s = self.sides.wide.get(&slot).copied();
+        debug_assert!(s.is_some(), "wide node {slot} without its stamps");
+        s.unwrap_or(Stamps::new(0, 0, 0))
+    }
+
     /// The node's stamps read against the given bases.
-    #[inline]
+    #[inline(always)]
     fn stamps_with(&self, slot: u32, time_base: u64, serial_base: u64) -> Stamps {
         let n = &self.nodes[slot as usize];
         if n.span.meta() & WIDE != 0 {
-            if let Some(s) = self.sides.wide.get(&slot) {
-                return *s;
-            }
-            debug_assert!(false, "wide node {slot} without its stamps");
+            return self.wide_stamps(slot);
         }
         Stamps {
             serial: serial_base + u64::from(n.serial),
@@ -203,7 +209,7 @@ impl RadixTree {
     }
 
     /// The node's serial, times and hit count.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn stamps(&self, slot: u32) -> Stamps {
         self.stamps_with(slot, self.sides.time_base, self.sides.serial_base)
     }
@@ -241,49 +247,69 @@ impl RadixTree {
         self.set_stamps_with(slot, st, self.sides.time_base, self.sides.serial_base);
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn serial(&self, slot: u32) -> u64 {
         self.stamps(slot).serial
     }
 
-    #[inline]
+    /// Sets the last access time (`t` is the current clock: its offset fits unless the
+    /// node is wide).
+    #[inline(always)]
     pub(crate) fn set_last_access(&mut self, slot: u32, t: u64) {
         let base = self.sides.time_base;
+        let max = self.sides.narrow_max;
         let n = &mut self.nodes[slot as usize];
-        if n.span.meta() & WIDE == 0 {
-            if let Some(off) = t.checked_sub(base).filter(|&o| o <= self.sides.narrow_max) {
-                n.last_access = off as u32;
-                return;
-            }
+        if n.span.meta() & WIDE == 0 && t >= base && t - base <= max {
+            n.last_access = (t - base) as u32;
+            return;
         }
+        self.set_last_access_slow(slot, t);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_last_access_slow(&mut self, slot: u32, t: u64) {
         let mut st = self.stamps(slot);
         st.last_access = t;
         self.set_stamps(slot, st);
     }
 
     /// One more hit (an insert through the node).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add_hit(&mut self, slot: u32) {
+        let max = self.sides.narrow_max;
         let n = &mut self.nodes[slot as usize];
-        if n.span.meta() & WIDE == 0 && u64::from(n.hits) < self.sides.narrow_max {
+        if n.span.meta() & WIDE == 0 && u64::from(n.hits) < max {
             n.hits += 1;
             return;
         }
+        self.add_hit_slow(slot);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_hit_slow(&mut self, slot: u32) {
         let mut st = self.stamps(slot);
         st.hits += 1;
         self.set_stamps(slot, st);
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn priority(&self, slot: u32) -> i64 {
         if self.meta(slot) & PRIO == 0 {
             return 0;
         }
+        self.side_priority(slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn side_priority(&self, slot: u32) -> i64 {
         self.sides.priority.get(&slot).copied().unwrap_or(0)
     }
 
     /// `priority = max(priority, p)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn raise_priority(&mut self, slot: u32, p: i64) {
         if p > self.priority(slot) {
             self.set_priority(slot, p);
@@ -306,17 +332,28 @@ impl RadixTree {
     }
 
     /// The node's namespace id.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ns(&self, slot: u32) -> u32 {
         let f = (self.meta(slot) >> NS_SHIFT) & NS_MASK;
         if f != NS_MASK {
             return f;
         }
+        self.side_ns(slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn side_ns(&self, slot: u32) -> u32 {
         self.sides.ns.get(&slot).copied().unwrap_or(0)
     }
 
     pub(crate) fn set_ns(&mut self, slot: u32, ns: u32) {
         let span = &mut self.nodes[slot as usize].span;
+        if span.meta() & (NS_MASK << NS_SHIFT) == 0 && ns < self.sides.ns_side_from {
+            // From "no namespace" to one that fits (the common case).
+            span.set_meta(span.meta() | (ns << NS_SHIFT));
+            return;
+        }
         let meta = span.meta() & !(NS_MASK << NS_SHIFT);
         if (span.meta() >> NS_SHIFT) & NS_MASK == NS_MASK {
             self.sides.ns.remove(&slot);
@@ -331,7 +368,14 @@ impl RadixTree {
     }
 
     /// Drops what the side tables hold for `slot` (being freed) and clears its flags.
+    #[inline]
     pub(crate) fn forget_sides(&mut self, slot: u32) {
+        let span = &mut self.nodes[slot as usize].span;
+        let m = span.meta();
+        if m & (WIDE | PRIO) == 0 && (m >> NS_SHIFT) & NS_MASK != NS_MASK {
+            span.set_meta(0);
+            return;
+        }
         self.set_priority(slot, 0);
         self.set_ns(slot, 0);
         let span = &mut self.nodes[slot as usize].span;
@@ -359,7 +403,7 @@ impl RadixTree {
     }
 
     /// The node's place in the eviction order (unique: it ends with the serial).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn policy_key(&self, slot: u32) -> PolicyKey {
         let n = &self.nodes[slot as usize];
         if n.span.meta() & (WIDE | PRIO) == 0 {
@@ -372,6 +416,12 @@ impl RadixTree {
                 self.sides.serial_base + u64::from(n.serial),
             );
         }
+        self.policy_key_slow(slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn policy_key_slow(&self, slot: u32) -> PolicyKey {
         let st = self.stamps(slot);
         self.policy.key(
             st.last_access,
@@ -387,11 +437,18 @@ impl RadixTree {
     /// re-stored against them (narrow again if it fits, wide if not). Called by the clock
     /// and the serial counter before handing out a value; one pass over the nodes every
     /// `narrow_max / 2` calls or serials.
+    #[inline(always)]
     pub(crate) fn rebase_if_needed(&mut self, clock: u64, next_serial: u64) {
         let s = &self.sides;
-        if clock - s.time_base <= s.narrow_max && next_serial - s.serial_base <= s.narrow_max {
-            return;
+        if clock - s.time_base > s.narrow_max || next_serial - s.serial_base > s.narrow_max {
+            self.rebase(clock, next_serial);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn rebase(&mut self, clock: u64, next_serial: u64) {
+        let s = &self.sides;
         let half = s.narrow_max / 2;
         let (old_tb, old_sb) = (s.time_base, s.serial_base);
         let new_tb = old_tb.max(clock.saturating_sub(half));

@@ -199,7 +199,7 @@ impl Span {
     }
 
     /// Number of tokens.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn len(&self) -> usize {
         if self.hdr & HEAP == 0 {
             ((self.hdr & LEN_MASK) >> LEN_SHIFT) as usize
@@ -209,8 +209,12 @@ impl Span {
     }
 
     /// The token ids.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn key(&self) -> &[u32] {
+        if self.hdr & HEAP == 0 {
+            let n = ((self.hdr & LEN_MASK) >> LEN_SHIFT) as usize;
+            return &self.w[..n.min(INLINE)];
+        }
         let (buf, n, _) = self.parts();
         &buf[..n]
     }

@@ -326,17 +326,29 @@ impl RadixTree {
     }
 
     /// The child of `node` whose child key matches the start of `key` (non-empty, aligned).
-    #[inline]
+    #[inline(always)]
     fn find_child(&self, node: u32, ns: u32, key: &[u32]) -> Option<u32> {
         let n = &self.nodes[node as usize];
         let ck = child_key(ns, key[0]);
         let page = &key[..self.page_size];
         // Below the root every node is in its parent's namespace (only the root's
         // children need their namespace checked).
-        n.children.candidates(ck, &self.indexes).find(|&c| {
-            let cn = &self.nodes[c as usize];
-            cn.span.key().get(..page.len()) == Some(page) && (node != ROOT || self.ns(c) == ns)
-        })
+        let matches = |c: u32| {
+            let k = self.nodes[c as usize].span.key();
+            let same = if page.len() == 1 {
+                k.first() == Some(&page[0])
+            } else {
+                k.get(..page.len()) == Some(page)
+            };
+            same && (node != ROOT || self.ns(c) == ns)
+        };
+        match n.children.few_slots() {
+            Some(few) => few.iter().copied().find(|&c| matches(c)),
+            None => n
+                .children
+                .candidates(ck, &self.indexes)
+                .find(|&c| matches(c)),
+        }
     }
 
     /// The child key a node is filed under in its parent's index.
