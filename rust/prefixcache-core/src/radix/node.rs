@@ -316,7 +316,16 @@ impl RadixTree {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn set_priority(&mut self, slot: u32, p: i64) {
+        if p == 0 && self.meta(slot) & PRIO == 0 {
+            return;
+        }
+        self.set_priority_slow(slot, p);
+    }
+
+    #[inline(never)]
+    fn set_priority_slow(&mut self, slot: u32, p: i64) {
         let span = &mut self.nodes[slot as usize].span;
         let meta = span.meta();
         if p == 0 {
@@ -347,13 +356,21 @@ impl RadixTree {
         self.sides.ns.get(&slot).copied().unwrap_or(0)
     }
 
+    #[inline(always)]
     pub(crate) fn set_ns(&mut self, slot: u32, ns: u32) {
+        let from = self.sides.ns_side_from;
         let span = &mut self.nodes[slot as usize].span;
-        if span.meta() & (NS_MASK << NS_SHIFT) == 0 && ns < self.sides.ns_side_from {
+        if span.meta() & (NS_MASK << NS_SHIFT) == 0 && ns < from {
             // From "no namespace" to one that fits (the common case).
             span.set_meta(span.meta() | (ns << NS_SHIFT));
             return;
         }
+        self.set_ns_slow(slot, ns);
+    }
+
+    #[inline(never)]
+    fn set_ns_slow(&mut self, slot: u32, ns: u32) {
+        let span = &mut self.nodes[slot as usize].span;
         let meta = span.meta() & !(NS_MASK << NS_SHIFT);
         if (span.meta() >> NS_SHIFT) & NS_MASK == NS_MASK {
             self.sides.ns.remove(&slot);
