@@ -59,6 +59,28 @@ def test_mooncake_conversation_all_policies(benchmark: Any, model: str, capacity
 
 
 @pytest.mark.skipif(
+    not HAVE_TRACE or not blocks_available(),
+    reason="PREFIXCACHE_TRACES is not set (the directory of "
+    "mooncake_conversation.jsonl, see examples/README.md)",
+)
+@pytest.mark.parametrize("hash_algo", ["sha256", "xxh3_64"])
+def test_mooncake_conversation_vllm_blocks_by_hash(benchmark: Any, hash_algo: str) -> None:
+    """vllm-blocks alone, time model, 3M tokens: vLLM's sha256 against the 64-bit hash
+    the command line uses by default (identical results, docs/SIMULATOR.md)."""
+    benchmark.group = "replay: Mooncake conversation, vllm-blocks, time model, 3M-token KV"
+    reqs = read_trace(TRACE).requests
+    if benchmark.disabled:
+        reqs = reqs[:500]
+    results = benchmark.pedantic(
+        lambda: replay(reqs, ["vllm-blocks"], 3_000_000, model="time", hash_algo=hash_algo),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info["wall_s"] = round(results[0].seconds, 3)
+    benchmark.extra_info["hit_tokens"] = sum(r.hit_tokens for r in results[0].records)
+
+
+@pytest.mark.skipif(
     not HAVE_TRACE,
     reason="PREFIXCACHE_TRACES is not set (the directory of "
     "mooncake_conversation.jsonl, see examples/README.md)",

@@ -356,6 +356,41 @@ CATALOGUE: list[Row] = [
         lambda w: RadixCache(1, "xyz"),
     ),
     radix(
+        "unknown host write policy",
+        'RadixCache(1, "lru", host_capacity=8, write_policy="write_around")',
+        InvalidInputError,
+        "unknown write policy",
+        lambda w: RadixCache(1, "lru", host_capacity=8, write_policy="write_around"),
+    ),
+    radix(
+        "host write policy of wrong type",
+        'RadixCache(1, "lru", host_capacity=8, write_policy=1)',
+        InvalidTypeError,
+        "write_policy must be a str",
+        lambda w: RadixCache(1, "lru", host_capacity=8, write_policy=1),
+    ),
+    radix(
+        "negative host capacity",
+        'RadixCache(1, "lru", host_capacity=-1)',
+        InvalidInputError,
+        "host_capacity must be >= 0",
+        lambda w: RadixCache(1, "lru", host_capacity=-1),
+    ),
+    radix(
+        "load_back values of the wrong length",
+        "load_back(node, [1])",
+        InvalidInputError,
+        "load_back: values has length 1",
+        lambda w: w.obj.load_back(w.unlocked, [1]),
+    ),
+    radix(
+        "negative host eviction",
+        "evict_host(-1)",
+        InvalidInputError,
+        "num_tokens must be >= 0",
+        lambda w: w.obj.evict_host(-1),
+    ),
+    radix(
         "negative token id",
         "insert([1, -1])",
         InvalidInputError,
@@ -1413,6 +1448,45 @@ CATALOGUE: list[Row] = [
         "fleet replay without a capacity",
         ["replay", "workload:F", "--instances", "2", "--capacity", "x"],
         "bad capacity",
+    ),
+    cmd(
+        "--offload without a host tier",
+        ["replay", "workload:F", "--offload", "lru"],
+        "needs a host tier: --cpu-capacity > 0",
+    ),
+    cmd(
+        "an offload policy another engine's",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--offload", "lru"],
+        "'lru' does not apply to radix",
+    ),
+    cmd(
+        "--offload for a policy not in the run",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--offload", "trtllm=host"],
+        "'trtllm' is not a policy of this run",
+    ),
+    cmd(
+        "a host tier for a policy without one",
+        ["replay", "workload:F", "--cpu-capacity", "1M", "--policies", "lab-lru"],
+        "'lab-lru' has no host tier",
+    ),
+    cmd(
+        "both host capacity forms",
+        [
+            "sweep",
+            "workload:F",
+            "--capacities",
+            "16k",
+            "--cpu-capacity",
+            "1M",
+            "--cpu-capacities",
+            "0,1M",
+        ],
+        "--cpu-capacity or --cpu-capacities, not both",
+    ),
+    cmd(
+        "a zero host bandwidth",
+        ["replay", "workload:F", "--host-bandwidth", "0"],
+        "expected a bandwidth in GB/s > 0",
     ),
 ]
 

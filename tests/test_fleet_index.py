@@ -106,6 +106,24 @@ def test_a_hash_on_several_blocks_is_lost_with_its_last_copy() -> None:
     ix.check_invariants()
 
 
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_hash_arrays_in_events_read_as_their_lists(dtype: type) -> None:
+    hashes = [3, 1, 2**62 + 5, 7]
+    by_list, by_array = KvIndex(), KvIndex()
+    stored = {"type": "BlockStored", "block_size": 16}
+    by_list.apply("a", [{**stored, "block_hashes": hashes}])
+    by_array.apply("a", [{**stored, "block_hashes": np.array(hashes, dtype=dtype)}])
+    strided = np.array([9, 0, 3, 0], dtype=dtype)[::2]  # not contiguous: 9 and 3
+    by_list.apply("a", [{"type": "BlockRemoved", "block_hashes": [9, 3]}])
+    by_array.apply("a", [{"type": "BlockRemoved", "block_hashes": strided}])
+    assert by_array.cached_hashes("a") == by_list.cached_hashes("a") == [1, 7, 2**62 + 5]
+    assert by_array.status("a")["unknown_removals"] == by_list.status("a")["unknown_removals"]
+    if dtype is np.int64:
+        with pytest.raises(InvalidEventError, match="negative"):
+            by_array.apply("a", [{"type": "BlockRemoved", "block_hashes": np.array([1, -2])}])
+        assert by_array.cached_hashes("a") == [1, 7, 2**62 + 5]
+
+
 def test_media_are_tracked_separately() -> None:
     ix = KvIndex()
     ix.apply(

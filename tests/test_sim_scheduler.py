@@ -292,6 +292,10 @@ def test_block_eviction_tracking_equals_block_removed_events(data: st.DataObject
     events = BlocksPolicy(cap, block_size=bs, count_evictions="events")
     a, b = replay(reqs, [tracked, events], scheduler=sched, check=True)
     assert a.stats.evictions == b.stats.evictions
+    # The counter mode samples the cached blocks only around calls that can evict; the
+    # events mode after every call: the same peak.
+    assert a.stats.peak_cached_tokens == b.stats.peak_cached_tokens
+    assert a.stats.cached_tokens == b.stats.cached_tokens
     assert [r.hit_tokens for r in a.records] == [r.hit_tokens for r in b.records]
 
 
@@ -309,6 +313,7 @@ def test_block_eviction_tracking_on_the_tight_workloads(workload: str) -> None:
             model=model,
         )
         assert a.stats.evictions == b.stats.evictions > 0
+        assert a.stats.peak_cached_tokens == b.stats.peak_cached_tokens
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -346,3 +351,25 @@ def test_core_and_reference_block_manager_replay_identically(workload: str) -> N
         a, b = replay(reqs, [core, ref], model=model, check=True)
         assert [repr(r) for r in a.records] == [repr(r) for r in b.records]
         assert a.stats == b.stats
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built yet")
+@pytest.mark.parametrize("model", ["slots", "time"])
+def test_block_hash_algorithms_replay_identically(model: str) -> None:
+    """The block hash only names blocks: every algorithm (the simulator's default
+    xxh3_64, vLLM's sha256 ...) gives the same replay, barring a collision."""
+    from prefixcache.sim.policies import BlocksPolicy
+
+    w = study_workload("F", 0)
+    cap = w.capacity or 0
+    runs = replay(
+        w.requests,
+        [BlocksPolicy(cap, hash_algo=a) for a in ("sha256", "xxh3_64", "xxhash_cbor")],
+        model=model,
+        check=True,
+    )
+    first = runs[0]
+    for r in runs[1:]:
+        assert r.stats.evictions == first.stats.evictions > 0
+        assert r.stats.peak_cached_tokens == first.stats.peak_cached_tokens
+        assert [x.hit_tokens for x in r.records] == [x.hit_tokens for x in first.records]

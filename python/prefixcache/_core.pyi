@@ -107,10 +107,18 @@ class MatchResult:
 
     @property
     def length(self) -> int:
-        """Tokens matched (page-aligned)."""
+        """Tokens matched on the device (page-aligned)."""
     @property
     def node(self) -> Node:
-        """The last node of the matched path (lock it while the request runs)."""
+        """The last device node of the matched path (lock it while the request runs)."""
+    @property
+    def host_hit_length(self) -> int:
+        """Matched tokens after ``length`` held only in host memory (0 without a host
+        tier): what ``RadixCache.load_back(last_host_node)`` would load."""
+    @property
+    def last_host_node(self) -> Node:
+        """The last node of the whole match, host part included (``node`` when
+        ``host_hit_length`` is 0)."""
     @property
     def indices(self) -> _I64Array:
         """The KV indices of the matched prefix, built on first access (read it while the
@@ -131,9 +139,39 @@ class InsertResult:
 class RadixCache:
     """SGLang 0.5.23's RadixCache: a token-level radix tree of KV indices."""
 
-    def __new__(cls, page_size: int | None = None, eviction_policy: str = "lru") -> RadixCache:
+    def __new__(
+        cls,
+        page_size: int | None = None,
+        eviction_policy: str = "lru",
+        host_capacity: int = 0,
+        write_policy: str = "write_through",
+    ) -> RadixCache:
         """A tree with pages of ``page_size`` tokens (default 1) and an eviction policy
-        (lru, lfu, fifo, mru, filo, priority, slru)."""
+        (lru, lfu, fifo, mru, filo, priority, slru). ``host_capacity`` > 0 puts SGLang's
+        HiCache host tier of that many tokens behind it, with ``write_policy``
+        write_through, write_through_selective or write_back (SEMANTICS.md 1.9)."""
+    @property
+    def host_capacity(self) -> int:
+        """Host memory behind the device, in tokens (0: no host tier)."""
+    @property
+    def write_policy(self) -> str | None:
+        """When nodes are copied to host memory (None without a host tier)."""
+    def host_size(self) -> int:
+        """Tokens in host memory (backed-up nodes, on the device or host-only)."""
+    def host_stats(self) -> dict[str, int]:
+        """Host tier counters in tokens: stored_tokens, host_evicted_tokens,
+        loaded_tokens, peak_host_tokens."""
+    def host_state(self, node: Node) -> tuple[bool, bool]:
+        """``(backed_up, host_only)`` of ``node``: has a host copy; has no device KV."""
+    def host_dump(self) -> list[tuple[bool, bool]]:
+        """``(backed_up, host_only)`` of every non-root node, in ``dump()`` order."""
+    def load_back(self, node: Node, values: _Values | None = None) -> int:
+        """Loads the host-only nodes on the path to ``node`` back to the device with KV
+        indices ``values`` (default: the tokens), all or nothing; returns the tokens
+        loaded. The caller makes room on the device first."""
+    def evict_host(self, num_tokens: int) -> int:
+        """Evicts host-only leaves until at least ``num_tokens`` host tokens are freed (or
+        none is left); returns the host tokens freed."""
     @property
     def page_size(self) -> int:
         """Tokens per page."""
@@ -164,20 +202,22 @@ class RadixCache:
         inserted_len: int | None = None,
     ) -> InsertResult:
         """Inserts ``tokens`` with KV indices ``values`` (default: the tokens). Existing
-        values are never replaced; ``prefix_len`` says how many tokens were cached."""
+        values are never replaced; ``prefix_len`` says how many tokens were cached on the
+        device (host-only nodes on the path take the inserted values)."""
     def inc_lock_ref(self, node: Node) -> int:
         """Locks the path from ``node`` to the root; returns the evictable-size change."""
     def dec_lock_ref(self, node: Node) -> int:
         """Unlocks the path from ``node`` to the root; returns the evictable-size change."""
     def evict(self, num_tokens: int) -> _I64Array:
         """Evicts whole leaves until at least ``num_tokens`` are freed (or nothing is
-        evictable); returns the freed KV indices in eviction order."""
+        evictable); returns the freed KV indices in eviction order. With a host tier a
+        backed-up leaf stays in the tree, host-only."""
     def evictable_size(self) -> int:
-        """Tokens in unlocked nodes."""
+        """Device tokens in unlocked nodes."""
     def protected_size(self) -> int:
-        """Tokens in locked nodes."""
+        """Device tokens in locked nodes."""
     def total_size(self) -> int:
-        """Tokens in the tree."""
+        """Device tokens in the tree."""
     def path_indices(self, node: Node) -> _I64Array:
         """The KV indices on the path from the root to ``node``."""
     def parent(self, node: Node) -> Node | None:

@@ -22,6 +22,10 @@ where prefixcache deliberately differs it says so (docs/ANCHORS.md lists the dif
 
 Eviction is O(leaves) per evicted node (``min`` over the candidates): short and obviously
 correct, not fast.
+
+The host tier (``host_capacity > 0``, SEMANTICS.md 1.9) follows SGLang's HiCache
+(``unified_radix_cache.py``, ``unified_cache/unified_tree_core.py``,
+``unified_cache/components/full.py``) with writes and loads that complete at once.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError
 from prefixcache.reference.int_args import INT64_MAX, INT64_MIN, token_list, value_list
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# SGLang `write_through_threshold`: 1 under write_through, 2 under write_through_selective.
+WRITE_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 SLRU_PROTECTED_HITS = 2
 
 Namespace = tuple[str | None, str | None]
@@ -47,10 +54,12 @@ class Node:
     """A tree node; the node object itself is the handle given to callers."""
 
     __slots__ = (
+        "backed",
         "cache",
         "cache_salt",
         "children",
         "creation_time",
+        "evicted",
         "extra_key",
         "generation",
         "hit_count",
@@ -88,6 +97,8 @@ class Node:
         self.creation_time = now
         self.last_access_time = now
         self.removed = False
+        self.backed = False  # a copy is in host memory
+        self.evicted = False  # host-only: no device KV (value is empty)
 
     @property
     def namespace(self) -> Namespace:
@@ -98,17 +109,30 @@ class Node:
 
 
 class MatchResult:
-    """Result of ``match_prefix``: matched length, the KV indices, the last matched node."""
+    """Result of ``match_prefix``: matched device length, the KV indices, the last device
+    node; the host-only part after it (``host_hit_length``, ``last_host_node``)."""
 
-    __slots__ = ("indices", "length", "node")
+    __slots__ = ("host_hit_length", "indices", "last_host_node", "length", "node")
 
-    def __init__(self, length: int, indices: npt.NDArray[np.int64], node: Node) -> None:
+    def __init__(
+        self,
+        length: int,
+        indices: npt.NDArray[np.int64],
+        node: Node,
+        host_hit_length: int = 0,
+        last_host_node: Node | None = None,
+    ) -> None:
         self.length = length
         self.indices = indices
         self.node = node
+        self.host_hit_length = host_hit_length
+        self.last_host_node = node if last_host_node is None else last_host_node
 
     def __repr__(self) -> str:
-        return f"MatchResult(length={self.length}, node={self.node!r})"
+        return (
+            f"MatchResult(length={self.length}, node={self.node!r}, "
+            f"host_hit_length={self.host_hit_length})"
+        )
 
 
 class InsertResult:
@@ -156,7 +180,13 @@ def _namespace_sort_key(ns: Namespace) -> tuple[bool, str, bool, str]:
 class RadixCache:
     """SGLang's token-level compressed radix tree with its eviction policies."""
 
-    def __init__(self, page_size: int = 1, eviction_policy: str = "lru") -> None:
+    def __init__(
+        self,
+        page_size: int = 1,
+        eviction_policy: str = "lru",
+        host_capacity: int = 0,
+        write_policy: str = "write_through",
+    ) -> None:
         page_size = _int_arg("page_size", page_size, 1)
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
@@ -169,6 +199,23 @@ class RadixCache:
                 f'unknown eviction policy "{eviction_policy}": '
                 f"expected one of {', '.join(POLICIES)}"
             )
+        host_capacity = _int_arg("host_capacity", host_capacity, 0)
+        if host_capacity < 0:
+            raise InvalidInputError(f"host_capacity must be >= 0, got {host_capacity}")
+        if not isinstance(write_policy, str):
+            raise InvalidTypeError(f"write_policy must be a str, got {type(write_policy).__name__}")
+        write = write_policy.lower().replace("-", "_")
+        if write not in WRITE_POLICIES:
+            raise InvalidInputError(
+                f'unknown write policy "{write_policy}": expected one of '
+                "write_through, write_through_selective, write_back"
+            )
+        self._host_capacity = host_capacity
+        self._write = write
+        self._host_used = 0
+        self._host_stats = dict.fromkeys(
+            ("stored_tokens", "host_evicted_tokens", "loaded_tokens", "peak_host_tokens"), 0
+        )
         self._page_size = page_size
         self._policy = eviction_policy.lower()
         self._clock = 0
@@ -212,7 +259,7 @@ class RadixCache:
         return self._protected
 
     def total_size(self) -> int:
-        return sum(len(n.key) for n in self._walk())
+        return sum(len(n.key) for n in self._walk() if not n.evicted)
 
     # ---- helpers ----
     def _walk(self) -> list[Node]:
@@ -255,6 +302,7 @@ class RadixCache:
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.creation_time = child.creation_time  # inherited (a documented choice)
+        new.backed, new.evicted = child.backed, child.evicted  # SGLang splits host_value too
         parent.children[self._child_key(child.namespace, child.key)] = new
         child.key, child.value = child.key[p:], child.value[p:]
         child.parent = new
@@ -278,19 +326,28 @@ class RadixCache:
         if not key:  # SGLang returns before touching anything (the clock still ticks here)
             return MatchResult(0, _array(values), node)
         node.last_access_time = now
+        device: Node | None = None  # the last device node, once the path left the device
+        host = 0
         while key:
             child = node.children.get(self._child_key(ns, key))
             if child is None:
                 break
+            if device is None and child.evicted:
+                device = node  # device nodes are a prefix of the path: the rest is host
             child.last_access_time = now
             p = self._common_len(child.key, key)
-            if p < len(child.key):
-                node = self._split(child, p, now)
-                values.extend(node.value)
+            head = self._split(child, p, now) if p < len(child.key) else child
+            if device is None:
+                values.extend(head.value)
+            else:
+                host += p
+            if head is not child:
+                node = head
                 break
-            values.extend(child.value)
             node, key = child, key[p:]
-        return MatchResult(len(values), _array(values), node)
+        if device is None:
+            return MatchResult(len(values), _array(values), node)
+        return MatchResult(len(values), _array(values), device, host, node)
 
     def insert(
         self,
@@ -321,26 +378,44 @@ class RadixCache:
         node.last_access_time = now
         node.priority = max(node.priority, priority)
         matched = 0
+        # SGLang counts no hits under write_back (`_inc_hit_count_and_check`).
+        counts = not (self._host_capacity and self._write == "write_back")
+        device_prefix: int | None = None
+        backups: list[Node] = []
         while key:
             child = node.children.get(self._child_key(ns, key))
             if child is None:
                 break
             child.last_access_time = now
             p = self._common_len(child.key, key)
+            start = matched
             matched += p
+            seg = val[:p]
             key, val = key[p:], val[p:]
             node = self._split(child, p, now) if p < len(child.key) else child
             node.priority = max(node.priority, priority)
-            if matched > inserted_len:  # a request never counts its own earlier insert
+            counted = matched > inserted_len and counts
+            if counted:  # a request never counts its own earlier insert
                 node.hit_count += 1
+            if self._host_capacity:
+                if node.evicted:  # a host-only node takes the inserted KV
+                    if device_prefix is None:
+                        device_prefix = start
+                    self._revive(node, seg)
+                if counted and self._wants_backup(node):
+                    backups.append(node)
         if key:
             leaf = Node(self, node, key, val, ns, now, priority)
-            if matched + len(key) > inserted_len:
+            if matched + len(key) > inserted_len and counts:
                 leaf.hit_count = 1
             node.children[self._child_key(ns, key)] = leaf
             self._evictable += len(key)
             node = leaf
-        return InsertResult(matched, node)
+            if self._wants_backup(leaf):
+                backups.append(leaf)
+        for b in backups:
+            self._backup_chain(b)
+        return InsertResult(matched if device_prefix is None else device_prefix, node)
 
     # ---- locks ----
     def _path(self, node: Node) -> list[Node]:
@@ -354,7 +429,7 @@ class RadixCache:
     def inc_lock_ref(self, node: Node) -> int:
         delta = 0
         for n in self._path(self._check_handle(node)):
-            if n.lock_ref == 0:
+            if n.lock_ref == 0 and not n.evicted:
                 delta -= len(n.key)
             n.lock_ref += 1
         self._evictable += delta
@@ -377,7 +452,7 @@ class RadixCache:
         delta = 0
         for n in path:
             n.lock_ref -= 1
-            if n.lock_ref == 0:
+            if n.lock_ref == 0 and not n.evicted:
                 delta += len(n.key)
         self._evictable += delta
         self._protected -= delta
@@ -412,6 +487,8 @@ class RadixCache:
         num_tokens = _int_arg("num_tokens", num_tokens, 0)
         if num_tokens < 0:
             raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        if self._host_capacity:
+            return _array(self._evict_with_host(num_tokens))
         candidates = [n for n in self._walk() if self._is_evictable_leaf(n)]
         freed: list[int] = []
         while len(freed) < num_tokens and candidates:
@@ -427,8 +504,165 @@ class RadixCache:
                 candidates.append(parent)
         return _array(freed)
 
+    # ---- host tier (SEMANTICS.md 1.9) ----
+    @property
+    def host_capacity(self) -> int:
+        return self._host_capacity
+
+    @property
+    def write_policy(self) -> str | None:
+        return self._write if self._host_capacity else None
+
+    def host_size(self) -> int:
+        return self._host_used
+
+    def host_stats(self) -> dict[str, int]:
+        return dict(self._host_stats)
+
+    def host_state(self, node: Node) -> tuple[bool, bool]:
+        n = self._check_handle(node)
+        return (n.backed, n.evicted)
+
+    def host_dump(self) -> list[tuple[bool, bool]]:
+        out: list[tuple[bool, bool]] = []
+
+        def visit(n: Node) -> None:
+            for c in self._sorted_children(n):
+                out.append((c.backed, c.evicted))
+                visit(c)
+
+        visit(self._root)
+        return out
+
+    def _wants_backup(self, n: Node) -> bool:
+        if not self._host_capacity or self._write == "write_back" or n.backed:
+            return False
+        return n.hit_count >= WRITE_THRESHOLD[self._write]
+
+    def _revive(self, n: Node, values: tuple[int, ...]) -> None:
+        n.value = tuple(values)
+        n.evicted = False
+        if n.lock_ref == 0:
+            self._evictable += len(n.key)
+        else:
+            self._protected += len(n.key)
+
+    def _backup_one(self, n: Node) -> bool:
+        """SGLang `_execute_kv_backup`: evict host leaves when short; False if it won't fit."""
+        need = len(n.key)
+        free = self._host_capacity - self._host_used
+        if free < need:
+            self.evict_host(need - free)
+        if self._host_capacity - self._host_used < need:
+            return False
+        n.backed = True
+        self._host_used += need
+        st = self._host_stats
+        st["stored_tokens"] += need
+        st["peak_host_tokens"] = max(st["peak_host_tokens"], self._host_used)
+        return True
+
+    def _backup_chain(self, n: Node) -> None:
+        """Write-through: the node's unbacked ancestors first, stop at the first misfit."""
+        chain = [n]
+        cur = n.parent
+        while cur is not None and cur is not self._root and not cur.backed:
+            chain.append(cur)
+            cur = cur.parent
+        for c in reversed(chain):
+            if not c.backed and not self._backup_one(c):
+                return
+
+    def _is_device_leaf(self, n: Node) -> bool:
+        return (
+            n is not self._root
+            and n.lock_ref == 0
+            and not n.evicted
+            and all(c.evicted for c in n.children.values())
+        )
+
+    def _is_host_leaf(self, n: Node) -> bool:
+        return n is not self._root and n.evicted and not n.children and n.lock_ref == 0
+
+    def _remove(self, n: Node) -> None:
+        parent = n.parent
+        assert parent is not None
+        del parent.children[self._child_key(n.namespace, n.key)]
+        n.removed = True
+
+    def _evict_with_host(self, num_tokens: int) -> list[int]:
+        freed: list[int] = []
+        while len(freed) < num_tokens:
+            cands = [n for n in self._walk() if self._is_device_leaf(n)]
+            if not cands:
+                break
+            victim = min(cands, key=self._order_key)
+            if self._write == "write_back" and not victim.backed:
+                self._backup_one(victim)
+            freed.extend(victim.value)
+            self._evictable -= len(victim.key)
+            if victim.backed:  # demoted: stays, host-only
+                victim.value = ()
+                victim.evicted = True
+                continue
+            below: list[Node] = []
+            stack = list(victim.children.values())
+            while stack:
+                c = stack.pop()
+                below.append(c)
+                stack.extend(c.children.values())
+            for c in below:
+                self._host_used -= len(c.key)
+                self._host_stats["host_evicted_tokens"] += len(c.key)
+                c.removed = True
+            self._remove(victim)
+        return freed
+
+    def evict_host(self, num_tokens: int) -> int:
+        num_tokens = _int_arg("num_tokens", num_tokens, 0)
+        if num_tokens < 0:
+            raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        freed = 0
+        while freed < num_tokens:
+            cands = [n for n in self._walk() if self._is_host_leaf(n)]
+            if not cands:
+                break
+            victim = min(cands, key=self._order_key)
+            freed += len(victim.key)
+            self._host_used -= len(victim.key)
+            self._host_stats["host_evicted_tokens"] += len(victim.key)
+            self._remove(victim)
+        return freed
+
+    def load_back(self, node: Node, values: Any = None) -> int:
+        tail: list[Node] = []
+        cur = self._check_handle(node)
+        while cur is not self._root and cur.evicted:
+            tail.append(cur)
+            assert cur.parent is not None
+            cur = cur.parent
+        tail.reverse()
+        total = sum(len(n.key) for n in tail)
+        vals = None if values is None else value_list(values)
+        if vals is not None and len(vals) != total:
+            raise InvalidInputError(
+                f"load_back: values has length {len(vals)} but the node has {total} "
+                "host-only tokens on its path: they must be equal"
+            )
+        off = 0
+        for n in tail:
+            seg = n.key if vals is None else tuple(vals[off : off + len(n.key)])
+            off += len(n.key)
+            self._revive(n, seg)
+        self._host_stats["loaded_tokens"] += total
+        return total
+
     # ---- inspection ----
     def path_indices(self, node: Node) -> npt.NDArray[np.int64]:
+        if self._check_handle(node).evicted:
+            raise InvalidInputError(
+                "path_indices: the node is only in host memory (load_back it first)"
+            )
         path = self._path(self._check_handle(node))
         return _array([v for n in reversed(path) for v in n.value])
 
@@ -452,6 +686,8 @@ class RadixCache:
         self._root = self._new_root()
         self._evictable = 0
         self._protected = 0
+        self._host_used = 0
+        self._host_stats = dict.fromkeys(self._host_stats, 0)
 
     def _sorted_children(self, n: Node) -> list[Node]:
         return sorted(n.children.values(), key=lambda c: (_namespace_sort_key(c.namespace), c.key))

@@ -24,22 +24,38 @@ from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
 from prefixcache.sim.gap import gap_rows, gap_table
-from prefixcache.sim.policies import POLICY_NAMES
-from prefixcache.sim.replay import ReplayResult, hit_difference, make_scheduler, replay, summarize
+from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_tier
+from prefixcache.sim.replay import (
+    ReplayResult,
+    hit_difference,
+    make_scheduler,
+    offload_for,
+    replay,
+    summarize,
+)
 from prefixcache.sim.report import (
     comparison_table,
     difference_table,
+    grid_tables,
+    host_tier_tables,
     latency_table,
     partial_reuse_table,
     progress_bars,
     sweep_table,
     trace_stats_table,
     write_csv,
+    write_grid_plot,
     write_json,
     write_sweep_plot,
 )
 from prefixcache.sim.requests import Request
-from prefixcache.sim.scheduler import PrefillCost
+from prefixcache.sim.scheduler import (
+    DEFAULT_KV_MODEL,
+    KV_DTYPE_BYTES,
+    KV_MODELS,
+    KvModel,
+    PrefillCost,
+)
 from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
 from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
@@ -85,6 +101,30 @@ def parse_capacity(text: str) -> int:
             "unlimited one)"
         )
     return int(value)
+
+
+def _cpu_capacity(text: str) -> int:
+    """A host tier capacity in tokens: as --capacity, or 0 for no tier."""
+    if re.fullmatch(r"0[0_]*(\.0*)?([kmgt]i?)?", text.strip().lower()):
+        return 0
+    return parse_capacity(text)
+
+
+def _cpu_capacities(text: str) -> list[int]:
+    caps = [_cpu_capacity(x) for x in text.split(",") if x.strip()]
+    if not caps:
+        raise argparse.ArgumentTypeError("give at least one host capacity, e.g. 0,1M,4M")
+    return caps
+
+
+def _gb_per_s(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s > 0, got {text!r}")
+    return v
 
 
 def _jobs(text: str) -> int:
@@ -149,7 +189,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
-HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "xxh3_64")
 
 
 def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
@@ -179,7 +219,12 @@ def _add_common(p: argparse.ArgumentParser, *, capacity: bool = True) -> None:
         help="radix eviction policy (default lru)",
     )
     p.add_argument(
-        "--hash-algo", default="sha256", choices=HASH_ALGOS, help="vLLM block hash (default sha256)"
+        "--hash-algo",
+        default="xxh3_64",
+        choices=HASH_ALGOS,
+        help="block hash of the vLLM policies: vLLM's sha256, sha256_cbor, xxhash, "
+        "xxhash_cbor, or xxh3_64 (default: 64-bit, fastest, same results barring a "
+        "collision; docs/SIMULATOR.md)",
     )
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("--csv", metavar="PATH", help="write the summary rows as CSV")
@@ -239,6 +284,66 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_offload(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    g = p.add_argument_group("host tier (a second KV tier in host memory; docs/SIMULATOR.md)")
+    g.add_argument(
+        "--cpu-capacity",
+        type=_cpu_capacity,
+        default=None,
+        metavar="TOKENS",
+        help=f"host memory behind each policy's GPU cache, in {CAPACITY_HELP} "
+        "(default 0: no host tier)",
+    )
+    if sweep:
+        g.add_argument(
+            "--cpu-capacities",
+            type=_cpu_capacities,
+            default=None,
+            metavar="LIST",
+            help="comma-separated host capacities (0 = none): sweep the GPU x host grid",
+        )
+    g.add_argument(
+        "--offload",
+        default=None,
+        metavar="NAME|POLICY=NAME,..",
+        help="the host tier's policy, one name for every policy or POLICY=NAME pairs: "
+        "vllm-blocks lru (default) or arc, optionally :K (store after K hits); radix "
+        "write-through (default), write-through-selective or write-back; trtllm host, "
+        "optionally :P (minimum priority)",
+    )
+    kv = ", ".join(KV_MODELS)
+    g.add_argument(
+        "--kv-model",
+        choices=tuple(KV_MODELS),
+        default=None,
+        metavar="NAME",
+        help=f"time model: the KV bytes per token of a model: {kv} (default {DEFAULT_KV_MODEL}); "
+        "the flags below change one field of it",
+    )
+    g.add_argument("--kv-layers", type=_positive_int, default=None, metavar="N", help="layers")
+    g.add_argument(
+        "--kv-heads", type=_positive_int, default=None, metavar="N", help="KV heads (GQA groups)"
+    )
+    g.add_argument("--head-dim", type=_positive_int, default=None, metavar="N", help="head size")
+    g.add_argument(
+        "--kv-dtype", choices=tuple(KV_DTYPE_BYTES), default=None, help="KV cache element type"
+    )
+    g.add_argument(
+        "--kv-mla",
+        action="store_true",
+        help="one latent vector per token and layer (multi-head latent attention): "
+        "--head-dim is its width, --kv-heads 1",
+    )
+    g.add_argument(
+        "--host-bandwidth",
+        type=_gb_per_s,
+        default=PrefillCost().host_gb_per_s,
+        metavar="GB/s",
+        help="time model: host -> GPU copy rate of a load, 10^9 bytes/s (default "
+        f"{PrefillCost().host_gb_per_s:g}, PCIe 4.0 x16)",
+    )
+
+
 def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--jobs",
@@ -288,11 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=_seed, default=0, help="random seed of the workloads (default 0)")
     _add_common(c)
     _add_model(c)
+    _add_offload(c)
 
     r = sub.add_parser("replay", help="replay a trace through the policies")
     _add_trace(r)
     _add_common(r)
     _add_model(r)
+    _add_offload(r)
     r.add_argument("--records-csv", metavar="PATH", help="write one row per request and policy")
     _add_jobs(r, "policies")
     add_fleet_args(r)
@@ -315,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_jobs(s, "capacities and policies")
     _add_common(s, capacity=False)
     _add_model(s)
+    _add_offload(s, sweep=True)
     add_fleet_args(s, sweep=True)
 
     t = sub.add_parser("trace-stats", help="sizes, arrival span and hit-rate ceilings of a trace")
@@ -389,6 +497,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _UsageError(
             f"--format {args.format} applies to trace files, not to the built-in {spec}"
         )
+    if "cpu_capacity" in args:
+        _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
         names = _workload_names(args.workload)
         bad = [n for n in names if n not in STUDY_WORKLOADS]
@@ -396,6 +506,97 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _UsageError(
                 f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
             )
+
+
+def _kv_model(args: argparse.Namespace) -> KvModel:
+    """--kv-model (default llama-3.1-8b), with the fields the other --kv flags give."""
+    base = KV_MODELS[args.kv_model or DEFAULT_KV_MODEL]
+    given = ("kv_layers", "kv_heads", "head_dim", "kv_dtype", "kv_mla")
+    if not any(getattr(args, k) for k in given):
+        return base
+    mla = base.mla or args.kv_mla
+    return KvModel(
+        "custom",
+        args.kv_layers or base.layers,
+        args.kv_heads or (1 if mla else base.kv_heads),
+        args.head_dim or base.head_dim,
+        args.kv_dtype or base.dtype,
+        mla,
+    )
+
+
+def _offload_map(text: str, policies: Sequence[str]) -> dict[str, str]:
+    """--offload: one name for every policy, or POLICY=NAME pairs, comma separated."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise _UsageError("--offload: give a tier policy name or POLICY=NAME pairs")
+    if not any("=" in x for x in items):
+        if len(items) > 1:
+            raise _UsageError(f"--offload {text}: one name for every policy, or POLICY=NAME pairs")
+        return dict.fromkeys(policies, items[0])
+    out: dict[str, str] = {}
+    for x in items:
+        pol, eq, name = (v.strip() for v in x.partition("="))
+        if not eq or not pol or not name:
+            raise _UsageError(f"--offload {text}: {x!r} is not POLICY=NAME")
+        if pol not in policies:
+            raise _UsageError(
+                f"--offload {text}: {pol!r} is not a policy of this run ({', '.join(policies)})"
+            )
+        if pol in out:
+            raise _UsageError(f"--offload {text}: {pol} given twice")
+        out[pol] = name
+    return out
+
+
+def _check_tier_args(args: argparse.Namespace) -> None:
+    """--cpu-capacity / --cpu-capacities / --offload and the KV size flags, before
+    anything runs; sets ``args.cost`` and ``args.offload_map``."""
+    grid = getattr(args, "cpu_capacities", None)
+    if grid is not None and args.cpu_capacity is not None:
+        raise _UsageError("give --cpu-capacity or --cpu-capacities, not both")
+    if grid is not None and getattr(args, "instances", None) is not None:
+        raise _UsageError("a fleet sweep takes one --cpu-capacity, not --cpu-capacities")
+    cpus = grid if grid is not None else [args.cpu_capacity or 0]
+    if getattr(args, "instances", None) is not None:
+        from prefixcache.sim.fleet_cli import fleet_policy
+
+        policies = [fleet_policy(args)]
+    else:
+        policies = _policies(args.policies)
+    args.offload_map = None
+    if args.offload is not None:
+        if not any(cpus):
+            raise _UsageError(f"--offload {args.offload} needs a host tier: --cpu-capacity > 0")
+        args.offload_map = _offload_map(args.offload, policies)
+    if any(cpus):
+        for p in policies:  # the names first, then whether this build has the tier
+            off = offload_for(p, args.offload_map)
+            try:
+                check_offload(p, off)
+            except PrefixCacheError as e:
+                opt = "--cpu-capacity" if off is None else "--offload"
+                hint = ""
+                if off is not None and "=" not in args.offload and len(policies) > 1:
+                    hint = " (policies of different engines: give POLICY=NAME pairs)"
+                raise _UsageError(f"{opt}: {e}{hint}") from None
+        for p in policies:
+            try:
+                check_tier(p, max(cpus), offload_for(p, args.offload_map))
+            except PrefixCacheError as e:
+                raise _UsageError(f"--cpu-capacity: {e}") from None
+    try:
+        kv = _kv_model(args)
+    except PrefixCacheError as e:
+        raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    args.cost = PrefillCost(
+        args.prefill_base_ms,
+        args.prefill_ms_per_token,
+        args.prefill_attention_ms,
+        args.decode_step_ms,
+        float(kv.bytes_per_token),
+        args.host_bandwidth,
+    )
 
 
 def _workload_names(text: str) -> list[str]:
@@ -422,14 +623,8 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
 
 
 def _scheduler(args: argparse.Namespace) -> Any:
-    cost = PrefillCost(
-        args.prefill_base_ms,
-        args.prefill_ms_per_token,
-        args.prefill_attention_ms,
-        args.decode_step_ms,
-    )
     return make_scheduler(
-        args.model, max_running=args.max_running, cost=cost, preemption=not args.no_preemption
+        args.model, max_running=args.max_running, cost=args.cost, preemption=not args.no_preemption
     )
 
 
@@ -449,6 +644,8 @@ def _run(
             eviction_policy=args.eviction,
             hash_algo=args.hash_algo,
             progress=bars,
+            cpu_capacity=args.cpu_capacity or 0,
+            offload=args.offload_map,
         )
 
 
@@ -465,13 +662,10 @@ def _spec(args: argparse.Namespace) -> Any:
         hash_algo=args.hash_algo,
         model=args.model,
         max_running=args.max_running,
-        cost=PrefillCost(
-            args.prefill_base_ms,
-            args.prefill_ms_per_token,
-            args.prefill_attention_ms,
-            args.decode_step_ms,
-        ),
+        cost=args.cost,
         preemption=not args.no_preemption,
+        cpu_capacity=args.cpu_capacity or 0,
+        offload=args.offload_map,
     )
 
 
@@ -537,6 +731,8 @@ def _print_results(
             "rate[/yellow]"
         )
         console.print()
+    for t in host_tier_tables(sums):
+        _show(console, t)
     partial = partial_reuse_table("trie: partial reuse of the last block", sums)
     if partial is not None:
         _show(console, partial)
@@ -599,7 +795,10 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
                 "summaries": sums,
                 "differences": diffs,
                 "gap": gap_rows(sums),
-                "records": {r.policy: [x.to_dict() for x in r.records] for r in results},
+                "records": {
+                    r.policy: [x.to_dict(host_tier=r.stats.cpu_capacity > 0) for x in r.records]
+                    for r in results
+                },
             },
         )
     if args.csv:
@@ -607,7 +806,11 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.records_csv:
         write_csv(
             args.records_csv,
-            [{"policy": r.policy, **x.to_dict()} for r in results for x in r.records],
+            [
+                {"policy": r.policy, **x.to_dict(host_tier=r.stats.cpu_capacity > 0)}
+                for r in results
+                for x in r.records
+            ],
         )
     return 0
 
@@ -618,6 +821,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         return fleet_sweep_command(args, label, tr, console, err)
     reqs = tr.requests
     caps: list[int] = args.capacities
+    if args.cpu_capacities is not None:
+        return _grid_sweep(args, label, reqs, console, err)
     rates: dict[str, list[float]] = {}
     all_sums = _sweep_runs(args, reqs, caps, err)
     for s in all_sums:
@@ -651,6 +856,47 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         )
     if args.csv:
         write_csv(args.csv, all_sums)
+    return 0
+
+
+def _grid_sweep(
+    args: argparse.Namespace,
+    label: str,
+    reqs: Sequence[Request],
+    console: Console,
+    err: Console,
+) -> int:
+    """``sweep --capacities .. --cpu-capacities ..``: the GPU x host capacity grid."""
+    from prefixcache.sim.sweep import run_grid
+
+    caps: list[int] = args.capacities
+    cpus: list[int] = args.cpu_capacities
+    with progress_bars(err, enabled=not args.quiet) as bars:
+        sums = run_grid(_spec(args), reqs, caps, cpus, jobs=args.jobs, progress=bars)
+    for t in grid_tables(caps, cpus, sums, args.model):
+        _show(console, t)
+    if args.plot:
+        write_grid_plot(
+            args.plot,
+            caps,
+            cpus,
+            sums,
+            f"{Path(label).name} ({len(reqs):,} requests, model {args.model})",
+        )
+        console.print(f"plot written to {args.plot}")
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "command": "sweep",
+                "trace": label,
+                "capacities": caps,
+                "cpu_capacities": cpus,
+                "summaries": sums,
+            },
+        )
+    if args.csv:
+        write_csv(args.csv, sums)
     return 0
 
 

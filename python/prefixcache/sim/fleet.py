@@ -140,11 +140,16 @@ class _Fleet:
     """The router's view of the fleet (routers.FleetView)."""
 
     def __init__(
-        self, insts: list[TimeInstance], path: _EventPath | None, collect: Callable[[], None]
+        self,
+        insts: list[TimeInstance],
+        path: _EventPath | None,
+        collect: Callable[[], None],
+        records: list[RequestRecord],
     ) -> None:
         self.insts = insts
         self.path = path
         self._collect = collect
+        self._records = records
 
     @property
     def size(self) -> int:
@@ -160,18 +165,37 @@ class _Fleet:
         self.path.deliver(now)
         return self.path.held(req, now), self.path.block_size
 
+    def first_token(self, index: int) -> float:
+        return self._records[index].first_token
+
 
 def _publishing_policy(
-    name: str, capacity: int, eviction_policy: str, hash_algo: str
+    name: str,
+    capacity: int,
+    eviction_policy: str,
+    hash_algo: str,
+    cpu_capacity: int = 0,
+    offload: str | None = None,
 ) -> CachePolicy:
-    pol = make_policy(name, capacity, eviction_policy=eviction_policy, hash_algo=hash_algo)
+    pol = make_policy(
+        name,
+        capacity,
+        eviction_policy=eviction_policy,
+        hash_algo=hash_algo,
+        cpu_capacity=cpu_capacity,
+        offload=offload,
+    )
     if isinstance(pol, BlocksPolicy):
+        tier: dict[str, Any] = (
+            {"cpu_capacity": cpu_capacity, "offload": offload} if cpu_capacity else {}
+        )
         return BlocksPolicy(
             capacity,
             block_size=pol.block_size,
             hash_algo=hash_algo,
             name=pol.name,
             publish_events=True,
+            **tier,
         )
     raise InvalidInputError(
         f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
@@ -196,6 +220,8 @@ def fleet_replay(
     ceiling: bool = False,
     progress: ProgressFactory | None = None,
     check: bool = False,
+    cpu_capacity: int = 0,
+    offload: str | None = None,
 ) -> FleetResult:
     """Replay ``requests`` on ``instances`` instances of ``policy`` (``capacity`` tokens of
     KV each) behind ``router`` under the time model (``scheduler``, default
@@ -204,7 +230,9 @@ def fleet_replay(
     ``event_delay`` (seconds) and ``event_loss`` (probability per batch) shape the KV
     event stream the cache-aware routers read; ``seed`` seeds the random router, the
     cache-aware tie-break and the losses. ``ceiling`` also replays the trace on one
-    instance with ``instances x capacity`` (``FleetResult.ceiling``).
+    instance with ``instances x capacity`` (``FleetResult.ceiling``). ``cpu_capacity``
+    and ``offload`` give every instance a host tier of its own (docs/SIMULATOR.md,
+    "Offload"; the ceiling gets ``instances x cpu_capacity``).
     """
     if instances < 1:
         raise InvalidInputError(f"instances must be >= 1, got {instances}")
@@ -223,12 +251,19 @@ def fleet_replay(
     events = needs_events(rt)
     if events:
         pols = [
-            _publishing_policy(policy, capacity, eviction_policy, hash_algo)
+            _publishing_policy(policy, capacity, eviction_policy, hash_algo, cpu_capacity, offload)
             for _ in range(instances)
         ]
     else:
         pols = [
-            make_policy(policy, capacity, eviction_policy=eviction_policy, hash_algo=hash_algo)
+            make_policy(
+                policy,
+                capacity,
+                eviction_policy=eviction_policy,
+                hash_algo=hash_algo,
+                cpu_capacity=cpu_capacity,
+                offload=offload,
+            )
             for _ in range(instances)
         ]
     n = len(requests)
@@ -253,17 +288,23 @@ def fleet_replay(
             for k, p in enumerate(pols):
                 path.publish(k, started[k], p.take_events())  # type: ignore[attr-defined]
 
-    view = _Fleet(insts, path, collect)
+    view = _Fleet(insts, path, collect, records)
     gate = SessionGate(requests)
+    routed = getattr(rt, "routed", None)
+    finished = getattr(rt, "finished", None)
 
     def route(i: int, req: Request, at: float) -> None:
         k = rt.choose(req, at, view)
         if not 0 <= k < instances:
             raise InvalidInputError(f"router {rt.name} chose instance {k} of {instances}")
         served_by[i] = k
+        if routed is not None:
+            routed(i, req, k, at)
         insts[k].submit(i, req, at)
 
     def on_done(i: int, t: float) -> None:
+        if finished is not None:
+            finished(i, served_by[i], t)
         gate.release(i, t, route)
 
     for inst in insts:
@@ -317,6 +358,8 @@ def fleet_replay(
             eviction_policy=eviction_policy,
             hash_algo=hash_algo,
             progress=progress,
+            cpu_capacity=cpu_capacity * instances,
+            offload=offload,
         )[0]
     return res
 
@@ -374,6 +417,14 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
         "seconds": res.seconds,
         "per_instance": per,
     }
+    if any(st.cpu_capacity for st in res.stats):  # a host tier per instance
+        out.update(
+            cpu_capacity=res.stats[0].cpu_capacity,
+            host_hit_tokens=sum(r.host_hit_tokens for r in served),
+            loaded_tokens=sum(r.loaded_tokens for r in served),
+            stored_tokens=sum(st.stored_tokens for st in res.stats),
+            host_evicted_tokens=sum(st.host_evicted_tokens for st in res.stats),
+        )
     if res.ceiling is not None:
         c = summarize(res.ceiling)
         out["ceiling"] = {

@@ -18,7 +18,7 @@ from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
 from prefixcache.sim.traces import Trace
 
-__all__ = ["add_fleet_args", "fleet_replay_command", "fleet_sweep_command"]
+__all__ = ["add_fleet_args", "fleet_policy", "fleet_replay_command", "fleet_sweep_command"]
 
 
 def _instances_list(text: str) -> list[int]:
@@ -75,8 +75,8 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         "--overlap-weight",
         type=float,
         default=1.0,
-        help="cache-aware cost: weight of the blocks to prefill against the "
-        "load in blocks (Dynamo's kv_overlap_score_weight; default 1)",
+        help="cache-aware cost: weight of the blocks to prefill against the running "
+        "blocks (Dynamo's kv_overlap_score_weight; default 1)",
     )
     g.add_argument(
         "--router-seed",
@@ -92,16 +92,12 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
 
 
 def _time_scheduler(args: argparse.Namespace) -> TimeScheduler:
-    cost = PrefillCost(
-        args.prefill_base_ms,
-        args.prefill_ms_per_token,
-        args.prefill_attention_ms,
-        args.decode_step_ms,
-    )
+    cost: PrefillCost = args.cost  # built by the command line's checks
     return TimeScheduler(args.max_running or 256, cost, not args.no_preemption)
 
 
-def _policy(args: argparse.Namespace) -> str:
+def fleet_policy(args: argparse.Namespace) -> str:
+    """The one policy of a fleet replay (default vllm-blocks)."""
     names = [p.strip() for v in args.policies for p in v.split(",") if p.strip()]
     if len(names) > 1:
         raise InvalidInputError("a fleet replay runs one policy: give one --policies name")
@@ -126,7 +122,7 @@ def _run(
     with progress_bars(err, enabled=not args.quiet) as bars:
         res = fleet_replay(
             tr.requests,
-            _policy(args),
+            fleet_policy(args),
             capacity,
             n,
             router,
@@ -139,6 +135,8 @@ def _run(
             overlap_weight=args.overlap_weight,
             ceiling=ceiling,
             progress=bars,
+            cpu_capacity=args.cpu_capacity or 0,
+            offload=(args.offload_map or {}).get(fleet_policy(args)),
         )
     return summarize_fleet(res)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +29,9 @@ __all__ = [
     "ReplayResult",
     "default_capacity",
     "hit_difference",
+    "host_tier_summary",
     "make_scheduler",
+    "offload_for",
     "replay",
     "summarize",
 ]
@@ -59,6 +61,7 @@ class ReplayResult:
     seconds: float  # wall time of the replay
     peak_rss_bytes: int = 0  # the process's peak resident memory during the replay
     summary_only: dict[str, Any] | None = None  # the summary, when records were dropped
+    offload: str | None = None  # the host tier's policy as asked (None: the default)
 
     def summary(self) -> dict[str, Any]:
         return summarize(self)
@@ -89,6 +92,16 @@ def make_scheduler(
 
 _COLLECT_MIN_REQUESTS = 1000
 
+Offload = str | Mapping[str, str] | None
+
+
+def offload_for(policy: str, offload: Offload) -> str | None:
+    """The host tier policy of ``policy``: ``offload`` itself when a name, its entry when a
+    mapping of policy names (None when absent: the policy's default)."""
+    if offload is None or isinstance(offload, str):
+        return offload
+    return offload.get(policy)
+
 
 def replay(
     requests: Sequence[Request],
@@ -101,11 +114,16 @@ def replay(
     hash_algo: str = "sha256",
     progress: ProgressFactory | None = None,
     check: bool = False,
+    cpu_capacity: int = 0,
+    offload: Offload = None,
 ) -> list[ReplayResult]:
     """Run ``requests`` through each policy (names or built policies) with one scheduler.
 
     ``capacity`` in tokens (None: :func:`default_capacity`, nothing evicted) is used for
-    policies given by name. ``check`` verifies the policy's invariants after every step.
+    policies given by name, and so are ``cpu_capacity`` (tokens of host memory behind the
+    GPU, 0: none) and ``offload`` (the host tier's policy: one name for every policy, or a
+    mapping from policy names; docs/SIMULATOR.md, "Offload"). ``check`` verifies the
+    policy's invariants after every step.
     """
     if not policies:
         raise InvalidInputError("no policies given")
@@ -120,8 +138,16 @@ def replay(
             # collection costs ~0.1 s in a big heap: only worth it for runs that long.
             gc.collect()
         reset_peak_rss()
+        off = offload_for(p, offload) if isinstance(p, str) and cpu_capacity else None
         pol = (
-            make_policy(p, cap, eviction_policy=eviction_policy, hash_algo=hash_algo)
+            make_policy(
+                p,
+                cap,
+                eviction_policy=eviction_policy,
+                hash_algo=hash_algo,
+                cpu_capacity=cpu_capacity,
+                offload=off,
+            )
             if isinstance(p, str)
             else p
         )
@@ -136,7 +162,14 @@ def replay(
             task.done()
         results.append(
             ReplayResult(
-                pol.name, sched.model, pol.capacity, records, pol.stats(), dt, peak_rss_bytes()
+                pol.name,
+                sched.model,
+                pol.capacity,
+                records,
+                pol.stats(),
+                dt,
+                peak_rss_bytes(),
+                offload=off,
             )
         )
         del pol
@@ -174,6 +207,8 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
         "seconds": res.seconds,
         **s.extra,
     }
+    if s.cpu_capacity:
+        out.update(host_tier_summary(res, served, prompt))
     if res.model == "time":
         ttft = [r.ttft for r in served]
         out.update(
@@ -186,6 +221,32 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
             makespan=max((r.finished for r in served if not math.isnan(r.finished)), default=0.0),
         )
     return out
+
+
+def host_tier_summary(
+    res: ReplayResult, served: Sequence[RequestRecord], prompt: int
+) -> dict[str, Any]:
+    """The second tier's part of a summary (docs/SIMULATOR.md, "Offload"): the reuse split
+    into GPU hits and loaded host hits (``hit_tokens`` is their sum), the host hits left
+    to recomputation, and the tier's own counters."""
+    s = res.stats
+    hit = sum(r.hit_tokens for r in served)
+    host = sum(r.host_hit_tokens for r in served)
+    loaded = sum(r.loaded_tokens for r in served)
+    return {
+        "cpu_capacity": s.cpu_capacity,
+        "offload": res.offload,
+        "gpu_hit_tokens": hit - loaded,
+        "host_hit_tokens": host,
+        "loaded_tokens": loaded,
+        "host_unloaded_tokens": host - loaded,  # host hits not worth loading: recomputed
+        "gpu_hit_rate": (hit - loaded) / prompt if prompt else 0.0,
+        "host_hit_rate": loaded / prompt if prompt else 0.0,
+        "load_seconds": sum(r.load_time for r in served),
+        "stored_tokens": s.stored_tokens,
+        "host_evicted_tokens": s.host_evicted_tokens,
+        "peak_host_tokens": s.peak_host_tokens,
+    }
 
 
 def hit_difference(a: ReplayResult, b: ReplayResult) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from prefixcache.sim.replay import ProgressFactory
 __all__ = [
     "comparison_table",
     "difference_table",
+    "grid_tables",
+    "host_tier_tables",
     "latency_table",
     "partial_reuse_table",
     "progress_bars",
@@ -29,6 +31,7 @@ __all__ = [
     "sweep_table",
     "trace_stats_table",
     "write_csv",
+    "write_grid_plot",
     "write_json",
     "write_sweep_plot",
 ]
@@ -91,6 +94,14 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
         ("evicted\ntokens", "evicted_tokens"),
         ("evictions", "evictions"),
     ]
+    if any(s.get("cpu_capacity") for s in summaries):
+        # A host tier: the hit rate split into GPU and host; the token counts (hits,
+        # evicted) move to the host tier's tables, so that the table fits 80 columns.
+        cols[0:3] = [
+            ("hit\nrate", "hit_rate"),
+            ("GPU\nrate", "gpu_hit_rate"),
+            ("host\nrate", "host_hit_rate"),
+        ]
     if any(s.get("rejected") for s in summaries):
         cols.append(("rejected", "rejected"))
     for label, _ in cols:
@@ -99,7 +110,9 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
         row = [str(s["policy"])]
         for _, key in cols:
             v = s.get(key)
-            if key == "hit_rate":
+            if key in ("gpu_hit_rate", "host_hit_rate") and "cpu_capacity" not in s:
+                row.append(_pct(float(s["hit_rate"])) if key == "gpu_hit_rate" else "-")
+            elif key.endswith("hit_rate"):
                 row.append(_pct(float(v or 0.0)))
             elif key == "evictions":
                 row.append(f"{_fmt(v)} {s['eviction_unit']}")
@@ -107,6 +120,102 @@ def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
                 row.append(_fmt(v))
         t.add_row(*row)
     return t
+
+
+_HOST_REUSE = (
+    ("GPU hit\ntokens", "gpu_hit_tokens"),
+    ("host hit\ntokens", "host_hit_tokens"),
+    ("loaded\ntokens", "loaded_tokens"),
+    ("not worth\nloading", "host_unloaded_tokens"),
+)
+_HOST_MEMORY = (
+    ("GPU\nevicted", "evicted_tokens"),
+    ("stored\ntokens", "stored_tokens"),
+    ("host\nevicted", "host_evicted_tokens"),
+    ("peak host\ntokens", "peak_host_tokens"),
+)
+
+
+def host_tier_tables(summaries: Sequence[dict[str, Any]]) -> list[Table]:
+    """The second tier's counters, for the policies that have one (docs/SIMULATOR.md,
+    "Offload"): the reuse (GPU hits, host hits, loaded, not worth loading) and the memory
+    (GPU evicted, stored, host evicted, peak host); none when no policy has a tier."""
+    rows = [s for s in summaries if s.get("cpu_capacity")]
+    if not rows:
+        return []
+    caps = {int(s["cpu_capacity"]) for s in rows}
+    memory: tuple[tuple[str, str], ...] = _HOST_MEMORY
+    if len(caps) == 1:
+        where = f"host capacity {caps.pop():,} tokens"
+    else:
+        where = "host capacity per policy"
+        memory = (("host\ncapacity", "cpu_capacity"), *_HOST_MEMORY)
+    out = []
+    for title, cols in (
+        (f"host tier: reuse, tokens ({where})", _HOST_REUSE),
+        ("host tier: GPU and host memory, tokens", memory),
+    ):
+        t = _table(title)
+        _policy_column(t)
+        for label, _ in cols:
+            t.add_column(label, justify="right", no_wrap=True)
+        for s in rows:
+            t.add_row(str(s["policy"]), *(_fmt(s.get(k)) for _, k in cols))
+        out.append(t)
+    return out
+
+
+def _grid(
+    capacities: Sequence[int],
+    cpu_capacities: Sequence[int],
+    summaries: Sequence[dict[str, Any]],
+    policy: str,
+    key: str,
+) -> list[list[float]]:
+    """``key`` of ``policy`` over the grid: rows GPU capacities, columns host capacities."""
+    at = {
+        (int(s["capacity"]), int(s.get("cpu_capacity", 0))): s
+        for s in summaries
+        if s["policy"] == policy
+    }
+    out = []
+    for c in capacities:
+        row = []
+        for h in cpu_capacities:
+            v = at[(c, h)].get(key)
+            row.append(math.nan if v is None else float(v))
+        out.append(row)
+    return out
+
+
+def _grid_policies(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(str(s["policy"]) for s in summaries))
+
+
+def grid_tables(
+    capacities: Sequence[int],
+    cpu_capacities: Sequence[int],
+    summaries: Sequence[dict[str, Any]],
+    model: str,
+) -> list[Table]:
+    """One table per policy and figure over the GPU x host grid: the hit rate, and under
+    the time model the TTFT p50 (rows: GPU capacity, columns: host capacity)."""
+    figures = [("hit rate", "hit_rate")]
+    if model == "time":
+        figures.append(("TTFT p50 (s)", "ttft_p50"))
+    out = []
+    for pol in _grid_policies(summaries):
+        for what, key in figures:
+            t = _table(f"{pol}: {what}, GPU (rows) x host (columns) capacity, tokens")
+            t.add_column("GPU \\ host", justify="right", no_wrap=True)
+            for h in cpu_capacities:
+                t.add_column(short_tokens(h) if h else "0", justify="right", no_wrap=True)
+            grid = _grid(capacities, cpu_capacities, summaries, pol, key)
+            for c, row in zip(capacities, grid, strict=True):
+                cells = [_pct(v) if key == "hit_rate" else _fmt(v) for v in row]
+                t.add_row(short_tokens(c), *cells)
+            out.append(t)
+    return out
 
 
 def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table | None:
@@ -232,6 +341,75 @@ def write_sweep_plot(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_grid_plot(
+    path: str | Path,
+    capacities: Sequence[int],
+    cpu_capacities: Sequence[int],
+    summaries: Sequence[dict[str, Any]],
+    title: str,
+) -> None:
+    """Heatmaps of the GPU x host grid, one row of panels per policy: the hit rate, and
+    the TTFT p50 when the summaries have one (time model). Each cell is labelled with
+    its value; rows are GPU capacities, columns host capacities."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    policies = _grid_policies(summaries)
+    figures = [("hit rate (%)", "hit_rate", "viridis")]
+    if any(s.get("ttft_p50") is not None for s in summaries):
+        figures.append(("TTFT p50 (s)", "ttft_p50", "magma_r"))
+    nrow, ncol = len(policies), len(figures)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(
+            1.0 + 0.9 * len(cpu_capacities) * ncol + 1.6 * ncol,
+            1.2 + 0.6 * len(capacities) * nrow,
+        ),
+        squeeze=False,
+    )
+    for i, pol in enumerate(policies):
+        for j, (what, key, cmap) in enumerate(figures):
+            ax = axes[i][j]
+            grid = np.array(_grid(capacities, cpu_capacities, summaries, pol, key))
+            if key == "hit_rate":
+                grid = 100.0 * grid
+            finite = grid[np.isfinite(grid)]
+            norm = None
+            if key != "hit_rate" and finite.size and 0 < 10 * finite.min() < finite.max():
+                norm = LogNorm(finite.min(), finite.max())  # TTFTs over decades: log scale
+            im = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", origin="lower")
+            fig.colorbar(im, ax=ax)
+            ax.set_xticks(
+                range(len(cpu_capacities)), [short_tokens(h) if h else "0" for h in cpu_capacities]
+            )
+            ax.set_yticks(range(len(capacities)), [short_tokens(c) for c in capacities])
+            ax.set_xlabel("host capacity (tokens)")
+            ax.set_ylabel("GPU capacity (tokens)")
+            ax.set_title(f"{pol}: {what}", fontsize=10)
+            for (r, c), v in np.ndenumerate(grid):
+                if math.isfinite(v):
+                    # white text on the dark end of the colour map
+                    shade = im.norm(v)
+                    dark = shade < 0.5 if cmap == "viridis" else shade > 0.5
+                    ax.text(
+                        c,
+                        r,
+                        f"{v:.1f}" if key == "hit_rate" else f"{v:.3g}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if dark else "black",
+                    )
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

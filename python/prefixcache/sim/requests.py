@@ -4,6 +4,7 @@ policy."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,6 +25,7 @@ __all__ = [
     "TokenArray",
     "TokenCounter",
     "TokenFactory",
+    "namespace_seed",
     "new_record",
 ]
 
@@ -151,12 +153,37 @@ class RequestRecord:
     preemptions: int = 0
     recompute_hit_tokens: int = 0  # hits on re-admission after preemption
     recomputed_tokens: int = 0  # tokens prefilled again after preemption
+    # Second tier (docs/SIMULATOR.md, "Offload"), at first admission: the reused tokens
+    # found in host memory, those of them loaded (the rest were recomputed: loading them
+    # would have been slower), and the load's time in seconds (part of the TTFT).
+    host_hit_tokens: int = 0
+    loaded_tokens: int = 0
+    load_time: float = 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+    def to_dict(self, host_tier: bool = False) -> dict[str, object]:
+        """The record's fields; the second tier's only with ``host_tier`` (a policy
+        without one reports exactly what it reported before tiers existed)."""
+        d = asdict(self)
+        if not host_tier:
+            for k in _HOST_FIELDS:
+                del d[k]
+        return d
+
+
+_HOST_FIELDS = ("host_hit_tokens", "loaded_tokens", "load_time")
 
 
 def new_record(req: Request) -> RequestRecord:
     return RequestRecord(
         req.id, req.session, req.turn, req.prompt_len, req.output_len, arrival=req.arrival
     )
+
+
+def namespace_seed(extra_key: str | None, cache_salt: str | None) -> int:
+    """A 64-bit seed for a request's cache namespace (0 for the default one): the seed of
+    the chained block keys the lab caches and the cache-aware router's own bookkeeping
+    compute (``prefixcache._core.lab_block_keys``), so two namespaces never share a key."""
+    if extra_key is None and cache_salt is None:
+        return 0
+    text = f"{extra_key!r}\x00{cache_salt!r}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")

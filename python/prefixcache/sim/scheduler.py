@@ -23,6 +23,10 @@ Two models (docs/SIMULATOR.md describes both):
   KV for its whole output at admission, so decode never runs short (fewer requests fit).
   Prefill time = base + per_token * uncached + attention * (P^2 - hit^2) / 2;
   decode step = ``decode_step_ms``. TTFT = end of the request's prefill - its arrival.
+  A policy with a host tier (``host_hit``) has its host hits loaded at
+  ``kv_bytes_per_token / host_gb_per_s`` each when that beats recomputing them (the load
+  is part of the batch's time, so of the TTFT), else recomputed; stores are free
+  (asynchronous). docs/SIMULATOR.md, "Offload".
 
 Requests are never silently dropped: a request that cannot fit even with nothing else
 holding KV is recorded as ``rejected``.
@@ -43,7 +47,16 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies import CachePolicy
 from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
-__all__ = ["PrefillCost", "SessionGate", "SlotScheduler", "TimeInstance", "TimeScheduler"]
+__all__ = [
+    "KV_DTYPE_BYTES",
+    "KV_MODELS",
+    "KvModel",
+    "PrefillCost",
+    "SessionGate",
+    "SlotScheduler",
+    "TimeInstance",
+    "TimeScheduler",
+]
 
 _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 
@@ -106,6 +119,9 @@ class SlotScheduler:
                     progress(1)
                 continue
             rec.hit_tokens = hit
+            if hit:
+                # No clock: a host hit is loaded, free.
+                rec.host_hit_tokens = rec.loaded_tokens = policy.host_hit(i)
             policy.on_prefill_done(i)
             if check:
                 policy.check()
@@ -115,6 +131,55 @@ class SlotScheduler:
         while running:
             finish_oldest()
         return records
+
+
+KV_DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class KvModel:
+    """A model's KV cache per token: ``2 x layers x kv_heads x head_dim x dtype bytes``
+    (K and V), or ``layers x head_dim x dtype bytes`` for multi-head latent attention
+    (``mla``: one latent vector per token and layer, K and V read from it;
+    ``head_dim`` is then the latent width, kv_lora_rank + qk_rope_head_dim)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bf16"
+    mla: bool = False
+
+    def __post_init__(self) -> None:
+        for field_name in ("layers", "kv_heads", "head_dim"):
+            v = getattr(self, field_name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidInputError(f"KvModel.{field_name} must be an int >= 1, got {v!r}")
+        if self.dtype not in KV_DTYPE_BYTES:
+            raise InvalidInputError(
+                f"KV dtype {self.dtype!r}: expected one of {', '.join(KV_DTYPE_BYTES)}"
+            )
+        if self.mla and self.kv_heads != 1:
+            raise InvalidInputError("an MLA model has one latent vector per layer: kv_heads 1")
+
+    @property
+    def bytes_per_token(self) -> int:
+        kv = 1 if self.mla else 2
+        return kv * self.layers * self.kv_heads * self.head_dim * KV_DTYPE_BYTES[self.dtype]
+
+
+# Published configurations (config.json of each model; docs/SIMULATOR.md, "Offload").
+KV_MODELS: dict[str, KvModel] = {
+    m.name: m
+    for m in (
+        KvModel("llama-3.1-8b", 32, 8, 128),
+        KvModel("llama-3.1-70b", 80, 8, 128),
+        KvModel("qwen2.5-7b", 28, 4, 128),
+        KvModel("qwen3-32b", 64, 8, 128),
+        KvModel("deepseek-v3", 61, 1, 512 + 64, mla=True),
+    )
+}
+DEFAULT_KV_MODEL = "llama-3.1-8b"
 
 
 @dataclass(frozen=True)
@@ -131,9 +196,21 @@ class PrefillCost:
     per_token_ms: float = 0.01
     attention_ms: float = 1e-7
     decode_step_ms: float = 20.0
+    # The second tier (docs/SIMULATOR.md, "Offload"): KV bytes per token (default
+    # llama-3.1-8b in bf16, 128 KiB) and the host -> GPU bandwidth in GB/s (10^9 bytes/s;
+    # default 25, PCIe 4.0 x16's effective rate).
+    kv_bytes_per_token: float = float(KV_MODELS[DEFAULT_KV_MODEL].bytes_per_token)
+    host_gb_per_s: float = 25.0
 
     def __post_init__(self) -> None:
-        for name in ("base_ms", "per_token_ms", "attention_ms", "decode_step_ms"):
+        for name in (
+            "base_ms",
+            "per_token_ms",
+            "attention_ms",
+            "decode_step_ms",
+            "kv_bytes_per_token",
+            "host_gb_per_s",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise InvalidInputError(f"PrefillCost.{name} must be a number, got {v!r}")
@@ -141,6 +218,8 @@ class PrefillCost:
                 raise InvalidInputError(
                     f"PrefillCost.{name} must be a finite number >= 0, got {v!r}"
                 )
+        if self.host_gb_per_s == 0:
+            raise InvalidInputError("PrefillCost.host_gb_per_s must be > 0")
 
     def prefill_ms(self, prompt: int, hit: int) -> float:
         return (
@@ -148,6 +227,24 @@ class PrefillCost:
             + self.per_token_ms * (prompt - hit)
             + self.attention_ms * (prompt * prompt - hit * hit) / 2.0
         )
+
+    def load_ms(self, tokens: int) -> float:
+        """Time to copy ``tokens`` tokens of KV from host memory to the GPU."""
+        return tokens * self.kv_bytes_per_token / (self.host_gb_per_s * 1e6)
+
+    def recompute_ms(self, gpu_hit: int, host_hit: int) -> float:
+        """What prefilling the ``host_hit`` tokens after the ``gpu_hit`` ones costs:
+        ``prefill_ms(P, gpu_hit) - prefill_ms(P, gpu_hit + host_hit)``, for any P."""
+        end = gpu_hit + host_hit
+        return (
+            self.per_token_ms * host_hit + self.attention_ms * (end * end - gpu_hit * gpu_hit) / 2.0
+        )
+
+    def host_load_ms(self, gpu_hit: int, host_hit: int) -> float | None:
+        """The load time of a host hit, or None when recomputing it is as fast or faster
+        (then the scheduler recomputes those tokens)."""
+        load = self.load_ms(host_hit)
+        return load if load < self.recompute_ms(gpu_hit, host_hit) else None
 
 
 class _Seq:
@@ -320,13 +417,27 @@ class TimeInstance:
                     continue
                 break
             waiting.popleft()
+            host = policy.host_hit(seq.index) if hit else 0
             policy.on_prefill_done(seq.index)
+            # A host hit is loaded when that beats recomputing it, else recomputed.
+            load_ms = None
+            if host:
+                load_ms = self.cost.host_load_ms(hit - host, host)
+                if load_ms is None:
+                    hit -= host
+                else:
+                    prefill_ms += load_ms
             prefill_ms += self.cost.prefill_ms(len(toks), hit)
             if seq.admitted_once:
                 rec.recompute_hit_tokens += hit
                 rec.recomputed_tokens += len(toks) - hit
             else:
                 rec.hit_tokens = hit
+                if host:
+                    rec.host_hit_tokens = host
+                    if load_ms is not None:
+                        rec.loaded_tokens = host
+                        rec.load_time = load_ms / 1000.0
                 seq.admitted_once = True
             if seq.generated < req.output_len:
                 seq.generated += 1  # the prefill samples the next token

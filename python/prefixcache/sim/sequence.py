@@ -54,6 +54,8 @@ class SequenceScheduler:
                 rec.rejected = True  # the prompt alone exceeds the budget
             else:
                 rec.hit_tokens = hit
+                if hit:  # no clock: a host hit is loaded, free
+                    rec.host_hit_tokens = rec.loaded_tokens = policy.host_hit(i)
                 policy.on_prefill_done(i)
                 policy.finish(i, _EMPTY)
             rec.evicted_tokens += policy.evicted_tokens() - before

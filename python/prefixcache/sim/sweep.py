@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from prefixcache.sim.replay import (
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
 
-__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_pairs", "run_sweep"]
+__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_grid", "run_pairs", "run_sweep"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class SweepSpec:
     max_running: int | None = None
     cost: PrefillCost | None = None
     preemption: bool = True
+    cpu_capacity: int = 0  # tokens of host memory per replay (run_grid sweeps it instead)
+    offload: str | Mapping[str, str] | None = None  # one name, or per policy name
 
 
 def default_jobs() -> int:
@@ -67,24 +69,28 @@ def load_requests(spec: SweepSpec) -> list[Request]:
     return read_trace(spec.trace, fmt=spec.fmt, skip_bad_lines=spec.skip_bad_lines).requests
 
 
-def _label(cap: int, policy: str) -> str:
-    return f"{cap:,} tokens: {policy}"
+# One replay: (GPU capacity, host capacity, policy).
+Task = tuple[int | None, int, str]
+
+
+def _label(cap: int, cpu: int, policy: str) -> str:
+    return f"{cap:,} tokens: {policy}" if not cpu else f"{cap:,} + {cpu:,} host: {policy}"
 
 
 def _one(
     spec: SweepSpec,
     requests: Sequence[Request],
-    cap: int | None,
-    policy: str,
+    task: Task,
     progress: ProgressFactory | None,
     label: bool,
 ) -> ReplayResult:
+    cap, cpu, policy = task
     sched = make_scheduler(
         spec.model, max_running=spec.max_running, cost=spec.cost, preemption=spec.preemption
     )
     labelled = progress
     if progress is not None and label and cap is not None:
-        labelled = lambda name, total: progress(_label(cap, name), total)  # noqa: E731
+        labelled = lambda name, total: progress(_label(cap, cpu, name), total)  # noqa: E731
     return replay(
         requests,
         [policy],
@@ -93,6 +99,8 @@ def _one(
         eviction_policy=spec.eviction_policy,
         hash_algo=spec.hash_algo,
         progress=labelled,
+        cpu_capacity=cpu,
+        offload=spec.offload,
     )[0]
 
 
@@ -125,15 +133,13 @@ class _QueueTask:
         self.pending = 0
 
 
-def _work(
-    spec: SweepSpec, key: int, cap: int | None, policy: str, report: bool, records: bool
-) -> ReplayResult:
+def _work(spec: SweepSpec, key: int, task: Task, report: bool, records: bool) -> ReplayResult:
     if _worker_requests is None:  # pragma: no cover - set by the initializer
         raise RuntimeError("sweep worker without requests")
     progress = (lambda name, total: _QueueTask(key)) if report else None
     if report:
         _worker_queue.put((key, 0))  # the bar appears as the replay starts
-    res = _one(spec, _worker_requests, cap, policy, progress, False)
+    res = _one(spec, _worker_requests, task, progress, False)
     if not records:  # the caller wants the summary only: do not ship the records back
         res.summary_only = summarize(res)
         res.records = []
@@ -156,6 +162,30 @@ def run_sweep(
     return [r.summary_only or summarize(r) for r in results]
 
 
+def run_grid(
+    spec: SweepSpec,
+    requests: Sequence[Request],
+    capacities: Sequence[int],
+    cpu_capacities: Sequence[int],
+    *,
+    jobs: int | None = None,
+    progress: ProgressFactory | None = None,
+) -> list[dict[str, Any]]:
+    """The GPU x host capacity grid: summaries of every (capacity, cpu capacity, policy),
+    in that order (capacity-major), each with its ``cpu_capacity`` (0 included)."""
+    tasks: list[Task] = [
+        (cap, cpu, pol) for cap in capacities for cpu in cpu_capacities for pol in spec.policies
+    ]
+    results = _run_tasks(
+        spec, requests, tasks, jobs=jobs, progress=progress, records=False, label=True
+    )
+    out = []
+    for (_, cpu, _), r in zip(tasks, results, strict=True):
+        s = r.summary_only or summarize(r)
+        out.append({**s, "cpu_capacity": cpu})
+    return out
+
+
 def run_pairs(
     spec: SweepSpec,
     requests: Sequence[Request],
@@ -169,14 +199,30 @@ def run_pairs(
     """Replay every (capacity, policy) pair, up to ``jobs`` at once in worker processes
     (1: one after the other in this process). ``records=False`` drops the per-request
     records (``ReplayResult.summary_only`` holds the summary); ``label`` names each
-    progress bar after its capacity."""
+    progress bar after its capacity. Every replay has ``spec.cpu_capacity`` of host
+    memory."""
+    tasks: list[Task] = [(cap, spec.cpu_capacity, pol) for cap, pol in pairs]
+    return _run_tasks(
+        spec, requests, tasks, jobs=jobs, progress=progress, records=records, label=label
+    )
+
+
+def _run_tasks(
+    spec: SweepSpec,
+    requests: Sequence[Request],
+    tasks: Sequence[Task],
+    *,
+    jobs: int | None,
+    progress: ProgressFactory | None,
+    records: bool,
+    label: bool,
+) -> list[ReplayResult]:
     global _worker_requests
-    tasks = list(pairs)
     jobs = min(jobs or default_jobs(), len(tasks))
     if jobs <= 1:
         out = []
-        for cap, pol in tasks:
-            res = _one(spec, requests, cap, pol, progress, label)
+        for task in tasks:
+            res = _one(spec, requests, task, progress, label)
             if not records:
                 res.summary_only = summarize(res)
                 res.records = []
@@ -191,16 +237,16 @@ def run_pairs(
 
     def bar(key: int) -> Any:
         if bars[key] is None and progress is not None:
-            cap, pol = tasks[key]
-            bars[key] = progress(_label(cap, pol) if label and cap is not None else pol, n)
+            cap, cpu, pol = tasks[key]
+            bars[key] = progress(_label(cap, cpu, pol) if label and cap is not None else pol, n)
         return bars[key]
 
     # One process per replay: each pair's peak RSS is its own.
     pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
     try:
         pending = [
-            pool.apply_async(_work, (spec, key, cap, pol, progress is not None, records))
-            for key, (cap, pol) in enumerate(tasks)
+            pool.apply_async(_work, (spec, key, task, progress is not None, records))
+            for key, task in enumerate(tasks)
         ]
         finished = [False] * len(tasks)
         counted = [0] * len(tasks)

@@ -1301,6 +1301,11 @@ pub fn eviction_policy(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     str_arg(obj, "eviction_policy")
 }
 
+/// `write_policy` argument: a str.
+pub fn write_policy(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    str_arg(obj, "write_policy")
+}
+
 /// The NONE_HASH seed used when a call passes `seed=None`, the one rule for every class:
 /// the `PYTHONHASHSEED` environment variable when set (read when the hasher is built, as
 /// the reference twin reads `os.environ`), else `"vllm-none-hash"`.

@@ -4,6 +4,7 @@
 //! msgpack payload). Every problem is a message (the caller counts it on the worker and
 //! raises `InvalidEventError`); nothing is applied unless the whole batch converts.
 
+use numpy::PyArrayMethods;
 use prefixcache_core::fleet::{FleetEvent, HashForm, Stored};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
@@ -53,6 +54,21 @@ pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
 }
 
 fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<Vec<u64>> {
+    // uint64 / int64 arrays in one copy (item by item they cost a Python call each). The
+    // GIL is held and no Python code runs while the array is borrowed.
+    if let Ok(a) = v.cast::<numpy::PyArray1<u64>>() {
+        let a = a.try_readonly().map_err(|e| format!("{what}: {e}"))?;
+        return Ok(a.as_array().to_vec());
+    }
+    if let Ok(a) = v.cast::<numpy::PyArray1<i64>>() {
+        let a = a.try_readonly().map_err(|e| format!("{what}: {e}"))?;
+        return a
+            .as_array()
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| u64::try_from(x).map_err(|_| format!("{what}[{i}] = {x} is negative")))
+            .collect();
+    }
     if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
         return Err(format!(
             "{what} must be a list of hashes, got {}",

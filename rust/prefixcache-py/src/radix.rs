@@ -1,7 +1,7 @@
 //! `RadixCache`, `Node`, `MatchResult`, `InsertResult`: bindings of `radix::RadixTree`.
 
 use numpy::PyArray1;
-use prefixcache_core::radix::{EvictionPolicy, Namespace, NodeRef, RadixTree};
+use prefixcache_core::radix::{EvictionPolicy, Namespace, NodeRef, RadixTree, WritePolicy};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
@@ -51,6 +51,12 @@ pub struct MatchResult {
     length: usize,
     #[pyo3(get)]
     node: Py<Node>,
+    /// Matched tokens beyond `length` held only in host memory (0 without a host tier).
+    #[pyo3(get)]
+    host_hit_length: usize,
+    /// The last node of the whole match, host part included (`node` without a host hit).
+    #[pyo3(get)]
+    last_host_node: Py<Node>,
     cache: Py<RadixCache>,
     indices: PyOnceLock<Py<PyArray1<i64>>>,
 }
@@ -75,9 +81,10 @@ impl MatchResult {
 
     fn __repr__(&self) -> String {
         format!(
-            "MatchResult(length={}, node={})",
+            "MatchResult(length={}, node={}, host_hit_length={})",
             self.length,
-            self.node.get().__repr__()
+            self.node.get().__repr__(),
+            self.host_hit_length
         )
     }
 }
@@ -134,17 +141,93 @@ fn node_ref(obj: &Bound<'_, PyAny>) -> PyResult<NodeRef> {
 #[pymethods]
 impl RadixCache {
     #[new]
-    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned()))]
-    #[pyo3(text_signature = "(page_size=None, eviction_policy='lru')")]
+    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned(), host_capacity = None, write_policy = "write_through".to_owned()))]
+    #[pyo3(
+        text_signature = "(page_size=None, eviction_policy='lru', host_capacity=0, write_policy='write_through')"
+    )]
     fn new(
         page_size: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
+        host_capacity: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = convert::write_policy)] write_policy: String,
     ) -> PyResult<Self> {
         let page_size = convert::positive_or(page_size, 1, "page_size")?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
+        let host_capacity = convert::size_or(host_capacity, 0, "host_capacity")?;
+        let write: WritePolicy = write_policy.parse().py_err()?;
+        let mut tree = RadixTree::new(page_size, policy).py_err()?;
+        tree.set_host_tier(host_capacity, write).py_err()?;
         Ok(RadixCache {
-            inner: Shared::new("RadixCache", RadixTree::new(page_size, policy).py_err()?),
+            inner: Shared::new("RadixCache", tree),
         })
+    }
+
+    /// Host memory behind the device, in tokens (0: no host tier).
+    #[getter]
+    fn host_capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.host_capacity())
+    }
+
+    /// When nodes are copied to host memory (None without a host tier).
+    #[getter]
+    fn write_policy(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
+        self.inner
+            .with(py, |t| t.write_policy().map(WritePolicy::name))
+    }
+
+    /// Tokens in host memory (backed-up nodes, on the device or host-only).
+    fn host_size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.host_size())
+    }
+
+    /// Host tier counters in tokens: stored_tokens, host_evicted_tokens, loaded_tokens,
+    /// peak_host_tokens.
+    fn host_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.with(py, |t| t.host_stats())?;
+        let d = PyDict::new(py);
+        d.set_item("stored_tokens", s.stored_tokens)?;
+        d.set_item("host_evicted_tokens", s.host_evicted_tokens)?;
+        d.set_item("loaded_tokens", s.loaded_tokens)?;
+        d.set_item("peak_host_tokens", s.peak_host_tokens)?;
+        Ok(d)
+    }
+
+    /// `(backed_up, host_only)` of `node`: has a host copy; has no device KV.
+    fn host_state(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
+    ) -> PyResult<(bool, bool)> {
+        let r = node;
+        self.inner.with(py, |t| t.host_state(r))?.py_err()
+    }
+
+    /// Loads the host-only nodes on the path to `node` back to the device with KV indices
+    /// `values` (default: the tokens); returns the tokens loaded. The caller makes room
+    /// on the device first.
+    #[pyo3(signature = (node, values = None))]
+    fn load_back(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_ref)] node: NodeRef,
+        values: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let values = values.map(|v| convert::values(v, "values")).transpose()?;
+        let r = node;
+        let v = values.as_ref().map(|v| v.as_slice());
+        self.inner.with(py, |t| t.load_back(r, v))?.py_err()
+    }
+
+    /// `(backed_up, host_only)` of every non-root node, in `dump()` order.
+    fn host_dump(&self, py: Python<'_>) -> PyResult<Vec<(bool, bool)>> {
+        self.inner.with_gil_released(py, |t| t.host_dump())
+    }
+
+    /// Evicts host-only leaves until at least `num_tokens` host tokens are freed (or none
+    /// is left); returns the host tokens freed.
+    fn evict_host(&self, py: Python<'_>, num_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n = convert::size_arg(num_tokens, "num_tokens")?;
+        self.inner.with(py, |t| t.evict_host(n))
     }
 
     #[getter]
@@ -163,7 +246,9 @@ impl RadixCache {
         self.inner.with(py, |t| t.clock())
     }
 
-    /// Longest cached prefix of `tokens` (page-aligned). May split a node.
+    /// Longest cached prefix of `tokens` (page-aligned). May split a node. With a host
+    /// tier, `length`/`node` are the device part and `host_hit_length`/`last_host_node`
+    /// the host-only part after it.
     #[pyo3(signature = (tokens, extra_key = None, cache_salt = None))]
     fn match_prefix(
         slf: &Bound<'_, Self>,
@@ -181,9 +266,17 @@ impl RadixCache {
             .with_gil_released_if(py, key.len() >= DETACH_MIN_MATCH, |t| {
                 t.match_prefix(key, &ns)
             })?;
+        let node = this.node(py, m.node)?;
+        let last_host_node = if m.host_node == m.node {
+            node.clone_ref(py)
+        } else {
+            this.node(py, m.host_node)?
+        };
         Ok(MatchResult {
             length: m.length,
-            node: this.node(py, m.node)?,
+            node,
+            host_hit_length: m.host_length,
+            last_host_node,
             cache: slf.clone().unbind(),
             indices: PyOnceLock::new(),
         })

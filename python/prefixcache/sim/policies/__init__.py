@@ -23,6 +23,10 @@ usable blocks plus vLLM's null block.
 
 from __future__ import annotations
 
+import inspect
+import re
+from typing import Any
+
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import CachePolicy, PolicyStats
 from prefixcache.sim.policies.lab import LabPolicy, make_lab_policy
@@ -31,6 +35,7 @@ from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.sim.policies.vllm import BlocksPolicy, blocks_available
 
 __all__ = [
+    "OFFLOAD_NAMES",
     "POLICY_NAMES",
     "BlocksPolicy",
     "CachePolicy",
@@ -40,32 +45,145 @@ __all__ = [
     "SlotBudget",
     "TrtllmPolicy",
     "blocks_available",
+    "check_offload",
+    "check_tier",
     "make_policy",
+    "offload_family",
 ]
 
 POLICY_NAMES = ("radix", "radix-page16", "vllm-blocks")
 
 
+# The second tier's policies per engine family (docs/SIMULATOR.md, "Offload"): the names,
+# the first being the default, and the pattern of a name with its optional parameter.
+OFFLOAD_NAMES: dict[str, tuple[str, ...]] = {
+    "vllm-blocks": ("lru", "arc"),  # optional ":K", a store threshold >= 1
+    "radix": ("write-through", "write-through-selective", "write-back"),
+    "trtllm": ("host",),  # optional ":P", a minimum priority in 0..100
+}
+_OFFLOAD_FORMS = {
+    "vllm-blocks": (re.compile(r"(lru|arc)(:[1-9][0-9]*)?"), "lru or arc, optionally :K (K >= 1)"),
+    "radix": (
+        re.compile(r"write-through|write-through-selective|write-back"),
+        "write-through, write-through-selective or write-back",
+    ),
+    "trtllm": (
+        re.compile(r"host(:(100|[1-9]?[0-9]))?"),
+        "host, optionally :P (a priority in 0..100)",
+    ),
+}
+
+
+def offload_family(name: str) -> str | None:
+    """The engine family whose host tier a policy name has (``vllm-blocks``, ``radix`` or
+    ``trtllm``), or None for a policy without one (the lab policies)."""
+    if name == "radix" or (name.startswith("radix-page") and name[len("radix-page") :].isdigit()):
+        return "radix"
+    if name == "vllm-blocks" or (
+        name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
+    ):
+        return "vllm-blocks"
+    if parse_trtllm_name(name) is not None:
+        return "trtllm"
+    return None
+
+
+def check_offload(policy: str, offload: str | None) -> None:
+    """Raise InvalidInputError unless ``policy`` has a host tier and ``offload`` (None: the
+    default) names one of its tier policies."""
+    family = offload_family(policy)
+    if family is None:
+        raise InvalidInputError(
+            f"policy {policy!r} has no host tier (the second tier exists for radix, "
+            "radix-page<N>, vllm-blocks[<N>] and trtllm[-nopartial][<N>])"
+        )
+    if offload is None:
+        return
+    form, expected = _OFFLOAD_FORMS[family]
+    if form.fullmatch(offload) is None:
+        raise InvalidInputError(
+            f"offload policy {offload!r} does not apply to {policy}: expected {expected}"
+        )
+
+
+_TIER_CLASSES: dict[str, type] = {
+    "radix": RadixPolicy,
+    "vllm-blocks": BlocksPolicy,
+    "trtllm": TrtllmPolicy,
+}
+
+
+def check_tier(policy: str, cpu_capacity: int, offload: str | None = None) -> None:
+    """Raise InvalidInputError unless ``policy`` can be built with ``cpu_capacity`` tokens
+    of host memory (0: no tier, then ``offload`` must be None) and tier policy
+    ``offload``; builds nothing."""
+    if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
+        raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
+    if cpu_capacity == 0:
+        if offload is not None:
+            raise InvalidInputError(f"offload {offload!r} needs a host tier (cpu_capacity > 0)")
+        return
+    check_offload(policy, offload)
+    cls = _TIER_CLASSES[offload_family(policy) or ""]
+    if "cpu_capacity" not in inspect.signature(cls).parameters:
+        raise InvalidInputError(
+            f"policy {policy!r}: this build has no host tier for {cls.__name__}"
+        )
+
+
+def _with_tier(policy: str, cpu_capacity: int, offload: str | None) -> dict[str, Any]:
+    """The constructor keywords of the host tier: none without one (cpu_capacity 0)."""
+    check_tier(policy, cpu_capacity, offload)
+    return {"cpu_capacity": cpu_capacity, "offload": offload} if cpu_capacity else {}
+
+
 def make_policy(
-    name: str, capacity: int, *, eviction_policy: str = "lru", hash_algo: str = "sha256"
+    name: str,
+    capacity: int,
+    *,
+    eviction_policy: str = "lru",
+    hash_algo: str = "sha256",
+    cpu_capacity: int = 0,
+    offload: str | None = None,
 ) -> CachePolicy:
     """Build a policy by name: radix, radix-page<N>, vllm-blocks, vllm-blocks<N>, trtllm,
-    trtllm<N>, trtllm-nopartial or trtllm-nopartial<N> (trtllm.py)."""
+    trtllm<N>, trtllm-nopartial or trtllm-nopartial<N> (trtllm.py).
+
+    ``cpu_capacity`` (tokens of host memory, 0 = none) and ``offload`` (the tier's policy,
+    None = the family's default; :data:`OFFLOAD_NAMES`) give the policy a second tier; the
+    constructors get them as keywords only when ``cpu_capacity > 0``."""
     if name == "radix":
-        return RadixPolicy(capacity, eviction_policy=eviction_policy)
+        tier = _with_tier(name, cpu_capacity, offload)
+        return RadixPolicy(capacity, eviction_policy=eviction_policy, **tier)
     if name.startswith("radix-page") and name[len("radix-page") :].isdigit():
         page = int(name[len("radix-page") :])
-        return RadixPolicy(capacity, page_size=page, eviction_policy=eviction_policy, name=name)
+        tier = _with_tier(name, cpu_capacity, offload)
+        return RadixPolicy(
+            capacity,
+            page_size=page,
+            eviction_policy=eviction_policy,
+            name=name,
+            **tier,
+        )
     if name == "vllm-blocks" or (
         name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
     ):
         bs = int(name[len("vllm-blocks") :] or 16)
-        return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name)
+        tier = _with_tier(name, cpu_capacity, offload)
+        return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name, **tier)
     trt = parse_trtllm_name(name)
     if trt is not None:
-        return TrtllmPolicy(capacity, tokens_per_block=trt[0], partial_reuse=trt[1], name=name)
+        tier = _with_tier(name, cpu_capacity, offload)
+        return TrtllmPolicy(
+            capacity,
+            tokens_per_block=trt[0],
+            partial_reuse=trt[1],
+            name=name,
+            **tier,
+        )
     lab = make_lab_policy(name, capacity)  # not engine rules: policies/lab.py
     if lab is not None:
+        check_tier(name, cpu_capacity, offload)  # the lab policies have no host tier
         return lab
     raise InvalidInputError(
         f"unknown policy {name!r}; expected radix, radix-page<N>, vllm-blocks, "

@@ -45,6 +45,12 @@ class PolicyStats:
     # policies), and tokens the cache holds (reusable content, in use or evictable).
     peak_used_tokens: int = 0
     peak_cached_tokens: int = 0
+    # Second tier (host memory behind the GPU; 0 without one, docs/SIMULATOR.md "Offload").
+    cpu_capacity: int = 0  # tokens
+    host_hit_tokens: int = 0  # prompt tokens reused from the host tier (loaded)
+    stored_tokens: int = 0  # tokens written to the host tier
+    host_evicted_tokens: int = 0  # tokens dropped from the host tier
+    peak_host_tokens: int = 0  # most tokens the host tier held at once
     # Policy-specific counters reported beside the common ones (trtllm: partial_hits,
     # partial_tokens, copies, copied_tokens).
     extra: dict[str, int] = field(default_factory=dict)
@@ -78,6 +84,8 @@ class CachePolicy(Protocol):
         extra_key: str | None = None,
         cache_salt: str | None = None,
     ) -> int | None: ...
+
+    def host_hit(self, rid: RequestId) -> int: ...
 
     def on_prefill_done(self, rid: RequestId) -> None: ...
 

@@ -24,7 +24,6 @@ Names (``make_lab_policy``), each optionally followed by ``@N`` for N tokens per
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +39,7 @@ from prefixcache.sim.policies.base import (
     grow_each,
     max_block_growth,
 )
-from prefixcache.sim.requests import Request, RequestId, TokenArray
+from prefixcache.sim.requests import Request, RequestId, TokenArray, namespace_seed
 
 __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
 
@@ -71,13 +70,6 @@ def make_lab_policy(name: str, capacity: int, **kw: Any) -> LabPolicy | None:
     if spec is None:
         return None
     return LabPolicy(capacity, name=name, **spec, **kw)
-
-
-def _namespace_seed(extra_key: str | None, cache_salt: str | None) -> int:
-    if extra_key is None and cache_salt is None:
-        return 0
-    text = f"{extra_key!r}\x00{cache_salt!r}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
 class _Held:
@@ -158,7 +150,7 @@ class LabPolicy:
             k = lab_block_keys(
                 np.ascontiguousarray(toks, dtype=np.uint32),
                 bs,
-                _namespace_seed(r.extra_key, r.cache_salt),
+                namespace_seed(r.extra_key, r.cache_salt),
             )
             keys.append(k)
             offsets[i + 1] = offsets[i] + len(k)
@@ -194,7 +186,7 @@ class LabPolicy:
             raise InvalidInputError("opt needs the request sequence: call prepare(requests)")
         bs = self.block_size
         prompt = np.ascontiguousarray(prompt, dtype=np.uint32)
-        seed = _namespace_seed(extra_key, cache_salt)
+        seed = namespace_seed(extra_key, cache_salt)
         n = len(prompt)
         keys = self._known_keys(rid, n // bs)
         if keys is None:
@@ -209,6 +201,9 @@ class LabPolicy:
         )
         self._note_usage()
         return int(got) * bs
+
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
 
     def _known_keys(self, rid: RequestId, count: int) -> npt.NDArray[np.uint64] | None:
         """Request ``rid``'s first ``count`` block keys as :meth:`prepare` computed them

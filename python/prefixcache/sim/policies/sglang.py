@@ -12,7 +12,12 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_slots, max_k
 from prefixcache.sim.requests import RequestId, TokenArray
 
-__all__ = ["RadixPolicy", "SlotBudget"]
+__all__ = ["RADIX_OFFLOADS", "RadixPolicy", "SlotBudget"]
+
+# Host tier write policies (SGLang --hicache-write-policy), simulator spelling first.
+RADIX_OFFLOADS = ("write-through", "write-through-selective", "write-back")
+# SGLang `load_back_threshold`: a host hit shorter than this is recomputed, not loaded.
+LOAD_BACK_THRESHOLD = 10
 
 
 class SlotBudget:
@@ -66,6 +71,8 @@ class RadixPolicy:
 
     ``cache_cls`` builds the tree (default: the Rust core ``prefixcache.RadixCache``; the
     plain-Python reference ``prefixcache.reference.radix.RadixCache`` has the same API).
+    ``cpu_capacity`` > 0 puts SGLang's HiCache host tier of that many tokens behind the
+    GPU, with write policy ``offload`` (docs/SIMULATOR.md, "Offload"); 0 is no tier.
     Request ids are ints >= 0 (the schedulers use request indices): per-request counters
     live in numpy arrays indexed by them, so a decode stretch of every running request
     is a few array operations.
@@ -81,9 +88,19 @@ class RadixPolicy:
         eviction_policy: str = "lru",
         cache_cls: Callable[..., Any] | None = None,
         name: str | None = None,
+        cpu_capacity: int = 0,
+        offload: str | None = None,
     ) -> None:
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
+        if cpu_capacity < 0:
+            raise InvalidInputError(f"cpu_capacity must be >= 0, got {cpu_capacity}")
+        write = RADIX_OFFLOADS[0] if offload is None else offload
+        if write not in RADIX_OFFLOADS:
+            raise InvalidInputError(
+                f"unknown offload {offload!r} for {name or 'radix'}: expected one of "
+                + ", ".join(RADIX_OFFLOADS)
+            )
         if cache_cls is None:
             from prefixcache import RadixCache
 
@@ -91,7 +108,17 @@ class RadixPolicy:
         self.name = name or ("radix" if page_size == 1 else f"radix-page{page_size}")
         self.capacity = capacity
         self.page = page_size
-        self.tree = cache_cls(page_size=page_size, eviction_policy=eviction_policy)
+        self.cpu_capacity = cpu_capacity
+        self.offload = write if cpu_capacity > 0 else None
+        if cpu_capacity > 0:
+            self.tree = cache_cls(
+                page_size=page_size,
+                eviction_policy=eviction_policy,
+                host_capacity=cpu_capacity,
+                write_policy=write.replace("-", "_"),
+            )
+        else:
+            self.tree = cache_cls(page_size=page_size, eviction_policy=eviction_policy)
         self.pool = SlotBudget(capacity)
         self.seqs: dict[int, _TreeSeq] = {}
         # Per request (indexed by id): slots held (prompt + reserve + grown, the tree's
@@ -100,6 +127,8 @@ class RadixPolicy:
         self._filled = np.zeros(0, dtype=np.int64)
         self._fed_lo = np.zeros(0, dtype=np.int64)
         self._fed_n = np.zeros(0, dtype=np.int64)
+        self._host_hit = np.zeros(0, dtype=np.int64)  # host part of the last admit's hit
+        self._host_hit_tokens = 0
         self._outputs: OutputsOf | None = None
         self._zeros = np.zeros(0, dtype=np.int64)  # placeholder KV values for the tree
         self._private = 0  # slots held by requests beyond the tree's share
@@ -110,7 +139,7 @@ class RadixPolicy:
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
-        return grow_slots(self, rid, ("_held", "_filled", "_fed_lo", "_fed_n"))
+        return grow_slots(self, rid, ("_held", "_filled", "_fed_lo", "_fed_n", "_host_hit"))
 
     def _values(self, n: int) -> IndexArray:
         if n > len(self._zeros):
@@ -179,22 +208,40 @@ class RadixPolicy:
         m = self.tree.match_prefix(prompt[:-1], extra_key=extra_key, cache_salt=cache_salt)
         hit = int(m.length)
         node = m.node if hit > 0 else None
+        # Host tier (SGLang init_load_back): a host hit of at least LOAD_BACK_THRESHOLD
+        # tokens is loaded back. The lock on the last host node protects the device path
+        # and the host-only tail while eviction makes room.
+        host = int(m.host_hit_length) if self.cpu_capacity > 0 else 0
+        if host < LOAD_BACK_THRESHOLD:
+            host = 0
+        else:
+            node = m.last_host_node
         if node is not None:
             self.tree.inc_lock_ref(node)
         held = len(prompt) + reserve
+        # Device slots: the loaded tokens (the tree's) plus the rest of the request.
         need = held - hit
         if not self._ensure_free(need):
             if node is not None:
                 self.tree.dec_lock_ref(node)
             return None
         self.pool.take(need)
-        self._private += need
+        if host:
+            self.tree.load_back(m.last_host_node, self._values(host))
+            hit += host
+            self._host_hit_tokens += host
+        self._host_hit[i] = host
+        self._private += need - host
         self.seqs[i] = _TreeSeq(prompt, hit, node, extra_key, cache_salt)
         self._held[i] = held
         self._filled[i] = len(prompt)
         self._fed_n[i] = 0
         self._note_used()
         return hit
+
+    def host_hit(self, rid: RequestId) -> int:
+        i = int(rid)
+        return int(self._host_hit[i]) if 0 <= i < len(self._host_hit) else 0
 
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[int(rid)]
@@ -296,7 +343,7 @@ class RadixPolicy:
         return self._evicted_tokens
 
     def stats(self) -> PolicyStats:
-        return PolicyStats(
+        st = PolicyStats(
             self.name,
             self.capacity,
             self.eviction_unit,
@@ -306,6 +353,14 @@ class RadixPolicy:
             self._peak_used,
             self._peak_cached,
         )
+        if self.cpu_capacity > 0:
+            h = self.tree.host_stats()
+            st.cpu_capacity = self.cpu_capacity
+            st.host_hit_tokens = self._host_hit_tokens
+            st.stored_tokens = int(h["stored_tokens"])
+            st.host_evicted_tokens = int(h["host_evicted_tokens"])
+            st.peak_host_tokens = int(h["peak_host_tokens"])
+        return st
 
     def check(self) -> None:
         """Slot conservation: free + cached + held privately by requests == capacity."""
@@ -321,3 +376,5 @@ class RadixPolicy:
         ev, pr = int(self.tree.evictable_size()), int(self.tree.protected_size())
         if ev + pr != int(self.tree.total_size()):
             raise AssertionError(f"{self.name}: evictable + protected != total")
+        if self.cpu_capacity > 0 and int(self.tree.host_size()) > self.cpu_capacity:
+            raise AssertionError(f"{self.name}: host tier over its capacity")

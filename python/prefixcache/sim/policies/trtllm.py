@@ -140,6 +140,9 @@ class TrtllmPolicy:
         self._note_usage()
         return int(c.num_matched_tokens)
 
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
         self.trie.store(seq.iid, seq.prompt)
@@ -210,7 +213,7 @@ class TrtllmPolicy:
             int(self.trie.num_cached_tokens),
             self._peak,
             self._peak_cached,
-            extra,
+            extra=extra,
         )
 
     def check(self) -> None:

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import (
@@ -118,7 +117,7 @@ class BlocksPolicy:
         self._pend = np.zeros(0, dtype=np.int64)
         self._pend_lo = np.zeros(0, dtype=np.int64)
         self._outputs: OutputsOf | None = None
-        self.blocks: dict[int, npt.NDArray[np.int64]] = {}  # each running request's blocks
+        self._running: set[int] = set()  # admitted, not finished (their blocks: block_ids)
         self._num_cached = 0  # blocks holding a hash
         self._evicted_blocks = 0
         self._peak_used = 0
@@ -165,6 +164,13 @@ class BlocksPolicy:
             self._peak_cached = self._num_cached
         return removed
 
+    def _note_cached(self) -> None:
+        """Sample the cached blocks for their peak (counter mode)."""
+        n = int(self.mgr.num_cached_blocks)
+        self._num_cached = n
+        if n > self._peak_cached:
+            self._peak_cached = n
+
     def _note_used(self) -> None:
         used = (self.usable_blocks - int(self.mgr.num_free_blocks)) * self.block_size
         if used > self._peak_used:
@@ -180,19 +186,26 @@ class BlocksPolicy:
         cache_salt: str | None = None,
     ) -> int | None:
         i = self._slot(rid)
-        if i in self.blocks:
+        if i in self._running:
             raise InvalidInputError(f"request {rid!r} is already admitted")
         got = self.mgr.admit(i, prompt, reserve, **_vllm_extra_keys(extra_key, cache_salt))
         self._after_call()
         if got is None:
             return None
-        hit, ids = int(got[0]), np.asarray(got[1], dtype=np.int64)
-        self.blocks[i] = ids
+        hit = int(got[0])
+        self._running.add(i)
         self._have[i] = len(prompt) + reserve
         self._known[i] = len(prompt)
         self._pend[i] = 0
         self._note_used()
         return hit
+
+    def host_hit(self, rid: RequestId) -> int:
+        return 0
+
+    def block_ids(self, rid: RequestId) -> IndexArray:
+        """The blocks a running request holds (vLLM's block table, in order)."""
+        return np.asarray(self.mgr.block_ids(int(rid)), dtype=np.int64)
 
     def take_events(self) -> list[Any]:
         """The KV events (``prefixcache.events``) published since the last call, in order
@@ -234,27 +247,37 @@ class BlocksPolicy:
         at = np.flatnonzero(flush)
         if len(at):
             who = rids[at]
+            # Whether the hand-over takes new blocks: only those calls can evict.
+            takes = -(-new_known[at] // bs) > -(-have[at] // bs)
             todo = zip(
                 at.tolist(),
                 who.tolist(),
                 self._pend_lo[who].tolist(),
                 self._pend[who].tolist(),
+                takes.tolist(),
                 strict=True,
             )
             self._pend[who] = 0
-            for j, i, lo, n in todo:
-                self.mgr.append_tokens(i, outputs(i)[lo : lo + n])
-                got = self.mgr.allocate_slots(i, n)
+            mgr, events = self.mgr, self._use_events
+            for j, i, lo, n, take in todo:
+                mgr.append_tokens(i, outputs(i)[lo : lo + n])
+                if take and not events:
+                    # Cached blocks only grow between evicting calls: their peak is
+                    # reached just before one, just after one, or at the end.
+                    self._note_cached()
+                got = mgr.allocate_slots(i, n)
                 if got is None:
                     raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-                ev = self._after_call()
-                if len(got):
-                    got = np.asarray(got, dtype=np.int64)
-                    self.blocks[i] = np.concatenate([self.blocks[i], got])
-                if ev:
-                    if evicted is None:
-                        evicted = np.zeros(len(rids), dtype=np.int64)
-                    evicted[j] = ev * bs
+                if len(got) and not take:  # pragma: no cover - the block arithmetic above
+                    raise AssertionError(f"{self.name}: request {i} took unforeseen blocks")
+                if take or events:
+                    ev = self._after_call()
+                    if ev:
+                        if evicted is None:
+                            evicted = np.zeros(len(rids), dtype=np.int64)
+                        evicted[j] = ev * bs
+            if not events:
+                self._note_cached()
         self._note_used()
         return evicted
 
@@ -275,7 +298,7 @@ class BlocksPolicy:
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
         self._have[i] = self._known[i] = self._pend[i] = 0
-        del self.blocks[i]
+        self._running.discard(i)
 
     def max_uniform_growth(
         self,

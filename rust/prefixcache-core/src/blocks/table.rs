@@ -8,6 +8,7 @@
 //! newest, so appending is O(1)). A table slot costs 4 bytes; insert, remove and lookup
 //! are O(1).
 
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 use crate::hash::BlockHash;
@@ -97,10 +98,6 @@ impl HashTable32 {
         self.hash_len
     }
 
-    fn block_hash<'a>(&self, blocks: &'a [Block], id: u32) -> &'a [u8] {
-        &blocks[id as usize].hash[..self.hash_len]
-    }
-
     /// The oldest block cached under `(hash, group)`.
     #[inline]
     pub fn first(&self, blocks: &[Block], hash: &[u8], group: u32) -> Option<u32> {
@@ -147,19 +144,28 @@ impl HashTable32 {
         let h = hash.as_bytes();
         self.hash_len = h.len();
         let b = &mut blocks[id as usize];
-        b.hash[..h.len()].copy_from_slice(h);
+        // The whole zero-padded array: a fixed-size copy (no memcpy call per block).
+        b.hash = *hash.padded_bytes();
         b.group = group;
         b.chain_next = END;
-        match self.first(blocks, h, group) {
-            None => {
+        // One probe: the key's chain, or the slot for a new key.
+        let len = self.hash_len;
+        let ro: &[Block] = blocks;
+        let entry = self.heads.entry(
+            key_hash(h, group),
+            |&x| same_key(&ro[x as usize], h, group),
+            |&x| {
+                let b = &ro[x as usize];
+                key_hash(&b.hash[..len], b.group)
+            },
+        );
+        match entry {
+            Entry::Vacant(slot) => {
+                slot.insert(id);
                 blocks[id as usize].chain_prev = id;
-                let len = self.hash_len;
-                self.heads.insert_unique(key_hash(h, group), id, |&x| {
-                    let b = &blocks[x as usize];
-                    key_hash(&b.hash[..len], b.group)
-                });
             }
-            Some(head) => {
+            Entry::Occupied(head) => {
+                let head = *head.get();
                 let tail = blocks[head as usize].chain_prev;
                 blocks[tail as usize].chain_next = id;
                 blocks[id as usize].chain_prev = tail;
@@ -174,11 +180,11 @@ impl HashTable32 {
         if !b.has_key() {
             return false;
         }
-        let hash = self.block_hash(blocks, id).to_vec();
-        let hk = key_hash(&hash, b.group);
+        let hash = &b.hash[..self.hash_len];
+        let hk = key_hash(hash, b.group);
         let Ok(entry) = self
             .heads
-            .find_entry(hk, |&x| same_key(&blocks[x as usize], &hash, b.group))
+            .find_entry(hk, |&x| same_key(&blocks[x as usize], hash, b.group))
         else {
             blocks[id as usize].chain_prev = NO_KEY;
             return true; // unreachable: a keyed block's key is in the table

@@ -40,6 +40,12 @@ impl BlockHash {
         &self.bytes[..self.len as usize]
     }
 
+    /// All 32 bytes: the hash followed by zeros.
+    #[inline]
+    pub fn padded_bytes(&self) -> &[u8; 32] {
+        &self.bytes
+    }
+
     pub fn len(&self) -> usize {
         self.len as usize
     }

@@ -1,7 +1,7 @@
 //! A full consistency check of the tree, for tests and fuzzing (O(size of the tree)).
 
-use super::children::child_key;
-use super::tree::{RadixTree, ROOT};
+use super::children::{child_key, UNLISTED};
+use super::tree::{RadixTree, NO_PARENT, ROOT};
 
 impl RadixTree {
     /// Checks every structural invariant; returns a description of the first violation.
@@ -10,13 +10,17 @@ impl RadixTree {
     /// - node keys and values have equal, page-aligned, non-zero lengths;
     /// - a node's lock count is at least the sum of its children's;
     /// - evictable + protected sizes add up to the tokens held, split by lock state;
-    /// - the evictable set holds exactly the unlocked childless non-root nodes, each under
-    ///   its current policy key.
+    /// - the evictable set holds exactly the unlocked childless non-root nodes (with a
+    ///   host tier: unlocked device nodes without device children), each under its
+    ///   current policy key;
+    /// - the side table of heap positions holds exactly the listed nodes that have
+    ///   children, each with its true position.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut evictable = 0usize;
         let mut protected = 0usize;
         let mut live = 0usize;
         let mut leaves = 0usize;
+        let mut listed_with_children = 0usize;
         let mut stack = vec![ROOT];
         while let Some(slot) = stack.pop() {
             let n = &self.nodes[slot as usize];
@@ -60,22 +64,28 @@ impl RadixTree {
                     n.lock_ref
                 ));
             }
-            if n.lock_ref == 0 {
+            let evicted = self.is_evicted(slot);
+            if evicted {
+                // Host-only: no device KV (host.rs checks the host side).
+            } else if n.lock_ref == 0 {
                 evictable += len;
             } else {
                 protected += len;
             }
-            let should_list = n.lock_ref == 0 && n.children.is_empty();
-            if should_list != n.listed() {
+            let should_list = n.lock_ref == 0 && !evicted && !self.has_device_children(slot);
+            let listed = self.listed(slot);
+            if should_list != listed {
                 return Err(format!(
-                    "node {slot}: listed={} but evictable={should_list}",
-                    n.listed()
+                    "node {slot}: listed={listed} but evictable={should_list}"
                 ));
             }
             if should_list {
                 leaves += 1;
-                if self.evictable.get(n.children.heap_pos() as usize) != Some(&slot) {
+                if self.evictable.get(self.heap_pos(slot) as usize) != Some(&slot) {
                     return Err(format!("node {slot} is not at its heap position"));
+                }
+                if !n.children.is_empty() {
+                    listed_with_children += 1;
                 }
             }
         }
@@ -91,6 +101,32 @@ impl RadixTree {
                 return Err(format!("evictable heap out of order at position {i}"));
             }
         }
+        for (&slot, &pos) in &self.heap_side {
+            let Some(n) = self.nodes.get(slot as usize) else {
+                return Err(format!("heap side table: slot {slot} out of range"));
+            };
+            if slot == ROOT || n.parent == NO_PARENT {
+                return Err(format!("heap side table: node {slot} is not a live node"));
+            }
+            if n.children.is_empty() {
+                return Err(format!(
+                    "heap side table: node {slot} is childless (its position belongs in \
+                     its words)"
+                ));
+            }
+            if pos == UNLISTED || self.evictable.get(pos as usize) != Some(&slot) {
+                return Err(format!(
+                    "heap side table: node {slot} at position {pos}, not there in the heap"
+                ));
+            }
+        }
+        if listed_with_children != self.heap_side.len() {
+            return Err(format!(
+                "{listed_with_children} listed nodes have children but the heap side table \
+                 holds {}",
+                self.heap_side.len()
+            ));
+        }
         if leaves != self.evictable.len() {
             return Err(format!(
                 "{leaves} evictable leaves but the set holds {}",
@@ -103,6 +139,6 @@ impl RadixTree {
                 self.evictable_size, self.protected_size
             ));
         }
-        Ok(())
+        self.check_host_invariants()
     }
 }

@@ -13,12 +13,13 @@
 //! value reads back as the u64 / i64 it was set to.
 //!
 //! The node's flags and namespace id sit in the spare bits of its span's header word
-//! ([`Span::meta`]); a leaf's evictable-heap position shares the child index's words
-//! ([`Children::heap_pos`]).
+//! ([`Span::meta`]); a childless node's evictable-heap position shares the child
+//! index's words ([`Children::heap_pos`]); a listed node with children (host tier: a
+//! device leaf over host-only children) has it in the tree's `heap_side` (evict.rs).
 
 use rustc_hash::FxHashMap;
 
-use super::children::{Children, UNLISTED};
+use super::children::Children;
 use super::policy::PolicyKey;
 use super::span::{Span, META_BITS};
 use super::tree::{RadixTree, NO_PARENT, ROOT};
@@ -36,7 +37,8 @@ pub(crate) struct Node {
     /// The tokens and their KV indices; the header's spare bits hold the flags and the
     /// namespace id.
     pub(crate) span: Span,
-    /// The child index; a leaf's heap position.
+    /// The child index; a childless node's heap position (a listed node with children
+    /// has it in the tree's `heap_side`).
     pub(crate) children: Children,
     pub(crate) parent: u32,
     /// Outstanding locks through this node. 32 bits: `inc_lock_ref` refuses to pass
@@ -63,12 +65,6 @@ impl Node {
             creation: 0,
             hits: 0,
         }
-    }
-
-    /// Whether the node is in the evictable set.
-    #[inline]
-    pub(crate) fn listed(&self) -> bool {
-        self.children.heap_pos() != UNLISTED
     }
 }
 
@@ -146,7 +142,7 @@ impl Sides {
 }
 
 /// Memory follows content: a table that emptied out gives back its buckets.
-fn shrink<V>(m: &mut FxHashMap<u32, V>) {
+pub(crate) fn shrink<V>(m: &mut FxHashMap<u32, V>) {
     if m.capacity() > 64 && m.len() * 4 < m.capacity() {
         m.shrink_to(m.len() * 2);
     }
@@ -417,6 +413,7 @@ impl RadixTree {
             + 4 * (self.evictable.capacity() + self.free_slots.capacity())
             + self.indexes.bytes()
             + self.sides.bytes()
+            + self.heap_side.capacity() * (std::mem::size_of::<(u32, u32)>() + 1)
     }
 
     /// The node's place in the eviction order (unique: it ends with the serial).

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Indexes};
+use super::host::HostTier;
 use super::node::{Node, Sides, Stamps};
 use super::policy::EvictionPolicy;
 use super::slab::Slab;
@@ -60,16 +61,23 @@ impl Namespace {
 /// Result of [`RadixTree::match_prefix`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatchOutcome {
-    /// Matched tokens (a multiple of the page size).
+    /// Matched tokens on the device (a multiple of the page size).
     pub length: usize,
-    /// The last node of the matched path (the root when nothing matched).
+    /// The last device node of the matched path (the root when nothing matched).
     pub node: NodeRef,
+    /// Matched tokens beyond `length` that are only in host memory (0 without a host
+    /// tier; SGLang `host_hit_length`).
+    pub host_length: usize,
+    /// The last node of the whole matched path, host part included (SGLang
+    /// `last_host_node`; `node` when `host_length` is 0).
+    pub host_node: NodeRef,
 }
 
 /// Result of [`RadixTree::insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InsertOutcome {
-    /// Tokens that were already cached (their values were kept, not replaced).
+    /// Tokens that were already cached on the device (their values were kept, not
+    /// replaced). Host-only nodes on the path take the inserted values instead.
     pub prefix_len: usize,
     /// The last node of the inserted key's path.
     pub node: NodeRef,
@@ -121,8 +129,12 @@ pub struct RadixTree {
     pub(crate) protected_size: usize,
     pub(crate) num_nodes: usize,
     /// Evictable leaves: a binary min-heap of slots ordered by policy key (which ends
-    /// with the serial: unique), each node holding its position (`heap_pos`).
+    /// with the serial: unique), each node holding its position ([`RadixTree::heap_pos`]).
     pub(crate) evictable: Vec<u32>,
+    /// Heap positions of listed nodes that have children (with a host tier, a device leaf
+    /// whose children are all host-only); a childless node keeps its position in its
+    /// child index's words. Empty without a host tier.
+    pub(crate) heap_side: FxHashMap<u32, u32>,
     /// Interned namespaces by id, with the number of live nodes in each: a namespace is
     /// dropped with its last node (id 0, no namespace, is permanent), so memory follows
     /// what is cached, not every namespace ever seen.
@@ -130,6 +142,8 @@ pub struct RadixTree {
     namespace_ids: FxHashMap<Namespace, u32>,
     /// Ids of dropped namespaces, reused first.
     free_namespaces: Vec<u32>,
+    /// The HiCache host tier, if any (host.rs).
+    pub(crate) host: Option<Box<HostTier>>,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -175,9 +189,11 @@ impl RadixTree {
             protected_size: 0,
             num_nodes: 0,
             evictable: Vec::new(),
+            heap_side: FxHashMap::default(),
             namespaces: Vec::new(),
             namespace_ids: FxHashMap::default(),
             free_namespaces: Vec::new(),
+            host: None,
         };
         tree.reset();
         Ok(tree)
@@ -192,6 +208,7 @@ impl RadixTree {
         self.sides.reset(self.clock, self.next_serial);
         self.free_slots = Vec::new();
         self.evictable = Vec::new();
+        self.heap_side = FxHashMap::default();
         let none = Namespace::default();
         self.namespace_ids = FxHashMap::default();
         self.namespace_ids.insert(none.clone(), 0);
@@ -207,6 +224,7 @@ impl RadixTree {
         let now = self.clock;
         self.set_stamps(ROOT, Stamps::new(serial, now, now));
         self.set_priority(ROOT, i64::MIN);
+        self.host_on_reset();
         // A new id, so that handles from before the reset can never alias new nodes.
         self.id = NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed);
     }
@@ -375,10 +393,15 @@ impl RadixTree {
         };
         self.set_ns(slot, ns);
         self.set_stamps(slot, stamps);
+        self.host_on_alloc(slot);
         slot
     }
 
     pub(crate) fn release(&mut self, slot: u32) {
+        debug_assert!(
+            !self.listed(slot),
+            "release: node {slot} is in the evictable set"
+        );
         let ns = self.ns(slot);
         self.forget_sides(slot);
         let n = &mut self.nodes[slot as usize];
@@ -387,6 +410,7 @@ impl RadixTree {
         n.children.clear(&mut self.indexes);
         self.free_slots.push(slot);
         self.num_nodes -= 1;
+        self.host_on_release(slot);
         if let Some(e) = self.namespaces.get_mut(ns as usize) {
             e.1 -= 1;
         }
@@ -421,6 +445,7 @@ impl RadixTree {
         };
         let new_slot = self.alloc(new, ns, stamps);
         self.set_priority(new_slot, priority);
+        self.host_on_split(child, new_slot);
         self.nodes[child as usize].parent = new_slot;
         let replaced =
             self.nodes[parent as usize]
@@ -433,12 +458,15 @@ impl RadixTree {
     /// Sets the last access time of `node`, keeping the evictable set in order.
     #[inline]
     fn touch(&mut self, node: u32, now: u64) {
-        if self.nodes[node as usize].listed() {
+        if self.listed(node) {
             self.unlist(node);
             self.set_last_access(node, now);
             self.relist(node);
         } else {
             self.set_last_access(node, now);
+            if self.host.is_some() {
+                self.host_offer(node);
+            }
         }
     }
 
@@ -447,26 +475,31 @@ impl RadixTree {
         let now = self.tick();
         let key = &key[..self.aligned(key.len())];
         let root = self.root();
+        let nothing = MatchOutcome {
+            length: 0,
+            node: root,
+            host_length: 0,
+            host_node: root,
+        };
         if key.is_empty() {
-            return MatchOutcome {
-                length: 0,
-                node: root,
-            };
+            return nothing;
         }
         self.set_last_access(ROOT, now);
         let Some(ns) = self.namespace_id(ns) else {
-            return MatchOutcome {
-                length: 0,
-                node: root,
-            };
+            return nothing;
         };
         let mut node = ROOT;
         let mut matched = 0;
         let mut rest = key;
+        // The device part ends at the first host-only node (device nodes are a prefix).
+        let mut device: Option<(u32, usize)> = None;
         while !rest.is_empty() {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
             };
+            if device.is_none() && self.is_evicted(child) {
+                device = Some((node, matched));
+            }
             self.touch(child, now);
             let c = &self.nodes[child as usize];
             let p = self.aligned(common_prefix_len(c.span.key(), rest));
@@ -478,9 +511,12 @@ impl RadixTree {
             node = child;
             rest = &rest[p..];
         }
+        let (dev_node, dev_len) = device.unwrap_or((node, matched));
         MatchOutcome {
-            length: matched,
-            node: self.handle(node),
+            length: dev_len,
+            node: self.handle(dev_node),
+            host_length: matched - dev_len,
+            host_node: self.handle(node),
         }
     }
 
@@ -517,11 +553,15 @@ impl RadixTree {
         let mut node = ROOT;
         let mut total = 0;
         let mut rest = key;
+        let counts_hits = self.counts_hits();
+        // Host tier: the device part of the path, and the nodes to back up afterwards.
+        let mut device_prefix: Option<usize> = None;
+        let mut backups: Vec<u32> = Vec::new();
         while !rest.is_empty() {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
             };
-            let listed = self.nodes[child as usize].listed();
+            let listed = self.listed(child);
             if listed {
                 self.unlist(child);
             }
@@ -541,11 +581,38 @@ impl RadixTree {
                 child
             };
             self.raise_priority(node, priority);
-            if total > inserted_len {
+            let counted = total > inserted_len && counts_hits;
+            if counted {
                 self.add_hit(node);
             }
             if listed && node == child {
                 self.relist(child);
+            }
+            if self.host.is_some() {
+                if node != child {
+                    // The host-only tail of a split keeps the new access time.
+                    self.host_offer(child);
+                }
+                if self.is_evicted(node) {
+                    // A host-only node takes the inserted KV (SGLang
+                    // `_unevict_node_on_insert`): it is on the device again.
+                    let start = total - p;
+                    device_prefix.get_or_insert(start);
+                    let span = match value {
+                        Some(v) => Span::from_values(&key[start..total], &v[start..total]),
+                        None => Span::from_tokens(&key[start..total]),
+                    };
+                    match span {
+                        Ok(span) => self.revive(node, span),
+                        Err(e) => {
+                            self.drop_unused_namespace(ns);
+                            return Err(e);
+                        }
+                    }
+                }
+                if counted && self.wants_backup(node) {
+                    backups.push(node);
+                }
             }
         }
         if !rest.is_empty() {
@@ -567,13 +634,13 @@ impl RadixTree {
             let mut leaf = Node::new(node);
             leaf.span = span;
             let mut stamps = Stamps::new(serial, now, now);
-            if total + rest.len() > inserted_len {
+            if total + rest.len() > inserted_len && counts_hits {
                 stamps.hits = 1;
             }
             let ck = child_key(ns, rest[0]);
             let slot = self.alloc(leaf, ns, stamps);
             self.set_priority(slot, priority);
-            if self.nodes[node as usize].listed() {
+            if self.listed(node) {
                 self.unlist(node);
             }
             // Taken out (the node is unlisted, so its heap position is not lost) so that
@@ -583,13 +650,20 @@ impl RadixTree {
             children.insert(ck, slot, &mut indexes, |c| self.child_key_of(c));
             self.indexes = indexes;
             self.nodes[node as usize].children = children;
+            self.host_on_device_child(node);
             self.evictable_size += rest.len();
             self.relist(slot);
+            if self.wants_backup(slot) {
+                backups.push(slot);
+            }
             node = slot;
         }
         self.drop_unused_namespace(ns);
+        for slot in backups {
+            self.backup_chain(slot);
+        }
         Ok(InsertOutcome {
-            prefix_len: total,
+            prefix_len: device_prefix.unwrap_or(total),
             node: self.handle(node),
         })
     }
@@ -613,13 +687,15 @@ impl RadixTree {
         let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
+            let evicted = self.is_evicted(cur);
             let n = &mut self.nodes[cur as usize];
-            if n.lock_ref == 0 {
+            // A host-only node has no device KV to protect (SGLang locks it all the same).
+            if n.lock_ref == 0 && !evicted {
                 let len = n.span.len();
                 self.evictable_size -= len;
                 self.protected_size += len;
                 delta -= len as i64;
-                if n.listed() {
+                if self.listed(cur) {
                     self.unlist(cur);
                 }
             }
@@ -666,15 +742,20 @@ impl RadixTree {
         let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
+            let evicted = self.is_evicted(cur);
             let n = &mut self.nodes[cur as usize];
             n.lock_ref -= 1;
             let parent = n.parent;
             if n.lock_ref == 0 {
-                let len = n.span.len();
-                self.evictable_size += len;
-                self.protected_size -= len;
-                delta += len as i64;
-                self.relist(cur);
+                if evicted {
+                    self.host_offer(cur);
+                } else {
+                    let len = n.span.len();
+                    self.evictable_size += len;
+                    self.protected_size -= len;
+                    delta += len as i64;
+                    self.relist(cur);
+                }
             }
             cur = parent;
         }
@@ -684,6 +765,11 @@ impl RadixTree {
     /// The KV indices on the path from the root to `node`, concatenated.
     pub fn path_indices(&self, node: NodeRef) -> Result<Vec<i64>> {
         let mut cur = self.resolve(node)?;
+        if self.is_evicted(cur) {
+            return Err(Error::InvalidArgument(
+                "path_indices: the node is only in host memory (load_back it first)".into(),
+            ));
+        }
         let mut path = Vec::new();
         let mut len = 0;
         while cur != ROOT {
@@ -735,7 +821,7 @@ impl RadixTree {
     }
 
     /// Children of `slot` in canonical order: namespace, then key tokens.
-    fn sorted_children(&self, slot: u32) -> Vec<u32> {
+    pub(crate) fn sorted_children(&self, slot: u32) -> Vec<u32> {
         let mut ids = self.nodes[slot as usize].children.ids(&self.indexes);
         ids.sort_by(|&a, &b| {
             let (na, nb) = (&self.nodes[a as usize], &self.nodes[b as usize]);
@@ -763,7 +849,12 @@ impl RadixTree {
             out.push(NodeDump {
                 depth,
                 key: n.span.key().to_vec(),
-                value: n.span.values(),
+                // A host-only node has no device KV indices.
+                value: if self.is_evicted(slot) {
+                    Vec::new()
+                } else {
+                    n.span.values()
+                },
                 lock_ref: u64::from(n.lock_ref),
                 hit_count: st.hits,
                 priority: self.priority(slot),

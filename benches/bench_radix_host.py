@@ -1,0 +1,102 @@
+"""RadixCache with SGLang's HiCache host tier: the tier's hot operations on the
+shared-prefix workload of bench_radix.py (2000 prompts of 2304 tokens), core only, each
+beside the same operation without a tier.
+
+- insert: write-through backs up every new node (a host copy per insert);
+- evict-all: every leaf demoted to host-only (kept in the tree) instead of deleted;
+- match + load_back: a match whose unique tail is host-only, then its load back;
+- host eviction: host-only leaves deleted in LRU order.
+
+``per_call_us`` in extra_info is the time of one call (pass time / 2000).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benches.workloads import shared_prefix_prompts
+from prefixcache import RadixCache
+
+PROMPTS = shared_prefix_prompts()
+TOKENS = sum(len(p) for p in PROMPTS)
+ROUNDS = 10
+
+
+def make(tier: bool) -> Any:
+    if tier:
+        return RadixCache(host_capacity=TOKENS, write_policy="write_through")
+    return RadixCache()
+
+
+def filled(tier: bool) -> Any:
+    cache = make(tier)
+    for p in PROMPTS:
+        cache.insert(p)
+    return cache
+
+
+def record(benchmark: Any, calls: int) -> None:
+    if benchmark.stats is not None:
+        benchmark.extra_info["per_call_us"] = benchmark.stats.stats.min / calls * 1e6
+
+
+@pytest.mark.parametrize("tier", [False, True], ids=["no-tier", "host-tier"])
+def test_insert(benchmark: Any, tier: bool) -> None:
+    benchmark.group = "radix host tier: insert (2000 x 2304 tokens)"
+
+    def run(cache: Any) -> None:
+        for p in PROMPTS:
+            cache.insert(p)
+
+    benchmark.pedantic(run, setup=lambda: ((make(tier),), {}), rounds=ROUNDS)
+    record(benchmark, len(PROMPTS))
+
+
+@pytest.mark.parametrize("tier", [False, True], ids=["no-tier", "host-tier"])
+def test_evict_all(benchmark: Any, tier: bool) -> None:
+    benchmark.group = "radix host tier: evict everything (2000 leaves)"
+
+    def run(cache: Any) -> int:
+        return len(cache.evict(TOKENS))
+
+    freed = benchmark.pedantic(run, setup=lambda: ((filled(tier),), {}), rounds=ROUNDS)
+    assert freed > 0
+    record(benchmark, len(PROMPTS))
+
+
+def test_match_and_load_back(benchmark: Any) -> None:
+    benchmark.group = "radix host tier: match + load_back (2000 x 256 host tokens)"
+
+    def setup() -> tuple[tuple[Any], dict[str, Any]]:
+        cache = filled(True)
+        cache.evict(len(PROMPTS) * 256)  # the unique tails: host-only now
+        return (cache,), {}
+
+    def run(cache: Any) -> int:
+        loaded = 0
+        for p in PROMPTS:
+            m = cache.match_prefix(p)
+            loaded += cache.load_back(m.last_host_node)
+        return loaded
+
+    loaded = benchmark.pedantic(run, setup=setup, rounds=ROUNDS)
+    assert loaded >= len(PROMPTS) * 256  # whole leaves: a few more than the tails
+    record(benchmark, len(PROMPTS))
+
+
+def test_evict_host(benchmark: Any) -> None:
+    benchmark.group = "radix host tier: host eviction (2000 host-only leaves)"
+
+    def setup() -> tuple[tuple[Any], dict[str, Any]]:
+        cache = filled(True)
+        cache.evict(len(PROMPTS) * 256)
+        return (cache,), {}
+
+    def run(cache: Any) -> int:
+        return int(cache.evict_host(len(PROMPTS) * 256))
+
+    freed = benchmark.pedantic(run, setup=setup, rounds=ROUNDS)
+    assert freed >= len(PROMPTS) * 256
+    record(benchmark, len(PROMPTS))

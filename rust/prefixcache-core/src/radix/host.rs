@@ -1,0 +1,742 @@
+//! SGLang's HiCache host tier behind the radix tree (SEMANTICS.md 1.9).
+//!
+//! Host memory holds copies of nodes ("backed up"). A backed-up node evicted from the
+//! device stays in the tree, host-only ("evicted"); a match walks through it and reports
+//! it as the host part of the hit, `load_back` gives it device KV again, host eviction
+//! deletes host-only leaves. Writes and loads complete at once (SGLang runs them
+//! asynchronously and acknowledges them later; the simulator has no clock for that).
+//!
+//! Per-node host state lives in a side table indexed by slot ([`HostSlot`]), not in the
+//! node: a tree without a host tier pays one `Option` in the tree and nothing per node.
+//! Device nodes are prefix-closed (every ancestor of a device node is on the device), so
+//! on any root-to-node path the host-only nodes are a tail.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::str::FromStr;
+
+use super::children::child_key;
+use super::policy::PolicyKey;
+use super::span::Span;
+use super::tree::{NodeRef, RadixTree, NO_PARENT, ROOT};
+use crate::{Error, Result};
+
+/// When a node is copied to host memory (SGLang `--hicache-write-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// Every inserted node, at once (write-through threshold 1).
+    WriteThrough,
+    /// A node once its hit count reaches 2.
+    WriteThroughSelective,
+    /// A node only when it is evicted from the device.
+    WriteBack,
+}
+
+impl WritePolicy {
+    pub const ALL: [WritePolicy; 3] = [
+        WritePolicy::WriteThrough,
+        WritePolicy::WriteThroughSelective,
+        WritePolicy::WriteBack,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WritePolicy::WriteThrough => "write_through",
+            WritePolicy::WriteThroughSelective => "write_through_selective",
+            WritePolicy::WriteBack => "write_back",
+        }
+    }
+
+    /// The hit count at which insert backs a node up (SGLang `write_through_threshold`).
+    fn threshold(self) -> u64 {
+        match self {
+            WritePolicy::WriteThrough => 1,
+            WritePolicy::WriteThroughSelective => 2,
+            WritePolicy::WriteBack => u64::MAX,
+        }
+    }
+}
+
+impl FromStr for WritePolicy {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let norm = s.to_ascii_lowercase().replace('-', "_");
+        WritePolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == norm)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown write policy {s:?}: expected one of write_through, \
+                     write_through_selective, write_back"
+                ))
+            })
+    }
+}
+
+/// The host state of one slot.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HostSlot {
+    /// A copy of the node is in host memory.
+    pub(crate) backed: bool,
+    /// The node has no device KV (host-only); implies `backed`.
+    pub(crate) evicted: bool,
+    /// Children that are on the device (a device leaf has none).
+    pub(crate) device_children: u32,
+}
+
+/// Counters of the host tier, in tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostStats {
+    /// Tokens written to host memory.
+    pub stored_tokens: u64,
+    /// Tokens dropped from host memory by host eviction.
+    pub host_evicted_tokens: u64,
+    /// Tokens loaded back from host memory to the device.
+    pub loaded_tokens: u64,
+    /// The most tokens host memory held at once.
+    pub peak_host_tokens: usize,
+}
+
+type HostEntry = Reverse<(PolicyKey, u32, u64)>;
+
+#[derive(Debug)]
+pub(crate) struct HostTier {
+    capacity: usize,
+    used: usize,
+    policy: WritePolicy,
+    pub(crate) slots: Vec<HostSlot>,
+    /// Candidate host leaves by policy key, checked when popped (a touch or a state
+    /// change pushes a fresh entry instead of moving the old one).
+    heap: BinaryHeap<HostEntry>,
+    evicted_nodes: usize,
+    stats: HostStats,
+}
+
+impl HostTier {
+    fn new(capacity: usize, policy: WritePolicy) -> Self {
+        HostTier {
+            capacity,
+            used: 0,
+            policy,
+            slots: Vec::new(),
+            heap: BinaryHeap::new(),
+            evicted_nodes: 0,
+            stats: HostStats::default(),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = HostTier::new(self.capacity, self.policy);
+    }
+
+    #[inline]
+    pub(crate) fn slot(&self, slot: u32) -> HostSlot {
+        self.slots.get(slot as usize).copied().unwrap_or_default()
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, slot: u32) -> &mut HostSlot {
+        let i = slot as usize;
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, HostSlot::default());
+        }
+        &mut self.slots[i]
+    }
+
+    fn free(&self) -> usize {
+        self.capacity - self.used
+    }
+}
+
+impl RadixTree {
+    /// Puts a host tier of `capacity` tokens behind the device (SGLang HiCache). Only on
+    /// an empty tree; a capacity of 0 removes the tier.
+    pub fn set_host_tier(&mut self, capacity: usize, policy: WritePolicy) -> Result<()> {
+        if self.num_nodes != 0 {
+            return Err(Error::InvalidArgument(
+                "set_host_tier: the tree must be empty".into(),
+            ));
+        }
+        self.host = (capacity > 0).then(|| Box::new(HostTier::new(capacity, policy)));
+        Ok(())
+    }
+
+    /// Host capacity in tokens (0 without a tier).
+    pub fn host_capacity(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.capacity)
+    }
+
+    /// Tokens in host memory (backed-up nodes, host-only or not).
+    pub fn host_size(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.used)
+    }
+
+    /// The write policy (None without a tier).
+    pub fn write_policy(&self) -> Option<WritePolicy> {
+        self.host.as_ref().map(|h| h.policy)
+    }
+
+    /// The tier's counters (zeros without one).
+    pub fn host_stats(&self) -> HostStats {
+        self.host
+            .as_ref()
+            .map_or_else(HostStats::default, |h| h.stats)
+    }
+
+    /// Whether `node` has a host copy and whether it is host-only.
+    pub fn host_state(&self, node: NodeRef) -> Result<(bool, bool)> {
+        let slot = self.resolve(node)?;
+        let s = self.host_slot(slot);
+        Ok((s.backed, s.evicted))
+    }
+
+    #[inline]
+    pub(crate) fn host_slot(&self, slot: u32) -> HostSlot {
+        self.host
+            .as_ref()
+            .map_or_else(HostSlot::default, |h| h.slot(slot))
+    }
+
+    /// Whether `slot` is host-only (no device KV).
+    #[inline]
+    pub(crate) fn is_evicted(&self, slot: u32) -> bool {
+        self.host.as_ref().is_some_and(|h| h.slot(slot).evicted)
+    }
+
+    /// Whether `slot` has children on the device (with a tier), or any child (without).
+    #[inline]
+    pub(crate) fn has_device_children(&self, slot: u32) -> bool {
+        match &self.host {
+            None => !self.nodes[slot as usize].children.is_empty(),
+            Some(h) => h.slot(slot).device_children > 0,
+        }
+    }
+
+    /// A slot was (re)allocated: fresh host state.
+    #[inline]
+    pub(crate) fn host_on_alloc(&mut self, slot: u32) {
+        if let Some(h) = self.host.as_mut() {
+            *h.slot_mut(slot) = HostSlot::default();
+        }
+    }
+
+    /// A slot was released: its host state goes.
+    #[inline]
+    pub(crate) fn host_on_release(&mut self, slot: u32) {
+        if let Some(h) = self.host.as_mut() {
+            if let Some(s) = h.slots.get_mut(slot as usize) {
+                *s = HostSlot::default();
+            }
+        }
+    }
+
+    pub(crate) fn host_on_reset(&mut self) {
+        if let Some(h) = self.host.as_mut() {
+            h.clear();
+        }
+    }
+
+    /// `child` was split: `head` took its first part and became its parent. The head
+    /// shares the child's host state (SGLang splits `host_value` with `value`).
+    pub(crate) fn host_on_split(&mut self, child: u32, head: u32) {
+        if let Some(h) = self.host.as_mut() {
+            let c = h.slot(child);
+            *h.slot_mut(head) = HostSlot {
+                backed: c.backed,
+                evicted: c.evicted,
+                device_children: u32::from(!c.evicted),
+            };
+            if c.evicted {
+                h.evicted_nodes += 1;
+            }
+        }
+    }
+
+    /// A device child was added under `parent` (a new leaf).
+    #[inline]
+    pub(crate) fn host_on_device_child(&mut self, parent: u32) {
+        if let Some(h) = self.host.as_mut() {
+            h.slot_mut(parent).device_children += 1;
+        }
+    }
+
+    /// A device child of `parent` left the device (deleted or demoted).
+    fn host_device_child_gone(&mut self, parent: u32) {
+        if let Some(h) = self.host.as_mut() {
+            let s = h.slot_mut(parent);
+            s.device_children = s.device_children.saturating_sub(1);
+        }
+    }
+
+    /// Offers `slot` to the host eviction order if it is a host leaf now.
+    pub(crate) fn host_offer(&mut self, slot: u32) {
+        if !self.is_host_leaf(slot) {
+            return;
+        }
+        let key = self.policy_key(slot);
+        let serial = self.serial(slot);
+        if let Some(h) = self.host.as_mut() {
+            h.heap.push(Reverse((key, slot, serial)));
+            if h.heap.len() > 2 * h.evicted_nodes + 1024 {
+                self.rebuild_host_heap();
+            }
+        }
+    }
+
+    fn rebuild_host_heap(&mut self) {
+        let leaves: Vec<HostEntry> = (0..self.nodes.len() as u32)
+            .filter(|&s| self.is_host_leaf(s))
+            .map(|s| Reverse((self.policy_key(s), s, self.serial(s))))
+            .collect();
+        if let Some(h) = self.host.as_mut() {
+            h.heap = BinaryHeap::from(leaves);
+        }
+    }
+
+    /// SGLang `_is_host_leaf`: host-only, childless, unlocked, not the root (nor a free
+    /// slot).
+    fn is_host_leaf(&self, slot: u32) -> bool {
+        let n = &self.nodes[slot as usize];
+        slot != ROOT
+            && n.parent != NO_PARENT
+            && self.is_evicted(slot)
+            && n.children.is_empty()
+            && n.lock_ref == 0
+    }
+
+    /// Evicts host-only leaves in policy order until `num_tokens` host tokens are freed
+    /// or none is left (SGLang `drive_host_eviction`). Returns the tokens freed.
+    pub fn evict_host(&mut self, num_tokens: usize) -> usize {
+        let mut freed = 0;
+        while freed < num_tokens {
+            let Some(Reverse((key, slot, serial))) = self.host.as_mut().and_then(|h| h.heap.pop())
+            else {
+                break;
+            };
+            // A free slot's stamps are stale: test liveness first.
+            let live = self
+                .nodes
+                .get(slot as usize)
+                .is_some_and(|n| n.parent != NO_PARENT)
+                && self.serial(slot) == serial;
+            if !live || !self.is_host_leaf(slot) || self.policy_key(slot) != key {
+                continue;
+            }
+            freed += self.delete_host_only(slot);
+        }
+        freed
+    }
+
+    /// Deletes the host-only leaf `slot`; returns its length.
+    fn delete_host_only(&mut self, slot: u32) -> usize {
+        let n = &self.nodes[slot as usize];
+        let (parent, len) = (n.parent, n.span.len());
+        let ck = child_key(self.ns(slot), n.span.key()[0]);
+        if let Some(h) = self.host.as_mut() {
+            h.used -= len;
+            h.stats.host_evicted_tokens += len as u64;
+            h.evicted_nodes -= 1;
+        }
+        let removed = self.remove_child(parent, ck, slot);
+        debug_assert!(removed, "host eviction: leaf not filed under its parent");
+        self.release(slot);
+        // The parent's device state did not change: only its host-leaf status can.
+        self.host_offer(parent);
+        len
+    }
+
+    /// Copies `slot` to host memory, evicting host leaves if short (SGLang
+    /// `_execute_kv_backup`). False when host memory cannot take it.
+    fn backup_one(&mut self, slot: u32) -> bool {
+        let len = self.nodes[slot as usize].span.len();
+        let Some(free) = self.host.as_ref().map(|h| h.free()) else {
+            return false;
+        };
+        if free < len {
+            self.evict_host(len - free);
+        }
+        let Some(h) = self.host.as_mut() else {
+            return false;
+        };
+        if h.free() < len {
+            return false;
+        }
+        h.used += len;
+        h.stats.stored_tokens += len as u64;
+        h.stats.peak_host_tokens = h.stats.peak_host_tokens.max(h.used);
+        h.slot_mut(slot).backed = true;
+        true
+    }
+
+    /// Write-through backup of `slot` with its unbacked ancestors, top-down, stopping at
+    /// the first that does not fit (SGLang `_build_backup_kv_action` +
+    /// `_execute_and_commit_kv_backup`).
+    pub(crate) fn backup_chain(&mut self, slot: u32) {
+        let mut chain = vec![slot];
+        let mut cur = self.nodes[slot as usize].parent;
+        while cur != ROOT && !self.host_slot(cur).backed {
+            chain.push(cur);
+            cur = self.nodes[cur as usize].parent;
+        }
+        for &s in chain.iter().rev() {
+            if !self.host_slot(s).backed && !self.backup_one(s) {
+                return;
+            }
+        }
+    }
+
+    /// Insert's write-through rule for a node whose hit count was just counted (SGLang
+    /// `_inc_hit_count_and_check`): back it up once the count reaches the threshold.
+    #[inline]
+    pub(crate) fn wants_backup(&self, slot: u32) -> bool {
+        match &self.host {
+            None => false,
+            Some(h) => !h.slot(slot).backed && self.stamps(slot).hits >= h.policy.threshold(),
+        }
+    }
+
+    /// Whether insert counts hits (SGLang skips the count under write_back).
+    #[inline]
+    pub(crate) fn counts_hits(&self) -> bool {
+        self.host
+            .as_ref()
+            .is_none_or(|h| h.policy != WritePolicy::WriteBack)
+    }
+
+    /// Gives the host-only node `slot` device KV `span` (insert over it, or a load back).
+    pub(crate) fn revive(&mut self, slot: u32, span: Span) {
+        let len = span.len();
+        let parent = self.nodes[slot as usize].parent;
+        // `replace` keeps the header's flags and namespace id.
+        self.nodes[slot as usize].span.replace(span);
+        if let Some(h) = self.host.as_mut() {
+            h.slot_mut(slot).evicted = false;
+            h.evicted_nodes -= 1;
+        }
+        if self.nodes[slot as usize].lock_ref == 0 {
+            self.evictable_size += len;
+        } else {
+            self.protected_size += len;
+        }
+        self.host_on_device_child(parent);
+        self.unlist(parent);
+        self.relist(slot);
+    }
+
+    /// Device eviction with a host tier (SGLang `_evict` / `evict_device_leaf`): device
+    /// leaves in policy order; a backed-up leaf is demoted (stays host-only), an
+    /// unbacked one is backed up first under write_back, otherwise deleted with its
+    /// host-only subtree.
+    pub(crate) fn evict_with_host(&mut self, target: u64, freed: &mut Vec<i64>) {
+        let write_back = self.write_policy() == Some(WritePolicy::WriteBack);
+        while (freed.len() as u64) < target {
+            if self.evictable.is_empty() {
+                break;
+            }
+            let slot = self.remove_at(0);
+            if write_back && !self.host_slot(slot).backed {
+                self.backup_one(slot);
+            }
+            if self.host_slot(slot).backed {
+                self.demote(slot, freed);
+            } else {
+                self.delete_device_leaf(slot, freed);
+            }
+        }
+    }
+
+    /// Releases the device KV of backed-up `slot`; it stays, host-only.
+    fn demote(&mut self, slot: u32, freed: &mut Vec<i64>) {
+        let n = &self.nodes[slot as usize];
+        let parent = n.parent;
+        self.evictable_size -= n.span.len();
+        n.span.extend_values(freed);
+        if let Some(h) = self.host.as_mut() {
+            h.slot_mut(slot).evicted = true;
+            h.evicted_nodes += 1;
+        }
+        self.host_device_child_gone(parent);
+        self.relist(parent);
+        self.host_offer(slot);
+    }
+
+    /// Deletes the unbacked device leaf `slot` and its host-only subtree (SGLang
+    /// `_delete_unbacked_device_leaf`, `drop_subtree_no_host`).
+    fn delete_device_leaf(&mut self, slot: u32, freed: &mut Vec<i64>) {
+        let mut below = Vec::new();
+        let mut stack: Vec<u32> = self.nodes[slot as usize].children.ids(&self.indexes);
+        while let Some(s) = stack.pop() {
+            below.push(s);
+            stack.extend(self.nodes[s as usize].children.iter(&self.indexes));
+        }
+        for &s in below.iter().rev() {
+            let len = self.nodes[s as usize].span.len();
+            if let Some(h) = self.host.as_mut() {
+                h.used -= len;
+                h.stats.host_evicted_tokens += len as u64;
+                h.evicted_nodes -= 1;
+            }
+            let n = &self.nodes[s as usize];
+            let (parent, ck) = (n.parent, child_key(self.ns(s), n.span.key()[0]));
+            let removed = self.remove_child(parent, ck, s);
+            debug_assert!(removed, "evict: host-only node not filed under its parent");
+            self.release(s);
+        }
+        let n = &self.nodes[slot as usize];
+        let parent = n.parent;
+        let ck = child_key(self.ns(slot), n.span.key()[0]);
+        self.evictable_size -= n.span.len();
+        n.span.extend_values(freed);
+        let removed = self.remove_child(parent, ck, slot);
+        debug_assert!(removed, "evict: leaf not filed under its parent");
+        self.release(slot);
+        self.host_device_child_gone(parent);
+        self.relist(parent);
+        self.host_offer(parent);
+    }
+
+    /// Host-only nodes on the path to `node`, top-down, and their total length.
+    fn host_tail(&self, slot: u32) -> (Vec<u32>, usize) {
+        let mut nodes = Vec::new();
+        let mut len = 0;
+        let mut cur = slot;
+        while cur != ROOT && self.is_evicted(cur) {
+            nodes.push(cur);
+            len += self.nodes[cur as usize].span.len();
+            cur = self.nodes[cur as usize].parent;
+        }
+        nodes.reverse();
+        (nodes, len)
+    }
+
+    /// Tokens on the path to `node` that are host-only (what `load_back` would load).
+    pub fn host_tail_len(&self, node: NodeRef) -> Result<usize> {
+        let slot = self.resolve(node)?;
+        Ok(self.host_tail(slot).1)
+    }
+
+    /// Loads the host-only nodes on the path to `node` back to the device with KV
+    /// indices `values` (one per loaded token, top-down; default: the tokens), all or
+    /// nothing (SGLang `load_back` / `commit_load_back`). Returns the tokens loaded. The
+    /// caller makes room on the device first (SGLang evicts under a lock on the device
+    /// ancestor: [`RadixTree::inc_lock_ref`] it, [`RadixTree::evict`], then load).
+    pub fn load_back(&mut self, node: NodeRef, values: Option<&[i64]>) -> Result<usize> {
+        let slot = self.resolve(node)?;
+        let (nodes, len) = self.host_tail(slot);
+        if let Some(v) = values {
+            if v.len() != len {
+                return Err(Error::InvalidArgument(format!(
+                    "load_back: values has length {} but the node has {len} host-only \
+                     tokens on its path: they must be equal",
+                    v.len()
+                )));
+            }
+        }
+        let mut spans = Vec::with_capacity(nodes.len());
+        let mut off = 0;
+        for &s in &nodes {
+            let key = self.nodes[s as usize].span.key();
+            let span = match values {
+                Some(v) => Span::from_values(key, &v[off..off + key.len()])?,
+                None => Span::from_tokens(key)?,
+            };
+            off += key.len();
+            spans.push(span);
+        }
+        for (&s, span) in nodes.iter().zip(spans) {
+            self.revive(s, span);
+        }
+        if let Some(h) = self.host.as_mut() {
+            h.stats.loaded_tokens += len as u64;
+        }
+        Ok(len)
+    }
+
+    /// `(backed_up, host_only)` of every non-root node, in [`RadixTree::dump`] order.
+    pub fn host_dump(&self) -> Vec<(bool, bool)> {
+        let mut out = Vec::with_capacity(self.num_nodes);
+        let mut stack: Vec<u32> = self.sorted_children(ROOT).into_iter().rev().collect();
+        while let Some(slot) = stack.pop() {
+            let s = self.host_slot(slot);
+            out.push((s.backed, s.evicted));
+            stack.extend(self.sorted_children(slot).into_iter().rev());
+        }
+        out
+    }
+
+    /// The host tier's part of [`RadixTree::check_invariants`].
+    pub(crate) fn check_host_invariants(&self) -> std::result::Result<(), String> {
+        let Some(h) = &self.host else {
+            return Ok(());
+        };
+        let mut used = 0;
+        let mut evicted = 0;
+        let mut stack = vec![ROOT];
+        while let Some(slot) = stack.pop() {
+            let n = &self.nodes[slot as usize];
+            let s = h.slot(slot);
+            let mut dev = 0u32;
+            for c in n.children.iter(&self.indexes) {
+                let cs = h.slot(c);
+                if !cs.evicted {
+                    dev += 1;
+                    if s.evicted {
+                        return Err(format!("device node {c} under host-only node {slot}"));
+                    }
+                }
+                stack.push(c);
+            }
+            if dev != s.device_children {
+                return Err(format!(
+                    "node {slot}: {dev} device children, recorded {}",
+                    s.device_children
+                ));
+            }
+            if slot == ROOT {
+                if s.backed || s.evicted {
+                    return Err("the root has host state".into());
+                }
+                continue;
+            }
+            if s.evicted && !s.backed {
+                return Err(format!("node {slot} is host-only without a host copy"));
+            }
+            if s.backed {
+                used += n.span.len();
+            }
+            if s.evicted {
+                evicted += 1;
+                if n.children.is_empty() && n.lock_ref == 0 {
+                    let key = (self.policy_key(slot), slot, self.serial(slot));
+                    if !h.heap.iter().any(|e| e.0 == key) {
+                        return Err(format!("host leaf {slot} is not in the host order"));
+                    }
+                }
+            }
+        }
+        if used != h.used || used > h.capacity {
+            return Err(format!(
+                "host tokens: counted {used}, recorded {}, capacity {}",
+                h.used, h.capacity
+            ));
+        }
+        if evicted != h.evicted_nodes {
+            return Err(format!(
+                "host-only nodes: counted {evicted}, recorded {}",
+                h.evicted_nodes
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::policy::EvictionPolicy;
+    use super::super::tree::{Namespace, RadixTree};
+    use super::WritePolicy;
+
+    fn tree(host: usize, write: WritePolicy) -> RadixTree {
+        let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+        t.set_host_tier(host, write).expect("tier");
+        t
+    }
+
+    /// Demote, match through the host part, load back, evict from host: the invariants
+    /// hold after each step.
+    #[test]
+    fn demote_match_load_and_host_evict() {
+        let ns = Namespace::default();
+        let mut t = tree(8, WritePolicy::WriteThrough);
+        t.insert(&[1, 2, 3], Some(&[10, 11, 12]), &ns, 0, 0)
+            .expect("insert");
+        t.insert(&[1, 2, 3, 4, 5], Some(&[10, 11, 12, 13, 14]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.host_size(), 5);
+        assert_eq!(t.evict(2).expect("evict"), vec![13, 14]);
+        t.check_invariants().expect("invariants");
+        let m = t.match_prefix(&[1, 2, 3, 4, 5], &ns);
+        assert_eq!((m.length, m.host_length), (3, 2));
+        t.check_invariants().expect("invariants");
+        assert_eq!(t.load_back(m.host_node, Some(&[20, 21])).expect("load"), 2);
+        assert_eq!(
+            t.path_indices(m.host_node).expect("path"),
+            vec![10, 11, 12, 20, 21]
+        );
+        t.check_invariants().expect("invariants");
+        assert_eq!(t.evict(5).expect("evict").len(), 5);
+        assert_eq!((t.total_size(), t.num_nodes(), t.host_size()), (0, 2, 5));
+        assert_eq!(t.evict_host(1), 2);
+        assert_eq!(t.evict_host(10), 3);
+        assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
+        t.check_invariants().expect("invariants");
+    }
+
+    /// A device leaf over host-only children is listed with its heap position in the
+    /// tree's side table (its child index's words hold its children); the position moves
+    /// to the words when its last child is dropped from the host, back to the side table
+    /// never (a childless node keeps it in the words), and leaves with the node.
+    #[test]
+    fn listed_node_with_host_only_children() {
+        let ns = Namespace::default();
+        for policy in EvictionPolicy::ALL {
+            let mut t = RadixTree::new(1, policy).expect("tree");
+            t.set_host_tier(64, WritePolicy::WriteThrough)
+                .expect("tier");
+            t.insert(&[1, 2], None, &ns, 0, 0).expect("insert");
+            for c in 3..8u32 {
+                t.insert(&[1, 2, c], None, &ns, 0, 0).expect("insert");
+            }
+            t.insert(&[9], None, &ns, 0, 0).expect("insert");
+            t.check_invariants().expect("invariants");
+            // Evict the five one-token children of [1, 2] (host-only now) and no more.
+            let mut freed = 0;
+            while t.heap_side.is_empty() {
+                freed += t.evict(1).expect("evict").len();
+                t.check_invariants().expect("invariants");
+                assert!(freed <= 6, "{policy:?}");
+            }
+            let top = t.match_prefix(&[1, 2], &ns).node;
+            let slot = t.resolve(top).expect("live");
+            assert!(t.listed(slot));
+            assert_eq!(t.heap_side.len(), 1);
+            // A touch re-sorts it (through the side table).
+            t.match_prefix(&[1, 2], &ns);
+            t.check_invariants().expect("invariants");
+            // Reviving a child takes the node out of the heap (a device child).
+            t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
+            assert!(!t.listed(slot) && t.heap_side.is_empty());
+            t.check_invariants().expect("invariants");
+            // Demote it again, then drop every host-only child: the position moves to
+            // the words.
+            while t.heap_side.is_empty() {
+                t.evict(1).expect("evict");
+                t.check_invariants().expect("invariants");
+            }
+            while t.nodes[slot as usize].children.len(&t.indexes) > 0 {
+                assert!(t.evict_host(1) > 0, "{policy:?}");
+                t.check_invariants().expect("invariants");
+            }
+            assert!(t.heap_side.is_empty());
+            assert!(t.listed(slot), "{policy:?}");
+            t.evict(1 << 20).expect("evict");
+            t.check_invariants().expect("invariants");
+            assert!(t.heap_side.is_empty());
+        }
+    }
+
+    /// A load with values of the wrong length changes nothing.
+    #[test]
+    fn bad_load_changes_nothing() {
+        let ns = Namespace::default();
+        let mut t = tree(8, WritePolicy::WriteBack);
+        t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
+        t.evict(3).expect("evict");
+        let m = t.match_prefix(&[1, 2, 3], &ns);
+        let before = (t.dump(), t.host_dump(), t.host_size());
+        assert!(t.load_back(m.host_node, Some(&[1])).is_err());
+        assert_eq!((t.dump(), t.host_dump(), t.host_size()), before);
+        t.check_invariants().expect("invariants");
+    }
+}
