@@ -5,7 +5,7 @@
 //! token)` packed in a u64; with pages, several children may share a first token, so a
 //! lookup compares the first page of each candidate (normally one). Up to three children
 //! are kept in the node by slot alone (their keys are read off the children); beyond, a
-//! boxed vector of (key, slot), and beyond [`INLINE_MAX`] a hash map.
+//! vector of (key, slot) in the tree's [`Indexes`], and beyond [`INLINE_MAX`] a hash map.
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -18,19 +18,91 @@ pub(crate) fn child_key(ns: u32, first_token: u32) -> u64 {
     (u64::from(ns) << 32) | u64::from(first_token)
 }
 
-/// Up to this many children are kept in the node by slot alone (16 bytes, no heap):
+/// Up to this many children are kept in the node by slot alone (12 bytes, no heap):
 /// their child keys are read off the children themselves.
 const FEW_MAX: usize = 3;
 
+/// `heap_pos` of a node that is not in the evictable set.
+pub(crate) const UNLISTED: u32 = u32::MAX;
+
+/// The children of one node, in three words (12 bytes, no tag: the root, slot 0, is
+/// never a child, so a 0 word is free):
+///
+/// - `[a, b, c]` with `a != 0`: 1..=[`FEW_MAX`] children by slot, packed from the front
+///   (0 = none); candidates are every one of them (the caller checks each child's key);
+/// - `[0, 0, pos]`: no child; `pos` is the leaf's position in the evictable heap
+///   ([`UNLISTED`] when it is not there: only a childless node can be);
+/// - `[0, id + 1, 0]`: more children, filed by child key in the large index `id` of the
+///   tree's [`Indexes`].
+#[derive(Debug)]
+pub(crate) struct Children {
+    w: [u32; FEW_MAX],
+}
+
+impl Default for Children {
+    fn default() -> Self {
+        Children {
+            w: [0, 0, UNLISTED],
+        }
+    }
+}
+
+/// The large child indexes of a tree (nodes with more than [`FEW_MAX`] children), by id.
 #[derive(Debug, Default)]
-pub(crate) enum Children {
-    #[default]
-    Empty,
-    /// 1..=FEW_MAX children, by slot; candidates are every one of them (the caller checks
-    /// each child's own key).
-    Few { len: u8, ids: [u32; FEW_MAX] },
-    /// More: filed by child key.
-    Many(Box<Index>),
+pub(crate) struct Indexes {
+    v: Vec<Index>,
+    free: Vec<u32>,
+}
+
+impl Indexes {
+    fn add(&mut self, ix: Index) -> u32 {
+        match self.free.pop() {
+            Some(id) => {
+                self.v[id as usize] = ix;
+                id
+            }
+            None => {
+                self.v.push(ix);
+                (self.v.len() - 1) as u32
+            }
+        }
+    }
+
+    fn take(&mut self, id: u32) -> Index {
+        let ix = std::mem::replace(&mut self.v[id as usize], Index::Inline(Vec::new()));
+        self.free.push(id);
+        if self.free.len() == self.v.len() {
+            // Memory follows the cached content.
+            *self = Indexes::default();
+        }
+        ix
+    }
+
+    /// Bytes of the large indexes (capacity x entry; no allocator overhead).
+    pub(crate) fn bytes(&self) -> usize {
+        let inner: usize = self
+            .v
+            .iter()
+            .map(|ix| match ix {
+                Index::Inline(v) => v.capacity() * std::mem::size_of::<(u64, u32)>(),
+                Index::Map { map, .. } => {
+                    map.capacity() * (std::mem::size_of::<(u64, SmallVec<[u32; 1]>)>() + 1)
+                        + map
+                            .values()
+                            .filter(|b| b.spilled())
+                            .map(|b| 4 * b.capacity())
+                            .sum::<usize>()
+                }
+            })
+            .sum();
+        inner + self.v.capacity() * std::mem::size_of::<Index>() + self.free.capacity() * 4
+    }
+
+    /// Number of large indexes held.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.v.len() - self.free.len()
+    }
 }
 
 /// The child index of a node with more than [`FEW_MAX`] children.
@@ -143,115 +215,171 @@ impl Index {
 }
 
 impl Children {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Children::Empty => 0,
-            Children::Few { len, .. } => usize::from(*len),
-            Children::Many(ix) => ix.len(),
+    #[inline]
+    fn many(&self) -> Option<u32> {
+        (self.w[0] == 0 && self.w[1] != 0).then(|| self.w[1] - 1)
+    }
+
+    #[inline(always)]
+    fn few(&self) -> &[u32] {
+        if self.w[0] == 0 {
+            return &[];
+        }
+        let n = if self.w[1] == 0 {
+            1
+        } else if self.w[2] == 0 {
+            2
+        } else {
+            3
+        };
+        &self.w[..n]
+    }
+
+    /// The children of a small index (none for a childless node); `None` for a large one.
+    #[inline(always)]
+    pub(crate) fn few_slots(&self) -> Option<&[u32]> {
+        if self.w[0] == 0 && self.w[1] != 0 {
+            None
+        } else {
+            Some(self.few())
         }
     }
 
+    pub(crate) fn len(&self, ixs: &Indexes) -> usize {
+        match self.many() {
+            Some(id) => ixs.v[id as usize].len(),
+            None => self.few().len(),
+        }
+    }
+
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        matches!(self, Children::Empty)
+        self.w[0] == 0 && self.w[1] == 0
+    }
+
+    /// The position of this childless node in the evictable heap ([`UNLISTED`] if none,
+    /// or if the node has children).
+    #[inline(always)]
+    pub(crate) fn heap_pos(&self) -> u32 {
+        if self.is_empty() {
+            self.w[2]
+        } else {
+            UNLISTED
+        }
+    }
+
+    /// Records the heap position of this childless node.
+    #[inline]
+    pub(crate) fn set_heap_pos(&mut self, pos: u32) {
+        debug_assert!(self.is_empty(), "only a leaf is in the evictable heap");
+        self.w[2] = pos;
     }
 
     /// The children that may be filed under `key`: exactly those for a large index, every
     /// child for a small one. The caller checks each candidate's own key.
-    pub(crate) fn candidates(&self, key: u64) -> impl Iterator<Item = u32> + '_ {
-        let (few, many) = match self {
-            Children::Empty => (&[][..], None),
-            Children::Few { len, ids } => (&ids[..usize::from(*len)], None),
-            Children::Many(ix) => (&[][..], Some(ix.candidates(key))),
-        };
-        few.iter().copied().chain(many.into_iter().flatten())
+    #[inline]
+    pub(crate) fn candidates<'a>(
+        &'a self,
+        key: u64,
+        ixs: &'a Indexes,
+    ) -> impl Iterator<Item = u32> + 'a {
+        let many = self.many().map(|id| ixs.v[id as usize].candidates(key));
+        self.few().iter().copied().chain(many.into_iter().flatten())
     }
 
     /// Files `child` under `key`; `key_of` gives the child key of an existing child (read
-    /// when a small index grows into a large one).
-    pub(crate) fn insert(&mut self, key: u64, child: u32, key_of: impl Fn(u32) -> u64) {
-        match self {
-            Children::Empty => {
-                *self = Children::Few {
-                    len: 1,
-                    ids: [child, 0, 0],
-                }
-            }
-            Children::Few { len, ids } if usize::from(*len) < FEW_MAX => {
-                ids[usize::from(*len)] = child;
-                *len += 1;
-            }
-            Children::Few { ids, .. } => {
-                let mut v: Vec<(u64, u32)> = ids.iter().map(|&c| (key_of(c), c)).collect();
-                v.push((key, child));
-                *self = Children::Many(Box::new(Index::Inline(v)));
-            }
-            Children::Many(ix) => ix.insert(key, child),
+    /// when a small index grows into a large one). The node must not be in the evictable
+    /// heap (a node with children never is).
+    pub(crate) fn insert(
+        &mut self,
+        key: u64,
+        child: u32,
+        ixs: &mut Indexes,
+        key_of: impl Fn(u32) -> u64,
+    ) {
+        debug_assert!(child != 0);
+        if let Some(id) = self.many() {
+            ixs.v[id as usize].insert(key, child);
+            return;
+        }
+        let n = self.few().len();
+        if n == 0 {
+            debug_assert_eq!(self.w[2], UNLISTED, "a listed leaf gains a child");
+            self.w = [child, 0, 0];
+        } else if n < FEW_MAX {
+            self.w[n] = child;
+        } else {
+            let mut v: Vec<(u64, u32)> = self.w.iter().map(|&c| (key_of(c), c)).collect();
+            v.push((key, child));
+            let id = ixs.add(Index::Inline(v));
+            self.w = [0, id + 1, 0];
         }
     }
 
     /// Removes `child` (filed under `key`); returns whether it was there.
-    pub(crate) fn remove(&mut self, key: u64, child: u32) -> bool {
-        let found = match self {
-            Children::Empty => false,
-            Children::Few { len, ids } => {
-                let n = usize::from(*len);
-                match ids[..n].iter().position(|&c| c == child) {
-                    Some(i) => {
-                        ids[i] = ids[n - 1];
-                        *len -= 1;
-                        true
-                    }
-                    None => false,
-                }
+    pub(crate) fn remove(&mut self, key: u64, child: u32, ixs: &mut Indexes) -> bool {
+        if let Some(id) = self.many() {
+            let ix = &mut ixs.v[id as usize];
+            if !ix.remove(key, child) {
+                return false;
             }
-            Children::Many(ix) => ix.remove(key, child),
-        };
-        if found {
-            let n = self.len();
-            if n == 0 {
-                *self = Children::Empty;
-            } else if n <= FEW_MAX && matches!(self, Children::Many(_)) {
+            if ix.len() <= FEW_MAX {
                 // Back to the small form: memory follows the children held.
-                let mut ids = [0u32; FEW_MAX];
-                for (d, c) in ids.iter_mut().zip(self.iter()) {
+                let ix = ixs.take(id);
+                let mut w = [0u32; FEW_MAX];
+                for (d, c) in w.iter_mut().zip(ix.iter()) {
                     *d = c;
                 }
-                *self = Children::Few { len: n as u8, ids };
+                self.w = w;
             }
+            return true;
         }
-        found
+        let n = self.few().len();
+        match self.w[..n].iter().position(|&c| c == child) {
+            Some(i) => {
+                self.w[i] = self.w[n - 1];
+                self.w[n - 1] = 0;
+                if n == 1 {
+                    self.w = [0, 0, UNLISTED];
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Files `new` where `old` was (same child key: used by split).
-    pub(crate) fn replace(&mut self, key: u64, old: u32, new: u32) -> bool {
-        match self {
-            Children::Empty => false,
-            Children::Few { len, ids } => {
-                match ids[..usize::from(*len)].iter_mut().find(|c| **c == old) {
-                    Some(c) => {
-                        *c = new;
-                        true
-                    }
-                    None => false,
-                }
+    pub(crate) fn replace(&mut self, key: u64, old: u32, new: u32, ixs: &mut Indexes) -> bool {
+        if let Some(id) = self.many() {
+            return ixs.v[id as usize].replace(key, old, new);
+        }
+        let n = self.few().len();
+        match self.w[..n].iter_mut().find(|c| **c == old) {
+            Some(c) => {
+                *c = new;
+                true
             }
-            Children::Many(ix) => ix.replace(key, old, new),
+            None => false,
         }
     }
 
     /// Every child, in no particular order, without allocating.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        let (few, many) = match self {
-            Children::Empty => (&[][..], None),
-            Children::Few { len, ids } => (&ids[..usize::from(*len)], None),
-            Children::Many(ix) => (&[][..], Some(ix.iter())),
-        };
-        few.iter().copied().chain(many.into_iter().flatten())
+    pub(crate) fn iter<'a>(&'a self, ixs: &'a Indexes) -> impl Iterator<Item = u32> + 'a {
+        let many = self.many().map(|id| ixs.v[id as usize].iter());
+        self.few().iter().copied().chain(many.into_iter().flatten())
     }
 
     /// Every child, in no particular order.
-    pub(crate) fn ids(&self) -> Vec<u32> {
-        self.iter().collect()
+    pub(crate) fn ids(&self, ixs: &Indexes) -> Vec<u32> {
+        self.iter(ixs).collect()
+    }
+
+    /// Gives back a large index (the node is being freed with its children gone).
+    pub(crate) fn clear(&mut self, ixs: &mut Indexes) {
+        if let Some(id) = self.many() {
+            ixs.take(id);
+        }
+        *self = Children::default();
     }
 }
 
@@ -261,36 +389,69 @@ mod tests {
 
     #[test]
     fn grows_into_a_map_and_back() {
+        let mut ixs = Indexes::default();
         let mut c = Children::default();
+        assert_eq!(c.heap_pos(), UNLISTED);
         let key_of = |i: u32| child_key(0, i % 15);
-        for i in 0..20u32 {
-            c.insert(key_of(i), i, key_of);
+        for i in 1..=20u32 {
+            c.insert(key_of(i), i, &mut ixs, key_of);
         }
-        assert_eq!(c.len(), 20);
-        assert!(matches!(&c, Children::Many(ix) if matches!(**ix, Index::Map { .. })));
-        let mut got: Vec<u32> = c.candidates(child_key(0, 3)).collect();
+        assert_eq!(c.len(&ixs), 20);
+        assert_eq!(c.heap_pos(), UNLISTED);
+        assert!(matches!(
+            c.many().map(|id| &ixs.v[id as usize]),
+            Some(Index::Map { .. })
+        ));
+        let mut got: Vec<u32> = c.candidates(child_key(0, 3), &ixs).collect();
         got.sort_unstable();
         assert_eq!(got, vec![3, 18]);
-        assert!(c.replace(child_key(0, 3), 18, 99));
-        assert!(c.remove(child_key(0, 3), 99));
-        assert!(!c.remove(child_key(0, 3), 99));
-        for i in 0..20u32 {
+        assert!(c.replace(child_key(0, 3), 18, 99, &mut ixs));
+        assert!(c.remove(child_key(0, 3), 99, &mut ixs));
+        assert!(!c.remove(child_key(0, 3), 99, &mut ixs));
+        for i in 1..=20u32 {
             let id = if i == 18 { continue } else { i };
-            assert!(c.remove(child_key(0, i % 15), id));
+            assert!(c.remove(child_key(0, i % 15), id, &mut ixs));
+            if c.len(&ixs) <= FEW_MAX {
+                assert!(c.many().is_none());
+                assert_eq!(ixs.live(), 0);
+            }
         }
         assert!(c.is_empty());
-        assert!(matches!(c, Children::Empty));
+        assert_eq!(c.heap_pos(), UNLISTED);
+        c.set_heap_pos(7);
+        assert_eq!(c.heap_pos(), 7);
+        assert!(c.is_empty());
     }
 
     #[test]
     fn namespaces_do_not_collide() {
+        let mut ixs = Indexes::default();
         let mut c = Children::default();
         let key_of = |i: u32| child_key(i - 9, 7);
         for i in 10..14 {
-            c.insert(key_of(i), i, key_of);
+            c.insert(key_of(i), i, &mut ixs, key_of);
         }
-        assert_eq!(c.candidates(child_key(1, 7)).collect::<Vec<_>>(), vec![10]);
-        assert_eq!(c.candidates(child_key(2, 7)).collect::<Vec<_>>(), vec![11]);
-        assert_eq!(c.candidates(child_key(7, 7)).count(), 0);
+        let got = |ns| c.candidates(child_key(ns, 7), &ixs).collect::<Vec<_>>();
+        assert_eq!(got(1), vec![10]);
+        assert_eq!(got(2), vec![11]);
+        assert_eq!(got(7), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn small_form_keeps_order_free() {
+        let mut ixs = Indexes::default();
+        let mut c = Children::default();
+        for i in [5u32, 6, 7] {
+            c.insert(child_key(0, i), i, &mut ixs, |_| 0);
+        }
+        assert!(c.remove(child_key(0, 5), 5, &mut ixs));
+        let mut ids = c.ids(&ixs);
+        ids.sort_unstable();
+        assert_eq!(ids, vec![6, 7]);
+        assert!(c.remove(child_key(0, 7), 7, &mut ixs));
+        assert!(c.remove(child_key(0, 6), 6, &mut ixs));
+        assert!(c.is_empty());
+        assert_eq!(c.heap_pos(), UNLISTED);
+        assert_eq!(std::mem::size_of::<Children>(), 12);
     }
 }

@@ -3,14 +3,18 @@
 //! L leaves. The heap holds only slots (4 bytes a leaf) and each node its position in it;
 //! keys are read off the nodes. Keys are unique (they end with the serial), so the order
 //! of eviction is a total order, the same as a sorted set's.
+//!
+//! A childless node keeps its heap position in its child index's words
+//! ([`Children::heap_pos`](super::children::Children::heap_pos)). With a host tier a
+//! listed device leaf can still have (host-only) children: its position is then in the
+//! tree's `heap_side` table. [`RadixTree::heap_pos`] reads either, and the child index
+//! changes of a listed node go through [`RadixTree::remove_child`], which moves the
+//! position to the words when the last child goes.
 
-use super::children::child_key;
-use super::policy::PolicyKey;
+use super::children::{child_key, UNLISTED};
+use super::node::shrink;
 use super::tree::{RadixTree, ROOT};
 use crate::{Error, Result};
-
-/// `heap_pos` of a node that is not in the evictable set.
-pub(crate) const UNLISTED: u32 = u32::MAX;
 
 impl RadixTree {
     fn is_evictable(&self, slot: u32) -> bool {
@@ -18,18 +22,72 @@ impl RadixTree {
         slot != ROOT && n.lock_ref == 0 && !self.is_evicted(slot) && !self.has_device_children(slot)
     }
 
-    /// The node's place in the eviction order (unique: it ends with the serial).
-    #[inline]
-    pub(crate) fn policy_key(&self, slot: u32) -> PolicyKey {
-        let n = &self.nodes[slot as usize];
-        self.policy
-            .key(n.last_access, n.creation, n.hit_count, n.priority, n.serial)
+    /// The node's position in the evictable heap ([`UNLISTED`] if it is not there).
+    #[inline(always)]
+    pub(crate) fn heap_pos(&self, slot: u32) -> u32 {
+        let c = &self.nodes[slot as usize].children;
+        if c.is_empty() {
+            return c.heap_pos();
+        }
+        if self.heap_side.is_empty() {
+            return UNLISTED;
+        }
+        self.side_heap_pos(slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn side_heap_pos(&self, slot: u32) -> u32 {
+        self.heap_side.get(&slot).copied().unwrap_or(UNLISTED)
+    }
+
+    /// Whether the node is in the evictable set.
+    #[inline(always)]
+    pub(crate) fn listed(&self, slot: u32) -> bool {
+        self.heap_pos(slot) != UNLISTED
+    }
+
+    /// Records the node's heap position ([`UNLISTED`]: not in the heap).
+    #[inline(always)]
+    fn set_heap_pos(&mut self, slot: u32, pos: u32) {
+        let c = &mut self.nodes[slot as usize].children;
+        if c.is_empty() {
+            c.set_heap_pos(pos);
+            return;
+        }
+        self.set_side_heap_pos(slot, pos);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_side_heap_pos(&mut self, slot: u32, pos: u32) {
+        if pos == UNLISTED {
+            self.heap_side.remove(&slot);
+            shrink(&mut self.heap_side);
+        } else {
+            self.heap_side.insert(slot, pos);
+        }
+    }
+
+    /// Removes `child` (filed under `key`) from `parent`'s child index, keeping the
+    /// parent's heap position (it moves into the words when the last child goes).
+    /// Returns whether the child was there.
+    pub(crate) fn remove_child(&mut self, parent: u32, key: u64, child: u32) -> bool {
+        let pos = self.heap_pos(parent);
+        let c = &mut self.nodes[parent as usize].children;
+        let removed = c.remove(key, child, &mut self.indexes);
+        if pos != UNLISTED && c.is_empty() {
+            c.set_heap_pos(pos);
+            self.heap_side.remove(&parent);
+            shrink(&mut self.heap_side);
+        }
+        removed
     }
 
     #[inline]
     fn place(&mut self, i: usize, slot: u32) {
         self.evictable[i] = slot;
-        self.nodes[slot as usize].heap_pos = i as u32;
+        self.set_heap_pos(slot, i as u32);
     }
 
     fn sift_up(&mut self, mut i: usize) {
@@ -77,14 +135,14 @@ impl RadixTree {
     /// Takes the entry at heap position `i` out; returns its slot.
     pub(crate) fn remove_at(&mut self, i: usize) -> u32 {
         let slot = self.evictable[i];
-        self.nodes[slot as usize].heap_pos = UNLISTED;
+        self.set_heap_pos(slot, UNLISTED);
         let Some(last) = self.evictable.pop() else {
             return slot;
         };
         if i < self.evictable.len() {
             self.place(i, last);
             self.sift_down(i);
-            let j = self.nodes[last as usize].heap_pos as usize;
+            let j = self.heap_pos(last) as usize;
             if j == i {
                 self.sift_up(i);
             }
@@ -98,7 +156,7 @@ impl RadixTree {
 
     /// Takes `slot` out of the evictable set (before a change of its policy fields).
     pub(crate) fn unlist(&mut self, slot: u32) {
-        let pos = self.nodes[slot as usize].heap_pos;
+        let pos = self.heap_pos(slot);
         if pos != UNLISTED {
             self.remove_at(pos as usize);
         }
@@ -106,10 +164,10 @@ impl RadixTree {
 
     /// Puts `slot` in the evictable set if it is an evictable leaf.
     pub(crate) fn relist(&mut self, slot: u32) {
-        if !self.nodes[slot as usize].listed() && self.is_evictable(slot) {
+        if !self.listed(slot) && self.is_evictable(slot) {
             self.evictable.push(slot);
             let i = self.evictable.len() - 1;
-            self.nodes[slot as usize].heap_pos = i as u32;
+            self.set_heap_pos(slot, i as u32);
             self.sift_up(i);
         }
     }
@@ -145,10 +203,10 @@ impl RadixTree {
             let slot = self.remove_at(0);
             let n = &self.nodes[slot as usize];
             let parent = n.parent;
-            let ck = child_key(n.ns, n.span.key()[0]);
+            let ck = child_key(self.ns(slot), n.span.key()[0]);
             self.evictable_size -= n.span.len();
             n.span.extend_values(&mut freed);
-            let removed = self.nodes[parent as usize].children.remove(ck, slot);
+            let removed = self.remove_child(parent, ck, slot);
             debug_assert!(removed, "evict: leaf not filed under its parent");
             self.release(slot);
             self.relist(parent);

@@ -18,7 +18,7 @@ use std::str::FromStr;
 use super::children::child_key;
 use super::policy::PolicyKey;
 use super::span::Span;
-use super::tree::{NodeRef, RadixTree, ROOT};
+use super::tree::{NodeRef, RadixTree, NO_PARENT, ROOT};
 use crate::{Error, Result};
 
 /// When a node is copied to host memory (SGLang `--hicache-write-policy`).
@@ -275,7 +275,7 @@ impl RadixTree {
             return;
         }
         let key = self.policy_key(slot);
-        let serial = self.nodes[slot as usize].serial;
+        let serial = self.serial(slot);
         if let Some(h) = self.host.as_mut() {
             h.heap.push(Reverse((key, slot, serial)));
             if h.heap.len() > 2 * h.evicted_nodes + 1024 {
@@ -287,18 +287,19 @@ impl RadixTree {
     fn rebuild_host_heap(&mut self) {
         let leaves: Vec<HostEntry> = (0..self.nodes.len() as u32)
             .filter(|&s| self.is_host_leaf(s))
-            .map(|s| Reverse((self.policy_key(s), s, self.nodes[s as usize].serial)))
+            .map(|s| Reverse((self.policy_key(s), s, self.serial(s))))
             .collect();
         if let Some(h) = self.host.as_mut() {
             h.heap = BinaryHeap::from(leaves);
         }
     }
 
-    /// SGLang `_is_host_leaf`: host-only, childless, unlocked, not the root.
+    /// SGLang `_is_host_leaf`: host-only, childless, unlocked, not the root (nor a free
+    /// slot).
     fn is_host_leaf(&self, slot: u32) -> bool {
         let n = &self.nodes[slot as usize];
         slot != ROOT
-            && n.serial != u64::MAX
+            && n.parent != NO_PARENT
             && self.is_evicted(slot)
             && n.children.is_empty()
             && n.lock_ref == 0
@@ -313,10 +314,12 @@ impl RadixTree {
             else {
                 break;
             };
+            // A free slot's stamps are stale: test liveness first.
             let live = self
                 .nodes
                 .get(slot as usize)
-                .is_some_and(|n| n.serial == serial);
+                .is_some_and(|n| n.parent != NO_PARENT)
+                && self.serial(slot) == serial;
             if !live || !self.is_host_leaf(slot) || self.policy_key(slot) != key {
                 continue;
             }
@@ -329,13 +332,13 @@ impl RadixTree {
     fn delete_host_only(&mut self, slot: u32) -> usize {
         let n = &self.nodes[slot as usize];
         let (parent, len) = (n.parent, n.span.len());
-        let ck = child_key(n.ns, n.span.key()[0]);
+        let ck = child_key(self.ns(slot), n.span.key()[0]);
         if let Some(h) = self.host.as_mut() {
             h.used -= len;
             h.stats.host_evicted_tokens += len as u64;
             h.evicted_nodes -= 1;
         }
-        let removed = self.nodes[parent as usize].children.remove(ck, slot);
+        let removed = self.remove_child(parent, ck, slot);
         debug_assert!(removed, "host eviction: leaf not filed under its parent");
         self.release(slot);
         // The parent's device state did not change: only its host-leaf status can.
@@ -389,9 +392,7 @@ impl RadixTree {
     pub(crate) fn wants_backup(&self, slot: u32) -> bool {
         match &self.host {
             None => false,
-            Some(h) => {
-                !h.slot(slot).backed && self.nodes[slot as usize].hit_count >= h.policy.threshold()
-            }
+            Some(h) => !h.slot(slot).backed && self.stamps(slot).hits >= h.policy.threshold(),
         }
     }
 
@@ -407,7 +408,8 @@ impl RadixTree {
     pub(crate) fn revive(&mut self, slot: u32, span: Span) {
         let len = span.len();
         let parent = self.nodes[slot as usize].parent;
-        self.nodes[slot as usize].span = span;
+        // `replace` keeps the header's flags and namespace id.
+        self.nodes[slot as usize].span.replace(span);
         if let Some(h) = self.host.as_mut() {
             h.slot_mut(slot).evicted = false;
             h.evicted_nodes -= 1;
@@ -463,10 +465,10 @@ impl RadixTree {
     /// `_delete_unbacked_device_leaf`, `drop_subtree_no_host`).
     fn delete_device_leaf(&mut self, slot: u32, freed: &mut Vec<i64>) {
         let mut below = Vec::new();
-        let mut stack: Vec<u32> = self.nodes[slot as usize].children.iter().collect();
+        let mut stack: Vec<u32> = self.nodes[slot as usize].children.ids(&self.indexes);
         while let Some(s) = stack.pop() {
             below.push(s);
-            stack.extend(self.nodes[s as usize].children.iter());
+            stack.extend(self.nodes[s as usize].children.iter(&self.indexes));
         }
         for &s in below.iter().rev() {
             let len = self.nodes[s as usize].span.len();
@@ -476,16 +478,17 @@ impl RadixTree {
                 h.evicted_nodes -= 1;
             }
             let n = &self.nodes[s as usize];
-            let (parent, ck) = (n.parent, child_key(n.ns, n.span.key()[0]));
-            self.nodes[parent as usize].children.remove(ck, s);
+            let (parent, ck) = (n.parent, child_key(self.ns(s), n.span.key()[0]));
+            let removed = self.remove_child(parent, ck, s);
+            debug_assert!(removed, "evict: host-only node not filed under its parent");
             self.release(s);
         }
         let n = &self.nodes[slot as usize];
         let parent = n.parent;
-        let ck = child_key(n.ns, n.span.key()[0]);
+        let ck = child_key(self.ns(slot), n.span.key()[0]);
         self.evictable_size -= n.span.len();
         n.span.extend_values(freed);
-        let removed = self.nodes[parent as usize].children.remove(ck, slot);
+        let removed = self.remove_child(parent, ck, slot);
         debug_assert!(removed, "evict: leaf not filed under its parent");
         self.release(slot);
         self.host_device_child_gone(parent);
@@ -574,7 +577,7 @@ impl RadixTree {
             let n = &self.nodes[slot as usize];
             let s = h.slot(slot);
             let mut dev = 0u32;
-            for c in n.children.iter() {
+            for c in n.children.iter(&self.indexes) {
                 let cs = h.slot(c);
                 if !cs.evicted {
                     dev += 1;
@@ -605,7 +608,7 @@ impl RadixTree {
             if s.evicted {
                 evicted += 1;
                 if n.children.is_empty() && n.lock_ref == 0 {
-                    let key = (self.policy_key(slot), slot, n.serial);
+                    let key = (self.policy_key(slot), slot, self.serial(slot));
                     if !h.heap.iter().any(|e| e.0 == key) {
                         return Err(format!("host leaf {slot} is not in the host order"));
                     }
@@ -668,6 +671,59 @@ mod tests {
         assert_eq!(t.evict_host(10), 3);
         assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
         t.check_invariants().expect("invariants");
+    }
+
+    /// A device leaf over host-only children is listed with its heap position in the
+    /// tree's side table (its child index's words hold its children); the position moves
+    /// to the words when its last child is dropped from the host, back to the side table
+    /// never (a childless node keeps it in the words), and leaves with the node.
+    #[test]
+    fn listed_node_with_host_only_children() {
+        let ns = Namespace::default();
+        for policy in EvictionPolicy::ALL {
+            let mut t = RadixTree::new(1, policy).expect("tree");
+            t.set_host_tier(64, WritePolicy::WriteThrough)
+                .expect("tier");
+            t.insert(&[1, 2], None, &ns, 0, 0).expect("insert");
+            for c in 3..8u32 {
+                t.insert(&[1, 2, c], None, &ns, 0, 0).expect("insert");
+            }
+            t.insert(&[9], None, &ns, 0, 0).expect("insert");
+            t.check_invariants().expect("invariants");
+            // Evict the five one-token children of [1, 2] (host-only now) and no more.
+            let mut freed = 0;
+            while t.heap_side.is_empty() {
+                freed += t.evict(1).expect("evict").len();
+                t.check_invariants().expect("invariants");
+                assert!(freed <= 6, "{policy:?}");
+            }
+            let top = t.match_prefix(&[1, 2], &ns).node;
+            let slot = t.resolve(top).expect("live");
+            assert!(t.listed(slot));
+            assert_eq!(t.heap_side.len(), 1);
+            // A touch re-sorts it (through the side table).
+            t.match_prefix(&[1, 2], &ns);
+            t.check_invariants().expect("invariants");
+            // Reviving a child takes the node out of the heap (a device child).
+            t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
+            assert!(!t.listed(slot) && t.heap_side.is_empty());
+            t.check_invariants().expect("invariants");
+            // Demote it again, then drop every host-only child: the position moves to
+            // the words.
+            while t.heap_side.is_empty() {
+                t.evict(1).expect("evict");
+                t.check_invariants().expect("invariants");
+            }
+            while t.nodes[slot as usize].children.len(&t.indexes) > 0 {
+                assert!(t.evict_host(1) > 0, "{policy:?}");
+                t.check_invariants().expect("invariants");
+            }
+            assert!(t.heap_side.is_empty());
+            assert!(t.listed(slot), "{policy:?}");
+            t.evict(1 << 20).expect("evict");
+            t.check_invariants().expect("invariants");
+            assert!(t.heap_side.is_empty());
+        }
     }
 
     /// A load with values of the wrong length changes nothing.

@@ -1,7 +1,7 @@
 //! A full consistency check of the tree, for tests and fuzzing (O(size of the tree)).
 
-use super::children::child_key;
-use super::tree::{RadixTree, ROOT};
+use super::children::{child_key, UNLISTED};
+use super::tree::{RadixTree, NO_PARENT, ROOT};
 
 impl RadixTree {
     /// Checks every structural invariant; returns a description of the first violation.
@@ -10,18 +10,22 @@ impl RadixTree {
     /// - node keys and values have equal, page-aligned, non-zero lengths;
     /// - a node's lock count is at least the sum of its children's;
     /// - evictable + protected sizes add up to the tokens held, split by lock state;
-    /// - the evictable set holds exactly the unlocked childless non-root nodes, each under
-    ///   its current policy key.
+    /// - the evictable set holds exactly the unlocked childless non-root nodes (with a
+    ///   host tier: unlocked device nodes without device children), each under its
+    ///   current policy key;
+    /// - the side table of heap positions holds exactly the listed nodes that have
+    ///   children, each with its true position.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut evictable = 0usize;
         let mut protected = 0usize;
         let mut live = 0usize;
         let mut leaves = 0usize;
+        let mut listed_with_children = 0usize;
         let mut stack = vec![ROOT];
         while let Some(slot) = stack.pop() {
             let n = &self.nodes[slot as usize];
             let mut child_locks = 0u64;
-            for c in n.children.ids() {
+            for c in n.children.ids(&self.indexes) {
                 let cn = &self.nodes[c as usize];
                 if cn.parent != slot {
                     return Err(format!(
@@ -32,12 +36,12 @@ impl RadixTree {
                 if cn.span.len() == 0
                     || !n
                         .children
-                        .candidates(child_key(cn.ns, cn.span.key()[0]))
+                        .candidates(child_key(self.ns(c), cn.span.key()[0]), &self.indexes)
                         .any(|x| x == c)
                 {
                     return Err(format!("node {c} is not filed under its child key"));
                 }
-                if slot != ROOT && cn.ns != n.ns {
+                if slot != ROOT && self.ns(c) != self.ns(slot) {
                     return Err(format!("node {c} is in another namespace than its parent"));
                 }
                 child_locks += u64::from(cn.lock_ref);
@@ -69,16 +73,19 @@ impl RadixTree {
                 protected += len;
             }
             let should_list = n.lock_ref == 0 && !evicted && !self.has_device_children(slot);
-            if should_list != n.listed() {
+            let listed = self.listed(slot);
+            if should_list != listed {
                 return Err(format!(
-                    "node {slot}: listed={} but evictable={should_list}",
-                    n.listed()
+                    "node {slot}: listed={listed} but evictable={should_list}"
                 ));
             }
             if should_list {
                 leaves += 1;
-                if self.evictable.get(n.heap_pos as usize) != Some(&slot) {
+                if self.evictable.get(self.heap_pos(slot) as usize) != Some(&slot) {
                     return Err(format!("node {slot} is not at its heap position"));
+                }
+                if !n.children.is_empty() {
+                    listed_with_children += 1;
                 }
             }
         }
@@ -93,6 +100,32 @@ impl RadixTree {
             if self.policy_key(c) <= self.policy_key(p) {
                 return Err(format!("evictable heap out of order at position {i}"));
             }
+        }
+        for (&slot, &pos) in &self.heap_side {
+            let Some(n) = self.nodes.get(slot as usize) else {
+                return Err(format!("heap side table: slot {slot} out of range"));
+            };
+            if slot == ROOT || n.parent == NO_PARENT {
+                return Err(format!("heap side table: node {slot} is not a live node"));
+            }
+            if n.children.is_empty() {
+                return Err(format!(
+                    "heap side table: node {slot} is childless (its position belongs in \
+                     its words)"
+                ));
+            }
+            if pos == UNLISTED || self.evictable.get(pos as usize) != Some(&slot) {
+                return Err(format!(
+                    "heap side table: node {slot} at position {pos}, not there in the heap"
+                ));
+            }
+        }
+        if listed_with_children != self.heap_side.len() {
+            return Err(format!(
+                "{listed_with_children} listed nodes have children but the heap side table \
+                 holds {}",
+                self.heap_side.len()
+            ));
         }
         if leaves != self.evictable.len() {
             return Err(format!(

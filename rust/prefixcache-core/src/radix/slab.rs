@@ -51,6 +51,12 @@ impl<T> Slab<T> {
         self.len += 1;
     }
 
+    /// Bytes of the chunks (their capacity: the slots held, used or not).
+    pub(crate) fn bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.capacity()).sum::<usize>() * std::mem::size_of::<T>()
+            + self.chunks.capacity() * std::mem::size_of::<Vec<T>>()
+    }
+
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
         self.chunks

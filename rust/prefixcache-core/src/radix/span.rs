@@ -5,33 +5,50 @@
 //! (*narrow*, 8 bytes a token: the normal case, KV indices are pool slots) or as two words
 //! (low, high) otherwise (*wide*, 12 bytes a token, any i64). Up to [`INLINE`] words are
 //! kept in the node itself (a narrow node of 1-2 tokens or a wide one of 1 token: no heap
-//! allocation); longer spans are one exact-size boxed slice. The stored width never
+//! allocation); longer spans are one exact-size heap buffer. The stored width never
 //! shows: indices are handed back as the i64 they were given.
+//!
+//! Layout (20 bytes, 4-byte aligned): a header word and four payload words. The header
+//! holds the form (inline or heap), the width and an inline length in its low
+//! [`OWN_BITS`] bits; the other 28 bits belong to the owner (the node keeps its flags and
+//! namespace there, [`Span::meta`]). A heap span's payload is the buffer's address (two
+//! words) and its token count (two words, u64).
 
 use crate::{Error, Result};
 
 /// Words kept inside the node.
 const INLINE: usize = 4;
 
+/// Header bits of the span itself; the rest are the owner's.
+const OWN_BITS: u32 = 4;
+const HEAP: u32 = 1;
+const WIDE: u32 = 2;
+const LEN_SHIFT: u32 = 2;
+const LEN_MASK: u32 = 3 << LEN_SHIFT;
+/// Bits of the header available to the owner.
+pub(crate) const META_BITS: u32 = 32 - OWN_BITS;
+
 #[derive(Debug)]
-pub(crate) enum Span {
-    Inline {
-        len: u8,
-        wide: bool,
-        buf: [u32; INLINE],
-    },
-    Heap {
-        wide: bool,
-        buf: Box<[u32]>,
-    },
+pub(crate) struct Span {
+    hdr: u32,
+    w: [u32; INLINE],
 }
 
 impl Default for Span {
     fn default() -> Self {
-        Span::Inline {
-            len: 0,
-            wide: false,
-            buf: [0; INLINE],
+        Span {
+            hdr: 0,
+            w: [0; INLINE],
+        }
+    }
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let Some((ptr, words)) = self.heap_raw() {
+            // SAFETY: a heap span owns the buffer that `into_heap` leaked from a boxed
+            // slice of exactly `words` u32 at this address; nothing else frees it.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, words)) });
         }
     }
 }
@@ -47,6 +64,53 @@ fn words(n: usize, wide: bool) -> Option<usize> {
 }
 
 impl Span {
+    /// The owner's bits of the header (`META_BITS` wide).
+    #[inline]
+    pub(crate) fn meta(&self) -> u32 {
+        self.hdr >> OWN_BITS
+    }
+
+    /// Sets the owner's bits (`m < 2^META_BITS`).
+    #[inline]
+    pub(crate) fn set_meta(&mut self, m: u32) {
+        debug_assert!(m < 1 << META_BITS);
+        self.hdr = (self.hdr & ((1 << OWN_BITS) - 1)) | (m << OWN_BITS);
+    }
+
+    /// Replaces the tokens and indices by those of `other`, keeping the owner's bits.
+    pub(crate) fn replace(&mut self, mut other: Span) {
+        other.set_meta(self.meta());
+        *self = other;
+    }
+
+    #[inline]
+    fn is_wide(&self) -> bool {
+        self.hdr & WIDE != 0
+    }
+
+    /// The heap buffer's address and word count, for a heap span.
+    #[inline]
+    fn heap_raw(&self) -> Option<(*mut u32, usize)> {
+        if self.hdr & HEAP == 0 {
+            return None;
+        }
+        let addr = (u64::from(self.w[0]) | (u64::from(self.w[1]) << 32)) as usize;
+        let n = (u64::from(self.w[2]) | (u64::from(self.w[3]) << 32)) as usize;
+        let words = if self.is_wide() { 3 * n } else { 2 * n };
+        Some((std::ptr::with_exposed_provenance_mut(addr), words))
+    }
+
+    /// A heap span owning `buf` (`n` tokens).
+    fn into_heap(buf: Box<[u32]>, n: usize, wide: bool) -> Span {
+        let ptr = Box::into_raw(buf) as *mut u32;
+        let addr = ptr.expose_provenance() as u64;
+        let n = n as u64;
+        Span {
+            hdr: HEAP | if wide { WIDE } else { 0 },
+            w: [addr as u32, (addr >> 32) as u32, n as u32, (n >> 32) as u32],
+        }
+    }
+
     /// Lays out `key` and the index words written by `fill` (given the `n` or `2n` words
     /// after the tokens). `fallible`: a failed allocation is an `OutOfMemory` error
     /// instead of an abort (for sizes a caller chose; a split only re-packs memory that
@@ -61,13 +125,12 @@ impl Span {
         let total = words(n, wide)
             .ok_or_else(|| Error::out_of_memory("a radix node", "capacity overflow"))?;
         if total <= INLINE {
-            let mut buf = [0u32; INLINE];
-            buf[..n].copy_from_slice(key);
-            fill(&mut buf[n..total]);
-            return Ok(Span::Inline {
-                len: n as u8,
-                wide,
-                buf,
+            let mut w = [0u32; INLINE];
+            w[..n].copy_from_slice(key);
+            fill(&mut w[n..total]);
+            return Ok(Span {
+                hdr: ((n as u32) << LEN_SHIFT) | if wide { WIDE } else { 0 },
+                w,
             });
         }
         let mut v: Vec<u32> = Vec::new();
@@ -81,10 +144,7 @@ impl Span {
         v.resize(total, 0);
         fill(&mut v[n..]);
         // len == capacity: no reallocation.
-        Ok(Span::Heap {
-            wide,
-            buf: v.into_boxed_slice(),
-        })
+        Ok(Span::into_heap(v.into_boxed_slice(), n, wide))
     }
 
     fn write_wide(dst: &mut [u32], values: impl Iterator<Item = i64>) {
@@ -114,26 +174,47 @@ impl Span {
         Span::layout(key, false, true, |dst| dst.copy_from_slice(key))
     }
 
+    /// The words, the token count and the width.
     #[inline]
     fn parts(&self) -> (&[u32], usize, bool) {
-        match self {
-            Span::Inline { len, wide, buf } => (&buf[..], usize::from(*len), *wide),
-            Span::Heap { wide, buf } => {
-                let n = if *wide { buf.len() / 3 } else { buf.len() / 2 };
-                (&buf[..], n, *wide)
+        match self.heap_raw() {
+            None => (
+                &self.w[..],
+                ((self.hdr & LEN_MASK) >> LEN_SHIFT) as usize,
+                self.is_wide(),
+            ),
+            Some((ptr, words)) => {
+                // SAFETY: the buffer (`words` initialised u32 at `ptr`, see `into_heap`)
+                // is owned by this span and lives as long as it; the slice borrows it.
+                let buf = unsafe { std::slice::from_raw_parts(ptr, words) };
+                let n = (u64::from(self.w[2]) | (u64::from(self.w[3]) << 32)) as usize;
+                (buf, n, self.is_wide())
             }
         }
     }
 
+    /// Bytes of the heap buffer (0 inline).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.heap_raw().map_or(0, |(_, words)| 4 * words)
+    }
+
     /// Number of tokens.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn len(&self) -> usize {
-        self.parts().1
+        if self.hdr & HEAP == 0 {
+            ((self.hdr & LEN_MASK) >> LEN_SHIFT) as usize
+        } else {
+            (u64::from(self.w[2]) | (u64::from(self.w[3]) << 32)) as usize
+        }
     }
 
     /// The token ids.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn key(&self) -> &[u32] {
+        if self.hdr & HEAP == 0 {
+            let n = ((self.hdr & LEN_MASK) >> LEN_SHIFT) as usize;
+            return &self.w[..n.min(INLINE)];
+        }
         let (buf, n, _) = self.parts();
         &buf[..n]
     }
@@ -160,7 +241,7 @@ impl Span {
     }
 
     /// The first `p` tokens and the rest (0 < p < len), each in exact-size storage and
-    /// narrow again where its own indices allow.
+    /// narrow again where its own indices allow. The halves carry no owner's bits.
     pub(crate) fn split_at(&self, p: usize) -> (Span, Span) {
         let (buf, n, wide) = self.parts();
         let halves = if wide {
@@ -222,9 +303,12 @@ mod tests {
         ];
         for values in cases {
             let key: Vec<u32> = (0..values.len() as u32).map(|t| t * 7).collect();
-            let s = Span::from_values(&key, &values).expect("alloc");
+            let mut s = Span::from_values(&key, &values).expect("alloc");
             assert_eq!(s.len(), key.len());
             assert_eq!(s.key(), &key[..]);
+            assert_eq!(s.values(), values);
+            s.set_meta((1 << META_BITS) - 1);
+            assert_eq!(s.len(), key.len());
             assert_eq!(s.values(), values);
             for p in 1..values.len() {
                 let (h, t) = s.split_at(p);
@@ -232,10 +316,17 @@ mod tests {
                 assert_eq!(t.key(), &key[p..]);
                 assert_eq!(h.values(), &values[..p]);
                 assert_eq!(t.values(), &values[p..]);
+                assert_eq!((h.meta(), t.meta()), (0, 0));
             }
+            let (_, t) = s.split_at(values.len().max(2) / 2);
+            let mut r = Span::default();
+            r.set_meta(12345);
+            r.replace(t);
+            assert_eq!(r.meta(), 12345);
         }
         let s = Span::from_tokens(&[1, 2, 3]).expect("alloc");
         assert_eq!(s.values(), vec![1, 2, 3]);
-        assert!(std::mem::size_of::<Span>() <= 24);
+        assert_eq!(std::mem::size_of::<Span>(), 20);
+        assert_eq!(std::mem::align_of::<Span>(), 4);
     }
 }
