@@ -57,7 +57,7 @@ def test_readme_command_lines_run_as_written(
         for ln in b.splitlines()
     ]
     commands = [shlex.split(ln)[1:] for ln in lines if ln.startswith("prefixcache")]
-    assert len(commands) == 7
+    assert len(commands) == 8
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     for argv in commands:
