@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benches.workloads import record_per_call as record
 from benches.workloads import shared_prefix_prompts
 from prefixcache import BlockHasher, KVCacheManager, RadixCache, TokenBuffer
 
@@ -41,11 +42,6 @@ def _forms() -> dict[str, list[Any]]:
 
 
 FORMS = _forms()
-
-
-def record(benchmark: Any, calls: int) -> None:
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_call_us"] = benchmark.stats.stats.min / calls * 1e6
 
 
 @pytest.mark.parametrize("form", list(FORMS))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benches.workloads import record_per_call as record
 from benches.workloads import shared_prefix_prompts
 from prefixcache import RadixCache
 from prefixcache.reference.radix import RadixCache as ReferenceRadixCache
@@ -27,11 +28,6 @@ def filled(impl: str) -> Any:
     for p in PROMPTS:
         cache.insert(p)
     return cache
-
-
-def record(benchmark: Any, calls: int) -> None:
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_call_us"] = benchmark.stats.stats.min / calls * 1e6
 
 
 @pytest.mark.parametrize("impl", ["core", "reference"])

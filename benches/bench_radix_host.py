@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from benches.workloads import record_per_call as record
 from benches.workloads import shared_prefix_prompts
 from prefixcache import RadixCache
 
@@ -35,11 +36,6 @@ def filled(tier: bool) -> Any:
     for p in PROMPTS:
         cache.insert(p)
     return cache
-
-
-def record(benchmark: Any, calls: int) -> None:
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_call_us"] = benchmark.stats.stats.min / calls * 1e6
 
 
 @pytest.mark.parametrize("tier", [False, True], ids=["no-tier", "host-tier"])

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benches.workloads import record_per_call as record
 from benches.workloads import shared_prefix_prompts
 from prefixcache import BlockTrie
 from prefixcache.reference.trie import BlockTrie as ReferenceTrie
@@ -72,11 +73,6 @@ def queries(n: int, count: int) -> list[np.ndarray]:
         tail = [5] * (TPB - k)
         out.append(np.array([*base[:k], *tail, 0], dtype=np.uint32))
     return out
-
-
-def record(benchmark: Any, calls: int) -> None:
-    if benchmark.stats is not None:
-        benchmark.extra_info["per_call_us"] = benchmark.stats.stats.min / calls * 1e6
 
 
 @pytest.mark.parametrize("partial", [True, False], ids=["partial", "exact-only"])
