@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
@@ -834,28 +834,35 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         gaps += [{"capacity": cap, **g} for g in rows]
         if rows:
             _show(console, gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens", rows))
+    return _sweep_outputs(
+        args,
+        console,
+        label,
+        reqs,
+        lambda path, title: write_sweep_plot(path, caps, rates, title),
+        {"capacities": caps, "hit_rate": rates, "summaries": all_sums, "gap": gaps},
+        all_sums,
+    )
+
+
+def _sweep_outputs(
+    args: argparse.Namespace,
+    console: Console,
+    label: str,
+    reqs: Sequence[Request],
+    plot: Callable[[str, str], None],
+    fields: dict[str, Any],
+    sums: list[dict[str, Any]],
+) -> int:
+    """What every sweep writes: ``--plot`` (``plot(path, title)``), ``--json`` (``fields``
+    after the command and the trace) and ``--csv`` (``sums``)."""
     if args.plot:
-        write_sweep_plot(
-            args.plot,
-            caps,
-            rates,
-            f"{Path(label).name} ({len(reqs):,} requests, model {args.model})",
-        )
+        plot(args.plot, f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
-        write_json(
-            args.json,
-            {
-                "command": "sweep",
-                "trace": label,
-                "capacities": caps,
-                "hit_rate": rates,
-                "summaries": all_sums,
-                "gap": gaps,
-            },
-        )
+        write_json(args.json, {"command": "sweep", "trace": label, **fields})
     if args.csv:
-        write_csv(args.csv, all_sums)
+        write_csv(args.csv, sums)
     return 0
 
 
@@ -875,29 +882,15 @@ def _grid_sweep(
         sums = run_grid(_spec(args), reqs, caps, cpus, jobs=args.jobs, progress=bars)
     for t in grid_tables(caps, cpus, sums, args.model):
         _show(console, t)
-    if args.plot:
-        write_grid_plot(
-            args.plot,
-            caps,
-            cpus,
-            sums,
-            f"{Path(label).name} ({len(reqs):,} requests, model {args.model})",
-        )
-        console.print(f"plot written to {args.plot}")
-    if args.json:
-        write_json(
-            args.json,
-            {
-                "command": "sweep",
-                "trace": label,
-                "capacities": caps,
-                "cpu_capacities": cpus,
-                "summaries": sums,
-            },
-        )
-    if args.csv:
-        write_csv(args.csv, sums)
-    return 0
+    return _sweep_outputs(
+        args,
+        console,
+        label,
+        reqs,
+        lambda path, title: write_grid_plot(path, caps, cpus, sums, title),
+        {"capacities": caps, "cpu_capacities": cpus, "summaries": sums},
+        sums,
+    )
 
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
