@@ -14,6 +14,7 @@ import pytest
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.cli import main
 from prefixcache.sim.fleet import fleet_replay
+from prefixcache.sim.policies import RadixPolicy
 from prefixcache.sim.replay import replay
 from prefixcache.sim.requests import Request
 from prefixcache.sim.routers import CacheAwareRouter, FleetView
@@ -66,14 +67,15 @@ def test_one_instance_fleet_equals_single_replay(policy: str) -> None:
         assert fleet.served_by == [0] * len(w.requests)
 
 
-def test_one_instance_fleet_with_events_equals_single_replay() -> None:
+@pytest.mark.parametrize("policy", ["vllm-blocks", "radix", "radix-page16"])
+def test_one_instance_fleet_with_events_equals_single_replay(policy: str) -> None:
     w = shared_prefix_workload(
         num_groups=4, prompts_per_group=20, seed=1, request_rate=40.0, shuffle=True
     )
-    single = replay(w.requests, ["vllm-blocks"], 5000, scheduler=SCHED)[0]
+    single = replay(w.requests, [policy], 5000, scheduler=SCHED)[0]
     assert sum(r.preemptions for r in single.records) > 0  # the run exercises preemption
     for router in ("cache-aware", "sticky-least-loaded", "random", "least-loaded"):
-        fleet = fleet_replay(w.requests, "vllm-blocks", 5000, 1, router, scheduler=SCHED)
+        fleet = fleet_replay(w.requests, policy, 5000, 1, router, scheduler=SCHED)
         assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
 
 
@@ -158,6 +160,105 @@ def test_cache_aware_weighs_load_against_the_held_prefix() -> None:
     )
     assert heavy.served_by == [home, home]
     assert heavy.records[1].hit_tokens == 512
+
+
+@pytest.mark.parametrize("policy", ["radix", "radix-page16"])
+def test_cache_aware_follows_tree_instances_events(policy: str) -> None:
+    # Tree instances publish their blocks: the router finds each group's prefix there.
+    reqs = groups_trace(groups=2, per_group=8)
+    res = fleet_replay(reqs, policy, 1 << 16, 3, "cache-aware", scheduler=SCHED)
+    homes = {i % 2: res.served_by[i] for i in range(2)}
+    assert res.served_by == [homes[i % 2] for i in range(16)]
+    assert [r.hit_tokens for r in res.records[2:]] == [1024] * 14
+    assert res.events.lost == 0 and res.events.delivered >= res.events.batches - 1 > 0
+    rr = fleet_replay(reqs, policy, 1 << 16, 3, "round-robin", scheduler=SCHED)
+    assert rr.summary()["hit_tokens"] < res.summary()["hit_tokens"]
+
+
+def _tree_blocks(pol: RadixPolicy) -> list[int]:
+    """The keys of the full blocks a policy's tree holds on the device, recomputed from
+    its dump (each node's path tokens rehashed), checking the labels on the way."""
+    from prefixcache._core import lab_block_keys
+    from prefixcache.sim.requests import namespace_seed
+
+    assert pol.events is not None
+    bs = pol.event_block_size
+    dump = pol.tree.dump()
+    hosts = pol.tree.host_dump() if pol.cpu_capacity else [(False, False)] * len(dump)
+    path: list[list[int]] = []
+    out: list[int] = []
+    labelled = 0
+    for node, (_, host_only) in zip(dump, hosts, strict=True):
+        del path[node["depth"] - 1 :]
+        start = sum(len(p) for p in path)
+        path.append(node["key"])
+        if host_only:
+            continue
+        tokens = np.array([t for p in path for t in p], dtype=np.uint32)
+        keys = lab_block_keys(tokens, bs, namespace_seed(node["extra_key"], node["cache_salt"]))
+        values = node["value"]
+        for pos, v in enumerate(values):
+            end = start + pos + 1  # tokens of the path up to this one
+            if end % bs == 0:
+                assert v != 0, "a block's last token carries no id"
+                assert int(pol.events.key_of(np.array([v]))[0]) == int(keys[end // bs - 1])
+                out.append(int(keys[end // bs - 1]))
+                labelled += 1
+            else:
+                assert v == 0, "an id off a block's last token"
+    assert labelled == pol.events.live  # no id leaked
+    return out
+
+
+class _AuditedTree(RadixPolicy):
+    """A publishing tree whose events, applied to an index after every step, must
+    describe exactly the full blocks the tree holds on the device."""
+
+    def __init__(self, capacity: int, **kw: object) -> None:
+        super().__init__(capacity, publish_events=True, **kw)  # type: ignore[arg-type]
+        from prefixcache import KvIndex
+
+        self.index = KvIndex()
+        self.audits = 0
+
+    def check(self) -> None:
+        super().check()
+        self.index.apply("w", self.take_events(), now=0.0)
+        assert self.index.cached_hashes("w") == sorted(_tree_blocks(self))
+        self.audits += 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"page_size": 1},
+        {"page_size": 16},
+        {"page_size": 4, "event_block_size": 8},
+        {"page_size": 1, "cpu_capacity": 6000, "offload": "write-through"},
+        {"page_size": 16, "cpu_capacity": 3000, "offload": "write-back"},
+    ],
+)
+def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -> None:
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=5, request_rate=30.0)
+    reqs = list(w.requests)
+    # Some sessions in a namespace of their own: other keys for the same tokens.
+    for i, r in enumerate(reqs):
+        if hash(r.session) % 3 == 0:
+            reqs[i] = Request(
+                r.id,
+                r.prompt,
+                r.output,
+                session=r.session,
+                turn=r.turn,
+                arrival=r.arrival,
+                extra_key="lora-a",
+            )
+    pol = _AuditedTree(3000, **kw)
+    res = replay(reqs, [pol], scheduler=SCHED, check=True)[0]
+    assert pol.audits >= len(reqs)
+    assert res.stats.evicted_tokens > 0  # the run evicts: removals are exercised
+    if kw.get("cpu_capacity"):
+        assert pol.stats().host_hit_tokens > 0  # and loads back from the host tier
 
 
 class _CheckedCacheAware(CacheAwareRouter):
@@ -355,7 +456,7 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(InvalidInputError, match="event delay"):
         fleet_replay(reqs, "vllm-blocks", 4096, 2, "cache-aware", event_delay=-1.0)
     with pytest.raises(InvalidInputError, match="does not publish KV events"):
-        fleet_replay(reqs, "trtllm", 4096, 2, "cache-aware")
+        fleet_replay(reqs, "lab-lru", 4096, 2, "cache-aware")
 
 
 # -- CLI --------------------------------------------------------------------------------------

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.policies import BlocksPolicy, CachePolicy, PolicyStats, make_policy
+from prefixcache.sim.policies import (
+    BlocksPolicy,
+    CachePolicy,
+    PolicyStats,
+    RadixPolicy,
+    make_policy,
+)
+from prefixcache.sim.policies.tree_events import TreeBlockEvents
 from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, new_record
 from prefixcache.sim.routers import Router, make_router, needs_events
@@ -71,10 +78,14 @@ class FleetResult:
 
 
 class _EventPath:
-    """The KV events on their way from the instances to the router's fleet index."""
+    """The KV events on their way from the instances to the router's fleet index.
+
+    The router keys a request's blocks as the instances' events do: a block pool's
+    events carry vLLM's chained block hashes (``BlockHasher``, the instances' algorithm),
+    a tree's the chained keys of ``tree_events.py``."""
 
     def __init__(
-        self, n: int, block_size: int, hash_algo: str, delay: float, loss: float, seed: int
+        self, sample: CachePolicy, n: int, hash_algo: str, delay: float, loss: float, seed: int
     ) -> None:
         from prefixcache import BlockHasher, KvIndex
 
@@ -82,8 +93,15 @@ class _EventPath:
         self.workers = [f"instance-{k}" for k in range(n)]
         for w in self.workers:
             self.index.add_worker(w, now=0.0)
-        self.hasher = BlockHasher(block_size, hash_algo)
-        self.block_size = block_size
+        self.tree_keys: TreeBlockEvents | None = None
+        if isinstance(sample, BlocksPolicy):
+            self.block_size = sample.block_size
+        elif isinstance(sample, RadixPolicy) and sample.events is not None:
+            self.tree_keys = sample.events
+            self.block_size = sample.events.block_size
+        else:  # pragma: no cover - make_policy(publish_events=True) refuses the others
+            raise InvalidInputError(f"policy {sample.name!r} does not publish KV events")
+        self.hasher = BlockHasher(self.block_size, hash_algo)
         self.delay = delay
         self.loss = loss
         self._rng = _random.Random(seed)
@@ -116,7 +134,10 @@ class _EventPath:
             c.delivered += 1
 
     def held(self, req: Request, now: float) -> list[int]:
-        if req.extra_key is None and not req.cache_salt:
+        if self.tree_keys is not None:
+            keys = self.tree_keys.keys(req.prompt, req.extra_key, req.cache_salt)
+            m = self.index.longest_prefix(keys, now=now)
+        elif req.extra_key is None and not req.cache_salt:
             m = self.index.longest_prefix(tokens=req.prompt, hasher=self.hasher, now=now)
         else:
             m = self.index.longest_prefix(self._namespaced_hashes(req), now=now)
@@ -169,40 +190,6 @@ class _Fleet:
         return self._records[index].first_token
 
 
-def _publishing_policy(
-    name: str,
-    capacity: int,
-    eviction_policy: str,
-    hash_algo: str,
-    cpu_capacity: int = 0,
-    offload: str | None = None,
-) -> CachePolicy:
-    pol = make_policy(
-        name,
-        capacity,
-        eviction_policy=eviction_policy,
-        hash_algo=hash_algo,
-        cpu_capacity=cpu_capacity,
-        offload=offload,
-    )
-    if isinstance(pol, BlocksPolicy):
-        tier: dict[str, Any] = (
-            {"cpu_capacity": cpu_capacity, "offload": offload} if cpu_capacity else {}
-        )
-        return BlocksPolicy(
-            capacity,
-            block_size=pol.block_size,
-            hash_algo=hash_algo,
-            name=pol.name,
-            publish_events=True,
-            **tier,
-        )
-    raise InvalidInputError(
-        f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
-        "vllm-blocks (or vllm-blocks<N>)"
-    )
-
-
 def fleet_replay(
     requests: Sequence[Request],
     policy: str,
@@ -249,35 +236,26 @@ def fleet_replay(
         else router
     )
     events = needs_events(rt)
-    if events:
-        pols = [
-            _publishing_policy(policy, capacity, eviction_policy, hash_algo, cpu_capacity, offload)
-            for _ in range(instances)
-        ]
-    else:
-        pols = [
-            make_policy(
-                policy,
-                capacity,
-                eviction_policy=eviction_policy,
-                hash_algo=hash_algo,
-                cpu_capacity=cpu_capacity,
-                offload=offload,
-            )
-            for _ in range(instances)
-        ]
+    pols = [
+        make_policy(
+            policy,
+            capacity,
+            eviction_policy=eviction_policy,
+            hash_algo=hash_algo,
+            cpu_capacity=cpu_capacity,
+            offload=offload,
+            publish_events=events,
+        )
+        for _ in range(instances)
+    ]
     n = len(requests)
     records = [new_record(r) for r in requests]
     served_by = [-1] * n
     task = progress(f"{pols[0].name} x{instances} {rt.name}", n) if progress is not None else None
     tick = task.advance if task is not None else None
-    path = (
-        _EventPath(
-            instances, getattr(pols[0], "block_size", 16), hash_algo, event_delay, event_loss, seed
-        )
-        if events
-        else None
-    )
+    path = None
+    if events:
+        path = _EventPath(pols[0], instances, hash_algo, event_delay, event_loss, seed)
     out_len = output_lengths(requests)
     gen = np.zeros(n, dtype=np.int64)  # shared: a request runs on one instance at a time
     insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check) for p in pols]

@@ -145,16 +145,21 @@ def make_policy(
     hash_algo: str = "sha256",
     cpu_capacity: int = 0,
     offload: str | None = None,
+    publish_events: bool = False,
 ) -> CachePolicy:
     """Build a policy by name: radix, radix-page<N>, vllm-blocks, vllm-blocks<N>, trtllm,
     trtllm<N>, trtllm-nopartial or trtllm-nopartial<N> (trtllm.py).
 
     ``cpu_capacity`` (tokens of host memory, 0 = none) and ``offload`` (the tier's policy,
     None = the family's default; :data:`OFFLOAD_NAMES`) give the policy a second tier; the
-    constructors get them as keywords only when ``cpu_capacity > 0``."""
+    constructors get them as keywords only when ``cpu_capacity > 0``. ``publish_events``
+    builds it publishing its KV events (``take_events``) for a router's fleet index:
+    radix, radix-page<N> and vllm-blocks[<N>] can."""
     if name == "radix":
         tier = _with_tier(name, cpu_capacity, offload)
-        return RadixPolicy(capacity, eviction_policy=eviction_policy, **tier)
+        return RadixPolicy(
+            capacity, eviction_policy=eviction_policy, publish_events=publish_events, **tier
+        )
     if name.startswith("radix-page") and name[len("radix-page") :].isdigit():
         page = int(name[len("radix-page") :])
         tier = _with_tier(name, cpu_capacity, offload)
@@ -164,13 +169,26 @@ def make_policy(
             eviction_policy=eviction_policy,
             name=name,
             **tier,
+            publish_events=publish_events,
         )
     if name == "vllm-blocks" or (
         name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
     ):
         bs = int(name[len("vllm-blocks") :] or 16)
         tier = _with_tier(name, cpu_capacity, offload)
-        return BlocksPolicy(capacity, block_size=bs, hash_algo=hash_algo, name=name, **tier)
+        return BlocksPolicy(
+            capacity,
+            block_size=bs,
+            hash_algo=hash_algo,
+            name=name,
+            publish_events=publish_events,
+            **tier,
+        )
+    if publish_events:
+        raise InvalidInputError(
+            f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
+            "radix, radix-page<N> or vllm-blocks[<N>]"
+        )
     trt = parse_trtllm_name(name)
     if trt is not None:
         tier = _with_tier(name, cpu_capacity, offload)

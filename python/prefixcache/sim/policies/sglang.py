@@ -10,6 +10,7 @@ import numpy as np
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import IndexArray, OutputsOf, PolicyStats, grow_slots, max_k
+from prefixcache.sim.policies.tree_events import DEFAULT_EVENT_BLOCK, TreeBlockEvents
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["RADIX_OFFLOADS", "RadixPolicy", "SlotBudget"]
@@ -73,6 +74,9 @@ class RadixPolicy:
     plain-Python reference ``prefixcache.reference.radix.RadixCache`` has the same API).
     ``cpu_capacity`` > 0 puts SGLang's HiCache host tier of that many tokens behind the
     GPU, with write policy ``offload`` (docs/SIMULATOR.md, "Offload"); 0 is no tier.
+    ``publish_events`` makes the tree's full blocks of ``event_block_size`` tokens (default:
+    the page size, 16 for a page-1 tree) available as KV events (:meth:`take_events`,
+    ``tree_events.py``), the view a router's fleet index gets of the instance.
     Request ids are ints >= 0 (the schedulers use request indices): per-request counters
     live in numpy arrays indexed by them, so a decode stretch of every running request
     is a few array operations.
@@ -90,6 +94,8 @@ class RadixPolicy:
         name: str | None = None,
         cpu_capacity: int = 0,
         offload: str | None = None,
+        publish_events: bool = False,
+        event_block_size: int | None = None,
     ) -> None:
         if page_size < 1:
             raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
@@ -120,6 +126,12 @@ class RadixPolicy:
         else:
             self.tree = cache_cls(page_size=page_size, eviction_policy=eviction_policy)
         self.pool = SlotBudget(capacity)
+        if event_block_size is None:
+            event_block_size = page_size if page_size > 1 else DEFAULT_EVENT_BLOCK
+        if event_block_size < 1:
+            raise InvalidInputError(f"event_block_size must be >= 1, got {event_block_size}")
+        self.event_block_size = event_block_size
+        self.events = TreeBlockEvents(event_block_size) if publish_events else None
         self.seqs: dict[int, _TreeSeq] = {}
         # Per request (indexed by id): slots held (prompt + reserve + grown, the tree's
         # share included), tokens with KV, the output range fed by decode stretches.
@@ -148,7 +160,10 @@ class RadixPolicy:
 
     def _evict(self, n: int) -> int:
         before = self.tree.num_nodes
-        freed = len(self.tree.evict(n))
+        values = self.tree.evict(n)
+        if self.events is not None:
+            self.events.freed(values)
+        freed = len(values)
         self._evicted_nodes += before - self.tree.num_nodes
         self._evicted_tokens += freed
         self.pool.give(freed)
@@ -179,12 +194,24 @@ class RadixPolicy:
         aligned = len(tokens) // self.page * self.page
         if aligned == 0:
             return 0
+        ev = self.events
+        if ev is None:
+            values = self._values(aligned)
+        else:
+            # The tree holds [0, protected) (the locked path): label the rest.
+            start = min(seq.protected, aligned)
+            keys = ev.keys(tokens[:aligned], seq.extra_key, seq.cache_salt)
+            labelled, ids = ev.label(keys, start, aligned)
+            values = np.zeros(aligned, dtype=np.int64)
+            values[start:] = labelled
         r = self.tree.insert(
             tokens[:aligned],
-            self._values(aligned),
+            values,
             extra_key=seq.extra_key,
             cache_salt=seq.cache_salt,
         )
+        if ev is not None:
+            ev.stored(keys, start, ids, int(r.prefix_len))
         dup = int(r.prefix_len) - seq.protected
         if dup > 0:
             self.pool.give(dup)
@@ -227,7 +254,14 @@ class RadixPolicy:
             return None
         self.pool.take(need)
         if host:
-            self.tree.load_back(m.last_host_node, self._values(host))
+            ev = self.events
+            if ev is None:
+                self.tree.load_back(m.last_host_node, self._values(host))
+            else:
+                keys = ev.keys(prompt[: hit + host], extra_key, cache_salt)
+                values, ids = ev.label(keys, hit, hit + host)
+                self.tree.load_back(m.last_host_node, values)
+                ev.stored(keys, hit, ids, hit)
             hit += host
             self._host_hit_tokens += host
         self._host_hit[i] = host
@@ -341,6 +375,13 @@ class RadixPolicy:
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """The KV events (``"type"``-tagged dicts, the tree's device blocks stored and
+        removed) since the last call, in order; needs ``publish_events=True``."""
+        if self.events is None:
+            raise InvalidInputError(f"{self.name} was built without publish_events=True")
+        return self.events.take()
 
     def stats(self) -> PolicyStats:
         st = PolicyStats(

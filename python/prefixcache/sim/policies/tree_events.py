@@ -1,0 +1,127 @@
+"""The KV events of a radix tree, as a router's fleet index consumes them.
+
+SGLang publishes one ``BlockStored`` per page of a node when the node enters its radix
+tree and one ``BlockRemoved`` per page when it leaves (``KVCacheEventMixin``). A router's
+index only needs the full blocks of a path: block ``k`` of a path (its tokens
+``[k*B, (k+1)*B)``) is held exactly when the tree holds the block's last token on the
+device, because a tree holds every token it holds together with the whole path above it.
+So :class:`TreeBlockEvents` labels the tree's KV values: the value of a block's last
+token is a small integer id (any other token gets 0), an id names the block's 64-bit key,
+and the values the tree frees on eviction say which blocks left. Nothing is read from the
+tree beyond what its API returns (the insert's ``prefix_len``, the freed values).
+
+Block keys are the router's own chained keys (``prefixcache._core.lab_block_keys``,
+seeded by the request's namespace), as NVIDIA Dynamo's router recomputes its own block
+hashes from the token ids a worker's events carry; the publisher computes them here so
+the events need not ship token lists. docs/FLEET_REPLAY.md, "Events", says what differs
+from SGLang's own hashes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from prefixcache.sim.requests import TokenArray, namespace_seed
+
+__all__ = ["DEFAULT_EVENT_BLOCK", "TreeBlockEvents"]
+
+# The block of a page-1 tree's events when none is given: vLLM's and the router's default.
+DEFAULT_EVENT_BLOCK = 16
+
+Keys = npt.NDArray[np.uint64]
+Ids = npt.NDArray[np.int64]
+
+
+class TreeBlockEvents:
+    """Block ids as KV values, their keys, and the events of the blocks entering and
+    leaving a tree (``take``). ``block_size`` tokens per block; every position is
+    counted from the root of the request's namespace."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._key = np.zeros(1024, dtype=np.uint64)  # id -> key (id 0: no block)
+        self._free = np.arange(1023, 0, -1, dtype=np.int64)  # free ids, a stack (top last)
+        self._events: list[dict[str, Any]] = []
+        self.live = 0  # ids naming a block the tree holds or is about to hold
+
+    # -- ids -----------------------------------------------------------------------------
+    def _take_ids(self, n: int) -> Ids:
+        if n > len(self._free):
+            old = len(self._key)
+            size = max(2 * old, old + n)
+            key = np.zeros(size, dtype=np.uint64)
+            key[:old] = self._key
+            self._key = key
+            self._free = np.concatenate([np.arange(size - 1, old - 1, -1), self._free])
+        ids = self._free[len(self._free) - n :][::-1].copy()
+        self._free = self._free[: len(self._free) - n]
+        self.live += n
+        return ids
+
+    def _give_ids(self, ids: Ids) -> None:
+        if len(ids):
+            self._key[ids] = 0
+            self._free = np.concatenate([self._free, ids])
+            self.live -= len(ids)
+
+    # -- what the tree is given and gives back -------------------------------------------
+    def keys(self, tokens: TokenArray, extra_key: str | None, cache_salt: str | None) -> Keys:
+        """The keys of the full blocks of ``tokens`` in a namespace."""
+        from prefixcache._core import lab_block_keys
+
+        return lab_block_keys(tokens, self.block_size, namespace_seed(extra_key, cache_salt))
+
+    def label(self, keys: Keys, start: int, end: int) -> tuple[Ids, Ids]:
+        """KV values for the tokens ``[start, end)`` of a path whose full-block keys are
+        ``keys``: a fresh id at the last token of every block ending in the range, 0
+        elsewhere. Returns ``(values, ids)``; settle the ids with :meth:`stored`."""
+        bs = self.block_size
+        first = start // bs  # the first block whose last token is >= start
+        last = min(end // bs, len(keys))  # blocks ending at or before `end`
+        values = np.zeros(end - start, dtype=np.int64)
+        if last <= first:
+            return values, np.zeros(0, dtype=np.int64)
+        ids = self._take_ids(last - first)
+        self._key[ids] = keys[first:last]
+        values[(first + 1) * bs - 1 - start : last * bs - start : bs] = ids
+        return values, ids
+
+    def stored(self, keys: Keys, start: int, ids: Ids, cached_from: int) -> None:
+        """The tree took the labelled values of ``[cached_from, ...)`` (``label(keys,
+        start, ...)`` gave ``ids``): those blocks are stored; the ids of blocks the tree
+        already held go back."""
+        bs = self.block_size
+        first = start // bs
+        held = max(cached_from // bs, first) - first  # blocks the tree had: not taken
+        self._give_ids(ids[:held])
+        if held < len(ids):
+            lo = first + held
+            self._events.append(
+                {
+                    "type": "BlockStored",
+                    "block_hashes": keys[lo : first + len(ids)],
+                    "parent_block_hash": int(keys[lo - 1]) if lo else None,
+                    "token_ids": None,
+                    "block_size": bs,
+                    "lora_id": None,
+                }
+            )
+
+    def freed(self, values: Ids) -> None:
+        """The tree freed these KV values (an eviction): their blocks are removed."""
+        ids = values[values != 0]
+        if len(ids):
+            self._events.append({"type": "BlockRemoved", "block_hashes": self._key[ids]})
+            self._give_ids(ids)
+
+    def key_of(self, ids: Ids) -> Keys:
+        """The keys of live ids (tests)."""
+        return self._key[ids]
+
+    def take(self) -> list[dict[str, Any]]:
+        """The events since the last call, in order."""
+        out, self._events = self._events, []
+        return out
