@@ -1549,7 +1549,7 @@ CATALOGUE: list[Row] = [
             "--instances",
             "2",
             "--policies",
-            "radix",
+            "lab-lru",
             "--router",
             "cache-aware",
         ],
