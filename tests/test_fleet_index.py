@@ -382,6 +382,8 @@ def test_differential_against_reference(steps: list, query: list[int]) -> None:
         assert got == ref.apply(worker, ops, seq)
         for medium in [None, *ref.media]:
             assert ix.cached_hashes(worker, medium) == ref.cached_hashes(worker, medium)
+        held_pairs = sum(len(+c) for c in ref.held[worker].values())
+        assert ix.status(worker, now=0.0)["num_held"] == held_pairs
         ix.check_invariants()
     m = ix.longest_prefix(query, now=0.0, weights={"CPU": 0.5, "DISK": 0.25})
     assert ix.media == ref.media

@@ -140,8 +140,8 @@ class _ActiveBlocks:
     whole prefix, the blocks an instance's running requests share with a new one are a
     prefix of the new one's, so a fleet index over the running requests
     (``KvIndex``, one copy per request holding a block) gives the new blocks as the
-    request's length minus its longest held prefix, and a completion removes exactly the
-    blocks past the longest prefix the instance still holds through other requests."""
+    request's length minus its longest held prefix; after a completion the instance's
+    distinct blocks are what the index still holds for it."""
 
     def __init__(self, n: int, block_size: int) -> None:
         from prefixcache import KvIndex
@@ -190,8 +190,7 @@ class _ActiveBlocks:
         self.prefill[k] -= self.unprefilled[k].pop(i, 0)
         w = self.names[k]
         self.index.apply(w, [{"type": "BlockRemoved", "block_hashes": keys}], now=0.0)
-        still = int(self.index.longest_prefix(keys, now=0.0).blocks(w))
-        self.blocks[k] -= len(keys) - still
+        self.blocks[k] = int(self.index.status(w, now=0.0)["num_held"])
 
 
 def _stored(keys: BlockKeys, block_size: int) -> dict[str, Any]:

@@ -1,20 +1,24 @@
 //! `KvIndex`: which worker holds which block hash, on which medium, fed by KV events.
 //!
-//! - `blocks`: hash -> [`Holders`] (per medium, a bitset over worker slots).
-//! - per worker and medium: hash -> number of copies. vLLM may cache one hash on several
-//!   blocks (and in several KV-cache groups); a worker stops holding a hash on a medium
-//!   only when the last copy is removed.
+//! - `blocks`: hash -> [`Holders`] (per medium, a bitset over worker slots, and the copy
+//!   counts of holders with several copies). vLLM may cache one hash on several blocks
+//!   (and in several KV-cache groups); a worker stops holding a hash on a medium only
+//!   when the last copy is removed. One table for everything: applying a block event is
+//!   one probe. A worker's holdings are found by scanning it (reset, removal, listing).
+//! - per worker and medium: how many distinct hashes it holds.
 //! - per worker: the publisher's sequence state. Batches apply in sequence order; a batch
 //!   past the next expected number is not applied and marks the worker stale until the
 //!   missing batches arrive (a replay), since the events in between are unknown.
 
 use std::sync::Arc;
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::event::{Batch, FleetEvent, HashForm, DEFAULT_MEDIUM};
-use super::holders::{for_each_bit, Holders};
+use super::holders::{for_each_bit, Holders, Removal};
 use super::wire;
 use crate::error::{Error, Result};
 
@@ -73,8 +77,8 @@ pub struct WorkerStatus {
 
 struct Worker {
     name: Arc<str>,
-    /// Per medium id: hash -> copies (> 0).
-    held: Vec<FxHashMap<u64, u32>>,
+    /// Per medium id: distinct hashes held.
+    held: Vec<usize>,
     next_seq: u64,
     max_seen: Option<u64>,
     /// Timestamp of the applied batch with sequence number 0 (tells a publisher restart,
@@ -323,15 +327,14 @@ impl KvIndex {
         let Some(Some(w)) = slots.get_mut(slot as usize) else {
             return;
         };
-        for (m, held) in w.held.iter_mut().enumerate() {
-            for (h, _) in held.drain() {
-                if let Some(hs) = blocks.get_mut(&h) {
-                    if hs.clear(m as u8, slot) {
-                        blocks.remove(&h);
-                    }
-                }
-            }
+        if w.held.iter().all(|&n| n == 0) {
+            return;
         }
+        let held = &mut w.held;
+        blocks.retain(|_, hs| {
+            hs.clear_slot(slot, |m| held[m as usize] -= 1);
+            !hs.is_empty()
+        });
     }
 
     fn medium_id(&self, name: &str) -> Option<u8> {
@@ -486,31 +489,31 @@ impl KvIndex {
         };
         let m = medium as usize;
         if w.held.len() <= m {
-            w.held.resize_with(m + 1, FxHashMap::default);
+            w.held.resize(m + 1, 0);
         }
         let held = &mut w.held[m];
         match ev {
             FleetEvent::Stored(s) => {
-                held.reserve(s.block_hashes.len());
+                blocks.reserve(s.block_hashes.len());
                 for &h in &s.block_hashes {
-                    let c = held.entry(h).or_insert(0);
-                    *c += 1;
-                    if *c == 1 {
-                        blocks.entry(h).or_default().set(medium, slot);
+                    if blocks.entry(h).or_default().add(medium, slot) {
+                        *held += 1;
                     }
                 }
             }
             FleetEvent::Removed { block_hashes, .. } => {
-                for h in block_hashes {
-                    match held.get_mut(h) {
-                        None => w.unknown_removals += 1,
-                        Some(c) if *c > 1 => *c -= 1,
-                        Some(_) => {
-                            held.remove(h);
-                            if let Some(hs) = blocks.get_mut(h) {
-                                if hs.clear(medium, slot) {
-                                    blocks.remove(h);
-                                }
+                for &h in block_hashes {
+                    let Entry::Occupied(mut e) = blocks.entry(h) else {
+                        w.unknown_removals += 1;
+                        continue;
+                    };
+                    match e.get_mut().remove(medium, slot) {
+                        Removal::Unknown => w.unknown_removals += 1,
+                        Removal::Copy => {}
+                        Removal::Last => {
+                            *held -= 1;
+                            if e.get().is_empty() {
+                                e.remove();
                             }
                         }
                     }
@@ -542,26 +545,24 @@ impl KvIndex {
             errors: w.errors,
             last_error: w.last_error.clone(),
             dp_rank: w.dp_rank,
-            num_held: w.held.iter().map(|h| h.len()).sum(),
+            num_held: w.held.iter().sum(),
         })
     }
 
     /// The hashes `name` holds (on `medium`, or on any medium), sorted.
     pub fn cached_hashes(&self, name: &str, medium: Option<&str>) -> Result<Vec<u64>> {
-        let w = self.worker(self.slot_of(name)?);
-        let mut out: Vec<u64> = match medium {
-            Some(m) => match self.medium_id(m) {
-                Some(id) => w
-                    .held
-                    .get(id as usize)
-                    .map(|h| h.keys().copied().collect())
-                    .unwrap_or_default(),
-                None => Vec::new(),
-            },
-            None => w.held.iter().flat_map(|h| h.keys().copied()).collect(),
+        let slot = self.slot_of(name)?;
+        let media: Vec<u8> = match medium {
+            Some(m) => self.medium_id(m).into_iter().collect(),
+            None => (0..self.media.len() as u8).collect(),
         };
+        let mut out: Vec<u64> = self
+            .blocks
+            .iter()
+            .filter(|(_, hs)| media.iter().any(|&m| hs.holds(m, slot)))
+            .map(|(&h, _)| h)
+            .collect();
         out.sort_unstable();
-        out.dedup();
         Ok(out)
     }
 
@@ -757,28 +758,8 @@ impl KvIndex {
                 self.names.len()
             ));
         }
-        let mut pairs = 0usize;
-        for (s, w) in self.slots.iter().enumerate() {
-            let Some(w) = w else { continue };
-            for (m, held) in w.held.iter().enumerate() {
-                for (h, &c) in held {
-                    if c == 0 {
-                        return Err(format!("worker {:?} holds {h} with 0 copies", w.name));
-                    }
-                    let set = self
-                        .blocks
-                        .get(h)
-                        .map(|hs| hs.on(m as u8))
-                        .and_then(|b| b.get(s / 64))
-                        .is_some_and(|word| word & (1 << (s % 64)) != 0);
-                    if !set {
-                        return Err(format!("worker {:?} holds {h} but is not listed", w.name));
-                    }
-                    pairs += 1;
-                }
-            }
-        }
-        let mut bits = 0usize;
+        // Recount every worker's distinct hashes per medium from the holder bits.
+        let mut counted: Vec<Vec<usize>> = vec![Vec::new(); self.slots.len()];
         for (h, hs) in &self.blocks {
             if hs.is_empty() {
                 return Err(format!("hash {h} listed with no holder"));
@@ -789,22 +770,39 @@ impl KvIndex {
                 }
                 for (j, word) in b.iter().enumerate() {
                     let mut bad = None;
-                    for_each_bit(j, *word, |s| {
-                        let ok = matches!(self.slots.get(s), Some(Some(w))
-                            if w.held.get(m as usize).is_some_and(|x| x.contains_key(h)));
-                        if !ok {
-                            bad = Some(s);
+                    for_each_bit(j, *word, |s| match counted.get_mut(s) {
+                        Some(c) if matches!(self.slots.get(s), Some(Some(_))) => {
+                            if c.len() <= m as usize {
+                                c.resize(m as usize + 1, 0);
+                            }
+                            c[m as usize] += 1;
                         }
+                        _ => bad = Some(s),
                     });
                     if let Some(s) = bad {
-                        return Err(format!("hash {h} lists slot {s}, which does not hold it"));
+                        return Err(format!("hash {h} lists slot {s}, which holds no worker"));
                     }
-                    bits += word.count_ones() as usize;
+                }
+            }
+            for &(m, s, c) in hs.multi_copies() {
+                if c < 2 || !hs.holds(m, s) {
+                    return Err(format!("hash {h}: {c} copies on slot {s} medium {m}"));
                 }
             }
         }
-        if bits != pairs {
-            return Err(format!("{bits} holder bits, {pairs} held pairs"));
+        for (s, w) in self.slots.iter().enumerate() {
+            let Some(w) = w else { continue };
+            let n = w.held.len().max(counted[s].len());
+            for m in 0..n {
+                let have = w.held.get(m).copied().unwrap_or(0);
+                let found = counted[s].get(m).copied().unwrap_or(0);
+                if have != found {
+                    return Err(format!(
+                        "worker {:?} medium {m}: counts {have} hashes, holds {found}",
+                        w.name
+                    ));
+                }
+            }
         }
         Ok(())
     }
