@@ -93,6 +93,35 @@ pub fn coalesce_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
     out
 }
 
+/// The inverse of [`coalesce_removals`]: every `BlockRemoved` with several hashes becomes
+/// one event per hash, in order (vLLM's shape).
+pub fn split_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
+    let multi = events
+        .iter()
+        .any(|e| matches!(e, KvEvent::BlockRemoved { block_hashes, .. } if block_hashes.len() > 1));
+    if !multi {
+        return events;
+    }
+    let mut out = Vec::with_capacity(events.len());
+    for ev in events {
+        match ev {
+            KvEvent::BlockRemoved {
+                block_hashes,
+                group_idx,
+                medium,
+            } if block_hashes.len() > 1 => {
+                out.extend(block_hashes.into_iter().map(|h| KvEvent::BlockRemoved {
+                    block_hashes: vec![h],
+                    group_idx,
+                    medium,
+                }));
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// vLLM's `to_event_extra_keys` for one block's tagged keys.
 pub fn untag_extra_keys(keys: &[KeyValue]) -> Vec<KeyValue> {
     keys.iter()
@@ -142,5 +171,21 @@ mod coalesce_tests {
             ]
         );
         assert!(coalesce_removals(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn split_undoes_the_merge_in_order() {
+        let single = vec![
+            removed(&[1], 0),
+            removed(&[2], 0),
+            removed(&[3], 0),
+            removed(&[4], 1),
+            KvEvent::AllBlocksCleared,
+            removed(&[5], 1),
+        ];
+        let merged = coalesce_removals(single.clone());
+        assert_eq!(merged.len(), 4);
+        assert_eq!(split_removals(merged), single);
+        assert_eq!(split_removals(single.clone()), single);
     }
 }

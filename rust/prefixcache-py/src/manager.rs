@@ -374,9 +374,14 @@ impl PyKVCacheManager {
     /// token ids and with runs of removals merged (what a router's index needs).
     #[pyo3(signature = (compact=false))]
     fn take_events<'py>(&self, py: Python<'py>, compact: bool) -> PyResult<Bound<'py, PyList>> {
-        let (events, window) = self
-            .inner
-            .with(py, |m| (m.take_events(), m.sliding_window()))?;
+        let (events, window) = self.inner.with(py, |m| {
+            let evs = if compact {
+                m.take_events_merged()
+            } else {
+                m.take_events()
+            };
+            (evs, m.sliding_window())
+        })?;
         let spec = match window {
             None => ("full_attention", None),
             Some(w) => ("sliding_window", Some(w)),

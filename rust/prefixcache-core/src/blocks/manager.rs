@@ -187,6 +187,11 @@ impl KVCacheManager {
         self.pool.take_events()
     }
 
+    /// [`KVCacheManager::take_events`] with runs of removals in one event each.
+    pub fn take_events_merged(&mut self) -> Vec<KvEvent> {
+        self.pool.take_events_merged()
+    }
+
     /// The cumulative stats.
     pub fn stats(&self) -> PrefixCacheStats {
         self.stats

@@ -16,7 +16,7 @@
 //! holds 4 bytes per cached key. Growth is reserved fallibly before anything changes.
 
 use crate::error::{Error, Result};
-use crate::events::{untag_extra_keys, KvEvent, Medium};
+use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
@@ -376,11 +376,20 @@ impl BlockPool {
             let Some(key) = self.key_of(id) else {
                 return false;
             };
-            self.events.push(KvEvent::BlockRemoved {
-                block_hashes: vec![key.hash],
-                group_idx: key.group,
-                medium: Medium::Gpu,
-            });
+            // Runs of removals share one event (no allocation per evicted block);
+            // `take_events` splits them back into vLLM's one event per hash.
+            match self.events.last_mut() {
+                Some(KvEvent::BlockRemoved {
+                    block_hashes,
+                    group_idx,
+                    medium: Medium::Gpu,
+                }) if *group_idx == key.group => block_hashes.push(key.hash),
+                _ => self.events.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![key.hash],
+                    group_idx: key.group,
+                    medium: Medium::Gpu,
+                }),
+            }
         }
         if !self.cached.remove(&mut self.blocks, id) {
             return false;
@@ -706,8 +715,16 @@ impl BlockPool {
         true
     }
 
-    /// The events emitted since the last call (always empty when events are disabled).
+    /// The events emitted since the last call, as vLLM emits them: one `BlockRemoved`
+    /// per removed hash (always empty when events are disabled).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
+        split_removals(std::mem::take(&mut self.events))
+    }
+
+    /// The same events with every run of consecutive removals of one group in one
+    /// `BlockRemoved` ([`crate::events::coalesce_removals`]'s shape, without building the single-hash
+    /// events first).
+    pub fn take_events_merged(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)
     }
 
