@@ -153,6 +153,60 @@ def test_embedded_apply_frames(benchmark: Any) -> None:
     benchmark(run)
 
 
+def _stored(hashes: np.ndarray) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": hashes, "block_size": BLOCK}
+
+
+def _removed(hashes: np.ndarray) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": hashes}
+
+
+Batches = list[tuple[str, list[dict[str, Any]]]]
+
+
+def steady_stream(
+    n_workers: int = 4, held: int = 187_500, steps: int = 2000, run: int = 64, seed: int = 0
+) -> tuple[KvIndex, Batches, int]:
+    """An index whose workers hold ``held`` hashes each (a fleet replay's instances at
+    3M tokens of 16-token blocks), and a cycle of batches that leaves it as it found it:
+    ``steps`` batches each storing ``run`` new hashes on a worker and removing its ``run``
+    oldest, then the same undone in reverse order. Hashes are numpy arrays, the shape of
+    the fleet replay's events; the table outgrows the CPU caches, as in a whole-trace
+    fleet replay. Returns the index, the batches and their block events."""
+    rng = np.random.default_rng(seed)
+    ix = KvIndex()
+    fifo: list[list[np.ndarray]] = []
+    for w in range(n_workers):
+        chunks = [rng.integers(0, 2**63, run, dtype=np.uint64) for _ in range(held // run)]
+        for c in chunks:
+            ix.apply(f"w{w}", [_stored(c)], now=0.0)
+        fifo.append(chunks)
+    forward: Batches = []
+    for step in range(steps):
+        w = step % n_workers
+        new = rng.integers(0, 2**63, run, dtype=np.uint64)
+        old = fifo[w].pop(0)
+        fifo[w].append(new)
+        forward.append((f"w{w}", [_stored(new), _removed(old)]))
+    undo: Batches = [
+        (w, [_stored(ev[1]["block_hashes"]), _removed(ev[0]["block_hashes"])])
+        for w, ev in reversed(forward)
+    ]
+    return ix, forward + undo, 2 * steps * 2 * run
+
+
+def test_embedded_apply_large_index(benchmark: Any) -> None:
+    ix, batches, _ = steady_stream()
+    before = ix.num_hashes
+
+    def run() -> None:
+        for w, events in batches:
+            ix.apply(w, events, now=0.0)
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    assert ix.num_hashes == before
+
+
 def test_embedded_longest_prefix_144_blocks_64_workers(benchmark: Any) -> None:
     ix = KvIndex()
     reqs = [np.array(r, dtype=np.uint64) for r in filled(ix)]
@@ -231,6 +285,18 @@ def main() -> None:
         f"embedded apply_frames: {len(msgs)} messages, {block_events} block events: "
         f"{t * 1e3:.1f} ms = {block_events / t / 1e6:.2f} M block events/s "
         f"({t / len(msgs) * 1e6:.2f} us per message)"
+    )
+
+    big, batches, block_events = steady_stream()
+
+    def apply_big() -> None:
+        for w, events in batches:
+            big.apply(w, events, now=0.0)
+
+    t = _best(apply_big, 3)
+    print(
+        f"embedded apply, 4 workers x 187,500 hashes held: {block_events} block events in "
+        f"{t * 1e3:.0f} ms = {block_events / t / 1e6:.2f} M block events/s"
     )
 
     ix = KvIndex()

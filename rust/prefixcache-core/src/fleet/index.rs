@@ -789,6 +789,9 @@ impl KvIndex {
                     return Err(format!("hash {h}: {c} copies on slot {s} medium {m}"));
                 }
             }
+            if hs.needlessly_boxed() {
+                return Err(format!("hash {h}: boxed holders that fit inline"));
+            }
         }
         for (s, w) in self.slots.iter().enumerate() {
             let Some(w) = w else { continue };
