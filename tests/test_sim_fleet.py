@@ -289,7 +289,8 @@ class _CheckedCacheAware(CacheAwareRouter):
             keys: set[int] = set()
             total = 0
             for i in live:
-                ks = act.keys(self.requests[i]).tolist()
+                r = self.requests[i]
+                ks = act.keys(r, r.prompt).tolist()
                 keys.update(ks)
                 total += len(ks)
             assert act.blocks[inst] == len(keys)

@@ -36,7 +36,7 @@ from prefixcache.sim.policies import (
 )
 from prefixcache.sim.policies.tree_events import TreeBlockEvents
 from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
-from prefixcache.sim.requests import Request, RequestRecord, new_record
+from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
 from prefixcache.sim.routers import Router, make_router, needs_events
 from prefixcache.sim.scheduler import (
     SessionGate,
@@ -133,17 +133,17 @@ class _EventPath:
                 c.resyncs += 1
             c.delivered += 1
 
-    def held(self, req: Request, now: float) -> list[int]:
+    def held(self, req: Request, now: float, prompt: TokenArray) -> list[int]:
         if self.tree_keys is not None:
-            keys = self.tree_keys.keys(req.prompt, req.extra_key, req.cache_salt)
+            keys = self.tree_keys.keys(prompt, req.extra_key, req.cache_salt)
             m = self.index.longest_prefix(keys, now=now)
         elif req.extra_key is None and not req.cache_salt:
-            m = self.index.longest_prefix(tokens=req.prompt, hasher=self.hasher, now=now)
+            m = self.index.longest_prefix(tokens=prompt, hasher=self.hasher, now=now)
         else:
-            m = self.index.longest_prefix(self._namespaced_hashes(req), now=now)
+            m = self.index.longest_prefix(self._namespaced_hashes(req, prompt), now=now)
         return [int(m.blocks(w)) for w in self.workers]
 
-    def _namespaced_hashes(self, req: Request) -> list[int]:
+    def _namespaced_hashes(self, req: Request, prompt: TokenArray) -> list[int]:
         """The request's block hashes with its namespace keyed in as the instances key it
         (vLLM's layout: the extra key as a LoRA name on every block, the salt on block 0)."""
         from prefixcache.events import external_hash
@@ -153,7 +153,7 @@ class _EventPath:
         keys: list[tuple[Any, ...] | None] = [base or None] * n
         if req.cache_salt and n:
             keys[0] = (*base, ("cache_salt", req.cache_salt))
-        digests = self.hasher.hash_blocks(req.prompt, extra_keys=keys)
+        digests = self.hasher.hash_blocks(prompt, extra_keys=keys)
         return [int(external_hash(d)) for d in digests]
 
 
@@ -179,12 +179,15 @@ class _Fleet:
     def load_tokens(self) -> list[int]:
         return [i.load_tokens for i in self.insts]
 
-    def held_blocks(self, req: Request, now: float) -> tuple[Sequence[int], int]:
+    def held_blocks(
+        self, req: Request, now: float, prompt: TokenArray | None = None
+    ) -> tuple[Sequence[int], int]:
         if self.path is None:
             raise InvalidInputError("this router needs the instances' KV events")
         self._collect()
         self.path.deliver(now)
-        return self.path.held(req, now), self.path.block_size
+        tokens = req.prompt if prompt is None else prompt
+        return self.path.held(req, now, tokens), self.path.block_size
 
     def first_token(self, index: int) -> float:
         return self._records[index].first_token

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.requests import Request, RequestId, namespace_seed
+from prefixcache.sim.requests import Request, RequestId, TokenArray, namespace_seed
 
 __all__ = [
     "ROUTER_NAMES",
@@ -59,9 +59,13 @@ class FleetView(Protocol):
         """Queued + running tokens (prompt + generated) per instance."""
         ...
 
-    def held_blocks(self, req: Request, now: float) -> tuple[Sequence[int], int]:
+    def held_blocks(
+        self, req: Request, now: float, prompt: TokenArray | None = None
+    ) -> tuple[Sequence[int], int]:
         """Per instance the longest prefix of ``req`` it holds, in blocks, as the fleet
-        index knows it from the published KV events; and the block size."""
+        index knows it from the published KV events; and the block size. ``prompt``:
+        ``req.prompt`` when the caller has it already (a trace's prompts are expanded on
+        each access)."""
         ...
 
     def first_token(self, index: int) -> float:
@@ -157,11 +161,11 @@ class _ActiveBlocks:
         self.running: dict[int, tuple[int, BlockKeys]] = {}  # index -> (instance, keys)
         self.done: list[tuple[float, int]] = []  # heap of (t, index): completions to apply
 
-    def keys(self, req: Request) -> BlockKeys:
+    def keys(self, req: Request, prompt: TokenArray) -> BlockKeys:
         from prefixcache._core import lab_block_keys
 
         seed = namespace_seed(req.extra_key, req.cache_salt)
-        return lab_block_keys(req.prompt, self.block_size, seed)
+        return lab_block_keys(prompt, self.block_size, seed)
 
     def held(self, keys: BlockKeys) -> list[int]:
         """Per instance the longest prefix of ``keys`` its running requests hold."""
@@ -224,12 +228,13 @@ class CacheAwareRouter:
 
     def costs(self, req: Request, now: float, fleet: FleetView) -> list[float]:
         """Every instance's cost for ``req`` at ``now`` (lower is better)."""
-        held, bs = fleet.held_blocks(req, now)
+        prompt = req.prompt
+        held, bs = fleet.held_blocks(req, now, prompt)
         act = self._active
         if act is None or act.block_size != bs or len(act.names) != fleet.size:
             act = self._active = _ActiveBlocks(fleet.size, bs)
         act.catch_up(now, fleet)
-        keys = act.keys(req)
+        keys = act.keys(req, prompt)
         n = len(keys)
         shared = act.held(keys)
         prefill = [max(0, req.prompt_len - h * bs) for h in held]
