@@ -43,7 +43,10 @@ impl BlockTrie {
     /// Moves unlisted, unreferenced-or-not block `b` to `host`, keeping the cached
     /// counts and the parent's GPU-children count right.
     fn set_level(&mut self, b: u32, host: bool) {
-        debug_assert!(!self.blocks[b as usize].listed, "set_level of a listed block");
+        debug_assert!(
+            !self.blocks[b as usize].listed,
+            "set_level of a listed block"
+        );
         if self.blocks[b as usize].host == host {
             return;
         }

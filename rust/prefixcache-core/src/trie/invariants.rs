@@ -27,7 +27,9 @@ impl BlockTrie {
                 *refs.entry(b).or_default() += 1;
             }
             if let Some(&b) = blocks.iter().find(|&&b| self.blocks[b as usize].host) {
-                return Err(format!("a request holds block {b}, which is in host memory"));
+                return Err(format!(
+                    "a request holds block {b}, which is in host memory"
+                ));
             }
         }
         let mut on_host = 0usize;

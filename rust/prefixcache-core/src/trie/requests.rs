@@ -49,9 +49,7 @@ impl BlockTrie {
         for s in &plan.steps {
             match *s {
                 // A host block is onboarded: it takes a GPU block.
-                Step::Reuse(b) | Step::TakeOver(b, _) if self.blocks[b as usize].host => {
-                    fresh += 1
-                }
+                Step::Reuse(b) | Step::TakeOver(b, _) if self.blocks[b as usize].host => fresh += 1,
                 Step::Reuse(b) | Step::TakeOver(b, _) => {
                     leaving += usize::from(self.blocks[b as usize].ref_cnt == 0)
                 }

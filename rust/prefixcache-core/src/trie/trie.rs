@@ -179,7 +179,9 @@ impl BlockTrie {
         // The evictable sets allocate node by node (no fallible API): check that their
         // ~24 bytes per block (B-tree nodes at 11 entries of 16 bytes) can be had first.
         let mut probe: Vec<u8> = Vec::new();
-        probe.try_reserve_exact(total.saturating_mul(24)).map_err(oom)?;
+        probe
+            .try_reserve_exact(total.saturating_mul(24))
+            .map_err(oom)?;
         drop(probe);
         let root = total as u32;
         blocks.extend((0..=total).map(|i| {
