@@ -61,7 +61,6 @@ impl BlockTrie {
             self.num_host_cached += 1;
             self.num_host_cached_tokens += len;
             self.blocks[parent as usize].gpu_children -= 1;
-            self.note_host_peak();
         } else {
             self.num_host_cached -= 1;
             self.num_host_cached_tokens -= len;
@@ -102,6 +101,7 @@ impl BlockTrie {
             self.detach(h);
         }
         self.set_level(h, false);
+        self.note_host_peak();
         Some(h)
     }
 
