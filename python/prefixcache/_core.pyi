@@ -413,8 +413,8 @@ class BlockTrie:
         """The KV events since the last call (with a host tier, ``TrieBlockMoved`` when a
         cached block moves between GPU and host memory)."""
     def dump(self) -> list[dict[str, Any]]:
-        """Every block by id (GPU and host blocks): block_id, cached, parent, tokens, lora_id, cache_salt,
-        mm_keys, ref_cnt, priority."""
+        """Every block by id (GPU and host blocks): block_id, cached, parent, tokens,
+        lora_id, cache_salt, mm_keys, ref_cnt, priority."""
     def check_invariants(self) -> None:
         """Checks every structural invariant; raises AssertionError on a violation."""
 
