@@ -110,3 +110,24 @@ def test_request_cycle(benchmark: Any, impl: str) -> None:
 
     benchmark.pedantic(run, setup=lambda: ((IMPLS[impl](4096, TPB),), {}), rounds=ROUNDS[impl])
     record(benchmark, len(PROMPTS))
+
+
+@pytest.mark.parametrize("host_blocks", [0, 4096])
+def test_request_cycle_small_gpu(benchmark: Any, host_blocks: int) -> None:
+    """The same cycle on 64 GPU blocks (one request's 36 and little more), without and with
+    a host tier of 4096 blocks: with it, each request offloads the blocks it displaces and
+    onboards its system prompt's 32 blocks from host memory (core only)."""
+    benchmark.group = "trie request cycle, 64 GPU blocks, host tier (core)"
+
+    def run(t: Any) -> None:
+        for i, p in enumerate(PROMPTS):
+            t.claim(i, p)
+            t.complete(i)
+            t.store(i, p)
+            t.release(i)
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (BlockTrie(64, TPB, host_blocks=host_blocks),), {}
+
+    benchmark.pedantic(run, setup=setup, rounds=ROUNDS["core"])
+    record(benchmark, len(PROMPTS))

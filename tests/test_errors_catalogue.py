@@ -1137,6 +1137,27 @@ CATALOGUE: list[Row] = [
         lambda w: BlockTrie(16, tokens_per_block=0),
     ),
     trie(
+        "negative host tier",
+        "BlockTrie(16, host_blocks=-1)",
+        InvalidInputError,
+        "host_blocks must be >= 0",
+        lambda w: BlockTrie(16, host_blocks=-1),
+    ),
+    trie(
+        "host tier beyond the block ids",
+        "BlockTrie(16, host_blocks=2**32)",
+        InvalidInputError,
+        "num_blocks + host_blocks must be < 2**32 - 1",
+        lambda w: BlockTrie(16, host_blocks=2**32),
+    ),
+    trie(
+        "offload priority above the maximum",
+        "BlockTrie(16, host_blocks=4, secondary_offload_min_priority=101)",
+        InvalidInputError,
+        "secondary_offload_min_priority must be an int in [0, 100], got 101",
+        lambda w: BlockTrie(16, host_blocks=4, secondary_offload_min_priority=101),
+    ),
+    trie(
         "unknown request id", "release(99)", UnknownRequestError, "99", lambda w: w.obj.release(99)
     ),
     trie(
@@ -1574,6 +1595,11 @@ CATALOGUE: list[Row] = [
         "--offload for a policy not in the run",
         ["replay", "workload:F", "--cpu-capacity", "1M", "--offload", "trtllm=host"],
         "'trtllm' is not a policy of this run",
+    ),
+    cmd(
+        "a trie host tier smaller than one block",
+        ["replay", "workload:F", "--cpu-capacity", "10", "--policies", "trtllm"],
+        "cpu_capacity 10 is less than one 64-token block",
     ),
     cmd(
         "a host tier for a policy without one",

@@ -85,13 +85,6 @@ def test_conversation_trace_with_a_host_tier() -> None:
     assert res.stats.host_hit_tokens > 0
 
 
-def test_trtllm_host_tier_is_refused_not_ignored() -> None:
-    from prefixcache.sim.policies import make_policy
-
-    with pytest.raises(InvalidInputError, match="no host tier"):
-        make_policy("trtllm", 6400, cpu_capacity=640, offload="host")
-
-
 def test_make_policy_gives_radix_its_tier() -> None:
     from prefixcache.sim.policies import make_policy
 

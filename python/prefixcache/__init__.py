@@ -43,7 +43,7 @@ from prefixcache.errors import (
 )
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.extra_keys import LoRAKey, MultiModalItem, block_extra_keys
-from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
+from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
 
 __version__: str = _core.__version__
 
@@ -75,6 +75,7 @@ __all__ = [
     "RadixCache",
     "StaleHandleError",
     "TokenBuffer",
+    "TrieBlockMoved",
     "TrieBlockRemoved",
     "TrieBlockStored",
     "UnknownRequestError",

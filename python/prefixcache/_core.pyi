@@ -13,7 +13,7 @@ from typing import Any, Protocol, final
 import numpy as np
 import numpy.typing as npt
 
-from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
+from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
 
 __version__: str
 __all__ = [
@@ -269,6 +269,13 @@ class Claim:
     @property
     def copies(self) -> list[tuple[int, int, int]]:
         """``(src, dst, num_tokens)`` copies to perform before ``complete``."""
+    @property
+    def num_host_blocks(self) -> int:
+        """Matched blocks that were in host memory (onboarded, or a copy's host
+        source)."""
+    @property
+    def num_host_tokens(self) -> int:
+        """Of ``num_matched_tokens``, those read from host memory."""
 
 @final
 class Lookup:
@@ -292,6 +299,12 @@ class Lookup:
     @property
     def partial_block(self) -> int | None:
         """The block id a partial match would come from, or None."""
+    @property
+    def num_host_blocks(self) -> int:
+        """Matched blocks in host memory (a claim would load them)."""
+    @property
+    def num_host_tokens(self) -> int:
+        """Of ``num_matched_tokens``, those in host memory."""
 
 @final
 class BlockTrie:
@@ -305,11 +318,35 @@ class BlockTrie:
         tokens_per_block: int | None = None,
         enable_partial_reuse: bool = True,
         copy_on_partial_reuse: bool = True,
+        host_blocks: int = 0,
+        secondary_offload_min_priority: int = 30,
     ) -> BlockTrie:
-        """A trie over ``num_blocks`` blocks of ``tokens_per_block`` tokens (default 64)."""
+        """A trie over ``num_blocks`` GPU blocks of ``tokens_per_block`` tokens (default
+        64). ``host_blocks`` > 0 puts TensorRT-LLM's secondary (host) tier of that many
+        blocks behind it: a GPU victim of priority >= ``secondary_offload_min_priority``
+        (0..100) holding a cached block is offloaded there and a later match loads it back
+        (docs/TRTLLM.md)."""
     @property
     def num_blocks(self) -> int:
-        """Blocks in the pool."""
+        """GPU blocks (the primary pool)."""
+    @property
+    def host_blocks(self) -> int:
+        """Blocks of host memory behind the GPU (0: no host tier)."""
+    @property
+    def secondary_offload_min_priority(self) -> int | None:
+        """The lowest priority a GPU victim is offloaded at (None without a host tier)."""
+    @property
+    def num_host_cached_blocks(self) -> int:
+        """Cached blocks in host memory."""
+    @property
+    def num_host_cached_tokens(self) -> int:
+        """Tokens in the keys of the cached blocks in host memory."""
+    def host_stats(self) -> dict[str, int]:
+        """Host tier counters: offloaded_blocks, stored_tokens, onboarded_blocks,
+        loaded_tokens, host_evicted_blocks, host_evicted_tokens, peak_host_tokens."""
+    def host_dump(self) -> list[bool]:
+        """Per block id (GPU and host blocks, as ``dump()``): whether it is in host
+        memory."""
     @property
     def tokens_per_block(self) -> int:
         """Tokens per block."""
@@ -321,13 +358,13 @@ class BlockTrie:
         """Whether a partially reused block in use is copied (else it is not reused)."""
     @property
     def num_free_blocks(self) -> int:
-        """Unreferenced blocks, cached or not: what ``claim`` can allocate."""
+        """Unreferenced GPU blocks, cached or not: what ``claim`` can allocate."""
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks cached in the trie."""
+        """Blocks cached in the trie on the GPU."""
     @property
     def num_cached_tokens(self) -> int:
-        """Tokens in the cached blocks' keys."""
+        """Tokens in the keys of the cached GPU blocks."""
     @property
     def num_requests(self) -> int:
         """Requests holding blocks."""
@@ -372,11 +409,12 @@ class BlockTrie:
         """Advances the logical clock; expired retention drops to the default priority."""
     def request_blocks(self, request_id: int) -> list[int]:
         """The blocks a request holds, in order."""
-    def take_events(self) -> list[TrieBlockStored | TrieBlockRemoved]:
-        """The KV events since the last call."""
+    def take_events(self) -> list[TrieBlockStored | TrieBlockRemoved | TrieBlockMoved]:
+        """The KV events since the last call (with a host tier, ``TrieBlockMoved`` when a
+        cached block moves between GPU and host memory)."""
     def dump(self) -> list[dict[str, Any]]:
-        """Every block by id: block_id, cached, parent, tokens, lora_id, cache_salt,
-        mm_keys, ref_cnt, priority."""
+        """Every block by id (GPU and host blocks): block_id, cached, parent, tokens,
+        lora_id, cache_salt, mm_keys, ref_cnt, priority."""
     def check_invariants(self) -> None:
         """Checks every structural invariant; raises AssertionError on a violation."""
 

@@ -1,6 +1,9 @@
 """KV-cache events of the block trie (``BlockTrie.take_events``), shaped like the block
 pool's: blocks entering the trie (one event per ``store`` that cached blocks) and leaving
 it (one event per block: evicted for reuse, taken over by a partial match, or re-filed).
+With a host tier, a cached block moving between GPU and host memory is one
+``TrieBlockMoved`` per block (TensorRT-LLM's ``cacheLevelUpdated``): blocks are stored on
+the GPU, so a consumer knows each block's medium from the moves since.
 
 Blocks are named by their block id and a chained 64-bit content hash (FNV-1a over the
 parent hash and the block key; ``prefixcache.reference.trie.chain_hash`` spells it out).
@@ -31,6 +34,15 @@ class TrieBlockRemoved:
     block_hashes: list[int]
 
 
-TrieEvent = TrieBlockStored | TrieBlockRemoved
+@dataclass(frozen=True)
+class TrieBlockMoved:
+    """Cached blocks stay in the trie; their KV is now on ``medium`` ("GPU" or "CPU")."""
 
-__all__ = ["TrieBlockRemoved", "TrieBlockStored", "TrieEvent"]
+    block_ids: list[int]
+    block_hashes: list[int]
+    medium: str
+
+
+TrieEvent = TrieBlockStored | TrieBlockRemoved | TrieBlockMoved
+
+__all__ = ["TrieBlockMoved", "TrieBlockRemoved", "TrieBlockStored", "TrieEvent"]

@@ -23,6 +23,17 @@ Read off TensorRT-LLM (``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``,
 - store files the request's blocks under their keys from the root, stopping at the first
   key held by another block; its tokens must extend, or be a prefix of, what the request
   claimed or stored.
+- Host tier (``host_blocks`` > 0; TensorRT-LLM's secondary level): blocks keep their ids
+  and a ``host`` flag says which memory holds them; ``num_blocks`` are on the GPU and
+  ``host_blocks`` in host memory at any time (host blocks start as ids ``num_blocks..``).
+  GPU-evictable = unreferenced without GPU children; host-evictable = unreferenced and
+  childless. A cached GPU victim of priority >= ``secondary_offload_min_priority`` is
+  offloaded when a host block is evictable: it moves to host memory (keeping its priority,
+  losing its retention, back of the queue) and the first host-evictable block (leaving the
+  trie if cached) becomes the GPU block handed out. Otherwise a cached victim leaves the
+  trie with its host descendants, children first. A claim onboards the host blocks it
+  matched in block order: a GPU block taken as for an allocation swaps in and becomes an
+  empty host block at the default priority, back of the queue.
 
 Everything is a dict or a list scan: short and obviously correct, not fast.
 """
@@ -36,10 +47,11 @@ from typing import Any
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, OutOfBlocksError, UnknownRequestError
-from prefixcache.trie_events import TrieBlockRemoved, TrieBlockStored
+from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
 
 DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
+DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY = 30
 STAT_NAMES = (
     "claims",
     "query_tokens",
@@ -54,6 +66,15 @@ STAT_NAMES = (
     "evicted_blocks",
     "evicted_tokens",
     "stored_blocks",
+)
+HOST_STAT_NAMES = (
+    "offloaded_blocks",
+    "stored_tokens",
+    "onboarded_blocks",
+    "loaded_tokens",
+    "host_evicted_blocks",
+    "host_evicted_tokens",
+    "peak_host_tokens",
 )
 
 Scope = tuple[int | None, str | None]
@@ -121,6 +142,7 @@ class _Block:
     expiry: int | None = None
     seq: int = 0
     hash: int = 0
+    host: bool = False
 
 
 @dataclass
@@ -142,6 +164,8 @@ class Claim:
     partial_kind: str | None
     partial_block: int | None
     copies: list[tuple[int, int, int]]
+    num_host_blocks: int = 0
+    num_host_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +176,8 @@ class Lookup:
     partial_tokens: int
     partial_kind: str | None
     partial_block: int | None
+    num_host_blocks: int = 0
+    num_host_tokens: int = 0
 
 
 def _mm_items(items: Any, n: int) -> list[tuple[bytes, int, int]]:
@@ -173,34 +199,70 @@ class BlockTrie:
         tokens_per_block: int | None = None,
         enable_partial_reuse: bool = True,
         copy_on_partial_reuse: bool = True,
+        host_blocks: int | None = None,
+        secondary_offload_min_priority: int | None = None,
     ) -> None:
         tpb = 64 if tokens_per_block is None else tokens_per_block
+        host = 0 if host_blocks is None else host_blocks
+        min_pr = (
+            DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
+            if secondary_offload_min_priority is None
+            else secondary_offload_min_priority
+        )
         if num_blocks < 1 or tpb < 1:
             raise InvalidInputError("num_blocks and tokens_per_block must be >= 1")
+        if host < 0:
+            raise InvalidInputError(f"host_blocks must be >= 0, got {host}")
+        if not 0 <= min_pr <= MAX_PRIORITY:
+            raise InvalidInputError(
+                f"secondary_offload_min_priority must be in [0, {MAX_PRIORITY}], got {min_pr}"
+            )
         self.num_blocks = num_blocks
+        self.host_blocks = host
+        self._min_priority = min_pr
         self.tokens_per_block = tpb
         self.enable_partial_reuse = enable_partial_reuse
         self.copy_on_partial_reuse = copy_on_partial_reuse
-        self.blocks = [_Block(seq=i) for i in range(num_blocks)]
+        total = num_blocks + host
+        self.blocks = [_Block(seq=i, host=i >= num_blocks) for i in range(total)]
         self.root_children: dict[Key, int] = {}
         self.requests: dict[int, _Request] = {}
         self.clock = 0
-        self._seq = num_blocks
+        self._seq = total
         self.events: list[Any] = []
         self._stats = dict.fromkeys(STAT_NAMES, 0)
+        self._host_stats = dict.fromkeys(HOST_STAT_NAMES, 0)
 
     # ----- inspection -------------------------------------------------------------------
     @property
+    def secondary_offload_min_priority(self) -> int | None:
+        return self._min_priority if self.host_blocks else None
+
+    @property
     def num_free_blocks(self) -> int:
-        return sum(b.ref_cnt == 0 for b in self.blocks)
+        return sum(b.ref_cnt == 0 and not b.host for b in self.blocks)
 
     @property
     def num_cached_blocks(self) -> int:
-        return sum(b.key is not None for b in self.blocks)
+        return sum(b.key is not None and not b.host for b in self.blocks)
 
     @property
     def num_cached_tokens(self) -> int:
-        return sum(len(b.key[2]) for b in self.blocks if b.key is not None)
+        return sum(len(b.key[2]) for b in self.blocks if b.key is not None and not b.host)
+
+    @property
+    def num_host_cached_blocks(self) -> int:
+        return sum(b.key is not None and b.host for b in self.blocks)
+
+    @property
+    def num_host_cached_tokens(self) -> int:
+        return sum(len(b.key[2]) for b in self.blocks if b.key is not None and b.host)
+
+    def host_stats(self) -> dict[str, int]:
+        return dict(self._host_stats)
+
+    def host_dump(self) -> list[bool]:
+        return [b.host for b in self.blocks]
 
     @property
     def num_requests(self) -> int:
@@ -275,9 +337,11 @@ class BlockTrie:
                 best = (n, k[2], c)
         return None if best is None else (best[2], best[0])
 
-    def _plan(self, keys: list[Key], n_ctx: int) -> tuple[list[tuple[str, int, int]], int, int]:
+    def _plan(
+        self, keys: list[Key], n_ctx: int
+    ) -> tuple[list[tuple[str, int, int]], int, int, int, int]:
         steps: list[tuple[str, int, int]] = []
-        matched = reused = 0
+        matched = reused = host_blocks = host_tokens = 0
         cur: int | None = None
         walking = True
         for i in range(n_ctx):
@@ -293,6 +357,9 @@ class BlockTrie:
                 steps.append(("reuse", found, 0))
                 matched += len(key[2])
                 reused += 1
+                if self.blocks[found].host:
+                    host_blocks += 1
+                    host_tokens += len(key[2])
                 cur, walking = found, True
                 continue
             if found is not None:
@@ -304,8 +371,11 @@ class BlockTrie:
             else:
                 b, n = hit
                 matched += n
+                if self.blocks[b].host:
+                    host_blocks += 1
+                    host_tokens += n
                 steps.append(("takeover" if self._unref_leaf(b) else "copy", b, n))
-        return steps, matched, reused
+        return steps, matched, reused, host_blocks, host_tokens
 
     @staticmethod
     def _partial(steps: list[tuple[str, int, int]]) -> tuple[bool, int, str | None, int | None]:
@@ -324,9 +394,10 @@ class BlockTrie:
         toks = _tokens(tokens)
         mm = _mm_items(mm_items, len(toks))
         keys = self._keys(toks, (lora_id, cache_salt), mm)
-        steps, matched, reused = self._plan(keys, _ceil_div(len(toks), self.tokens_per_block))
+        n_ctx = _ceil_div(len(toks), self.tokens_per_block)
+        steps, matched, reused, hb, ht = self._plan(keys, n_ctx)
         p, pt, pk, pb = self._partial(steps)
-        return Lookup(matched, reused, p, pt, pk, pb)
+        return Lookup(matched, reused, p, pt, pk, pb, hb, ht)
 
     # ----- references -------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -368,19 +439,77 @@ class BlockTrie:
         self.events.append(TrieBlockRemoved([b], [blk.hash]))
         blk.key, blk.parent, blk.hash = None, None, 0
 
-    def _alloc(self, priority: int, duration: int | None) -> int:
-        cands = [
+    def _gpu_children(self, b: int) -> int:
+        return sum(not self.blocks[c].host for c in self.blocks[b].children.values())
+
+    def _victim(self) -> int:
+        """The first evictable GPU block, made a free GPU block outside the trie: a cached
+        victim is offloaded (another block takes its place) or leaves the trie with its
+        host descendants."""
+        v = min(
             (blk.priority, blk.seq, i)
             for i, blk in enumerate(self.blocks)
-            if blk.ref_cnt == 0 and not blk.children
-        ]
-        _, _, b = min(cands)
-        blk = self.blocks[b]
+            if not blk.host and blk.ref_cnt == 0 and self._gpu_children(i) == 0
+        )[2]
+        blk = self.blocks[v]
         blk.expiry = None
-        if blk.key is not None:
-            self._stats["evicted_blocks"] += 1
-            self._stats["evicted_tokens"] += len(blk.key[2])
+        if blk.key is None:
+            return v
+        hosts = [
+            (h.priority, h.seq, i)
+            for i, h in enumerate(self.blocks)
+            if h.host and h.ref_cnt == 0 and not h.children
+        ]
+        if self.host_blocks and blk.priority >= self._min_priority and hosts:
+            h = min(hosts)[2]
+            hb = self.blocks[h]
+            hb.expiry = None
+            blk.host, blk.duration, blk.seq = True, None, self._next_seq()
+            self._host_stats["offloaded_blocks"] += 1
+            self._host_stats["stored_tokens"] += len(blk.key[2])
+            self.events.append(TrieBlockMoved([v], [blk.hash], "CPU"))
+            if hb.key is not None:
+                self._host_stats["host_evicted_blocks"] += 1
+                self._host_stats["host_evicted_tokens"] += len(hb.key[2])
+                self._detach(h)
+            hb.host = False
+            peak = self._host_stats["peak_host_tokens"]
+            self._host_stats["peak_host_tokens"] = max(peak, self.num_host_cached_tokens)
+            return h
+        # Post-order over the host subtree, children in id order.
+        order: list[int] = []
+
+        def visit(b: int) -> None:
+            for c in sorted(self.blocks[b].children.values()):
+                visit(c)
+            order.append(b)
+
+        visit(v)
+        for b in order:
+            key = self.blocks[b].key
+            n = len(key[2]) if key is not None else 0
+            if b == v:
+                self._stats["evicted_blocks"] += 1
+                self._stats["evicted_tokens"] += n
+            else:
+                self._host_stats["host_evicted_blocks"] += 1
+                self._host_stats["host_evicted_tokens"] += n
             self._detach(b)
+        return v
+
+    def _onboard(self, b: int) -> None:
+        g = self._victim()
+        gb = self.blocks[g]
+        gb.host, gb.priority, gb.duration, gb.seq = True, DEFAULT_PRIORITY, None, self._next_seq()
+        blk = self.blocks[b]
+        blk.host = False
+        self._host_stats["onboarded_blocks"] += 1
+        if blk.key is not None:
+            self.events.append(TrieBlockMoved([b], [blk.hash], "GPU"))
+
+    def _alloc(self, priority: int, duration: int | None) -> int:
+        b = self._victim()
+        blk = self.blocks[b]
         blk.ref_cnt, blk.priority, blk.duration = 1, priority, duration
         self._stats["allocated_blocks"] += 1
         return b
@@ -410,11 +539,13 @@ class BlockTrie:
         keys = self._keys(toks, scope, mm)
         n_ctx = _ceil_div(len(toks), tpb)
         n_total = _ceil_div(len(toks) + (reserve_tokens or 0), tpb)
-        steps, matched, reused = self._plan(keys, n_ctx)
+        steps, matched, reused, host_blocks, host_tokens = self._plan(keys, n_ctx)
         fresh = n_total - n_ctx
         leaving = 0
         for kind, b, _ in steps:
-            if kind != "fresh":
+            if kind != "fresh" and self.blocks[b].host:
+                fresh += kind != "copy"  # onboarded: takes a GPU block
+            elif kind != "fresh":
                 leaving += self.blocks[b].ref_cnt == 0
             if kind in ("copy", "fresh"):
                 fresh += 1
@@ -448,6 +579,8 @@ class BlockTrie:
                 pr = DEFAULT_PRIORITY if priority is None else priority
                 block_ids.append(self._alloc(pr, retention))
             else:
+                if self.blocks[b].host:
+                    self._onboard(b)
                 block_ids.append(b)
         for _ in range(n_ctx, n_total):
             block_ids.append(self._alloc(DEFAULT_PRIORITY, None))
@@ -460,8 +593,9 @@ class BlockTrie:
         if p:
             s["partial_hits"] += 1
             s["partial_tokens"] += pt
+        self._host_stats["loaded_tokens"] += host_tokens
         self.requests[request_id] = _Request(list(block_ids), pins, toks, scope, mm)
-        return Claim(block_ids, matched, reused, p, pt, pk, pb, copies)
+        return Claim(block_ids, matched, reused, p, pt, pk, pb, copies, host_blocks, host_tokens)
 
     def _request(self, request_id: int) -> _Request:
         r = self.requests.get(request_id)

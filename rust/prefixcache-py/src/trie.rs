@@ -4,7 +4,7 @@
 
 use prefixcache_core::trie::{
     BlockTrie as CoreTrie, ClaimParams, MmSpan, PartialReuse, TrieEvent, TrieStats,
-    DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY,
+    DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY, DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY,
 };
 use pyo3::exceptions::PyAssertionError;
 use pyo3::prelude::*;
@@ -31,6 +31,12 @@ pub struct Claim {
     /// `(src, dst, num_tokens)` copies to perform before `complete`.
     #[pyo3(get)]
     copies: Vec<(u32, u32, usize)>,
+    /// Matched blocks that were in host memory (onboarded, or a copy's host source).
+    #[pyo3(get)]
+    num_host_blocks: usize,
+    /// Of `num_matched_tokens`, those read from host memory.
+    #[pyo3(get)]
+    num_host_tokens: usize,
 }
 
 fn partial_fields(p: Option<PartialReuse>) -> (bool, usize, Option<&'static str>, Option<u32>) {
@@ -82,6 +88,10 @@ pub struct Lookup {
     #[pyo3(get)]
     num_reused_blocks: usize,
     p: Option<PartialReuse>,
+    #[pyo3(get)]
+    num_host_blocks: usize,
+    #[pyo3(get)]
+    num_host_tokens: usize,
 }
 
 #[pymethods]
@@ -185,6 +195,7 @@ fn lora(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
 struct EventClasses {
     stored: Py<PyType>,
     removed: Py<PyType>,
+    moved: Py<PyType>,
 }
 
 static EVENT_CLASSES: PyOnceLock<EventClasses> = PyOnceLock::new();
@@ -201,6 +212,7 @@ fn event_classes(py: Python<'_>) -> PyResult<&EventClasses> {
                 .getattr("TrieBlockRemoved")?
                 .cast_into::<PyType>()?
                 .unbind(),
+            moved: m.getattr("TrieBlockMoved")?.cast_into::<PyType>()?.unbind(),
         })
     })
 }
@@ -216,12 +228,17 @@ fn stats_dict<'py>(py: Python<'py>, s: &TrieStats) -> PyResult<Bound<'py, PyDict
 #[pymethods]
 impl BlockTrie {
     #[new]
-    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true))]
+    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true, host_blocks = None, secondary_offload_min_priority = None))]
+    #[pyo3(
+        text_signature = "(num_blocks, tokens_per_block=None, enable_partial_reuse=True, copy_on_partial_reuse=True, host_blocks=0, secondary_offload_min_priority=30)"
+    )]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
         tokens_per_block: Option<&Bound<'_, PyAny>>,
         enable_partial_reuse: bool,
         copy_on_partial_reuse: bool,
+        host_blocks: Option<&Bound<'_, PyAny>>,
+        secondary_offload_min_priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let n = convert::size_arg(num_blocks, "num_blocks")?;
         let tpb = convert::size_or(
@@ -229,15 +246,68 @@ impl BlockTrie {
             DEFAULT_TOKENS_PER_BLOCK,
             "tokens_per_block",
         )?;
-        let t = CoreTrie::new(n, tpb, enable_partial_reuse, copy_on_partial_reuse).py_err()?;
+        let host = convert::size_or(host_blocks, 0, "host_blocks")?;
+        let min_priority = convert::int_or(
+            secondary_offload_min_priority,
+            i128::from(DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY),
+            "secondary_offload_min_priority",
+            0,
+            i128::from(MAX_PRIORITY),
+        )? as u8;
+        let t = CoreTrie::with_host_tier(
+            n,
+            tpb,
+            enable_partial_reuse,
+            copy_on_partial_reuse,
+            host,
+            min_priority,
+        )
+        .py_err()?;
         Ok(BlockTrie {
             inner: Shared::new("BlockTrie", t),
         })
     }
 
+    /// GPU blocks (the primary pool).
     #[getter]
     fn num_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |t| t.num_blocks())
+    }
+    /// Blocks of host memory behind the GPU (0: no host tier).
+    #[getter]
+    fn host_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.host_blocks())
+    }
+    /// The lowest priority a GPU victim is offloaded at (None without a host tier).
+    #[getter]
+    fn secondary_offload_min_priority(&self, py: Python<'_>) -> PyResult<Option<u8>> {
+        self.read(py, |t| {
+            (t.host_blocks() > 0).then(|| t.secondary_offload_min_priority())
+        })
+    }
+    /// Cached blocks in host memory.
+    #[getter]
+    fn num_host_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_host_cached_blocks())
+    }
+    /// Tokens in the keys of the cached blocks in host memory.
+    #[getter]
+    fn num_host_cached_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |t| t.num_host_cached_tokens())
+    }
+    /// Host tier counters: offloaded_blocks, stored_tokens, onboarded_blocks,
+    /// loaded_tokens, host_evicted_blocks, host_evicted_tokens, peak_host_tokens.
+    fn host_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.read(py, |t| t.host_stats())?;
+        let d = PyDict::new(py);
+        for (k, v) in s.fields() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+    /// Per block id (GPU and host blocks, as `dump()`): whether it is in host memory.
+    fn host_dump(&self, py: Python<'_>) -> PyResult<Vec<bool>> {
+        self.with(py, |t| t.host_dump())
     }
     #[getter]
     fn tokens_per_block(&self, py: Python<'_>) -> PyResult<usize> {
@@ -251,17 +321,17 @@ impl BlockTrie {
     fn copy_on_partial_reuse(&self, py: Python<'_>) -> PyResult<bool> {
         self.read(py, |t| t.copy_on_partial_reuse())
     }
-    /// Unreferenced blocks, cached or not: what `claim` can allocate.
+    /// Unreferenced GPU blocks, cached or not: what `claim` can allocate.
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |t| t.num_free_blocks())
     }
-    /// Blocks cached in the trie.
+    /// Blocks cached in the trie on the GPU.
     #[getter]
     fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |t| t.num_cached_blocks())
     }
-    /// Tokens in the cached blocks' keys.
+    /// Tokens in the keys of the cached GPU blocks.
     #[getter]
     fn num_cached_tokens(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |t| t.num_cached_tokens())
@@ -337,6 +407,8 @@ impl BlockTrie {
                 .iter()
                 .map(|o| (o.src, o.dst, o.num_tokens))
                 .collect(),
+            num_host_blocks: c.num_host_blocks,
+            num_host_tokens: c.num_host_tokens,
         })
     }
 
@@ -366,6 +438,8 @@ impl BlockTrie {
             num_matched_tokens: l.num_matched_tokens,
             num_reused_blocks: l.num_reused_blocks,
             p: l.partial,
+            num_host_blocks: l.num_host_blocks,
+            num_host_tokens: l.num_host_tokens,
         })
     }
 
@@ -418,7 +492,8 @@ impl BlockTrie {
         self.with(py, |t| t.request_blocks(rid))?.py_err()
     }
 
-    /// The KV events since the last call (TrieBlockStored / TrieBlockRemoved).
+    /// The KV events since the last call (TrieBlockStored / TrieBlockRemoved /
+    /// TrieBlockMoved).
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with(py, |t| t.take_events())?;
         let cls = event_classes(py)?;
@@ -444,14 +519,22 @@ impl BlockTrie {
                     block_ids,
                     block_hashes,
                 } => cls.removed.bind(py).call1((block_ids, block_hashes))?,
+                TrieEvent::Moved {
+                    block_ids,
+                    block_hashes,
+                    medium,
+                } => cls
+                    .moved
+                    .bind(py)
+                    .call1((block_ids, block_hashes, medium.name()))?,
             };
             out.append(obj)?;
         }
         Ok(out)
     }
 
-    /// Every block by id: block_id, cached, parent, tokens, lora_id, cache_salt, mm_keys,
-    /// ref_cnt, priority.
+    /// Every block by id (GPU and host blocks): block_id, cached, parent, tokens, lora_id,
+    /// cache_salt, mm_keys, ref_cnt, priority.
     fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let blocks = self.with(py, |t| t.dump())?;
         let out = PyList::empty(py);

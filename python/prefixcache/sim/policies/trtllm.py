@@ -11,6 +11,13 @@ grows, and at finish ``store`` prompt + output (the partial last block included)
 ``release`` the blocks in reverse order. Capacity ``C`` tokens = ``C // N`` blocks (no
 null block). Evicted tokens count the tokens of the cached blocks that were reused
 (a partial block counts its own tokens).
+
+``cpu_capacity`` > 0 (tokens) puts TensorRT-LLM's secondary (host) tier of
+``cpu_capacity // N`` blocks behind the GPU (``BlockTrie(host_blocks=...)``, rules in
+docs/TRTLLM.md); ``offload`` is ``"host"`` or ``"host:P"`` with P the lowest priority
+offloaded (``secondary_offload_min_priority``, default 30). A claim's matched host blocks
+are onboarded at admission: they are the host hit (``host_hit(rid)``). Offloaded blocks
+count as evicted from the GPU (evicted tokens and evictions include them) and as stored.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from prefixcache.sim.policies.base import (
 )
 from prefixcache.sim.requests import RequestId, TokenArray
 
-__all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name"]
+__all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name", "parse_trtllm_offload"]
 
 TRTLLM_DEFAULT_BLOCK = 64
+# TensorRT-LLM's default secondary_offload_min_priority (evictionPolicy.cpp).
+TRTLLM_OFFLOAD_MIN_PRIORITY = 30
 
 
 def parse_trtllm_name(name: str) -> tuple[int, bool] | None:
@@ -46,6 +55,19 @@ def parse_trtllm_name(name: str) -> tuple[int, bool] | None:
                 return int(rest), partial
             return None
     return None
+
+
+def parse_trtllm_offload(offload: str | None) -> int:
+    """The lowest priority offloaded, from an offload name: "host" (default, priority 30)
+    or "host:P" with P in 0..100."""
+    name, sep, p = (offload or "host").partition(":")
+    if name == "host" and not sep:
+        return TRTLLM_OFFLOAD_MIN_PRIORITY
+    if name == "host" and p.isdigit() and str(int(p)) == p and int(p) <= 100:
+        return int(p)
+    raise InvalidInputError(
+        f"offload must be host, optionally :P (a priority in 0..100), got {offload!r}"
+    )
 
 
 class _Seq:
@@ -73,6 +95,8 @@ class TrtllmPolicy:
         copy_on_partial_reuse: bool = True,
         trie_cls: Callable[..., Any] | None = None,
         name: str | None = None,
+        cpu_capacity: int = 0,
+        offload: str | None = None,
     ) -> None:
         if tokens_per_block < 1:
             raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
@@ -80,6 +104,13 @@ class TrtllmPolicy:
             raise InvalidInputError(
                 f"capacity {capacity} is less than one {tokens_per_block}-token block"
             )
+        if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
+            raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
+        if 0 < cpu_capacity < tokens_per_block:
+            raise InvalidInputError(
+                f"cpu_capacity {cpu_capacity} is less than one {tokens_per_block}-token block"
+            )
+        min_priority = parse_trtllm_offload(offload)
         if trie_cls is None:
             from prefixcache import BlockTrie
 
@@ -88,9 +119,24 @@ class TrtllmPolicy:
         self.capacity = capacity
         self.block_size = tokens_per_block
         self.num_blocks = capacity // tokens_per_block
-        self.trie = trie_cls(
-            self.num_blocks, tokens_per_block, partial_reuse, copy_on_partial_reuse
-        )
+        self.cpu_capacity = cpu_capacity
+        self.host_blocks = cpu_capacity // tokens_per_block
+        self.offload = offload if cpu_capacity > 0 else None
+        if self.host_blocks:
+            self.trie = trie_cls(
+                self.num_blocks,
+                tokens_per_block,
+                partial_reuse,
+                copy_on_partial_reuse,
+                host_blocks=self.host_blocks,
+                secondary_offload_min_priority=min_priority,
+            )
+        else:
+            self.trie = trie_cls(
+                self.num_blocks, tokens_per_block, partial_reuse, copy_on_partial_reuse
+            )
+        self._host_hit: dict[RequestId, int] = {}  # host part of the last admit's hit, by request
+        self._host_hit_tokens = 0
         self.seqs: dict[RequestId, _Seq] = {}
         self._ids: dict[RequestId, int] = {}
         self._loras: dict[str, int] = {}
@@ -138,10 +184,15 @@ class TrtllmPolicy:
             self.trie.complete(iid)  # the simulated copy is done at once
         self.seqs[rid] = _Seq(iid, prompt, len(prompt) + reserve)
         self._note_usage()
+        if self.host_blocks:
+            host = int(c.num_host_tokens)
+            if host or rid in self._host_hit:
+                self._host_hit[rid] = host
+            self._host_hit_tokens += host
         return int(c.num_matched_tokens)
 
     def host_hit(self, rid: RequestId) -> int:
-        return 0
+        return self._host_hit.get(rid, 0)
 
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
@@ -197,14 +248,18 @@ class TrtllmPolicy:
         return max_block_growth(have, known, self.block_size, int(self.trie.num_free_blocks), limit)
 
     def evicted_tokens(self) -> int:
-        return int(self.trie.stats["evicted_tokens"])
+        """Tokens of cached blocks that left the GPU (evicted, or offloaded to host)."""
+        n = int(self.trie.stats["evicted_tokens"])
+        if self.host_blocks:
+            n += int(self.trie.host_stats()["stored_tokens"])
+        return n
 
     def stats(self) -> PolicyStats:
         s = self.trie.stats
         extra = {
             k: int(s[k]) for k in ("partial_hits", "partial_tokens", "copies", "copied_tokens")
         }
-        return PolicyStats(
+        st = PolicyStats(
             self.name,
             self.capacity,
             self.eviction_unit,
@@ -215,8 +270,20 @@ class TrtllmPolicy:
             self._peak_cached,
             extra=extra,
         )
+        if self.host_blocks:
+            h = self.trie.host_stats()
+            st.evicted_tokens += int(h["stored_tokens"])
+            st.evictions += int(h["offloaded_blocks"])
+            st.cpu_capacity = self.cpu_capacity
+            st.host_hit_tokens = self._host_hit_tokens
+            st.stored_tokens = int(h["stored_tokens"])
+            st.host_evicted_tokens = int(h["host_evicted_tokens"])
+            st.peak_host_tokens = int(h["peak_host_tokens"])
+        return st
 
     def check(self) -> None:
         self.trie.check_invariants()
         if int(self.trie.num_requests) != len(self.seqs):
             raise AssertionError(f"{self.name}: request count differs from the trie's")
+        if self.host_blocks and int(self.trie.num_host_cached_blocks) > self.host_blocks:
+            raise AssertionError(f"{self.name}: host tier over its capacity")

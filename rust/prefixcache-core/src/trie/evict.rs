@@ -1,11 +1,13 @@
-//! Priority-LRU eviction: the set of evictable free blocks ordered by
-//! `(priority, release sequence, block id)`, lowest priority first and least recently
-//! released first within a priority; and the retention expiry set.
+//! Priority-LRU eviction: the sets of evictable free blocks, one per level (GPU, host),
+//! ordered by `(priority, release sequence, block id)`, lowest priority first and least
+//! recently released first within a priority; and the retention expiry set.
 //!
-//! A block is evictable when nobody references it and it has no children in the trie
-//! (blocks outside the trie count as leaves). Since a referenced block's ancestors are
-//! referenced too, every free block becomes evictable once its free descendants are gone,
-//! so the number of free blocks is exactly what can be allocated.
+//! A GPU block is evictable when nobody references it and it has no children on the GPU
+//! (blocks outside the trie count as leaves; host children are allowed). A host block is
+//! evictable when nobody references it and it has no children (which are all on host).
+//! Since a referenced block's ancestors are referenced too, every free GPU block becomes
+//! evictable once its free GPU descendants are gone, so the number of free GPU blocks is
+//! exactly what can be allocated.
 
 use super::key::DEFAULT_PRIORITY;
 use super::trie::BlockTrie;
@@ -17,16 +19,27 @@ impl BlockTrie {
         (blk.priority, blk.seq, b)
     }
 
-    fn should_list(&self, b: u32) -> bool {
+    pub(crate) fn should_list(&self, b: u32) -> bool {
         let blk = &self.blocks[b as usize];
-        b != self.root && blk.ref_cnt == 0 && blk.children.is_empty()
+        b != self.root
+            && blk.ref_cnt == 0
+            && if blk.host {
+                blk.children.is_empty()
+            } else {
+                blk.gpu_children == 0
+            }
     }
 
-    /// Takes `b` out of the evictable set (before its priority or sequence changes).
+    /// Takes `b` out of its level's evictable set (before its priority, sequence or level
+    /// changes).
     pub(crate) fn unlist(&mut self, b: u32) {
         if self.blocks[b as usize].listed {
             let e = self.evict_entry(b);
-            self.evictable.remove(&e);
+            if self.blocks[b as usize].host {
+                self.host_evictable.remove(&e);
+            } else {
+                self.evictable.remove(&e);
+            }
             self.blocks[b as usize].listed = false;
         }
     }
@@ -37,7 +50,11 @@ impl BlockTrie {
         let listed = self.blocks[b as usize].listed;
         if want && !listed {
             let e = self.evict_entry(b);
-            self.evictable.insert(e);
+            if self.blocks[b as usize].host {
+                self.host_evictable.insert(e);
+            } else {
+                self.evictable.insert(e);
+            }
             self.blocks[b as usize].listed = true;
         } else if !want && listed {
             self.unlist(b);
@@ -70,16 +87,27 @@ impl BlockTrie {
         }
     }
 
-    /// Takes the first evictable block, removes it from the trie if it was cached (one
-    /// `Removed` event) and returns it unreferenced and unlisted.
+    /// Takes the first evictable GPU block and returns a GPU block, unreferenced, unlisted
+    /// and outside the trie: with a host tier a cached victim may be offloaded (it stays
+    /// cached, in host memory, and a host block takes its place: host.rs); otherwise a
+    /// cached victim leaves the trie with its host descendants (`Removed` events).
     pub(crate) fn pop_victim(&mut self) -> Option<u32> {
         let (_, _, b) = self.evictable.pop_first()?;
         self.blocks[b as usize].listed = false;
         self.unexpire(b);
-        if let Some(k) = &self.blocks[b as usize].key {
+        let Some(k) = &self.blocks[b as usize].key else {
+            return Some(b);
+        };
+        let len = k.tokens.len() as u64;
+        if let Some(h) = self.try_offload(b) {
+            return Some(h);
+        }
+        if self.blocks[b as usize].children.is_empty() {
             self.stats.evicted_blocks += 1;
-            self.stats.evicted_tokens += k.tokens.len() as u64;
+            self.stats.evicted_tokens += len;
             self.detach(b);
+        } else {
+            self.evict_with_host_descendants(b, len);
         }
         Some(b)
     }
@@ -92,8 +120,14 @@ impl BlockTrie {
         let Some(key) = self.blocks[b as usize].key.take() else {
             return;
         };
-        self.num_cached -= 1;
-        self.num_cached_tokens -= key.tokens.len();
+        if self.blocks[b as usize].host {
+            self.num_host_cached -= 1;
+            self.num_host_cached_tokens -= key.tokens.len();
+        } else {
+            self.num_cached -= 1;
+            self.num_cached_tokens -= key.tokens.len();
+            self.blocks[parent as usize].gpu_children -= 1;
+        }
         if let Some(s) = key.scope.salt {
             self.salts.release(s);
         }

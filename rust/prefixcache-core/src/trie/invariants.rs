@@ -13,15 +13,30 @@ impl BlockTrie {
     ///   cached block's parent is referenced too;
     /// - the free count, the cached count, the evictable set (exactly the unreferenced
     ///   childless blocks, under their current priority and sequence), the expiry set and
-    ///   the partial-match indexes agree with the blocks.
+    ///   the partial-match indexes agree with the blocks;
+    /// - host tier: `num_blocks` blocks are on the GPU and `host_blocks` on host, a cached
+    ///   GPU block's parent is on the GPU (host blocks form subtrees below GPU blocks),
+    ///   requests hold GPU blocks only (copy pins may be host blocks), each block's count
+    ///   of GPU children is right, and each level's evictable set holds exactly its
+    ///   evictable blocks.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let n = self.num_blocks();
+        let n = self.blocks.len() - 1;
         let mut refs: FxHashMap<u32, u32> = FxHashMap::default();
         for (blocks, pins) in self.held() {
             for &b in blocks.iter().chain(pins) {
                 *refs.entry(b).or_default() += 1;
             }
+            if let Some(&b) = blocks.iter().find(|&&b| self.blocks[b as usize].host) {
+                return Err(format!(
+                    "a request holds block {b}, which is in host memory"
+                ));
+            }
         }
+        let mut on_host = 0usize;
+        let mut host_listed = 0usize;
+        let mut host_cached = 0usize;
+        let mut host_cached_tokens = 0usize;
+        let mut gpu_children = vec![0u32; n + 1];
         let mut free = 0usize;
         let mut cached = 0usize;
         let mut cached_tokens = 0usize;
@@ -36,13 +51,25 @@ impl BlockTrie {
                     blk.ref_cnt
                 ));
             }
-            if blk.ref_cnt == 0 {
+            on_host += usize::from(blk.host);
+            if blk.ref_cnt == 0 && !blk.host {
                 free += 1;
             }
             if let Some(k) = &blk.key {
-                cached += 1;
-                cached_tokens += k.tokens.len();
+                if blk.host {
+                    host_cached += 1;
+                    host_cached_tokens += k.tokens.len();
+                } else {
+                    cached += 1;
+                    cached_tokens += k.tokens.len();
+                    gpu_children[blk.parent as usize] += 1;
+                }
                 let p = blk.parent;
+                if !blk.host && p != self.root && self.blocks[p as usize].host {
+                    return Err(format!(
+                        "block {b} is on the GPU but its parent {p} is in host memory"
+                    ));
+                }
                 if p != self.root && self.blocks[p as usize].key.is_none() {
                     return Err(format!("block {b}: parent {p} is not cached"));
                 }
@@ -75,7 +102,7 @@ impl BlockTrie {
                     ));
                 }
             }
-            let should_list = blk.ref_cnt == 0 && blk.children.is_empty();
+            let should_list = self.should_list(b);
             if should_list != blk.listed {
                 return Err(format!(
                     "block {b}: listed={} but evictable={should_list}",
@@ -83,8 +110,14 @@ impl BlockTrie {
                 ));
             }
             if blk.listed {
-                listed += 1;
-                if !self.evictable.contains(&(blk.priority, blk.seq, b)) {
+                let set = if blk.host {
+                    host_listed += 1;
+                    &self.host_evictable
+                } else {
+                    listed += 1;
+                    &self.evictable
+                };
+                if !set.contains(&(blk.priority, blk.seq, b)) {
                     return Err(format!("block {b} is listed under a stale key"));
                 }
             }
@@ -110,6 +143,35 @@ impl BlockTrie {
                 }
                 partial_entries[p] += 1;
             }
+        }
+        for (p, &cnt) in gpu_children.iter().enumerate() {
+            if self.blocks[p].gpu_children != cnt {
+                return Err(format!(
+                    "block {p}: {cnt} children on the GPU, recorded {}",
+                    self.blocks[p].gpu_children
+                ));
+            }
+        }
+        if on_host != self.host_blocks {
+            return Err(format!(
+                "{on_host} blocks in host memory, the host tier has {}",
+                self.host_blocks
+            ));
+        }
+        if host_listed != self.host_evictable.len() {
+            return Err(format!(
+                "{host_listed} evictable host blocks but the set holds {}",
+                self.host_evictable.len()
+            ));
+        }
+        if host_cached != self.num_host_cached
+            || host_cached_tokens != self.num_host_cached_tokens
+            || host_cached_tokens as u64 > self.host_stats.peak_host_tokens
+        {
+            return Err(format!(
+                "counted {host_cached} host blocks ({host_cached_tokens} tokens), recorded {} ({}), peak {}",
+                self.num_host_cached, self.num_host_cached_tokens, self.host_stats.peak_host_tokens
+            ));
         }
         for (p, &cnt) in partial_entries.iter().enumerate() {
             if self.blocks[p].children.num_partial() != cnt {

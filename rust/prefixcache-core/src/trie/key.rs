@@ -10,6 +10,9 @@ use rustc_hash::FxHasher;
 
 /// TensorRT-LLM's default retention priority.
 pub const DEFAULT_PRIORITY: u8 = 35;
+/// TensorRT-LLM's default `secondary_offload_min_priority` (`evictionPolicy.cpp`): a GPU
+/// victim of at least this priority is offloaded to host memory.
+pub const DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY: u8 = 30;
 /// The highest retention priority (the lowest is 0).
 pub const MAX_PRIORITY: u8 = 100;
 /// TensorRT-LLM's default `tokens_per_block`.

@@ -18,6 +18,9 @@ pub(super) struct Plan {
     pub(super) steps: Vec<Step>,
     pub(super) matched: usize,
     pub(super) reused: usize,
+    /// Matched blocks in host memory and their matched tokens.
+    pub(super) host_blocks: usize,
+    pub(super) host_tokens: usize,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -136,6 +139,7 @@ impl BlockTrie {
         let mut steps = Vec::with_capacity(n_ctx);
         let mut matched = 0usize;
         let mut reused = 0usize;
+        let (mut host_blocks, mut host_tokens) = (0usize, 0usize);
         let mut cur = Some(self.root);
         for i in 0..n_ctx {
             let key = keys.get(i).filter(|k| !k.tokens.is_empty());
@@ -149,6 +153,10 @@ impl BlockTrie {
                     steps.push(Step::Reuse(b));
                     matched += k.tokens.len();
                     reused += 1;
+                    if self.blocks[b as usize].host {
+                        host_blocks += 1;
+                        host_tokens += k.tokens.len();
+                    }
                     cur = Some(b);
                     continue;
                 }
@@ -162,6 +170,10 @@ impl BlockTrie {
             match partial {
                 Some((b, n)) => {
                     matched += n;
+                    if self.blocks[b as usize].host {
+                        host_blocks += 1;
+                        host_tokens += n;
+                    }
                     steps.push(if self.takeover_eligible(b) {
                         Step::TakeOver(b, n)
                     } else {
@@ -175,6 +187,8 @@ impl BlockTrie {
             steps,
             matched,
             reused,
+            host_blocks,
+            host_tokens,
         }
     }
 
@@ -204,6 +218,8 @@ impl BlockTrie {
             num_matched_tokens: plan.matched,
             num_reused_blocks: plan.reused,
             partial: Self::partial_of(&plan.steps),
+            num_host_blocks: plan.host_blocks,
+            num_host_tokens: plan.host_tokens,
         })
     }
 }

@@ -5,7 +5,9 @@
 //!   a prompt into block keys.
 //! - [`children`]: the per-block child index: exact keys in a hash map, partial-match
 //!   candidates in an ordered index so the longest common prefix is found in O(log n).
-//! - [`evict`]: the priority-LRU set of evictable free blocks and retention expiry.
+//! - [`evict`]: the priority-LRU sets of evictable free blocks (one per level: GPU and
+//!   host) and retention expiry.
+//! - [`host`]: the secondary (host) tier: offload of a GPU victim, onboarding of a match.
 //! - [`trie`]: the blocks, requests and state of the trie, constructor and getters.
 //! - [`types`]: the public argument and result types.
 //! - [`interner`]: salts and multimodal hashes, reference-counted by their holders.
@@ -16,6 +18,7 @@
 
 mod children;
 mod evict;
+mod host;
 mod interner;
 mod invariants;
 mod key;
@@ -29,9 +32,12 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use key::{DEFAULT_PRIORITY, DEFAULT_TOKENS_PER_BLOCK, MAX_PRIORITY};
+pub use key::{
+    DEFAULT_PRIORITY, DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY, DEFAULT_TOKENS_PER_BLOCK,
+    MAX_PRIORITY,
+};
 pub use trie::BlockTrie;
 pub use types::{
-    BlockDump, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, MmSpan, PartialKind, PartialReuse,
-    TrieEvent, TrieStats,
+    BlockDump, ClaimOutcome, ClaimParams, CopyOp, LookupOutcome, Medium, MmSpan, PartialKind,
+    PartialReuse, TrieEvent, TrieHostStats, TrieStats,
 };

@@ -11,7 +11,9 @@ impl BlockTrie {
         if self.blocks[b as usize].ref_cnt == 0 {
             self.unlist(b);
             self.unexpire(b);
-            self.num_free -= 1;
+            if !self.blocks[b as usize].host {
+                self.num_free -= 1;
+            }
         }
         self.blocks[b as usize].ref_cnt += 1;
         self.sync(b);
@@ -22,7 +24,9 @@ impl BlockTrie {
         debug_assert!(blk.ref_cnt > 0, "ref_dec of a free block");
         blk.ref_cnt = blk.ref_cnt.saturating_sub(1);
         if blk.ref_cnt == 0 {
-            self.num_free += 1;
+            if !blk.host {
+                self.num_free += 1;
+            }
             let seq = self.next_seq();
             let clock = self.clock;
             let blk = &mut self.blocks[b as usize];
@@ -103,6 +107,8 @@ impl BlockTrie {
         self.blocks[parent as usize]
             .children
             .insert_exact(key.exact_hash(), b);
+        debug_assert!(!self.blocks[b as usize].host, "attach: a host block");
+        self.blocks[parent as usize].gpu_children += 1;
         if let Some(s) = key.scope.salt {
             self.salts.retain(s);
         }

@@ -48,11 +48,14 @@ impl BlockTrie {
         let mut leaving = 0usize;
         for s in &plan.steps {
             match *s {
+                // A host block is onboarded: it takes a GPU block.
+                Step::Reuse(b) | Step::TakeOver(b, _) if self.blocks[b as usize].host => fresh += 1,
                 Step::Reuse(b) | Step::TakeOver(b, _) => {
                     leaving += usize::from(self.blocks[b as usize].ref_cnt == 0)
                 }
                 Step::Copy(b, _) => {
-                    leaving += usize::from(self.blocks[b as usize].ref_cnt == 0);
+                    let blk = &self.blocks[b as usize];
+                    leaving += usize::from(blk.ref_cnt == 0 && !blk.host);
                     fresh += 1;
                 }
                 Step::Fresh => fresh += 1,
@@ -101,7 +104,12 @@ impl BlockTrie {
         let mut copies = Vec::new();
         for s in &plan.steps {
             let b = match *s {
-                Step::Reuse(b) | Step::TakeOver(b, _) => b,
+                Step::Reuse(b) | Step::TakeOver(b, _) => {
+                    if self.blocks[b as usize].host {
+                        self.onboard(b)?;
+                    }
+                    b
+                }
                 Step::Copy(src, n) => {
                     let (pr, d) = {
                         let sb = &self.blocks[src as usize];
@@ -136,6 +144,7 @@ impl BlockTrie {
             self.stats.partial_hits += 1;
             self.stats.partial_tokens += pr.num_tokens as u64;
         }
+        self.host_stats.loaded_tokens += plan.host_tokens as u64;
         self.requests.insert(
             request_id,
             Request {
@@ -152,6 +161,8 @@ impl BlockTrie {
             num_reused_blocks: plan.reused,
             partial,
             copies,
+            num_host_blocks: plan.host_blocks,
+            num_host_tokens: plan.host_tokens,
         })
     }
 

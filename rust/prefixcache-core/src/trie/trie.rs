@@ -28,8 +28,10 @@ use rustc_hash::FxHashMap;
 
 use super::children::Children;
 use super::interner::Interner;
-use super::key::{BlockKey, MmItem, Scope, DEFAULT_PRIORITY};
-use super::types::{BlockDump, TrieEvent, TrieStats};
+use super::key::{
+    BlockKey, MmItem, Scope, DEFAULT_PRIORITY, DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY, MAX_PRIORITY,
+};
+use super::types::{BlockDump, TrieEvent, TrieHostStats, TrieStats};
 use crate::{Error, Result};
 
 pub(crate) struct Block {
@@ -53,6 +55,10 @@ pub(crate) struct Block {
     pub in_partial: bool,
     /// Chained content hash reported in events (0 when not cached).
     pub hash: u64,
+    /// In host memory (the secondary level); GPU otherwise.
+    pub host: bool,
+    /// Children on the GPU (a GPU block is evictable only without them).
+    pub gpu_children: u32,
 }
 
 impl Block {
@@ -69,6 +75,8 @@ impl Block {
             listed: false,
             in_partial: false,
             hash: 0,
+            host: false,
+            gpu_children: 0,
         }
     }
 }
@@ -88,18 +96,27 @@ pub struct BlockTrie {
     pub(super) tokens_per_block: usize,
     pub(super) enable_partial_reuse: bool,
     pub(super) copy_on_partial_reuse: bool,
+    /// Evictable GPU blocks: unreferenced, no children on the GPU.
     pub(crate) evictable: BTreeSet<(u8, u64, u32)>,
+    /// Evictable host blocks: unreferenced, childless.
+    pub(crate) host_evictable: BTreeSet<(u8, u64, u32)>,
+    /// Blocks of host memory (0: no host tier).
+    pub(crate) host_blocks: usize,
+    pub(crate) offload_min_priority: u8,
     pub(crate) expiring: BTreeSet<(u64, u32)>,
     pub(crate) clock: u64,
     pub(super) seq: u64,
     pub(crate) num_free: usize,
     pub(crate) num_cached: usize,
     pub(crate) num_cached_tokens: usize,
+    pub(crate) num_host_cached: usize,
+    pub(crate) num_host_cached_tokens: usize,
     pub(super) requests: FxHashMap<u64, Request>,
     pub(crate) salts: Interner,
     pub(crate) mm_hashes: Interner,
     pub(crate) events: Vec<TrieEvent>,
     pub(crate) stats: TrieStats,
+    pub(crate) host_stats: TrieHostStats,
 }
 
 pub(super) fn invalid(msg: String) -> Error {
@@ -107,11 +124,34 @@ pub(super) fn invalid(msg: String) -> Error {
 }
 
 impl BlockTrie {
+    /// A trie over `num_blocks` GPU blocks, without a host tier.
     pub fn new(
         num_blocks: usize,
         tokens_per_block: usize,
         enable_partial_reuse: bool,
         copy_on_partial_reuse: bool,
+    ) -> Result<Self> {
+        Self::with_host_tier(
+            num_blocks,
+            tokens_per_block,
+            enable_partial_reuse,
+            copy_on_partial_reuse,
+            0,
+            DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY,
+        )
+    }
+
+    /// A trie over `num_blocks` GPU blocks (ids `0..num_blocks` at first) and `host_blocks`
+    /// blocks of host memory (ids `num_blocks..num_blocks + host_blocks` at first; 0: no
+    /// host tier). A GPU victim of priority >= `secondary_offload_min_priority` that holds
+    /// a cached block is offloaded to host memory instead of leaving the trie (host.rs).
+    pub fn with_host_tier(
+        num_blocks: usize,
+        tokens_per_block: usize,
+        enable_partial_reuse: bool,
+        copy_on_partial_reuse: bool,
+        host_blocks: usize,
+        secondary_offload_min_priority: u8,
     ) -> Result<Self> {
         if num_blocks == 0 || num_blocks >= u32::MAX as usize {
             return Err(invalid(format!(
@@ -121,29 +161,40 @@ impl BlockTrie {
         if tokens_per_block == 0 {
             return Err(invalid("tokens_per_block must be >= 1, got 0".into()));
         }
+        let total = num_blocks.saturating_add(host_blocks);
+        if total >= u32::MAX as usize {
+            return Err(invalid(format!(
+                "num_blocks + host_blocks must be < 2**32 - 1, got {num_blocks} + {host_blocks}"
+            )));
+        }
+        if secondary_offload_min_priority > MAX_PRIORITY {
+            return Err(invalid(format!(
+                "secondary_offload_min_priority must be in [0, {MAX_PRIORITY}], got {secondary_offload_min_priority}"
+            )));
+        }
         // Every size here is the caller's: reserve fallibly (MemoryError, not an abort).
         let oom = |e| Error::out_of_memory("the block trie", e);
         let mut blocks: Vec<Block> = Vec::new();
-        blocks.try_reserve_exact(num_blocks + 1).map_err(oom)?;
-        // The evictable set allocates node by node (no fallible API): check that its
+        blocks.try_reserve_exact(total + 1).map_err(oom)?;
+        // The evictable sets allocate node by node (no fallible API): check that their
         // ~24 bytes per block (B-tree nodes at 11 entries of 16 bytes) can be had first.
         let mut probe: Vec<u8> = Vec::new();
         probe
-            .try_reserve_exact(num_blocks.saturating_mul(24))
+            .try_reserve_exact(total.saturating_mul(24))
             .map_err(oom)?;
         drop(probe);
-        let root = num_blocks as u32;
-        blocks.extend((0..=num_blocks).map(|i| {
+        let root = total as u32;
+        blocks.extend((0..=total).map(|i| {
             let mut b = Block::new(i as u64);
             b.parent = root;
+            b.host = i >= num_blocks && i < total;
+            b.listed = i < total;
             b
         }));
-        let evictable = (0..num_blocks as u32)
-            .map(|b| (DEFAULT_PRIORITY, u64::from(b), b))
-            .collect();
-        for b in blocks.iter_mut().take(num_blocks) {
-            b.listed = true;
-        }
+        // Every block starts free at the default priority, in id order, on its level.
+        let entry = |b: usize| (DEFAULT_PRIORITY, b as u64, b as u32);
+        let evictable = (0..num_blocks).map(entry).collect();
+        let host_evictable = (num_blocks..total).map(entry).collect();
         Ok(BlockTrie {
             blocks,
             root,
@@ -151,22 +202,55 @@ impl BlockTrie {
             enable_partial_reuse,
             copy_on_partial_reuse,
             evictable,
+            host_evictable,
+            host_blocks,
+            offload_min_priority: secondary_offload_min_priority,
             expiring: BTreeSet::new(),
             clock: 0,
-            seq: num_blocks as u64,
+            seq: total as u64,
             num_free: num_blocks,
             num_cached: 0,
             num_cached_tokens: 0,
+            num_host_cached: 0,
+            num_host_cached_tokens: 0,
             requests: FxHashMap::default(),
             salts: Interner::default(),
             mm_hashes: Interner::default(),
             events: Vec::new(),
             stats: TrieStats::default(),
+            host_stats: TrieHostStats::default(),
         })
     }
 
+    /// GPU blocks (the primary pool).
     pub fn num_blocks(&self) -> usize {
-        self.blocks.len() - 1
+        self.blocks.len() - 1 - self.host_blocks
+    }
+    /// Blocks of host memory (0: no host tier).
+    pub fn host_blocks(&self) -> usize {
+        self.host_blocks
+    }
+    /// The lowest priority a GPU victim is offloaded at (meaningful with a host tier).
+    pub fn secondary_offload_min_priority(&self) -> u8 {
+        self.offload_min_priority
+    }
+    /// Cached blocks in host memory.
+    pub fn num_host_cached_blocks(&self) -> usize {
+        self.num_host_cached
+    }
+    /// Tokens in the keys of the cached blocks in host memory.
+    pub fn num_host_cached_tokens(&self) -> usize {
+        self.num_host_cached_tokens
+    }
+    pub fn host_stats(&self) -> TrieHostStats {
+        self.host_stats.clone()
+    }
+    /// Per block id (GPU and host blocks): whether it is in host memory.
+    pub fn host_dump(&self) -> Vec<bool> {
+        self.blocks[..self.blocks.len() - 1]
+            .iter()
+            .map(|b| b.host)
+            .collect()
     }
     pub fn tokens_per_block(&self) -> usize {
         self.tokens_per_block
@@ -177,15 +261,15 @@ impl BlockTrie {
     pub fn copy_on_partial_reuse(&self) -> bool {
         self.copy_on_partial_reuse
     }
-    /// Unreferenced blocks (cached or not): what can be allocated.
+    /// Unreferenced GPU blocks (cached or not): what can be allocated.
     pub fn num_free_blocks(&self) -> usize {
         self.num_free
     }
-    /// Blocks cached in the trie.
+    /// Blocks cached in the trie on the GPU.
     pub fn num_cached_blocks(&self) -> usize {
         self.num_cached
     }
-    /// Tokens in the cached blocks' keys.
+    /// Tokens in the keys of the cached GPU blocks.
     pub fn num_cached_tokens(&self) -> usize {
         self.num_cached_tokens
     }
@@ -213,9 +297,9 @@ impl BlockTrie {
         k.tokens.len() == self.tokens_per_block
     }
 
-    /// Every block, by id.
+    /// Every block (GPU and host), by id.
     pub fn dump(&self) -> Vec<BlockDump> {
-        (0..self.num_blocks() as u32)
+        (0..(self.blocks.len() - 1) as u32)
             .map(|b| {
                 let blk = &self.blocks[b as usize];
                 let key = blk.key.as_ref();

@@ -66,6 +66,10 @@ pub struct ClaimOutcome {
     pub num_reused_blocks: usize,
     pub partial: Option<PartialReuse>,
     pub copies: Vec<CopyOp>,
+    /// Matched blocks (full or partial) that were in host memory: loaded to the GPU.
+    pub num_host_blocks: usize,
+    /// Of `num_matched_tokens`, those read from host memory.
+    pub num_host_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,10 +77,35 @@ pub struct LookupOutcome {
     pub num_matched_tokens: usize,
     pub num_reused_blocks: usize,
     pub partial: Option<PartialReuse>,
+    /// Matched blocks (full or partial) in host memory.
+    pub num_host_blocks: usize,
+    /// Of `num_matched_tokens`, those in host memory.
+    pub num_host_tokens: usize,
+}
+
+/// Where a cached block's KV lives: TensorRT-LLM's primary (GPU) or secondary (host)
+/// cache level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    Gpu,
+    Cpu,
+}
+
+impl Medium {
+    /// "GPU" or "CPU", as in KV events.
+    pub fn name(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+        }
+    }
 }
 
 /// KV-cache events: blocks entering (one event per `store` that cached blocks) and
-/// leaving (one event per block) the trie.
+/// leaving (one event per block) the trie, and (with a host tier) a cached block moving
+/// between GPU and host memory (one event per block; TensorRT-LLM's `cacheLevelUpdated`).
+/// Blocks are stored on the GPU; a consumer knows a block's medium from the `Moved`
+/// events since.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrieEvent {
     Stored {
@@ -90,6 +119,12 @@ pub enum TrieEvent {
     Removed {
         block_ids: Vec<u32>,
         block_hashes: Vec<u64>,
+    },
+    /// The blocks stay cached; their KV is now on `medium`.
+    Moved {
+        block_ids: Vec<u32>,
+        block_hashes: Vec<u64>,
+        medium: Medium,
     },
 }
 
@@ -128,6 +163,41 @@ impl TrieStats {
             ("evicted_blocks", self.evicted_blocks),
             ("evicted_tokens", self.evicted_tokens),
             ("stored_blocks", self.stored_blocks),
+        ]
+    }
+}
+
+/// Host tier counters since construction (all zero without a host tier).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrieHostStats {
+    /// Cached blocks copied from the GPU to host memory when their GPU block was taken.
+    pub offloaded_blocks: u64,
+    /// Their tokens.
+    pub stored_tokens: u64,
+    /// Host blocks moved back to the GPU by a claim (reused or taken over).
+    pub onboarded_blocks: u64,
+    /// Matched tokens read from host memory (onboarded, or copied from a host block).
+    pub loaded_tokens: u64,
+    /// Cached host blocks that left the trie (their host block was reused, or their GPU
+    /// ancestor was evicted without offload).
+    pub host_evicted_blocks: u64,
+    /// Their tokens.
+    pub host_evicted_tokens: u64,
+    /// Most tokens cached in host memory at once.
+    pub peak_host_tokens: u64,
+}
+
+impl TrieHostStats {
+    /// `(name, value)` pairs in a fixed order.
+    pub fn fields(&self) -> [(&'static str, u64); 7] {
+        [
+            ("offloaded_blocks", self.offloaded_blocks),
+            ("stored_tokens", self.stored_tokens),
+            ("onboarded_blocks", self.onboarded_blocks),
+            ("loaded_tokens", self.loaded_tokens),
+            ("host_evicted_blocks", self.host_evicted_blocks),
+            ("host_evicted_tokens", self.host_evicted_tokens),
+            ("peak_host_tokens", self.peak_host_tokens),
         ]
     }
 }
