@@ -14,7 +14,7 @@ import pytest
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.cli import main
 from prefixcache.sim.fleet import fleet_replay
-from prefixcache.sim.policies import RadixPolicy
+from prefixcache.sim.policies import RadixPolicy, TrtllmPolicy
 from prefixcache.sim.replay import replay
 from prefixcache.sim.requests import Request
 from prefixcache.sim.routers import CacheAwareRouter, FleetView
@@ -67,7 +67,7 @@ def test_one_instance_fleet_equals_single_replay(policy: str) -> None:
         assert fleet.served_by == [0] * len(w.requests)
 
 
-@pytest.mark.parametrize("policy", ["vllm-blocks", "radix", "radix-page16"])
+@pytest.mark.parametrize("policy", ["vllm-blocks", "radix", "radix-page16", "trtllm"])
 def test_one_instance_fleet_with_events_equals_single_replay(policy: str) -> None:
     w = shared_prefix_workload(
         num_groups=4, prompts_per_group=20, seed=1, request_rate=40.0, shuffle=True
@@ -162,7 +162,7 @@ def test_cache_aware_weighs_load_against_the_held_prefix() -> None:
     assert heavy.records[1].hit_tokens == 512
 
 
-@pytest.mark.parametrize("policy", ["radix", "radix-page16"])
+@pytest.mark.parametrize("policy", ["radix", "radix-page16", "trtllm", "trtllm-nopartial16"])
 def test_cache_aware_follows_tree_instances_events(policy: str) -> None:
     # Tree instances publish their blocks: the router finds each group's prefix there.
     reqs = groups_trace(groups=2, per_group=8)
@@ -240,11 +240,21 @@ class _AuditedTree(RadixPolicy):
 )
 def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -> None:
     w = multi_turn_workload(num_sessions=12, turns=4, seed=5, request_rate=30.0)
-    reqs = list(w.requests)
-    # Some sessions in a namespace of their own: other keys for the same tokens.
-    for i, r in enumerate(reqs):
+    reqs = _namespaced(list(w.requests))
+    pol = _AuditedTree(3000, **kw)
+    res = replay(reqs, [pol], scheduler=SCHED, check=True)[0]
+    assert pol.audits >= len(reqs)
+    assert res.stats.evicted_tokens > 0  # the run evicts: removals are exercised
+    if kw.get("cpu_capacity"):
+        assert pol.stats().host_hit_tokens > 0  # and loads back from the host tier
+
+
+def _namespaced(reqs: list[Request]) -> list[Request]:
+    """Some sessions in a namespace of their own: other keys for the same tokens."""
+    out = list(reqs)
+    for i, r in enumerate(out):
         if hash(r.session) % 3 == 0:
-            reqs[i] = Request(
+            out[i] = Request(
                 r.id,
                 r.prompt,
                 r.output,
@@ -253,12 +263,80 @@ def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -
                 arrival=r.arrival,
                 extra_key="lora-a",
             )
-    pol = _AuditedTree(3000, **kw)
+    return out
+
+
+def _trie_blocks(pol: TrtllmPolicy) -> dict[str, list[int]]:
+    """Per medium, the keys of the full blocks a policy's trie holds, recomputed from its
+    dump (each block's key chained from its parent's)."""
+    from prefixcache._core import lab_block_keys
+    from prefixcache.sim.requests import namespace_seed
+
+    bs = pol.block_size
+    dump = {d["block_id"]: d for d in pol.trie.dump()}
+    on_host = pol.trie.host_dump() if pol.host_blocks else [False] * len(dump)
+    lora_name = {v: k for k, v in pol._loras.items()}
+    keys: dict[int, int] = {}
+
+    def key(b: int) -> int:
+        if b not in keys:
+            d = dump[b]
+            assert len(d["tokens"]) == bs, "a partial block is a parent"
+            p = d["parent"]
+            seed = (
+                namespace_seed(lora_name.get(d["lora_id"]), d["cache_salt"])
+                if p is None
+                else key(p)
+            )
+            keys[b] = int(lab_block_keys(np.array(d["tokens"], dtype=np.uint32), bs, seed)[0])
+        return keys[b]
+
+    out: dict[str, list[int]] = {"GPU": [], "CPU": []}
+    for b, d in dump.items():
+        if d["cached"] and len(d["tokens"]) == bs:
+            out["CPU" if on_host[b] else "GPU"].append(key(b))
+    return {m: sorted(v) for m, v in out.items()}
+
+
+class _AuditedTrie(TrtllmPolicy):
+    """A publishing trie whose events, applied to an index after every step, must describe
+    exactly the full blocks the trie holds, on the medium that holds them."""
+
+    def __init__(self, capacity: int, **kw: object) -> None:
+        super().__init__(capacity, publish_events=True, **kw)  # type: ignore[arg-type]
+        from prefixcache import KvIndex
+
+        self.index = KvIndex()
+        self.audits = 0
+
+    def check(self) -> None:
+        super().check()
+        self.index.apply("w", self.take_events(), now=0.0)
+        truth = _trie_blocks(self)
+        for medium in ("GPU", "CPU"):
+            held = self.index.cached_hashes("w", medium) if medium in self.index.media else []
+            assert held == truth[medium], medium
+        self.audits += 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"tokens_per_block": 16},
+        {"tokens_per_block": 16, "partial_reuse": False},
+        {"tokens_per_block": 8, "cpu_capacity": 4000, "offload": "host"},
+    ],
+)
+def test_trie_events_describe_the_trie_after_every_step(kw: dict[str, object]) -> None:
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=5, request_rate=30.0)
+    reqs = _namespaced(list(w.requests))
+    pol = _AuditedTrie(3000, **kw)
     res = replay(reqs, [pol], scheduler=SCHED, check=True)[0]
     assert pol.audits >= len(reqs)
-    assert res.stats.evicted_tokens > 0  # the run evicts: removals are exercised
+    assert res.stats.evicted_tokens > 0
     if kw.get("cpu_capacity"):
-        assert pol.stats().host_hit_tokens > 0  # and loads back from the host tier
+        assert pol.stats().host_hit_tokens > 0
+        assert "CPU" in pol.index.media  # moves to host were published
 
 
 class _CheckedCacheAware(CacheAwareRouter):

@@ -120,6 +120,22 @@ def test_events_name_blocks_by_id_and_chained_hash(impl: type) -> None:
 
 
 @pytest.mark.parametrize("impl", [BlockTrie, RefTrie])
+def test_events_can_be_turned_off(impl: type) -> None:
+    # A trie whose events nobody takes records none (they would pile up otherwise), and
+    # behaves the same.
+    on, off = impl(4, 4), impl(4, 4, enable_events=False)
+    for t in (on, off):
+        for rid in range(6):  # more blocks than the trie has: evictions too
+            p = list(range(100 * rid, 100 * rid + 9))
+            t.claim(rid, p)
+            t.store(rid, p)
+            t.release(rid)
+    assert off.take_events() == []
+    assert len(on.take_events()) > 6
+    assert on.dump() == off.dump() and on.stats == off.stats
+
+
+@pytest.mark.parametrize("impl", [BlockTrie, RefTrie])
 def test_retention_drops_to_the_default_priority(impl: type) -> None:
     t = impl(4, 2)
     c = t.claim(1, [1, 2, 3], priority=90, retention=3)

@@ -320,12 +320,14 @@ class BlockTrie:
         copy_on_partial_reuse: bool = True,
         host_blocks: int = 0,
         secondary_offload_min_priority: int = 30,
+        enable_events: bool = True,
     ) -> BlockTrie:
         """A trie over ``num_blocks`` GPU blocks of ``tokens_per_block`` tokens (default
         64). ``host_blocks`` > 0 puts TensorRT-LLM's secondary (host) tier of that many
         blocks behind it: a GPU victim of priority >= ``secondary_offload_min_priority``
         (0..100) holding a cached block is offloaded there and a later match loads it back
-        (docs/TRTLLM.md)."""
+        (docs/TRTLLM.md). ``enable_events=False`` records no KV events (``take_events``
+        stays empty): a caller that never takes them saves their memory."""
     @property
     def num_blocks(self) -> int:
         """GPU blocks (the primary pool)."""

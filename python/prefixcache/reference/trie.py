@@ -201,6 +201,7 @@ class BlockTrie:
         copy_on_partial_reuse: bool = True,
         host_blocks: int | None = None,
         secondary_offload_min_priority: int | None = None,
+        enable_events: bool = True,
     ) -> None:
         tpb = 64 if tokens_per_block is None else tokens_per_block
         host = 0 if host_blocks is None else host_blocks
@@ -230,6 +231,7 @@ class BlockTrie:
         self.clock = 0
         self._seq = total
         self.events: list[Any] = []
+        self.enable_events = enable_events
         self._stats = dict.fromkeys(STAT_NAMES, 0)
         self._host_stats = dict.fromkeys(HOST_STAT_NAMES, 0)
 
@@ -275,6 +277,10 @@ class BlockTrie:
     def take_events(self) -> list[Any]:
         ev, self.events = self.events, []
         return ev
+
+    def _emit(self, event: Any) -> None:
+        if self.enable_events:
+            self.events.append(event)
 
     def request_blocks(self, request_id: int) -> list[int]:
         return list(self._request(request_id).blocks)
@@ -436,7 +442,7 @@ class BlockTrie:
         if blk.key is None:
             return
         del self._children(blk.parent)[blk.key]
-        self.events.append(TrieBlockRemoved([b], [blk.hash]))
+        self._emit(TrieBlockRemoved([b], [blk.hash]))
         blk.key, blk.parent, blk.hash = None, None, 0
 
     def _gpu_children(self, b: int) -> int:
@@ -467,7 +473,7 @@ class BlockTrie:
             blk.host, blk.duration, blk.seq = True, None, self._next_seq()
             self._host_stats["offloaded_blocks"] += 1
             self._host_stats["stored_tokens"] += len(blk.key[2])
-            self.events.append(TrieBlockMoved([v], [blk.hash], "CPU"))
+            self._emit(TrieBlockMoved([v], [blk.hash], "CPU"))
             if hb.key is not None:
                 self._host_stats["host_evicted_blocks"] += 1
                 self._host_stats["host_evicted_tokens"] += len(hb.key[2])
@@ -505,7 +511,7 @@ class BlockTrie:
         blk.host = False
         self._host_stats["onboarded_blocks"] += 1
         if blk.key is not None:
-            self.events.append(TrieBlockMoved([b], [blk.hash], "GPU"))
+            self._emit(TrieBlockMoved([b], [blk.hash], "GPU"))
 
     def _alloc(self, priority: int, duration: int | None) -> int:
         b = self._victim()
@@ -659,7 +665,7 @@ class BlockTrie:
             parent_hash = None if first_parent is None else self.blocks[first_parent].hash
             token_ids = [t for b in new for t in self.blocks[b].key[2]]  # type: ignore[index]
             lora = self.blocks[new[0]].key[0][0]  # type: ignore[index]
-            self.events.append(
+            self._emit(
                 TrieBlockStored(
                     list(new),
                     [self.blocks[b].hash for b in new],

@@ -32,9 +32,10 @@ from prefixcache.sim.policies import (
     CachePolicy,
     PolicyStats,
     RadixPolicy,
+    TrtllmPolicy,
     make_policy,
 )
-from prefixcache.sim.policies.tree_events import TreeBlockEvents
+from prefixcache.sim.policies.tree_events import TreeBlockEvents, TrieEventKeys
 from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
 from prefixcache.sim.routers import Router, make_router, needs_events
@@ -82,7 +83,7 @@ class _EventPath:
 
     The router keys a request's blocks as the instances' events do: a block pool's
     events carry vLLM's chained block hashes (``BlockHasher``, the instances' algorithm),
-    a tree's the chained keys of ``tree_events.py``."""
+    a tree's and a trie's the chained keys of ``tree_events.py``."""
 
     def __init__(
         self, sample: CachePolicy, n: int, hash_algo: str, delay: float, loss: float, seed: int
@@ -93,10 +94,10 @@ class _EventPath:
         self.workers = [f"instance-{k}" for k in range(n)]
         for w in self.workers:
             self.index.add_worker(w, now=0.0)
-        self.tree_keys: TreeBlockEvents | None = None
+        self.tree_keys: TreeBlockEvents | TrieEventKeys | None = None
         if isinstance(sample, BlocksPolicy):
             self.block_size = sample.block_size
-        elif isinstance(sample, RadixPolicy) and sample.events is not None:
+        elif isinstance(sample, RadixPolicy | TrtllmPolicy) and sample.events is not None:
             self.tree_keys = sample.events
             self.block_size = sample.events.block_size
         else:  # pragma: no cover - make_policy(publish_events=True) refuses the others

@@ -228,9 +228,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &TrieStats) -> PyResult<Bound<'py, PyDict
 #[pymethods]
 impl BlockTrie {
     #[new]
-    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true, host_blocks = None, secondary_offload_min_priority = None))]
+    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true, host_blocks = None, secondary_offload_min_priority = None, enable_events = true))]
     #[pyo3(
-        text_signature = "(num_blocks, tokens_per_block=None, enable_partial_reuse=True, copy_on_partial_reuse=True, host_blocks=0, secondary_offload_min_priority=30)"
+        text_signature = "(num_blocks, tokens_per_block=None, enable_partial_reuse=True, copy_on_partial_reuse=True, host_blocks=0, secondary_offload_min_priority=30, enable_events=True)"
     )]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
@@ -239,6 +239,7 @@ impl BlockTrie {
         copy_on_partial_reuse: bool,
         host_blocks: Option<&Bound<'_, PyAny>>,
         secondary_offload_min_priority: Option<&Bound<'_, PyAny>>,
+        enable_events: bool,
     ) -> PyResult<Self> {
         let n = convert::size_arg(num_blocks, "num_blocks")?;
         let tpb = convert::size_or(
@@ -254,7 +255,7 @@ impl BlockTrie {
             0,
             i128::from(MAX_PRIORITY),
         )? as u8;
-        let t = CoreTrie::with_host_tier(
+        let mut t = CoreTrie::with_host_tier(
             n,
             tpb,
             enable_partial_reuse,
@@ -263,6 +264,7 @@ impl BlockTrie {
             min_priority,
         )
         .py_err()?;
+        t.set_events_enabled(enable_events);
         Ok(BlockTrie {
             inner: Shared::new("BlockTrie", t),
         })

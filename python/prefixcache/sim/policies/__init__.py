@@ -154,7 +154,7 @@ def make_policy(
     None = the family's default; :data:`OFFLOAD_NAMES`) give the policy a second tier; the
     constructors get them as keywords only when ``cpu_capacity > 0``. ``publish_events``
     builds it publishing its KV events (``take_events``) for a router's fleet index:
-    radix, radix-page<N> and vllm-blocks[<N>] can."""
+    every engine policy can, the lab policies cannot."""
     if name == "radix":
         tier = _with_tier(name, cpu_capacity, offload)
         return RadixPolicy(
@@ -184,11 +184,6 @@ def make_policy(
             publish_events=publish_events,
             **tier,
         )
-    if publish_events:
-        raise InvalidInputError(
-            f"policy {name!r} does not publish KV events yet; the cache-aware routers need "
-            "radix, radix-page<N> or vllm-blocks[<N>]"
-        )
     trt = parse_trtllm_name(name)
     if trt is not None:
         tier = _with_tier(name, cpu_capacity, offload)
@@ -197,7 +192,13 @@ def make_policy(
             tokens_per_block=trt[0],
             partial_reuse=trt[1],
             name=name,
+            publish_events=publish_events,
             **tier,
+        )
+    if publish_events:
+        raise InvalidInputError(
+            f"policy {name!r} does not publish KV events; the cache-aware routers need "
+            "radix, radix-page<N>, vllm-blocks[<N>] or trtllm[-nopartial][<N>]"
         )
     lab = make_lab_policy(name, capacity)  # not engine rules: policies/lab.py
     if lab is not None:

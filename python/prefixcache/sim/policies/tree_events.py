@@ -1,4 +1,5 @@
-"""The KV events of a radix tree, as a router's fleet index consumes them.
+"""The KV events of a radix tree and of a block trie, as a router's fleet index consumes
+them: full blocks named by the router's own chained keys.
 
 SGLang publishes one ``BlockStored`` per page of a node when the node enters its radix
 tree and one ``BlockRemoved`` per page when it leaves (``KVCacheEventMixin``). A router's
@@ -15,6 +16,12 @@ seeded by the request's namespace), as NVIDIA Dynamo's router recomputes its own
 hashes from the token ids a worker's events carry; the publisher computes them here so
 the events need not ship token lists. docs/FLEET_REPLAY.md, "Events", says what differs
 from SGLang's own hashes.
+
+:class:`TrieEventKeys` does the same for TensorRT-LLM's block trie, whose own events
+(``prefixcache.trie_events``) name blocks by a chained hash over interned keys that a
+router cannot compute from a prompt: it follows the trie's events and renames every full
+block by the router's key, chained from its parent's (Dynamo's router keeps the same map
+from a worker's block hashes to its own).
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from prefixcache.events import MEDIUM_GPU
 from prefixcache.sim.requests import TokenArray, namespace_seed
 
-__all__ = ["DEFAULT_EVENT_BLOCK", "TreeBlockEvents"]
+__all__ = ["DEFAULT_EVENT_BLOCK", "TreeBlockEvents", "TrieEventKeys"]
 
 # The block of a page-1 tree's events when none is given: vLLM's and the router's default.
 DEFAULT_EVENT_BLOCK = 16
@@ -70,9 +78,7 @@ class TreeBlockEvents:
     # -- what the tree is given and gives back -------------------------------------------
     def keys(self, tokens: TokenArray, extra_key: str | None, cache_salt: str | None) -> Keys:
         """The keys of the full blocks of ``tokens`` in a namespace."""
-        from prefixcache._core import lab_block_keys
-
-        return lab_block_keys(tokens, self.block_size, namespace_seed(extra_key, cache_salt))
+        return _router_keys(tokens, self.block_size, namespace_seed(extra_key, cache_salt))
 
     def label(self, keys: Keys, start: int, end: int) -> tuple[Ids, Ids]:
         """KV values for the tokens ``[start, end)`` of a path whose full-block keys are
@@ -125,3 +131,87 @@ class TreeBlockEvents:
         """The events since the last call, in order."""
         out, self._events = self._events, []
         return out
+
+
+def _router_keys(tokens: TokenArray, block_size: int, seed: int) -> Keys:
+    from prefixcache._core import lab_block_keys
+
+    return lab_block_keys(tokens, block_size, seed)
+
+
+class TrieEventKeys:
+    """A block trie's events (``BlockTrie.take_events``) in the router's keys: a
+    ``BlockStored`` per run of full blocks stored, a ``BlockRemoved`` per block leaving,
+    and a move between GPU and host memory as a removal on one medium and a store on the
+    other. A partial last block has no key and is not published (a router matches full
+    blocks)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._key: dict[int, tuple[int, str]] = {}  # trie hash -> (router key, medium)
+        self._events: list[dict[str, Any]] = []
+
+    def keys(self, tokens: TokenArray, extra_key: str | None, cache_salt: str | None) -> Keys:
+        """The keys of the full blocks of ``tokens`` in a namespace."""
+        return _router_keys(tokens, self.block_size, namespace_seed(extra_key, cache_salt))
+
+    def follow(self, events: list[Any], seed: int = 0) -> None:
+        """Translates the trie's events, in order; ``seed`` is the namespace seed of the
+        request whose ``store`` produced any ``TrieBlockStored`` among them."""
+        from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
+
+        bs, known, out = self.block_size, self._key, self._events
+        for ev in events:
+            if isinstance(ev, TrieBlockRemoved):
+                for h in ev.block_hashes:
+                    entry = known.pop(h, None)
+                    if entry is not None:
+                        out.append(_removed([entry[0]], entry[1]))
+            elif isinstance(ev, TrieBlockStored):
+                n = min(len(ev.token_ids) // bs, len(ev.block_hashes))
+                if n == 0:
+                    continue
+                parent = ev.parent_block_hash
+                if parent is None:
+                    start = seed
+                elif parent in known:
+                    start = known[parent][0]
+                else:
+                    raise AssertionError(f"trie block {parent} stored under no known parent")
+                tokens = np.asarray(ev.token_ids[: n * bs], dtype=np.uint32)
+                keys = _router_keys(tokens, bs, start)
+                for h, k in zip(ev.block_hashes[:n], keys.tolist(), strict=True):
+                    known[h] = (k, MEDIUM_GPU)
+                out.append(_stored(keys, bs, MEDIUM_GPU))
+            elif isinstance(ev, TrieBlockMoved):
+                for h in ev.block_hashes:
+                    entry = known.get(h)
+                    if entry is not None and entry[1] != ev.medium:
+                        out.append(_removed([entry[0]], entry[1]))
+                        out.append(_stored(np.array([entry[0]], dtype=np.uint64), bs, ev.medium))
+                        known[h] = (entry[0], ev.medium)
+
+    def published(self) -> dict[int, tuple[int, str]]:
+        """Trie hash -> (router key, medium) of every published block (tests)."""
+        return dict(self._key)
+
+    def take(self) -> list[dict[str, Any]]:
+        """The events since the last call, in order."""
+        out, self._events = self._events, []
+        return out
+
+
+def _stored(keys: Keys, block_size: int, medium: str) -> dict[str, Any]:
+    return {
+        "type": "BlockStored",
+        "block_hashes": keys,
+        "parent_block_hash": None,
+        "token_ids": None,
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": medium,
+    }
+
+
+def _removed(keys: list[int], medium: str) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": keys, "medium": medium}

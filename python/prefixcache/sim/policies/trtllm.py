@@ -35,7 +35,8 @@ from prefixcache.sim.policies.base import (
     grow_each,
     max_block_growth,
 )
-from prefixcache.sim.requests import RequestId, TokenArray
+from prefixcache.sim.policies.tree_events import TrieEventKeys
+from prefixcache.sim.requests import RequestId, TokenArray, namespace_seed
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name", "parse_trtllm_offload"]
 
@@ -71,11 +72,12 @@ def parse_trtllm_offload(offload: str | None) -> int:
 
 
 class _Seq:
-    __slots__ = ("allocated", "appended", "iid", "known", "prompt")
+    __slots__ = ("allocated", "appended", "iid", "known", "prompt", "seed")
 
-    def __init__(self, iid: int, prompt: TokenArray, allocated: int) -> None:
+    def __init__(self, iid: int, prompt: TokenArray, allocated: int, seed: int = 0) -> None:
         self.iid = iid
         self.prompt = prompt
+        self.seed = seed  # the namespace seed of the router's keys (published events)
         self.allocated = allocated  # tokens of KV reserved (prompt + output lookahead)
         self.known = len(prompt)  # tokens whose KV exists
         self.appended: list[TokenArray] = []
@@ -97,6 +99,7 @@ class TrtllmPolicy:
         name: str | None = None,
         cpu_capacity: int = 0,
         offload: str | None = None,
+        publish_events: bool = False,
     ) -> None:
         if tokens_per_block < 1:
             raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
@@ -130,11 +133,18 @@ class TrtllmPolicy:
                 copy_on_partial_reuse,
                 host_blocks=self.host_blocks,
                 secondary_offload_min_priority=min_priority,
+                enable_events=publish_events,
             )
         else:
             self.trie = trie_cls(
-                self.num_blocks, tokens_per_block, partial_reuse, copy_on_partial_reuse
+                self.num_blocks,
+                tokens_per_block,
+                partial_reuse,
+                copy_on_partial_reuse,
+                enable_events=publish_events,
             )
+        # The trie's events in the router's keys (publish_events), else none recorded.
+        self.events = TrieEventKeys(tokens_per_block) if publish_events else None
         self._host_hit: dict[RequestId, int] = {}  # host part of the last admit's hit, by request
         self._host_hit_tokens = 0
         self.seqs: dict[RequestId, _Seq] = {}
@@ -182,7 +192,8 @@ class TrtllmPolicy:
             return None
         if c.copies:
             self.trie.complete(iid)  # the simulated copy is done at once
-        self.seqs[rid] = _Seq(iid, prompt, len(prompt) + reserve)
+        seed = namespace_seed(extra_key, cache_salt) if self.events is not None else 0
+        self.seqs[rid] = _Seq(iid, prompt, len(prompt) + reserve, seed)
         self._note_usage()
         if self.host_blocks:
             host = int(c.num_host_tokens)
@@ -197,6 +208,7 @@ class TrtllmPolicy:
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
         self.trie.store(seq.iid, seq.prompt)
+        self._follow(seq.seed)
         self._note_cached()
 
     def append(self, rid: RequestId, tokens: TokenArray) -> bool:
@@ -233,7 +245,23 @@ class TrtllmPolicy:
         tokens = np.concatenate(parts) if len(parts) > 1 else seq.prompt
         self.trie.store(seq.iid, tokens)
         self.trie.release(seq.iid)
+        self._follow(seq.seed)
         self._note_cached()
+
+    def _follow(self, seed: int) -> None:
+        """Translate the trie's pending events (a store's among them: ``seed`` is its
+        request's namespace seed)."""
+        if self.events is not None:
+            self.events.follow(self.trie.take_events(), seed)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """The KV events (``"type"``-tagged dicts: full blocks stored, removed and moved
+        between GPU and host, in the router's keys) since the last call, in order; needs
+        ``publish_events=True``."""
+        if self.events is None:
+            raise InvalidInputError(f"{self.name} was built without publish_events=True")
+        self._follow(0)  # removals and moves only: stores are followed as they happen
+        return self.events.take()
 
     def max_uniform_growth(
         self,

@@ -141,10 +141,12 @@ impl BlockTrie {
         self.blocks[b as usize].parent = self.root;
         let hash = self.blocks[b as usize].hash;
         self.blocks[b as usize].hash = 0;
-        self.events.push(TrieEvent::Removed {
-            block_ids: vec![b],
-            block_hashes: vec![hash],
-        });
+        if self.events_enabled {
+            self.events.push(TrieEvent::Removed {
+                block_ids: vec![b],
+                block_hashes: vec![hash],
+            });
+        }
         self.sync(parent);
     }
 }

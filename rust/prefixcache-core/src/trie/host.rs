@@ -31,7 +31,7 @@ impl BlockTrie {
     }
 
     fn moved_event(&mut self, b: u32, medium: Medium) {
-        if self.blocks[b as usize].key.is_some() {
+        if self.events_enabled && self.blocks[b as usize].key.is_some() {
             self.events.push(TrieEvent::Moved {
                 block_ids: vec![b],
                 block_hashes: vec![self.blocks[b as usize].hash],

@@ -277,7 +277,7 @@ impl BlockTrie {
                 r.tokens = tokens.to_vec();
             }
         }
-        if !new_ids.is_empty() {
+        if !new_ids.is_empty() && self.events_enabled {
             let first_parent = self.blocks[new_ids[0] as usize].parent;
             let parent_block_hash =
                 (first_parent != self.root).then(|| self.blocks[first_parent as usize].hash);
@@ -300,8 +300,8 @@ impl BlockTrie {
                 block_size: self.tokens_per_block,
                 lora_id,
             });
-            self.stats.stored_blocks += new_ids.len() as u64;
         }
+        self.stats.stored_blocks += new_ids.len() as u64;
         Ok(new_ids.len())
     }
 

@@ -115,6 +115,8 @@ pub struct BlockTrie {
     pub(crate) salts: Interner,
     pub(crate) mm_hashes: Interner,
     pub(crate) events: Vec<TrieEvent>,
+    /// Whether events are recorded (a caller that never takes them turns them off).
+    pub(crate) events_enabled: bool,
     pub(crate) stats: TrieStats,
     pub(crate) host_stats: TrieHostStats,
 }
@@ -217,6 +219,7 @@ impl BlockTrie {
             salts: Interner::default(),
             mm_hashes: Interner::default(),
             events: Vec::new(),
+            events_enabled: true,
             stats: TrieStats::default(),
             host_stats: TrieHostStats::default(),
         })
@@ -283,6 +286,20 @@ impl BlockTrie {
     pub fn stats(&self) -> TrieStats {
         self.stats.clone()
     }
+    /// Records events (the default) or not: a caller that never takes them would let
+    /// them pile up for the trie's whole life. Turning them off drops the pending ones.
+    pub fn set_events_enabled(&mut self, on: bool) {
+        self.events_enabled = on;
+        if !on {
+            self.events = Vec::new();
+        }
+    }
+
+    /// Whether events are recorded.
+    pub fn events_enabled(&self) -> bool {
+        self.events_enabled
+    }
+
     pub fn take_events(&mut self) -> Vec<TrieEvent> {
         std::mem::take(&mut self.events)
     }
