@@ -136,6 +136,25 @@ def test_events_can_be_turned_off(impl: type) -> None:
 
 
 @pytest.mark.parametrize("impl", [BlockTrie, RefTrie])
+def test_compact_events_drop_only_the_token_ids(impl: type) -> None:
+    import dataclasses
+
+    full, compact = impl(4, 4, host_blocks=2), impl(4, 4, host_blocks=2)
+    for t in (full, compact):
+        for rid in range(6):
+            p = list(range(100 * (rid % 3), 100 * (rid % 3) + 9))
+            t.claim(rid, p)
+            t.store(rid, p)
+            t.release(rid)
+    a, b = full.take_events(), compact.take_events(compact=True)
+    assert any(isinstance(e, TrieBlockStored) for e in a)
+    assert b == [
+        dataclasses.replace(e, token_ids=None) if isinstance(e, TrieBlockStored) else e
+        for e in a
+    ]
+
+
+@pytest.mark.parametrize("impl", [BlockTrie, RefTrie])
 def test_retention_drops_to_the_default_priority(impl: type) -> None:
     t = impl(4, 2)
     c = t.claim(1, [1, 2, 3], priority=90, retention=3)

@@ -411,9 +411,12 @@ class BlockTrie:
         """Advances the logical clock; expired retention drops to the default priority."""
     def request_blocks(self, request_id: int) -> list[int]:
         """The blocks a request holds, in order."""
-    def take_events(self) -> list[TrieBlockStored | TrieBlockRemoved | TrieBlockMoved]:
+    def take_events(
+        self, compact: bool = False
+    ) -> list[TrieBlockStored | TrieBlockRemoved | TrieBlockMoved]:
         """The KV events since the last call (with a host tier, ``TrieBlockMoved`` when a
-        cached block moves between GPU and host memory)."""
+        cached block moves between GPU and host memory); ``compact``: ``TrieBlockStored``
+        without its token ids (None)."""
     def dump(self) -> list[dict[str, Any]]:
         """Every block by id (GPU and host blocks): block_id, cached, parent, tokens,
         lora_id, cache_salt, mm_keys, ref_cnt, priority."""

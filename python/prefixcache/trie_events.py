@@ -21,7 +21,7 @@ class TrieBlockStored:
     block_ids: list[int]
     block_hashes: list[int]
     parent_block_hash: int | None
-    token_ids: list[int]
+    token_ids: list[int] | None  # None: BlockTrie.take_events(compact=True)
     block_size: int
     lora_id: int | None
 

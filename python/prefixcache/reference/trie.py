@@ -40,6 +40,7 @@ Everything is a dict or a list scan: short and obviously correct, not fast.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -274,8 +275,13 @@ class BlockTrie:
     def stats(self) -> dict[str, int]:
         return dict(self._stats)
 
-    def take_events(self) -> list[Any]:
+    def take_events(self, compact: bool = False) -> list[Any]:
         ev, self.events = self.events, []
+        if compact:
+            ev = [
+                dataclasses.replace(e, token_ids=None) if isinstance(e, TrieBlockStored) else e
+                for e in ev
+            ]
         return ev
 
     def _emit(self, event: Any) -> None:

@@ -495,8 +495,9 @@ impl BlockTrie {
     }
 
     /// The KV events since the last call (TrieBlockStored / TrieBlockRemoved /
-    /// TrieBlockMoved).
-    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// TrieBlockMoved); `compact`: stored events without their token ids.
+    #[pyo3(signature = (compact = false))]
+    fn take_events<'py>(&self, py: Python<'py>, compact: bool) -> PyResult<Bound<'py, PyList>> {
         let events = self.with(py, |t| t.take_events())?;
         let cls = event_classes(py)?;
         let out = PyList::empty(py);
@@ -513,7 +514,7 @@ impl BlockTrie {
                     block_ids,
                     block_hashes,
                     parent_block_hash,
-                    token_ids,
+                    (!compact).then_some(token_ids),
                     block_size,
                     lora_id,
                 ))?,

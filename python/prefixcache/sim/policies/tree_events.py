@@ -139,6 +139,33 @@ def _router_keys(tokens: TokenArray, block_size: int, seed: int) -> Keys:
     return lab_block_keys(tokens, block_size, seed)
 
 
+class StoreContext:
+    """One ``BlockTrie.store`` call: the request's tokens, its blocks and its namespace.
+    The trie keys ``tokens[:-1]`` in blocks (the last token has no KV yet); block ``j``
+    of the request is full when ``(j + 1) * B <= len(tokens) - 1``."""
+
+    __slots__ = ("_keys", "block_size", "blocks", "seed", "tokens")
+
+    def __init__(self, tokens: TokenArray, blocks: list[int], block_size: int, seed: int) -> None:
+        self.tokens = tokens
+        self.blocks = blocks
+        self.block_size = block_size
+        self.seed = seed
+        self._keys: Keys | None = None
+
+    def run_keys(self, block_ids: list[int]) -> Keys:
+        """The router's keys of the full blocks of a stored run of the request's blocks."""
+        if not block_ids:
+            return np.zeros(0, dtype=np.uint64)
+        pos = self.blocks.index(block_ids[0])
+        if self.blocks[pos : pos + len(block_ids)] != block_ids:
+            raise AssertionError("a stored run that is not a run of the request's blocks")
+        if self._keys is None:
+            usable = max(len(self.tokens) - 1, 0)
+            self._keys = _router_keys(self.tokens[:usable], self.block_size, self.seed)
+        return self._keys[pos : pos + len(block_ids)]
+
+
 class TrieEventKeys:
     """A block trie's events (``BlockTrie.take_events``) in the router's keys: a
     ``BlockStored`` per run of full blocks stored, a ``BlockRemoved`` per block leaving,
@@ -155,41 +182,49 @@ class TrieEventKeys:
         """The keys of the full blocks of ``tokens`` in a namespace."""
         return _router_keys(tokens, self.block_size, namespace_seed(extra_key, cache_salt))
 
-    def follow(self, events: list[Any], seed: int = 0) -> None:
-        """Translates the trie's events, in order; ``seed`` is the namespace seed of the
-        request whose ``store`` produced any ``TrieBlockStored`` among them."""
+    def follow(self, events: list[Any], store: StoreContext | None = None) -> None:
+        """Translates the trie's compact events (``take_events(compact=True)``), in
+        order; ``store`` describes the ``store`` call whose ``TrieBlockStored`` is among
+        them (a stored run is a run of that request's blocks)."""
         from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
 
-        bs, known, out = self.block_size, self._key, self._events
+        known, out = self._key, self._events
+        gone: list[int] = []  # a run of removals on one medium, published as one event
+        gone_on = MEDIUM_GPU
+
+        def flush() -> None:
+            if gone:
+                out.append(_removed(gone.copy(), gone_on))
+                gone.clear()
+
         for ev in events:
             if isinstance(ev, TrieBlockRemoved):
                 for h in ev.block_hashes:
                     entry = known.pop(h, None)
                     if entry is not None:
-                        out.append(_removed([entry[0]], entry[1]))
-            elif isinstance(ev, TrieBlockStored):
-                n = min(len(ev.token_ids) // bs, len(ev.block_hashes))
-                if n == 0:
-                    continue
-                parent = ev.parent_block_hash
-                if parent is None:
-                    start = seed
-                elif parent in known:
-                    start = known[parent][0]
-                else:
-                    raise AssertionError(f"trie block {parent} stored under no known parent")
-                tokens = np.asarray(ev.token_ids[: n * bs], dtype=np.uint32)
-                keys = _router_keys(tokens, bs, start)
-                for h, k in zip(ev.block_hashes[:n], keys.tolist(), strict=True):
+                        if entry[1] != gone_on:
+                            flush()
+                            gone_on = entry[1]
+                        gone.append(entry[0])
+                continue
+            flush()
+            if isinstance(ev, TrieBlockStored):
+                if store is None:
+                    raise AssertionError("a trie store event outside a store")
+                keys = store.run_keys(ev.block_ids)
+                for h, k in zip(ev.block_hashes, keys.tolist(), strict=False):
                     known[h] = (k, MEDIUM_GPU)
-                out.append(_stored(keys, bs, MEDIUM_GPU))
+                if len(keys):
+                    out.append(_stored(keys, self.block_size, MEDIUM_GPU))
             elif isinstance(ev, TrieBlockMoved):
                 for h in ev.block_hashes:
                     entry = known.get(h)
                     if entry is not None and entry[1] != ev.medium:
                         out.append(_removed([entry[0]], entry[1]))
-                        out.append(_stored(np.array([entry[0]], dtype=np.uint64), bs, ev.medium))
+                        key = np.array([entry[0]], dtype=np.uint64)
+                        out.append(_stored(key, self.block_size, ev.medium))
                         known[h] = (entry[0], ev.medium)
+        flush()
 
     def published(self) -> dict[int, tuple[int, str]]:
         """Trie hash -> (router key, medium) of every published block (tests)."""

@@ -35,7 +35,7 @@ from prefixcache.sim.policies.base import (
     grow_each,
     max_block_growth,
 )
-from prefixcache.sim.policies.tree_events import TrieEventKeys
+from prefixcache.sim.policies.tree_events import StoreContext, TrieEventKeys
 from prefixcache.sim.requests import RequestId, TokenArray, namespace_seed
 
 __all__ = ["TRTLLM_DEFAULT_BLOCK", "TrtllmPolicy", "parse_trtllm_name", "parse_trtllm_offload"]
@@ -208,7 +208,7 @@ class TrtllmPolicy:
     def on_prefill_done(self, rid: RequestId) -> None:
         seq = self.seqs[rid]
         self.trie.store(seq.iid, seq.prompt)
-        self._follow(seq.seed)
+        self._follow(seq, seq.prompt)
         self._note_cached()
 
     def append(self, rid: RequestId, tokens: TokenArray) -> bool:
@@ -244,15 +244,19 @@ class TrtllmPolicy:
             parts.append(tail)
         tokens = np.concatenate(parts) if len(parts) > 1 else seq.prompt
         self.trie.store(seq.iid, tokens)
+        self._follow(seq, tokens)
         self.trie.release(seq.iid)
-        self._follow(seq.seed)
         self._note_cached()
 
-    def _follow(self, seed: int) -> None:
-        """Translate the trie's pending events (a store's among them: ``seed`` is its
-        request's namespace seed)."""
-        if self.events is not None:
-            self.events.follow(self.trie.take_events(), seed)
+    def _follow(self, seq: _Seq | None = None, stored: TokenArray | None = None) -> None:
+        """Translate the trie's pending events; after ``store(seq.iid, stored)`` the
+        stored runs among them are runs of that request's blocks."""
+        if self.events is None:
+            return
+        ctx = None
+        if seq is not None and stored is not None:
+            ctx = StoreContext(stored, self.trie.request_blocks(seq.iid), self.block_size, seq.seed)
+        self.events.follow(self.trie.take_events(compact=True), ctx)
 
     def take_events(self) -> list[dict[str, Any]]:
         """The KV events (``"type"``-tagged dicts: full blocks stored, removed and moved
@@ -260,7 +264,7 @@ class TrtllmPolicy:
         ``publish_events=True``."""
         if self.events is None:
             raise InvalidInputError(f"{self.name} was built without publish_events=True")
-        self._follow(0)  # removals and moves only: stores are followed as they happen
+        self._follow()  # removals and moves only: stores are followed as they happen
         return self.events.take()
 
     def max_uniform_growth(
