@@ -677,7 +677,8 @@ class CpuOffloadManager:
     def take_kv_events(self, event_hash_format: str = "u64", compact: bool = False) -> list[_Event]:
         """The events since the last call as the KV events vLLM's OffloadingConnector
         publishes for them (medium "CPU": one BlockStored per stored key, hash only;
-        one BlockRemoved per eviction); ``compact`` merges runs of removals."""
+        one BlockRemoved per eviction); ``compact`` merges runs of removals (and gives u64
+        hashes as a uint64 array, as ``KVCacheManager.take_events``)."""
     def check_invariants(self) -> None:
         """Raise AssertionError if an internal invariant is broken (for tests)."""
 
@@ -791,8 +792,9 @@ class KVCacheManager:
         """Drops the cached hashes of free blocks."""
     def take_events(self, compact: bool = False) -> list[_Event]:
         """The KV events since the last call, as vLLM publishes them. ``compact``: each
-        ``BlockStored`` carries ``token_ids=None`` and runs of ``BlockRemoved`` are merged
-        into one event (the same index state; what a router's fleet index needs)."""
+        ``BlockStored`` carries ``token_ids=None``, runs of ``BlockRemoved`` are merged
+        into one event and u64 hashes come as a uint64 array (the same index state; what a
+        router's fleet index needs)."""
     def free_block_ids(self) -> _I64Array:
         """The free queue, head first."""
     def ref_cnt(self, block_id: int) -> int:

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"  # vLLM's CPU offloading tier (prefixcache.CpuOffloadManager)
 
 ExternalBlockHash = int | bytes
+# ``take_events(compact=True)`` gives u64 hashes as one uint64 numpy array per event.
+ExternalBlockHashes = list[ExternalBlockHash] | npt.NDArray[np.uint64]
 
 
 @dataclass(frozen=True)
 class BlockStored:
     """Full blocks entered the prefix cache (one event per caching step)."""
 
-    block_hashes: list[ExternalBlockHash]
+    block_hashes: ExternalBlockHashes
     parent_block_hash: ExternalBlockHash | None
     token_ids: list[int] | None  # None: KVCacheManager.take_events(compact=True)
     block_size: int
@@ -37,7 +42,7 @@ class BlockStored:
 class BlockRemoved:
     """A cached block's hash left the prefix cache (one event per hash)."""
 
-    block_hashes: list[ExternalBlockHash]
+    block_hashes: ExternalBlockHashes
     medium: str | None = MEDIUM_GPU
     group_idx: int | None = 0
 
@@ -64,6 +69,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "ExternalBlockHash",
+    "ExternalBlockHashes",
     "KVCacheEvent",
     "external_hash",
 ]

@@ -45,6 +45,25 @@ impl HashFormat {
             HashFormat::Bytes => PyBytes::new(py, h.as_bytes()).into_any(),
         })
     }
+
+    /// An event's hashes: a list, or for compact events of u64 hashes a uint64 array
+    /// (what a fleet index reads fastest).
+    fn hashes<'py>(
+        self,
+        py: Python<'py>,
+        hs: &[BlockHash],
+        compact: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if compact && matches!(self, HashFormat::U64) {
+            let words: Vec<u64> = hs.iter().map(BlockHash::to_u64).collect();
+            return Ok(PyArray1::from_vec(py, words).into_any());
+        }
+        let out = PyList::empty(py);
+        for h in hs {
+            out.append(self.hash(py, h)?)?;
+        }
+        Ok(out.into_any())
+    }
 }
 
 struct EventClasses {
@@ -149,10 +168,7 @@ pub fn events_to_py<'py>(
                         Some(l)
                     }
                 };
-                let hashes = PyList::empty(py);
-                for h in &block_hashes {
-                    hashes.append(fmt.hash(py, h)?)?;
-                }
+                let hashes = fmt.hashes(py, &block_hashes, compact)?;
                 let parent = match parent_block_hash {
                     Some(p) => Some(fmt.hash(py, &p)?),
                     None => None,
@@ -180,10 +196,7 @@ pub fn events_to_py<'py>(
                 group_idx,
                 medium,
             } => {
-                let hashes = PyList::empty(py);
-                for h in &block_hashes {
-                    hashes.append(fmt.hash(py, h)?)?;
-                }
+                let hashes = fmt.hashes(py, &block_hashes, compact)?;
                 cls.removed
                     .bind(py)
                     .call1((hashes, medium.as_str(), group_idx))?
