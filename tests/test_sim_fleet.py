@@ -236,9 +236,14 @@ class _AuditedTree(RadixPolicy):
         {"page_size": 4, "event_block_size": 8},
         {"page_size": 1, "cpu_capacity": 6000, "offload": "write-through"},
         {"page_size": 16, "cpu_capacity": 3000, "offload": "write-back"},
+        {"page_size": 2, "cache_cls": "reference"},
     ],
 )
 def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -> None:
+    if kw.get("cache_cls") == "reference":  # the plain-Python tree publishes the same way
+        from prefixcache.reference.radix import RadixCache as Reference
+
+        kw = {**kw, "cache_cls": Reference}
     w = multi_turn_workload(num_sessions=12, turns=4, seed=5, request_rate=30.0)
     reqs = _namespaced(list(w.requests))
     pol = _AuditedTree(3000, **kw)

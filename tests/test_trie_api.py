@@ -149,8 +149,7 @@ def test_compact_events_drop_only_the_token_ids(impl: type) -> None:
     a, b = full.take_events(), compact.take_events(compact=True)
     assert any(isinstance(e, TrieBlockStored) for e in a)
     assert b == [
-        dataclasses.replace(e, token_ids=None) if isinstance(e, TrieBlockStored) else e
-        for e in a
+        dataclasses.replace(e, token_ids=None) if isinstance(e, TrieBlockStored) else e for e in a
     ]
 
 

@@ -116,9 +116,10 @@ class TreeBlockEvents:
                 }
             )
 
-    def freed(self, values: Ids) -> None:
+    def freed(self, values: Ids | list[int]) -> None:
         """The tree freed these KV values (an eviction): their blocks are removed."""
-        ids = values[values != 0]
+        arr = np.asarray(values, dtype=np.int64)
+        ids = arr[arr != 0]
         if len(ids):
             self._events.append({"type": "BlockRemoved", "block_hashes": self._key[ids]})
             self._give_ids(ids)
