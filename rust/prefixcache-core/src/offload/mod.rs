@@ -9,6 +9,7 @@
 //! same for every key with one group.
 
 pub mod arc;
+pub mod chunks;
 pub mod lru;
 pub mod manager;
 pub mod order;
