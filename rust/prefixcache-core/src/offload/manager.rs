@@ -800,7 +800,14 @@ impl CpuOffloadManager {
                 return Ok(None);
             };
             if complete && !out.keys_to_store.is_empty() {
-                m.complete_store(rid, &out.keys_to_store, true);
+                // The chunk ids are the slots.
+                let stored: Vec<(BlockHash, u32)> = out
+                    .keys_to_store
+                    .iter()
+                    .zip(&out.chunk_ids)
+                    .map(|(k, &id)| (*k, id as u32))
+                    .collect();
+                m.complete_slots(&stored, true);
             }
             Ok(Some((out.keys_to_store.len(), out.evicted_keys.len())))
         })
@@ -836,8 +843,8 @@ impl CpuOffloadManager {
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
         let threshold = self.store_threshold;
-        let mut to_store: Vec<CallKey> = Vec::new();
-        let mut ready: Vec<u32> = Vec::new();
+        let mut to_store: Vec<CallKey> = Vec::with_capacity(keys.len());
+        let mut ready: Vec<u32> = Vec::with_capacity(keys.len());
         let mut offered: Vec<CallKey> = Vec::with_capacity(keys.len());
         for c in keys {
             if c.slot == NIL {
@@ -945,13 +952,21 @@ impl CpuOffloadManager {
     /// vLLM's `complete_store`: the keys still being stored become loadable (success) or
     /// are dropped and their chunks released (failure).
     pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) {
+        let found: Vec<(BlockHash, u32)> = keys
+            .iter()
+            .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
+            .collect();
+        self.complete_slots(&found, success);
+    }
+
+    /// `complete_store` of keys whose slots are known (NIL: not stored).
+    fn complete_slots(&mut self, keys: &[(BlockHash, u32)], success: bool) {
         let mut done = Vec::new();
-        for k in keys {
-            let Some(id) = self.table.find(k) else {
+        for &(k, id) in keys {
+            let Some(s) = self.table.slots.get_mut(id as usize) else {
                 continue;
             };
-            let s = &mut self.table.slots[id as usize];
-            if s.ref_cnt >= 0 {
+            if !s.live() || s.key != k || s.ref_cnt >= 0 {
                 continue;
             }
             self.num_pending -= 1;
@@ -966,7 +981,7 @@ impl CpuOffloadManager {
                 self.table.remove(id);
                 self.free_ids.push(u64::from(id));
             }
-            done.push(*k);
+            done.push(k);
         }
         if !done.is_empty() {
             if let Some(ev) = &mut self.events {

@@ -6,7 +6,6 @@
 
 use hashbrown::HashTable;
 
-use crate::blocks::table::key_hash;
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
 
@@ -24,8 +23,22 @@ struct Entry<V> {
     value: V,
 }
 
+/// The table hash of a key: every byte folded in, one multiply per 8 bytes, then
+/// MurmurHash3's finaliser (the same mix as the block pool's table, read in whole
+/// words from the zero-padded hash).
+#[inline]
 pub(crate) fn hash_of(k: &BlockHash) -> u64 {
-    key_hash(k.as_bytes(), 0)
+    let b = k.padded_bytes();
+    let mut h = k.len() as u64;
+    for chunk in b.chunks_exact(8).take(k.len().div_ceil(8)) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 32;
+    }
+    h = (h ^ (h >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
 }
 
 #[derive(Debug, Clone)]
