@@ -14,9 +14,13 @@ pub struct Arc {
     pub target: f64,
     t1: List,
     t2: List,
-    pub b1: Ordered<()>,
-    pub b2: Ordered<()>,
+    /// B1 (order 0) and B2 (order 1): disjoint, as a key enters a ghost list only when
+    /// evicted and leaves both when stored again.
+    ghosts: Ordered<()>,
 }
+
+const B1: usize = 0;
+const B2: usize = 1;
 
 /// What a finished request did with a key (the manager's `_RequestCacheAccess`).
 #[derive(Debug, Clone, Copy)]
@@ -34,15 +38,13 @@ impl Arc {
             target: 0.0,
             t1: List::default(),
             t2: List::default(),
-            b1: Ordered::new(),
-            b2: Ordered::new(),
+            ghosts: Ordered::new(),
         }
     }
 
-    /// Room for `n` more ghost keys in each ghost list.
+    /// Room for `n` more ghost keys.
     pub fn try_reserve(&mut self, n: usize) -> crate::Result<()> {
-        self.b1.try_reserve(n)?;
-        self.b2.try_reserve(n)
+        self.ghosts.try_reserve(n)
     }
 
     /// A new chunk (unlinked) enters T1 and leaves the ghost lists.
@@ -50,8 +52,7 @@ impl Arc {
         slots[id as usize].flags &= !IN_T2;
         self.t1.push_back(slots, id);
         let k = slots[id as usize].key;
-        self.b1.remove(&k);
-        self.b2.remove(&k);
+        self.ghosts.remove(&k);
     }
 
     pub fn remove(&mut self, slots: &mut [Slot], id: u32) {
@@ -63,15 +64,21 @@ impl Arc {
     }
 
     fn ghost_hit(&mut self, k: &BlockHash) {
-        let (b1, b2) = (self.b1.len() as f64, self.b2.len() as f64);
-        if self.b1.contains(k) {
-            let step = (b2 / b1).max(1.0);
-            self.target = (self.target + step).min(self.capacity as f64);
-            self.b1.move_to_back(k);
-        } else if self.b2.contains(k) {
-            let step = (b1 / b2).max(1.0);
-            self.target = (self.target - step).max(0.0);
-            self.b2.move_to_back(k);
+        let (b1, b2) = (
+            self.ghosts.len_of(B1) as f64,
+            self.ghosts.len_of(B2) as f64,
+        );
+        // Moving a key within its list leaves the sizes as they were.
+        match self.ghosts.move_to_back_in(k) {
+            Some(B1) => {
+                let step = (b2 / b1).max(1.0);
+                self.target = (self.target + step).min(self.capacity as f64);
+            }
+            Some(_) => {
+                let step = (b1 / b2).max(1.0);
+                self.target = (self.target - step).max(0.0);
+            }
+            None => {}
         }
     }
 
@@ -183,18 +190,19 @@ impl Arc {
     pub fn apply(&mut self, slots: &mut [Slot], picked: &[(u32, bool)]) {
         for &(id, from_t1) in picked {
             let k = slots[id as usize].key;
+            // A stored key is in no ghost list (storing took it out).
             if from_t1 {
                 self.t1.unlink(slots, id);
-                self.b1.push_back(k, ());
+                self.ghosts.push_new(B1, k, ());
             } else {
                 self.t2.unlink(slots, id);
-                self.b2.push_back(k, ());
+                self.ghosts.push_new(B2, k, ());
             }
         }
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
-        for ghost in [&mut self.b1, &mut self.b2] {
-            while ghost.len() > cap {
-                ghost.pop_front();
+        for o in [B1, B2] {
+            while self.ghosts.len_of(o) > cap {
+                self.ghosts.pop_front_of(o);
             }
         }
     }
@@ -202,8 +210,7 @@ impl Arc {
     pub fn clear(&mut self) {
         self.t1.clear();
         self.t2.clear();
-        self.b1.clear();
-        self.b2.clear();
+        self.ghosts.clear();
         self.target = 0.0;
     }
 
@@ -226,16 +233,17 @@ impl Arc {
             }
         }
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
-        if self.b1.len() > cap || self.b2.len() > cap {
+        if self.ghosts.len_of(B1) > cap || self.ghosts.len_of(B2) > cap {
             return Err("arc: a ghost list exceeds the capacity".into());
+        }
+        if table.live().any(|(_, s)| self.ghosts.contains(&s.key)) {
+            return Err("arc: a stored key is in a ghost list".into());
         }
         if !(0.0..=self.capacity as f64).contains(&self.target) {
             return Err(format!("arc: target {} out of range", self.target));
         }
-        for o in [&self.b1, &self.b2] {
-            if !o.consistent() {
-                return Err("arc: a list's order is inconsistent".into());
-            }
+        if !self.ghosts.consistent() {
+            return Err("arc: a ghost list's order is inconsistent".into());
         }
         Ok(())
     }

@@ -691,23 +691,27 @@ impl CpuOffloadManager {
     }
 
     // -- stores -------------------------------------------------------------------------
-    /// `_record_accesses`: count an offer of each key; a full tracker drops its oldest
-    /// key not offered in this call, and skips new keys once none is left.
-    fn count_offers(&mut self, keys: &[CallKey]) {
+    /// `_record_accesses`: count an offer of each key (keys distinct); a full tracker
+    /// drops its oldest key not offered in this call, and skips new keys once none is
+    /// left. Returns each key's count after the call (0: not tracked), or nothing
+    /// without a tracker.
+    fn count_offers(&mut self, keys: &[CallKey]) -> Vec<u32> {
         let Some(counts) = self.counts.as_mut() else {
-            return;
+            return Vec::new();
         };
+        let mut out = vec![0u32; keys.len()];
         let mut known = 0usize;
-        for c in keys {
-            if let Some(n) = counts.get_mut(&c.key) {
-                *n = n.saturating_add(1);
-                counts.move_to_back(&c.key);
+        for (c, n) in keys.iter().zip(out.iter_mut()) {
+            if let Some(v) = counts.bump(&c.key) {
+                *n = v;
                 known += 1;
             }
         }
+        // The known keys are now the newest: the oldest `unprotected` keys were not
+        // offered, and no key new to this call is tracked yet (the keys are distinct).
         let mut unprotected = counts.len() - known;
-        for c in keys {
-            if counts.contains(&c.key) {
+        for (c, n) in keys.iter().zip(out.iter_mut()) {
+            if *n != 0 {
                 continue;
             }
             if counts.len() >= self.max_tracker_size {
@@ -717,8 +721,10 @@ impl CpuOffloadManager {
                 counts.pop_front();
                 unprotected -= 1;
             }
-            counts.push_back(c.key, 1);
+            counts.push_new(0, c.key, 1);
+            *n = 1;
         }
+        out
     }
 
     /// Room for a store of `n` keys: chunk table, ghost lists, tracker, chunk ids.
@@ -839,19 +845,16 @@ impl CpuOffloadManager {
 
     /// The body of `prepare_store` (keys distinct, room reserved).
     fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<PrepareStoreOutput> {
-        self.count_offers(keys);
+        let offers = self.count_offers(keys);
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
         let threshold = self.store_threshold;
         let mut to_store: Vec<CallKey> = Vec::with_capacity(keys.len());
         let mut ready: Vec<u32> = Vec::with_capacity(keys.len());
         let mut offered: Vec<CallKey> = Vec::with_capacity(keys.len());
-        for c in keys {
+        for (i, c) in keys.iter().enumerate() {
             if c.slot == NIL {
-                let admitted = self
-                    .counts
-                    .as_ref()
-                    .is_none_or(|n| n.get(&c.key).copied().unwrap_or(0) >= threshold);
+                let admitted = offers.get(i).is_none_or(|&n| n >= threshold);
                 if admitted {
                     to_store.push(*c);
                     offered.push(*c);

@@ -1,15 +1,17 @@
-//! An insertion-ordered map from block hashes (Python's `OrderedDict` as the offloading
-//! policies use it): push at the newest end, move a key to the newest end, pop the
-//! oldest, walk oldest first. O(1) a step: the entries sit in one dense vector, linked
-//! oldest to newest by index, and a hash table of entry indices finds a key (4 bytes a
-//! table slot). Removing an entry moves the last one into its place.
+//! Insertion-ordered key maps (Python's `OrderedDict` as the offloading policies use
+//! it): push at the newest end, move a key to the newest end, pop the oldest, walk
+//! oldest first. One [`Ordered`] holds up to two such orders over disjoint keys (ARC's
+//! ghost lists B1 and B2 share one table; the store-threshold tracker uses one order),
+//! so one lookup answers which order holds a key. O(1) a step: the entries sit in a
+//! vector (freed entries reused), linked oldest to newest by index, and a hash table of
+//! entry indices finds a key (4 bytes a table slot).
 
 use hashbrown::HashTable;
 
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
 
-/// No entry (end of the order).
+/// No entry (end of an order).
 const NIL: u32 = u32::MAX;
 
 /// The most entries an [`Ordered`] holds (indices are `u32`, `NIL` excluded).
@@ -20,8 +22,12 @@ struct Entry<V> {
     key: BlockHash,
     prev: u32,
     next: u32,
+    /// The order holding the entry (0 or 1); free entries: 2.
+    order: u8,
     value: V,
 }
+
+const FREE: u8 = 2;
 
 /// The table hash of a key: every byte folded in, one multiply per 8 bytes, then
 /// MurmurHash3's finaliser (the same mix as the block pool's table, read in whole
@@ -41,12 +47,25 @@ pub(crate) fn hash_of(k: &BlockHash) -> u64 {
     h ^ (h >> 33)
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+const EMPTY: Ends = Ends {
+    head: NIL,
+    tail: NIL,
+    len: 0,
+};
+
 #[derive(Debug, Clone)]
 pub struct Ordered<V> {
     index: HashTable<u32>,
     entries: Vec<Entry<V>>,
-    head: u32,
-    tail: u32,
+    free: Vec<u32>,
+    ends: [Ends; 2],
 }
 
 impl<V> Default for Ordered<V> {
@@ -60,17 +79,23 @@ impl<V> Ordered<V> {
         Ordered {
             index: HashTable::new(),
             entries: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            free: Vec::new(),
+            ends: [EMPTY; 2],
         }
     }
 
+    /// Keys in both orders.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
+    }
+
+    /// Keys in order `o`.
+    pub fn len_of(&self, o: usize) -> usize {
+        self.ends[o].len
     }
 
     fn find(&self, k: &BlockHash) -> Option<u32> {
@@ -78,6 +103,11 @@ impl<V> Ordered<V> {
         self.index
             .find(hash_of(k), |&i| entries[i as usize].key == *k)
             .copied()
+    }
+
+    /// The order holding `k`, if any.
+    pub fn order_of(&self, k: &BlockHash) -> Option<usize> {
+        self.find(k).map(|i| usize::from(self.entries[i as usize].order))
     }
 
     pub fn contains(&self, k: &BlockHash) -> bool {
@@ -94,14 +124,15 @@ impl<V> Ordered<V> {
 
     /// Room for `n` more keys, reserved fallibly (nothing changes on failure).
     pub fn try_reserve(&mut self, n: usize) -> Result<()> {
-        if self.entries.len().saturating_add(n) > MAX_ENTRIES {
+        if self.index.len().saturating_add(n) > MAX_ENTRIES {
             return Err(Error::out_of_memory(
                 "the offload tier's key table",
                 "more than 2^32 - 1 keys",
             ));
         }
+        let new = n.saturating_sub(self.free.len());
         self.entries
-            .try_reserve(n)
+            .try_reserve(new)
             .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
         let entries = &self.entries;
         self.index
@@ -110,117 +141,144 @@ impl<V> Ordered<V> {
     }
 
     fn unlink(&mut self, i: u32) {
-        let (p, n) = {
+        let (p, n, o) = {
             let e = &self.entries[i as usize];
-            (e.prev, e.next)
+            (e.prev, e.next, usize::from(e.order))
         };
         match p {
-            NIL => self.head = n,
+            NIL => self.ends[o].head = n,
             p => self.entries[p as usize].next = n,
         }
         match n {
-            NIL => self.tail = p,
+            NIL => self.ends[o].tail = p,
             n => self.entries[n as usize].prev = p,
         }
+        self.ends[o].len -= 1;
     }
 
-    fn link_back(&mut self, i: u32) {
-        let t = self.tail;
+    fn link_back(&mut self, i: u32, o: usize) {
+        let t = self.ends[o].tail;
         {
             let e = &mut self.entries[i as usize];
             e.prev = t;
             e.next = NIL;
+            e.order = o as u8;
         }
         match t {
-            NIL => self.head = i,
+            NIL => self.ends[o].head = i,
             t => self.entries[t as usize].next = i,
         }
-        self.tail = i;
+        self.ends[o].tail = i;
+        self.ends[o].len += 1;
     }
 
-    /// Puts `k` at the newest end with value `v` (replacing and moving it if present).
-    pub fn push_back(&mut self, k: BlockHash, v: V) {
+    /// Puts `k` at the newest end of order `o` with value `v` (replacing and moving it
+    /// if present).
+    pub fn push_back_in(&mut self, o: usize, k: BlockHash, v: V) {
         if let Some(i) = self.find(&k) {
             self.entries[i as usize].value = v;
             self.unlink(i);
-            self.link_back(i);
+            self.link_back(i, o);
             return;
         }
-        let i = self.entries.len() as u32;
-        self.entries.push(Entry {
+        self.push_new(o, k, v);
+    }
+
+    /// Puts `k`, known absent, at the newest end of order `o`.
+    pub fn push_new(&mut self, o: usize, k: BlockHash, v: V) {
+        let e = Entry {
             key: k,
             prev: NIL,
             next: NIL,
+            order: FREE,
             value: v,
-        });
-        self.link_back(i);
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.entries[i as usize] = e;
+                i
+            }
+            None => {
+                self.entries.push(e);
+                (self.entries.len() - 1) as u32
+            }
+        };
+        self.link_back(i, o);
         let entries = &self.entries;
         self.index
             .insert_unique(hash_of(&k), i, |&j| hash_of(&entries[j as usize].key));
     }
 
-    /// Moves `k` to the newest end; false when absent.
+    /// `push_back_in` of order 0.
+    pub fn push_back(&mut self, k: BlockHash, v: V) {
+        self.push_back_in(0, k, v);
+    }
+
+    /// Moves `k` to the newest end of its order; false when absent.
     pub fn move_to_back(&mut self, k: &BlockHash) -> bool {
         match self.find(k) {
             None => false,
             Some(i) => {
-                if self.tail != i {
-                    self.unlink(i);
-                    self.link_back(i);
-                }
+                self.move_entry(i);
                 true
             }
         }
     }
 
-    /// Drops entry `i` (unlinked already or not): the last entry takes its index.
-    fn drop_entry(&mut self, i: u32) -> V {
+    fn move_entry(&mut self, i: u32) {
+        let o = usize::from(self.entries[i as usize].order);
+        if self.ends[o].tail != i {
+            self.unlink(i);
+            self.link_back(i, o);
+        }
+    }
+
+    /// Moves `k` to the newest end of its order; returns that order (None: absent).
+    pub fn move_to_back_in(&mut self, k: &BlockHash) -> Option<usize> {
+        let i = self.find(k)?;
+        self.move_entry(i);
+        Some(usize::from(self.entries[i as usize].order))
+    }
+
+    /// Drops entry `i` (unlinked already) from the index and frees it.
+    fn drop_entry(&mut self, i: u32) {
         let k = self.entries[i as usize].key;
         if let Ok(slot) = self.index.find_entry(hash_of(&k), |&j| j == i) {
             slot.remove();
         }
-        let last = (self.entries.len() - 1) as u32;
-        let e = self.entries.swap_remove(i as usize);
-        if i != last {
-            // The former last entry now lives at `i`: repoint its neighbours and index.
-            let (p, n, lk) = {
-                let m = &self.entries[i as usize];
-                (m.prev, m.next, m.key)
-            };
-            match p {
-                NIL => self.head = i,
-                p => self.entries[p as usize].next = i,
-            }
-            match n {
-                NIL => self.tail = i,
-                n => self.entries[n as usize].prev = i,
-            }
-            if let Some(slot) = self.index.find_mut(hash_of(&lk), |&j| j == last) {
-                *slot = i;
-            }
-        }
-        e.value
+        self.entries[i as usize].order = FREE;
+        self.free.push(i);
     }
 
-    pub fn remove(&mut self, k: &BlockHash) -> Option<V> {
+    /// Removes `k`; returns the order that held it.
+    pub fn remove(&mut self, k: &BlockHash) -> Option<usize> {
         let i = self.find(k)?;
+        let o = usize::from(self.entries[i as usize].order);
         self.unlink(i);
-        Some(self.drop_entry(i))
+        self.drop_entry(i);
+        Some(o)
     }
 
-    pub fn pop_front(&mut self) -> Option<(BlockHash, V)> {
-        let i = self.head;
+    /// Removes the oldest key of order `o`.
+    pub fn pop_front_of(&mut self, o: usize) -> Option<BlockHash> {
+        let i = self.ends[o].head;
         if i == NIL {
             return None;
         }
         let k = self.entries[i as usize].key;
         self.unlink(i);
-        Some((k, self.drop_entry(i)))
+        self.drop_entry(i);
+        Some(k)
     }
 
-    /// Keys oldest first.
-    pub fn keys(&self) -> impl Iterator<Item = &BlockHash> + '_ {
-        let mut at = self.head;
+    /// `pop_front_of` order 0.
+    pub fn pop_front(&mut self) -> Option<BlockHash> {
+        self.pop_front_of(0)
+    }
+
+    /// Keys of order `o`, oldest first.
+    pub fn keys_of(&self, o: usize) -> impl Iterator<Item = &BlockHash> + '_ {
+        let mut at = self.ends[o].head;
         std::iter::from_fn(move || {
             if at == NIL {
                 return None;
@@ -234,36 +292,52 @@ impl<V> Ordered<V> {
     pub fn clear(&mut self) {
         self.index.clear();
         self.entries.clear();
-        self.head = NIL;
-        self.tail = NIL;
+        self.free.clear();
+        self.ends = [EMPTY; 2];
     }
 
-    /// The map and the order agree (for `check_invariants`).
+    /// The table and the orders agree (for `check_invariants`).
     pub fn consistent(&self) -> bool {
-        if self.index.len() != self.entries.len() {
+        let live = self.entries.len() - self.free.len();
+        if self.index.len() != live || self.ends[0].len + self.ends[1].len != live {
             return false;
         }
-        // Walk the order: every entry once, links mutual.
-        let mut count = 0usize;
-        let mut prev = NIL;
-        let mut at = self.head;
-        while at != NIL {
-            let Some(e) = self.entries.get(at as usize) else {
-                return false;
-            };
-            if e.prev != prev || count >= self.entries.len() {
+        for (o, ends) in self.ends.iter().enumerate() {
+            let mut count = 0usize;
+            let mut prev = NIL;
+            let mut at = ends.head;
+            while at != NIL {
+                let Some(e) = self.entries.get(at as usize) else {
+                    return false;
+                };
+                if e.prev != prev || usize::from(e.order) != o || count >= live {
+                    return false;
+                }
+                count += 1;
+                prev = at;
+                at = e.next;
+            }
+            if count != ends.len || prev != ends.tail {
                 return false;
             }
-            count += 1;
-            prev = at;
-            at = e.next;
         }
-        count == self.entries.len()
-            && prev == self.tail
-            && self
-                .entries
-                .iter()
-                .enumerate()
-                .all(|(i, e)| self.find(&e.key) == Some(i as u32))
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.order != FREE)
+            .all(|(i, e)| self.find(&e.key) == Some(i as u32))
+    }
+}
+
+impl Ordered<u32> {
+    /// Counts one more offer of `k` (saturating) and makes it newest; returns the new
+    /// count, None when `k` is absent.
+    pub fn bump(&mut self, k: &BlockHash) -> Option<u32> {
+        let i = self.find(k)?;
+        let e = &mut self.entries[i as usize];
+        e.value = e.value.saturating_add(1);
+        let v = e.value;
+        self.move_entry(i);
+        Some(v)
     }
 }
