@@ -3,8 +3,7 @@
 //! table slot; the key lives in the slot). The policies link slots into intrusive
 //! doubly-linked lists ([`List`]) through the slots' `prev` / `next` fields.
 
-use hashbrown::HashTable;
-
+use super::index::{prefetch, SlotIndex};
 use super::order::hash_of;
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
@@ -28,8 +27,9 @@ pub const PROTECTED: u8 = 8;
 /// An LRU rank: `(r, -position)` or `(r, 0)` (module `lru`).
 pub type Rank = (u64, i64);
 
-/// One chunk: 64 bytes.
+/// One chunk: 64 bytes, aligned to a cache line (one miss per slot visited).
 #[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
 pub struct Slot {
     pub key: BlockHash,
     pub flags: u8,
@@ -65,7 +65,7 @@ impl Slot {
 
 #[derive(Debug, Clone, Default)]
 pub struct ChunkTable {
-    index: HashTable<u32>,
+    index: SlotIndex,
     pub slots: Vec<Slot>,
 }
 
@@ -74,15 +74,33 @@ impl ChunkTable {
         self.index.len()
     }
 
-    pub fn find(&self, k: &BlockHash) -> Option<u32> {
+    /// The slot of `k`, whose table hash is `h`.
+    #[inline]
+    pub fn find_hashed(&self, k: &BlockHash, h: u64) -> Option<u32> {
         let slots = &self.slots;
-        self.index
-            .find(hash_of(k), |&i| slots[i as usize].key == *k)
-            .copied()
+        self.index.find(h, |i| slots[i as usize].key == *k)
+    }
+
+    pub fn find(&self, k: &BlockHash) -> Option<u32> {
+        self.find_hashed(k, hash_of(k))
     }
 
     pub fn contains(&self, k: &BlockHash) -> bool {
         self.find(k).is_some()
+    }
+
+    /// Hints the CPU to fetch where a lookup of hash `h` starts.
+    #[inline]
+    pub fn prefetch_hash(&self, h: u64) {
+        self.index.prefetch(h);
+    }
+
+    /// Hints the CPU to fetch slot `id`.
+    #[inline]
+    pub fn prefetch_slot(&self, id: u32) {
+        if let Some(s) = self.slots.get(id as usize) {
+            prefetch(s);
+        }
     }
 
     /// The slot of `k` when `hint` names it (no table probe), else by lookup.
@@ -98,14 +116,12 @@ impl ChunkTable {
         self.slots
             .try_reserve(n)
             .map_err(|e| Error::out_of_memory("the offload tier's chunk table", e))?;
-        let slots = &self.slots;
-        self.index
-            .try_reserve(n, |&i| hash_of(&slots[i as usize].key))
-            .map_err(|e| Error::out_of_memory("the offload tier's chunk table", format!("{e:?}")))
+        self.index.try_reserve(n)
     }
 
-    /// Stores `k` in slot `id` (free, or the next new slot), unlinked, ref count -1.
-    pub fn insert(&mut self, id: u32, k: BlockHash) {
+    /// Stores `k` (table hash `h`) in slot `id` (free, or the next new slot), unlinked,
+    /// ref count -1. Room was reserved by `try_reserve`.
+    pub fn insert(&mut self, id: u32, k: BlockHash, h: u64) {
         let slot = Slot {
             key: k,
             flags: LIVE,
@@ -116,9 +132,8 @@ impl ChunkTable {
             Some(s) => *s = slot,
             None => self.slots.push(slot),
         }
-        let slots = &self.slots;
-        self.index
-            .insert_unique(hash_of(&k), id, |&j| hash_of(&slots[j as usize].key));
+        // Reserved: cannot fail.
+        let _ = self.index.insert(h, id);
     }
 
     /// Frees slot `id` (the caller unlinked it from its policy's list).
@@ -128,9 +143,7 @@ impl ChunkTable {
         };
         s.flags = 0;
         let k = s.key;
-        if let Ok(e) = self.index.find_entry(hash_of(&k), |&j| j == id) {
-            e.remove();
-        }
+        self.index.remove(hash_of(&k), id);
     }
 
     pub fn clear(&mut self) {
@@ -149,7 +162,9 @@ impl ChunkTable {
 
     /// The index and the live slots agree.
     pub fn consistent(&self) -> bool {
-        self.live().count() == self.index.len() && self.live().all(|(i, s)| self.find(&s.key) == Some(i))
+        self.index.consistent()
+            && self.live().count() == self.index.len()
+            && self.live().all(|(i, s)| self.find(&s.key) == Some(i))
     }
 }
 
@@ -282,3 +297,5 @@ impl List {
         (prev == self.tail && out.len() == self.len).then_some(out)
     }
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);

@@ -237,6 +237,8 @@ enum Policy {
 #[derive(Debug, Clone, Copy)]
 struct CallKey {
     key: BlockHash,
+    /// The chunk table's hash of the key.
+    hash: u64,
     ent: u32,
     slot: u32,
 }
@@ -428,30 +430,51 @@ impl CpuOffloadManager {
 
     /// The call's keys `start..stop` of the request's block order, with their slots.
     fn range_keys(&self, st: &RequestState, start: usize, stop: usize) -> Vec<CallKey> {
-        st.order[st.range(start, stop)]
+        let mut out: Vec<CallKey> = st.order[st.range(start, stop)]
             .iter()
             .map(|&e| {
-                let i = &st.infos[e as usize];
+                let key = st.infos[e as usize].key;
                 CallKey {
-                    key: i.key,
+                    key,
+                    hash: hash_of(&key),
                     ent: e,
-                    slot: self.table.find_hinted(&i.key, i.hint).unwrap_or(NIL),
+                    slot: NIL,
                 }
             })
-            .collect()
+            .collect();
+        self.resolve(st, &mut out);
+        out
     }
 
     /// The call's keys (entries added to the request as needed), with their slots.
     fn call_keys(&self, st: &mut RequestState, keys: &[BlockHash]) -> Result<Vec<CallKey>> {
         st.try_reserve(keys.len())?;
-        Ok(keys
+        let mut out: Vec<CallKey> = keys
             .iter()
             .map(|k| CallKey {
                 key: *k,
+                hash: hash_of(k),
                 ent: st.entry(k),
-                slot: self.table.find(k).unwrap_or(NIL),
+                slot: NIL,
             })
-            .collect())
+            .collect();
+        self.resolve(st, &mut out);
+        Ok(out)
+    }
+
+    /// Finds the keys' slots: the request's hint when it still holds, else a lookup
+    /// (all lookups prefetched first, so that their cache misses overlap).
+    fn resolve(&self, st: &RequestState, keys: &mut [CallKey]) {
+        for c in keys.iter() {
+            self.table.prefetch_hash(c.hash);
+        }
+        for c in keys.iter_mut() {
+            let hint = st.infos[c.ent as usize].hint;
+            c.slot = match self.table.slots.get(hint as usize) {
+                Some(s) if s.live() && s.key == c.key => hint,
+                _ => self.table.find_hashed(&c.key, c.hash).unwrap_or(NIL),
+            };
+        }
     }
 
     /// `_record_request_cache_access`: `keys` accessed (with their slots, NIL when not
@@ -497,6 +520,9 @@ impl CpuOffloadManager {
             // A stable sort by position, as Python's sort.
             ordered.sort_by_key(|&e| st.infos[e as usize].position);
         }
+        for &e in &ordered {
+            self.table.prefetch_slot(st.infos[e as usize].hint);
+        }
         let slot_of = |table: &ChunkTable, e: u32| {
             let i = &st.infos[e as usize];
             table.find_hinted(&i.key, i.hint)
@@ -537,11 +563,20 @@ impl CpuOffloadManager {
         }
     }
 
-    fn prefix_of<'a>(&self, keys: impl Iterator<Item = &'a BlockHash>) -> Option<usize> {
+    fn prefix_of<'a>(&self, keys: impl Iterator<Item = &'a BlockHash> + Clone) -> Option<usize> {
+        // Prefetch a window ahead (the walk stops at the first miss).
+        let hashes: Vec<u64> = keys.clone().take(64).map(hash_of).collect();
+        for &h in &hashes {
+            self.table.prefetch_hash(h);
+        }
         let mut pending = false;
         let mut n = 0;
-        for k in keys {
-            match self.table.find(k) {
+        for (i, k) in keys.enumerate() {
+            let found = match hashes.get(i) {
+                Some(&h) => self.table.find_hashed(k, h),
+                None => self.table.find(k),
+            };
+            match found {
                 None => break,
                 Some(id) => pending |= self.table.slots[id as usize].ref_cnt < 0,
             }
@@ -836,6 +871,10 @@ impl CpuOffloadManager {
     fn free_slots(&mut self, ids: &[u32]) -> Vec<BlockHash> {
         let mut keys = Vec::with_capacity(ids.len());
         for &id in ids {
+            self.table
+                .prefetch_hash(hash_of(&self.table.slots[id as usize].key));
+        }
+        for &id in ids {
             keys.push(self.table.slots[id as usize].key);
             self.table.remove(id);
             self.free_ids.push(u64::from(id));
@@ -927,10 +966,13 @@ impl CpuOffloadManager {
                 None => break, // unreachable: the free count was checked
             }
         }
+        for c in &to_store {
+            self.table.prefetch_hash(c.hash);
+        }
         for (c, &id) in to_store.iter().zip(&ids) {
             // Below MAX_SLOTS: checked by reserve_store.
             let id = id as u32;
-            self.table.insert(id, c.key);
+            self.table.insert(id, c.key, c.hash);
             match &mut self.policy {
                 Policy::Lru(l) => {
                     let pos = st.position_at(c.ent);

@@ -10,6 +10,7 @@
 
 pub mod arc;
 pub mod chunks;
+pub mod index;
 pub mod lru;
 pub mod manager;
 pub mod order;
