@@ -1,5 +1,5 @@
 //! The chunk table's index: key hash -> chunk slot, open addressing with linear probing
-//! in one array of 8-byte words (`hash tag << 32 | slot`), at most 3/4 full. A lookup
+//! in one array of 8-byte words (`hash tag << 32 | slot`), at most half full. A lookup
 //! reads one cache line of the array in the common case (a `hashbrown` table reads its
 //! control bytes, then its slot array), and a caller that knows its keys ahead can
 //! prefetch their lines ([`SlotIndex::prefetch`]). Deletion shifts the following run
@@ -86,11 +86,11 @@ impl SlotIndex {
     /// Room for `n` more entries (fallible; nothing changes on failure).
     pub fn try_reserve(&mut self, n: usize) -> Result<()> {
         let need = self.len.saturating_add(n);
-        if need.saturating_mul(4) <= self.words.len().saturating_mul(3) {
+        if need.saturating_mul(2) <= self.words.len() {
             return Ok(());
         }
         let mut bits = self.bits.max(4);
-        while (1usize << bits).saturating_mul(3) < need.saturating_mul(4) {
+        while (1usize << bits) < need.saturating_mul(2) {
             bits += 1;
             if bits > MAX_BITS {
                 return Err(Error::out_of_memory(

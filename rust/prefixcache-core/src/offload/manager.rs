@@ -871,10 +871,6 @@ impl CpuOffloadManager {
     fn free_slots(&mut self, ids: &[u32]) -> Vec<BlockHash> {
         let mut keys = Vec::with_capacity(ids.len());
         for &id in ids {
-            self.table
-                .prefetch_hash(hash_of(&self.table.slots[id as usize].key));
-        }
-        for &id in ids {
             keys.push(self.table.slots[id as usize].key);
             self.table.remove(id);
             self.free_ids.push(u64::from(id));
@@ -927,16 +923,28 @@ impl CpuOffloadManager {
                 return None;
             }
             let short = usize::try_from(short).unwrap_or(usize::MAX);
+            // The new keys' index lines, fetched while the eviction runs.
+            for c in &to_store {
+                self.table.prefetch_hash(c.hash);
+            }
             self.protect(keys, true);
             let picked = match &mut self.policy {
                 Policy::Lru(l) => {
                     let picked = l.evict(&self.table.slots, short);
+                    for &id in picked.iter().flatten() {
+                        let h = hash_of(&self.table.slots[id as usize].key);
+                        self.table.prefetch_hash(h);
+                    }
                     for &id in picked.iter().flatten() {
                         l.remove(&mut self.table.slots, id);
                     }
                     picked
                 }
                 Policy::Arc(a) => a.select(&self.table.slots, short).map(|p| {
+                    for &(id, _) in &p {
+                        let h = hash_of(&self.table.slots[id as usize].key);
+                        self.table.prefetch_hash(h);
+                    }
                     a.apply(&mut self.table.slots, &p);
                     p.into_iter().map(|(id, _)| id).collect()
                 }),
