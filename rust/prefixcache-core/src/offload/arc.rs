@@ -4,7 +4,7 @@
 //! T1 and T2 are intrusive lists over the chunk slots; B1 and B2 are [`Ordered`] maps.
 
 use super::chunks::{ChunkTable, List, Slot, IN_T2, PROTECTED};
-use super::order::Ordered;
+use super::order::{hash_of, Ordered};
 use crate::hash::BlockHash;
 
 #[derive(Debug, Clone)]
@@ -47,12 +47,17 @@ impl Arc {
         self.ghosts.try_reserve(n)
     }
 
-    /// A new chunk (unlinked) enters T1 and leaves the ghost lists.
-    pub fn insert(&mut self, slots: &mut [Slot], id: u32) {
+    /// A new chunk (unlinked; key hash `h`) enters T1 and leaves the ghost lists.
+    pub fn insert(&mut self, slots: &mut [Slot], id: u32, h: u64) {
         slots[id as usize].flags &= !IN_T2;
         self.t1.push_back(slots, id);
         let k = slots[id as usize].key;
-        self.ghosts.remove(&k);
+        self.ghosts.remove_hashed(&k, h);
+    }
+
+    /// Hints the CPU to fetch the ghost index line of hash `h`.
+    pub fn prefetch(&self, h: u64) {
+        self.ghosts.prefetch(h);
     }
 
     pub fn remove(&mut self, slots: &mut [Slot], id: u32) {
@@ -63,13 +68,13 @@ impl Arc {
         }
     }
 
-    fn ghost_hit(&mut self, k: &BlockHash) {
+    fn ghost_hit(&mut self, k: &BlockHash, h: u64) {
         let (b1, b2) = (
             self.ghosts.len_of(B1) as f64,
             self.ghosts.len_of(B2) as f64,
         );
         // Moving a key within its list leaves the sizes as they were.
-        match self.ghosts.move_to_back_in(k) {
+        match self.ghosts.move_to_back_hashed(k, h) {
             Some(B1) => {
                 let step = (b2 / b1).max(1.0);
                 self.target = (self.target + step).min(self.capacity as f64);
@@ -82,9 +87,10 @@ impl Arc {
         }
     }
 
-    pub fn on_store_miss(&mut self, keys: &[BlockHash]) {
-        for k in keys.iter().rev() {
-            self.ghost_hit(k);
+    /// The keys a request offered to store for the first time (with their hashes).
+    pub fn on_store_miss(&mut self, keys: &[(BlockHash, u64)]) {
+        for (k, h) in keys.iter().rev() {
+            self.ghost_hit(k, *h);
         }
     }
 
@@ -97,7 +103,7 @@ impl Arc {
     pub fn touch(&mut self, table: &mut ChunkTable, keys: &[BlockHash]) {
         for k in keys.iter().rev() {
             let Some(id) = table.find(k) else {
-                self.ghost_hit(k);
+                self.ghost_hit(k, hash_of(k));
                 continue;
             };
             let slots = &mut table.slots[..];
@@ -188,15 +194,24 @@ impl Arc {
     /// Unlinks the picked chunks and files their keys in the ghost lists (the caller
     /// frees the slots).
     pub fn apply(&mut self, slots: &mut [Slot], picked: &[(u32, bool)]) {
-        for &(id, from_t1) in picked {
+        let hashes: Vec<u64> = picked
+            .iter()
+            .map(|&(id, _)| hash_of(&slots[id as usize].key))
+            .collect();
+        for &h in &hashes {
+            self.ghosts.prefetch(h);
+        }
+        self.ghosts.prefetch_front(B1);
+        self.ghosts.prefetch_front(B2);
+        for (&(id, from_t1), &h) in picked.iter().zip(&hashes) {
             let k = slots[id as usize].key;
             // A stored key is in no ghost list (storing took it out).
             if from_t1 {
                 self.t1.unlink(slots, id);
-                self.ghosts.push_new(B1, k, ());
+                self.ghosts.push_new_hashed(B1, k, h, ());
             } else {
                 self.t2.unlink(slots, id);
-                self.ghosts.push_new(B2, k, ());
+                self.ghosts.push_new_hashed(B2, k, h, ());
             }
         }
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);

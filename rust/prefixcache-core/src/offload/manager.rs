@@ -899,10 +899,15 @@ impl CpuOffloadManager {
                 offered.push(*c);
             }
         }
-        let missed: Vec<BlockHash> = to_store
+        if let Policy::Arc(a) = &self.policy {
+            for c in &to_store {
+                a.prefetch(c.hash);
+            }
+        }
+        let missed: Vec<(BlockHash, u64)> = to_store
             .iter()
             .filter(|c| st.flag(c.ent, STORE_MISSED))
-            .map(|c| c.key)
+            .map(|c| (c.key, c.hash))
             .collect();
         // LRU's hook is a touch of absent keys: nothing moves.
         if !missed.is_empty() {
@@ -986,7 +991,7 @@ impl CpuOffloadManager {
                     let pos = st.position_at(c.ent);
                     l.insert(&mut self.table.slots, id, pos, &mut st.lru_rank);
                 }
-                Policy::Arc(a) => a.insert(&mut self.table.slots, id),
+                Policy::Arc(a) => a.insert(&mut self.table.slots, id, c.hash),
             }
             st.infos[c.ent as usize].hint = id;
         }

@@ -3,19 +3,19 @@
 //! oldest first. One [`Ordered`] holds up to two such orders over disjoint keys (ARC's
 //! ghost lists B1 and B2 share one table; the store-threshold tracker uses one order),
 //! so one lookup answers which order holds a key. O(1) a step: the entries sit in a
-//! vector (freed entries reused), linked oldest to newest by index, and a hash table of
-//! entry indices finds a key (4 bytes a table slot).
+//! vector (freed entries reused), linked oldest to newest by index, and a
+//! [`SlotIndex`] of entry indices finds a key; callers that know keys ahead prefetch
+//! their index lines.
 
-use hashbrown::HashTable;
-
+use super::index::{prefetch, SlotIndex};
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
 
 /// No entry (end of an order).
 const NIL: u32 = u32::MAX;
 
-/// The most entries an [`Ordered`] holds (indices are `u32`, `NIL` excluded).
-const MAX_ENTRIES: usize = (u32::MAX - 1) as usize;
+/// The most entries an [`Ordered`] holds (the index holds 31-bit values).
+const MAX_ENTRIES: usize = 1 << 30;
 
 #[derive(Debug, Clone)]
 struct Entry<V> {
@@ -62,7 +62,7 @@ const EMPTY: Ends = Ends {
 
 #[derive(Debug, Clone)]
 pub struct Ordered<V> {
-    index: HashTable<u32>,
+    index: SlotIndex,
     entries: Vec<Entry<V>>,
     free: Vec<u32>,
     ends: [Ends; 2],
@@ -77,7 +77,7 @@ impl<V> Default for Ordered<V> {
 impl<V> Ordered<V> {
     pub fn new() -> Self {
         Ordered {
-            index: HashTable::new(),
+            index: SlotIndex::default(),
             entries: Vec::new(),
             free: Vec::new(),
             ends: [EMPTY; 2],
@@ -99,10 +99,27 @@ impl<V> Ordered<V> {
     }
 
     fn find(&self, k: &BlockHash) -> Option<u32> {
+        self.find_hashed(k, hash_of(k))
+    }
+
+    #[inline]
+    fn find_hashed(&self, k: &BlockHash, h: u64) -> Option<u32> {
         let entries = &self.entries;
-        self.index
-            .find(hash_of(k), |&i| entries[i as usize].key == *k)
-            .copied()
+        self.index.find(h, |i| entries[i as usize].key == *k)
+    }
+
+    /// Hints the CPU to fetch where a lookup of the key of hash `h` starts.
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        self.index.prefetch(h);
+    }
+
+    /// Hints the CPU to fetch the oldest entry of order `o`.
+    #[inline]
+    pub fn prefetch_front(&self, o: usize) {
+        if let Some(e) = self.entries.get(self.ends[o].head as usize) {
+            prefetch(e);
+        }
     }
 
     /// The order holding `k`, if any.
@@ -134,10 +151,7 @@ impl<V> Ordered<V> {
         self.entries
             .try_reserve(new)
             .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
-        let entries = &self.entries;
-        self.index
-            .try_reserve(n, |&i| hash_of(&entries[i as usize].key))
-            .map_err(|e| Error::out_of_memory("the offload tier's key table", format!("{e:?}")))
+        self.index.try_reserve(n)
     }
 
     fn unlink(&mut self, i: u32) {
@@ -186,6 +200,12 @@ impl<V> Ordered<V> {
 
     /// Puts `k`, known absent, at the newest end of order `o`.
     pub fn push_new(&mut self, o: usize, k: BlockHash, v: V) {
+        self.push_new_hashed(o, k, hash_of(&k), v);
+    }
+
+    /// `push_new` of a key whose hash `h` is known. Room was reserved by `try_reserve`
+    /// (else the index grows here).
+    pub fn push_new_hashed(&mut self, o: usize, k: BlockHash, h: u64, v: V) {
         let e = Entry {
             key: k,
             prev: NIL,
@@ -204,9 +224,9 @@ impl<V> Ordered<V> {
             }
         };
         self.link_back(i, o);
-        let entries = &self.entries;
-        self.index
-            .insert_unique(hash_of(&k), i, |&j| hash_of(&entries[j as usize].key));
+        // Reserved (or grown here): an allocation failure leaves the key unfound, which
+        // check_invariants reports.
+        let _ = self.index.insert(h, i);
     }
 
     /// `push_back_in` of order 0.
@@ -235,27 +255,34 @@ impl<V> Ordered<V> {
 
     /// Moves `k` to the newest end of its order; returns that order (None: absent).
     pub fn move_to_back_in(&mut self, k: &BlockHash) -> Option<usize> {
-        let i = self.find(k)?;
+        self.move_to_back_hashed(k, hash_of(k))
+    }
+
+    /// `move_to_back_in` of a key whose hash `h` is known.
+    pub fn move_to_back_hashed(&mut self, k: &BlockHash, h: u64) -> Option<usize> {
+        let i = self.find_hashed(k, h)?;
         self.move_entry(i);
         Some(usize::from(self.entries[i as usize].order))
     }
 
-    /// Drops entry `i` (unlinked already) from the index and frees it.
-    fn drop_entry(&mut self, i: u32) {
-        let k = self.entries[i as usize].key;
-        if let Ok(slot) = self.index.find_entry(hash_of(&k), |&j| j == i) {
-            slot.remove();
-        }
+    /// Drops entry `i` (unlinked already, key hash `h`) from the index and frees it.
+    fn drop_entry(&mut self, i: u32, h: u64) {
+        self.index.remove(h, i);
         self.entries[i as usize].order = FREE;
         self.free.push(i);
     }
 
     /// Removes `k`; returns the order that held it.
     pub fn remove(&mut self, k: &BlockHash) -> Option<usize> {
-        let i = self.find(k)?;
+        self.remove_hashed(k, hash_of(k))
+    }
+
+    /// `remove` of a key whose hash `h` is known.
+    pub fn remove_hashed(&mut self, k: &BlockHash, h: u64) -> Option<usize> {
+        let i = self.find_hashed(k, h)?;
         let o = usize::from(self.entries[i as usize].order);
         self.unlink(i);
-        self.drop_entry(i);
+        self.drop_entry(i, h);
         Some(o)
     }
 
@@ -266,8 +293,12 @@ impl<V> Ordered<V> {
             return None;
         }
         let k = self.entries[i as usize].key;
+        let next = self.entries[i as usize].next;
+        if let Some(e) = self.entries.get(next as usize) {
+            prefetch(e);
+        }
         self.unlink(i);
-        self.drop_entry(i);
+        self.drop_entry(i, hash_of(&k));
         Some(k)
     }
 
@@ -299,7 +330,7 @@ impl<V> Ordered<V> {
     /// The table and the orders agree (for `check_invariants`).
     pub fn consistent(&self) -> bool {
         let live = self.entries.len() - self.free.len();
-        if self.index.len() != live || self.ends[0].len + self.ends[1].len != live {
+        if !self.index.consistent() || self.index.len() != live || self.ends[0].len + self.ends[1].len != live {
             return false;
         }
         for (o, ends) in self.ends.iter().enumerate() {
