@@ -880,6 +880,12 @@ impl CpuOffloadManager {
 
     /// The body of `prepare_store` (keys distinct, room reserved).
     fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<PrepareStoreOutput> {
+        if let Policy::Arc(a) = &self.policy {
+            // The ghost lines of the absent keys (looked up on a store miss and insert).
+            for c in keys.iter().filter(|c| c.slot == NIL) {
+                a.prefetch(c.hash);
+            }
+        }
         let offers = self.count_offers(keys);
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
@@ -897,11 +903,6 @@ impl CpuOffloadManager {
             } else if self.table.slots[c.slot as usize].ref_cnt >= 0 {
                 ready.push(c.ent);
                 offered.push(*c);
-            }
-        }
-        if let Policy::Arc(a) = &self.policy {
-            for c in &to_store {
-                a.prefetch(c.hash);
             }
         }
         let missed: Vec<(BlockHash, u64)> = to_store

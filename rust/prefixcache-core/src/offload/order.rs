@@ -293,9 +293,14 @@ impl<V> Ordered<V> {
             return None;
         }
         let k = self.entries[i as usize].key;
+        // Look ahead for the next pop: the next entry's index line (its entry was
+        // fetched by this pop's predecessor) and the entry after it.
         let next = self.entries[i as usize].next;
         if let Some(e) = self.entries.get(next as usize) {
-            prefetch(e);
+            self.index.prefetch(hash_of(&e.key));
+            if let Some(e2) = self.entries.get(e.next as usize) {
+                prefetch(e2);
+            }
         }
         self.unlink(i);
         self.drop_entry(i, hash_of(&k));
