@@ -736,8 +736,11 @@ impl CpuOffloadManager {
         };
         let mut out = vec![0u32; keys.len()];
         let mut known = 0usize;
+        for c in keys {
+            counts.prefetch(c.hash);
+        }
         for (c, n) in keys.iter().zip(out.iter_mut()) {
-            if let Some(v) = counts.bump(&c.key) {
+            if let Some(v) = counts.bump_hashed(&c.key, c.hash) {
                 *n = v;
                 known += 1;
             }
@@ -756,7 +759,7 @@ impl CpuOffloadManager {
                 counts.pop_front();
                 unprotected -= 1;
             }
-            counts.push_new(0, c.key, 1);
+            counts.push_new_hashed(0, c.key, c.hash, 1);
             *n = 1;
         }
         out

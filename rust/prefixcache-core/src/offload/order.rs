@@ -369,7 +369,12 @@ impl Ordered<u32> {
     /// Counts one more offer of `k` (saturating) and makes it newest; returns the new
     /// count, None when `k` is absent.
     pub fn bump(&mut self, k: &BlockHash) -> Option<u32> {
-        let i = self.find(k)?;
+        self.bump_hashed(k, hash_of(k))
+    }
+
+    /// `bump` of a key whose hash `h` is known.
+    pub fn bump_hashed(&mut self, k: &BlockHash, h: u64) -> Option<u32> {
+        let i = self.find_hashed(k, h)?;
         let e = &mut self.entries[i as usize];
         e.value = e.value.saturating_add(1);
         let v = e.value;
