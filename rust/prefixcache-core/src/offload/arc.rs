@@ -69,10 +69,7 @@ impl Arc {
     }
 
     fn ghost_hit(&mut self, k: &BlockHash, h: u64) {
-        let (b1, b2) = (
-            self.ghosts.len_of(B1) as f64,
-            self.ghosts.len_of(B2) as f64,
-        );
+        let (b1, b2) = (self.ghosts.len_of(B1) as f64, self.ghosts.len_of(B2) as f64);
         // Moving a key within its list leaves the sizes as they were.
         match self.ghosts.move_to_back_hashed(k, h) {
             Some(B1) => {
@@ -232,8 +229,7 @@ impl Arc {
     pub fn check(&self, table: &ChunkTable) -> Result<(), String> {
         let slots = &table.slots[..];
         let limit = table.len() + 1;
-        let (Some(t1), Some(t2)) = (self.t1.walk(slots, limit), self.t2.walk(slots, limit))
-        else {
+        let (Some(t1), Some(t2)) = (self.t1.walk(slots, limit), self.t2.walk(slots, limit)) else {
             return Err("arc: a list's links are inconsistent".into());
         };
         if t1.len() + t2.len() != table.len() {

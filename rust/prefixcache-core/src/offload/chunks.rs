@@ -74,6 +74,10 @@ impl ChunkTable {
         self.index.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
     /// The slot of `k`, whose table hash is `h`.
     #[inline]
     pub fn find_hashed(&self, k: &BlockHash, h: u64) -> Option<u32> {

@@ -341,7 +341,7 @@ impl Lru {
         }
         let mut prev: Option<(Rank, crate::hash::BlockHash)> = None;
         let mut floor = 0u64; // the largest sentinel rank passed
-        // The group being read: (r, sentinel, its last member reached).
+                              // The group being read: (r, sentinel, its last member reached).
         let mut cur: Option<(u64, u32, bool)> = None;
         let mut chunks = 0usize;
         let mut sentinels = 0usize;

@@ -63,7 +63,10 @@ impl RequestState {
     /// Room for `n` more keys.
     fn try_reserve(&mut self, n: usize) -> Result<()> {
         if self.infos.len().saturating_add(n) >= NIL as usize {
-            return Err(Error::out_of_memory("request keys", "more than 2^32 - 1 keys"));
+            return Err(Error::out_of_memory(
+                "request keys",
+                "more than 2^32 - 1 keys",
+            ));
         }
         self.infos
             .try_reserve(n)
@@ -634,10 +637,7 @@ impl CpuOffloadManager {
     }
 
     pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
-        self.check_loadable(
-            keys.iter()
-                .map(|k| (*k, self.table.find(k).unwrap_or(NIL))),
-        )?;
+        self.check_loadable(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))))?;
         let mut ids: Vec<u64> = Vec::new();
         ids.try_reserve_exact(keys.len())
             .map_err(|e| Error::out_of_memory("chunk ids", e))?;

@@ -124,7 +124,8 @@ impl<V> Ordered<V> {
 
     /// The order holding `k`, if any.
     pub fn order_of(&self, k: &BlockHash) -> Option<usize> {
-        self.find(k).map(|i| usize::from(self.entries[i as usize].order))
+        self.find(k)
+            .map(|i| usize::from(self.entries[i as usize].order))
     }
 
     pub fn contains(&self, k: &BlockHash) -> bool {
@@ -335,7 +336,10 @@ impl<V> Ordered<V> {
     /// The table and the orders agree (for `check_invariants`).
     pub fn consistent(&self) -> bool {
         let live = self.entries.len() - self.free.len();
-        if !self.index.consistent() || self.index.len() != live || self.ends[0].len + self.ends[1].len != live {
+        if !self.index.consistent()
+            || self.index.len() != live
+            || self.ends[0].len + self.ends[1].len != live
+        {
             return false;
         }
         for (o, ends) in self.ends.iter().enumerate() {
