@@ -257,10 +257,8 @@ impl PyCpuOffloadManager {
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<Option<usize>> {
         let rid = convert::request_id(request_id)?;
-        self.inner.with(py, |m| {
-            let ks = m.request_keys(rid, start, stop);
-            m.lookup_prefix(&ks)
-        })
+        self.inner
+            .with(py, |m| m.lookup_prefix_range(rid, start, stop))
     }
 
     /// `prepare_load` of the request's keys `start:stop`; returns how many were pinned.
@@ -273,10 +271,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<usize> {
         let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| {
-                let ks = m.request_keys(rid, start, stop);
-                m.prepare_load(rid, &ks).map(|ids| ids.len())
-            })?
+            .with(py, |m| m.prepare_load_range(rid, start, stop))?
             .py_err()
     }
 
@@ -290,10 +285,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| {
-                let ks = m.request_keys(rid, start, stop);
-                m.complete_load(rid, &ks)
-            })?
+            .with(py, |m| m.complete_load_range(rid, start, stop))?
             .py_err()
     }
 
@@ -311,16 +303,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<Option<(usize, usize)>> {
         let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| {
-                let ks = m.request_keys(rid, start, stop);
-                let out = m.prepare_store(rid, &ks)?;
-                Ok(out.map(|o| {
-                    if complete && !o.keys_to_store.is_empty() {
-                        m.complete_store(rid, &o.keys_to_store, true);
-                    }
-                    (o.keys_to_store.len(), o.evicted_keys.len())
-                }))
-            })?
+            .with(py, |m| m.prepare_store_range(rid, start, stop, complete))?
             .py_err()
     }
 

@@ -16,7 +16,7 @@ pub use value::{BigInt, KeyValue};
 
 /// A block hash: up to 32 bytes (SHA-256 = 32, XXH3-128 = 16, XXH3-64 = 8).
 /// `Copy`, comparable and hashable, so the block pool can key tables by it directly.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash {
     len: u8,
     bytes: [u8; 32],

@@ -1,11 +1,10 @@
 //! vLLM 0.33's `ARCCachePolicy` (`vllm/v1/kv_offload/cpu/policies/arc.py`): T1 (stored,
 //! not reused yet) and T2 (reused), each oldest first, the ghost lists B1 / B2 of keys
 //! evicted from them (at most `capacity` each) and the adaptive target size of T1.
+//! T1 and T2 are intrusive lists over the chunk slots; B1 and B2 are [`Ordered`] maps.
 
-use rustc_hash::{FxHashMap, FxHashSet};
-
-use super::manager::Chunk;
-use super::order::Ordered;
+use super::chunks::{ChunkTable, List, Slot, IN_T2, PROTECTED};
+use super::order::{hash_of, Ordered};
 use crate::hash::BlockHash;
 
 #[derive(Debug, Clone)]
@@ -13,10 +12,23 @@ pub struct Arc {
     capacity: u64,
     /// vLLM's `target_t1_size` (a float: ghost hits move it by ratios of list sizes).
     pub target: f64,
-    pub t1: Ordered<()>,
-    pub t2: Ordered<()>,
-    pub b1: Ordered<()>,
-    pub b2: Ordered<()>,
+    t1: List,
+    t2: List,
+    /// B1 (order 0) and B2 (order 1): disjoint, as a key enters a ghost list only when
+    /// evicted and leaves both when stored again.
+    ghosts: Ordered<()>,
+}
+
+const B1: usize = 0;
+const B2: usize = 1;
+
+/// What a finished request did with a key (the manager's `_RequestCacheAccess`).
+#[derive(Debug, Clone, Copy)]
+pub struct Finished {
+    pub slot: u32,
+    /// Stored by the request and not reused by it.
+    pub inserted_only: bool,
+    pub reused: bool,
 }
 
 impl Arc {
@@ -24,135 +36,151 @@ impl Arc {
         Arc {
             capacity,
             target: 0.0,
-            t1: Ordered::new(),
-            t2: Ordered::new(),
-            b1: Ordered::new(),
-            b2: Ordered::new(),
+            t1: List::default(),
+            t2: List::default(),
+            ghosts: Ordered::new(),
         }
     }
 
+    /// Room for `n` more ghost keys.
     pub fn try_reserve(&mut self, n: usize) -> crate::Result<()> {
-        self.t1.try_reserve(n)
+        self.ghosts.try_reserve(n)
     }
 
-    /// A new chunk enters T1 and leaves the ghost lists.
-    pub fn insert(&mut self, k: &BlockHash, c: &mut Chunk) {
-        self.t1.push_back(*k, ());
-        c.in_t2 = false;
-        self.b1.remove(k);
-        self.b2.remove(k);
+    /// A new chunk (unlinked; key hash `h`) enters T1 and leaves the ghost lists.
+    pub fn insert(&mut self, slots: &mut [Slot], id: u32, h: u64) {
+        slots[id as usize].flags &= !IN_T2;
+        self.t1.push_back(slots, id);
+        let k = slots[id as usize].key;
+        self.ghosts.remove_hashed(&k, h);
     }
 
-    pub fn remove(&mut self, k: &BlockHash, c: &Chunk) {
-        if c.in_t2 {
-            self.t2.remove(k);
+    /// Hints the CPU to fetch the ghost index line of hash `h`.
+    pub fn prefetch(&self, h: u64) {
+        self.ghosts.prefetch(h);
+    }
+
+    pub fn remove(&mut self, slots: &mut [Slot], id: u32) {
+        if slots[id as usize].has(IN_T2) {
+            self.t2.unlink(slots, id);
         } else {
-            self.t1.remove(k);
+            self.t1.unlink(slots, id);
         }
     }
 
-    fn ghost_hit(&mut self, k: &BlockHash) {
-        let (b1, b2) = (self.b1.len() as f64, self.b2.len() as f64);
-        if self.b1.contains(k) {
-            let step = (b2 / b1).max(1.0);
-            self.target = (self.target + step).min(self.capacity as f64);
-            self.b1.move_to_back(k);
-        } else if self.b2.contains(k) {
-            let step = (b1 / b2).max(1.0);
-            self.target = (self.target - step).max(0.0);
-            self.b2.move_to_back(k);
-        }
-    }
-
-    pub fn on_store_miss(&mut self, keys: &[BlockHash]) {
-        for k in keys.iter().rev() {
-            self.ghost_hit(k);
-        }
-    }
-
-    pub fn touch(&mut self, chunks: &mut FxHashMap<BlockHash, Chunk>, keys: &[BlockHash]) {
-        for k in keys.iter().rev() {
-            match chunks.get_mut(k) {
-                Some(c) if !c.in_t2 => {
-                    if c.ref_cnt >= 0 {
-                        self.t1.remove(k);
-                        self.t2.push_back(*k, ());
-                        c.in_t2 = true;
-                    } else {
-                        // A chunk still being stored is not a second use: newest of T1.
-                        self.t1.move_to_back(k);
-                    }
-                }
-                Some(_) => {
-                    self.t2.move_to_back(k);
-                }
-                None => self.ghost_hit(k),
+    fn ghost_hit(&mut self, k: &BlockHash, h: u64) {
+        let (b1, b2) = (self.ghosts.len_of(B1) as f64, self.ghosts.len_of(B2) as f64);
+        // Moving a key within its list leaves the sizes as they were.
+        match self.ghosts.move_to_back_hashed(k, h) {
+            Some(B1) => {
+                let step = (b2 / b1).max(1.0);
+                self.target = (self.target + step).min(self.capacity as f64);
             }
+            Some(_) => {
+                let step = (b1 / b2).max(1.0);
+                self.target = (self.target - step).max(0.0);
+            }
+            None => {}
         }
     }
 
-    pub fn on_finished(
-        &mut self,
-        chunks: &mut FxHashMap<BlockHash, Chunk>,
-        ordered: &[BlockHash],
-        class: impl Fn(&BlockHash) -> (bool, bool),
-    ) {
-        for k in ordered.iter().rev() {
-            let Some(c) = chunks.get_mut(k) else {
+    /// The keys a request offered to store for the first time (with their hashes).
+    pub fn on_store_miss(&mut self, keys: &[(BlockHash, u64)]) {
+        for (k, h) in keys.iter().rev() {
+            self.ghost_hit(k, *h);
+        }
+    }
+
+    fn promote(&mut self, slots: &mut [Slot], id: u32) {
+        self.t1.unlink(slots, id);
+        self.t2.push_back(slots, id);
+        slots[id as usize].flags |= IN_T2;
+    }
+
+    pub fn touch(&mut self, table: &mut ChunkTable, keys: &[BlockHash]) {
+        for k in keys.iter().rev() {
+            let Some(id) = table.find(k) else {
+                self.ghost_hit(k, hash_of(k));
                 continue;
             };
-            let (inserted_only, reused) = class(k);
-            if inserted_only {
-                // Storing is not a reuse: the key keeps its list, as its newest entry.
-                if c.in_t2 {
-                    self.t2.move_to_back(k);
+            let slots = &mut table.slots[..];
+            let s = slots[id as usize];
+            if !s.has(IN_T2) {
+                if s.ref_cnt >= 0 {
+                    self.promote(slots, id);
                 } else {
-                    self.t1.move_to_back(k);
+                    // A chunk still being stored is not a second use: newest of T1.
+                    self.t1.move_to_back(slots, id);
                 }
-            } else if reused {
-                if c.in_t2 {
-                    self.t2.move_to_back(k);
+            } else {
+                self.t2.move_to_back(slots, id);
+            }
+        }
+    }
+
+    /// The finished request's stored keys, in its order (walked newest first).
+    pub fn on_finished(&mut self, slots: &mut [Slot], ordered: &[Finished]) {
+        for f in ordered.iter().rev() {
+            let id = f.slot;
+            let in_t2 = slots[id as usize].has(IN_T2);
+            if f.inserted_only {
+                // Storing is not a reuse: the key keeps its list, as its newest entry.
+                if in_t2 {
+                    self.t2.move_to_back(slots, id);
                 } else {
-                    self.t1.remove(k);
-                    self.t2.push_back(*k, ());
-                    c.in_t2 = true;
+                    self.t1.move_to_back(slots, id);
+                }
+            } else if f.reused {
+                if in_t2 {
+                    self.t2.move_to_back(slots, id);
+                } else {
+                    self.promote(slots, id);
                 }
             }
         }
     }
 
-    /// The `n` keys to evict in vLLM's order (each from T1 while T1 is at least its
+    /// The `n` chunks to evict in vLLM's order (each from T1 while T1 is at least its
     /// target, else from T2, else from T1), or None (nothing changed) when short.
-    /// Returns (key, from T1) pairs; `apply` moves them to the ghost lists.
-    pub fn select(
-        &self,
-        chunks: &FxHashMap<BlockHash, Chunk>,
-        n: usize,
-        protected: &FxHashSet<BlockHash>,
-    ) -> Option<Vec<(BlockHash, bool)>> {
-        let usable = |k: &&BlockHash| {
-            !protected.contains(*k) && chunks.get(*k).is_some_and(|c| c.ref_cnt == 0)
+    /// Returns (slot, from T1) pairs; `apply` moves them to the ghost lists.
+    pub fn select(&self, slots: &[Slot], n: usize) -> Option<Vec<(u32, bool)>> {
+        let usable = |id: u32| {
+            let s = &slots[id as usize];
+            s.ref_cnt == 0 && s.flags & PROTECTED == 0
         };
-        let mut t1 = self.t1.keys().filter(usable);
-        let mut t2 = self.t2.keys().filter(usable);
-        let mut t1_size = self.t1.len() as i64;
+        let walk = |head: u32| {
+            let mut at = head;
+            std::iter::from_fn(move || {
+                while at != super::chunks::NIL {
+                    let id = at;
+                    at = slots[id as usize].next;
+                    if usable(id) {
+                        return Some(id);
+                    }
+                }
+                None
+            })
+        };
+        let mut t1 = walk(self.t1.head);
+        let mut t2 = walk(self.t2.head);
+        let mut t1_size = self.t1.len as i64;
         // Python's int(): truncation toward zero of a non-negative float.
         let target = self.target.trunc() as i64;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let mut pick = None;
             if t1_size >= target {
-                if let Some(k) = t1.next() {
-                    pick = Some((*k, true));
+                if let Some(id) = t1.next() {
+                    pick = Some((id, true));
                     t1_size -= 1;
                 }
             }
             if pick.is_none() {
-                pick = t2.next().map(|k| (*k, false));
+                pick = t2.next().map(|id| (id, false));
             }
             if pick.is_none() {
-                let k = t1.next()?;
-                pick = Some((*k, true));
+                let id = t1.next()?;
+                pick = Some((id, true));
                 t1_size -= 1;
             }
             out.extend(pick);
@@ -160,20 +188,33 @@ impl Arc {
         Some(out)
     }
 
-    pub fn apply(&mut self, picked: &[(BlockHash, bool)]) {
-        for (k, from_t1) in picked {
-            if *from_t1 {
-                self.t1.remove(k);
-                self.b1.push_back(*k, ());
+    /// Unlinks the picked chunks and files their keys in the ghost lists (the caller
+    /// frees the slots).
+    pub fn apply(&mut self, slots: &mut [Slot], picked: &[(u32, bool)]) {
+        let hashes: Vec<u64> = picked
+            .iter()
+            .map(|&(id, _)| hash_of(&slots[id as usize].key))
+            .collect();
+        for &h in &hashes {
+            self.ghosts.prefetch(h);
+        }
+        self.ghosts.prefetch_front(B1);
+        self.ghosts.prefetch_front(B2);
+        for (&(id, from_t1), &h) in picked.iter().zip(&hashes) {
+            let k = slots[id as usize].key;
+            // A stored key is in no ghost list (storing took it out).
+            if from_t1 {
+                self.t1.unlink(slots, id);
+                self.ghosts.push_new_hashed(B1, k, h, ());
             } else {
-                self.t2.remove(k);
-                self.b2.push_back(*k, ());
+                self.t2.unlink(slots, id);
+                self.ghosts.push_new_hashed(B2, k, h, ());
             }
         }
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
-        for ghost in [&mut self.b1, &mut self.b2] {
-            while ghost.len() > cap {
-                ghost.pop_front();
+        for o in [B1, B2] {
+            while self.ghosts.len_of(o) > cap {
+                self.ghosts.pop_front_of(o);
             }
         }
     }
@@ -181,32 +222,39 @@ impl Arc {
     pub fn clear(&mut self) {
         self.t1.clear();
         self.t2.clear();
-        self.b1.clear();
-        self.b2.clear();
+        self.ghosts.clear();
         self.target = 0.0;
     }
 
-    pub fn check(&self, chunks: &FxHashMap<BlockHash, Chunk>) -> Result<(), String> {
-        if self.t1.len() + self.t2.len() != chunks.len() {
+    pub fn check(&self, table: &ChunkTable) -> Result<(), String> {
+        let slots = &table.slots[..];
+        let limit = table.len() + 1;
+        let (Some(t1), Some(t2)) = (self.t1.walk(slots, limit), self.t2.walk(slots, limit)) else {
+            return Err("arc: a list's links are inconsistent".into());
+        };
+        if t1.len() + t2.len() != table.len() {
             return Err("arc: T1 + T2 do not hold exactly the stored chunks".into());
         }
-        for (k, c) in chunks {
-            let listed = if c.in_t2 { &self.t2 } else { &self.t1 };
-            if !listed.contains(k) {
-                return Err(format!("arc: key {k:?} missing from its list"));
+        for (ids, in_t2) in [(&t1, false), (&t2, true)] {
+            for &id in ids {
+                let s = &slots[id as usize];
+                if !s.live() || s.has(IN_T2) != in_t2 {
+                    return Err(format!("arc: key {:?} missing from its list", s.key));
+                }
             }
         }
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
-        if self.b1.len() > cap || self.b2.len() > cap {
+        if self.ghosts.len_of(B1) > cap || self.ghosts.len_of(B2) > cap {
             return Err("arc: a ghost list exceeds the capacity".into());
+        }
+        if table.live().any(|(_, s)| self.ghosts.contains(&s.key)) {
+            return Err("arc: a stored key is in a ghost list".into());
         }
         if !(0.0..=self.capacity as f64).contains(&self.target) {
             return Err(format!("arc: target {} out of range", self.target));
         }
-        for o in [&self.t1, &self.t2, &self.b1, &self.b2] {
-            if !o.consistent() {
-                return Err("arc: a list's order is inconsistent".into());
-            }
+        if !self.ghosts.consistent() {
+            return Err("arc: a ghost list's order is inconsistent".into());
         }
         Ok(())
     }

@@ -1,37 +1,115 @@
 //! vLLM 0.33's `LRUCachePolicy` (`vllm/v1/kv_offload/cpu/policies/lru.py`).
 //!
 //! Every stored chunk has a rank; the idle chunk (ref count 0) of smallest rank is
-//! evicted first. A rank is `(r, -position)` for a key a request accessed at that end
-//! token (all keys of one request share r, so a request's tails go before its heads),
-//! or `(r, 0)` with r fresh from the global counter (insert without a position, touch,
-//! request finish). As in vLLM, the idle chunks live in a lazily invalidated min-heap of
-//! `(rank, key)`: an entry counts only while its key is idle at that rank; stale entries
-//! are dropped when popped, and the heap is rebuilt when it holds more than twice the
-//! idle chunks (at least 64 entries).
+//! evicted first (ties by key). A rank is `(r, -position)` for a key a request accessed
+//! at that end token (all keys of one request share r, so a request's tails go before
+//! its heads), or `(r, 0)` with r fresh from the global counter (insert without a
+//! position, touch, request finish).
+//!
+//! vLLM keeps the idle chunks in a lazily invalidated min-heap of `(rank, key)`. Here
+//! every stored chunk (idle or not) sits in one doubly-linked list in `(rank, key)`
+//! order, and eviction walks it from the head past the chunks that are busy, being
+//! stored or protected; the order is the same, every rank change is O(1):
+//! - a fresh rank is the largest so far: the chunk goes to the tail;
+//! - a request's rank r is the largest when the request gets it: a sentinel node is
+//!   appended for it then, and the keys later ranked `(r, -position)` (its group) are
+//!   linked after that sentinel in `(-position, key)` order, before every later rank.
+//!   They arrive in block order (each goes first in the group) or in reverse (each goes
+//!   last), both O(1); any other order walks the group. The sentinel goes when the
+//!   request has finished (its keys then take fresh ranks) and its group is empty.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use rustc_hash::FxHashMap;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use super::chunks::{Links, LinksRead, List, Rank, Slot, GROUPED, NIL, PROTECTED, SENTINEL_BASE};
 
-use super::manager::{Chunk, RequestState};
-use crate::hash::BlockHash;
+#[derive(Debug, Clone, Copy)]
+struct Sentinel {
+    prev: u32,
+    next: u32,
+    /// The request rank.
+    r: u64,
+    /// The group's last chunk (NIL: empty group).
+    last: u32,
+    /// The request still holds the rank (more keys may join).
+    open: bool,
+}
 
-pub type Rank = (u64, i64);
+/// Chunk slots and sentinels as one node space.
+struct Nodes<'a> {
+    slots: &'a mut [Slot],
+    sents: &'a mut [Sentinel],
+}
 
-type Entry = Reverse<(Rank, BlockHash)>;
+/// The same, read only.
+struct NodesRef<'a> {
+    slots: &'a [Slot],
+    sents: &'a [Sentinel],
+}
+
+fn prev_of(slots: &[Slot], sents: &[Sentinel], n: u32) -> u32 {
+    if n >= SENTINEL_BASE {
+        sents[(n - SENTINEL_BASE) as usize].prev
+    } else {
+        slots[n as usize].prev
+    }
+}
+
+fn next_of(slots: &[Slot], sents: &[Sentinel], n: u32) -> u32 {
+    if n >= SENTINEL_BASE {
+        sents[(n - SENTINEL_BASE) as usize].next
+    } else {
+        slots[n as usize].next
+    }
+}
+
+impl LinksRead for NodesRef<'_> {
+    fn prev(&self, n: u32) -> u32 {
+        prev_of(self.slots, self.sents, n)
+    }
+    fn next(&self, n: u32) -> u32 {
+        next_of(self.slots, self.sents, n)
+    }
+}
+
+impl LinksRead for Nodes<'_> {
+    fn prev(&self, n: u32) -> u32 {
+        prev_of(self.slots, self.sents, n)
+    }
+    fn next(&self, n: u32) -> u32 {
+        next_of(self.slots, self.sents, n)
+    }
+}
+
+impl Links for Nodes<'_> {
+    fn set_prev(&mut self, n: u32, v: u32) {
+        if n >= SENTINEL_BASE {
+            self.sents[(n - SENTINEL_BASE) as usize].prev = v;
+        } else {
+            self.slots[n as usize].prev = v;
+        }
+    }
+    fn set_next(&mut self, n: u32, v: u32) {
+        if n >= SENTINEL_BASE {
+            self.sents[(n - SENTINEL_BASE) as usize].next = v;
+        } else {
+            self.slots[n as usize].next = v;
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct Lru {
-    heap: BinaryHeap<Entry>,
-    num_idle: usize,
+    list: List,
+    sents: Vec<Sentinel>,
+    free_sents: Vec<u32>,
+    /// Request rank -> its sentinel (index into `sents`).
+    groups: FxHashMap<u64, u32>,
     counter: u64,
 }
 
-fn current(chunks: &FxHashMap<BlockHash, Chunk>, rank: Rank, k: &BlockHash) -> bool {
-    chunks
-        .get(k)
-        .is_some_and(|c| c.ref_cnt == 0 && c.rank == rank)
+/// `-(position)` as vLLM's rank holds it.
+fn neg(pos: u64) -> i64 {
+    (pos as i64).wrapping_neg()
 }
 
 impl Lru {
@@ -39,174 +117,292 @@ impl Lru {
         Lru::default()
     }
 
-    fn request_rank(&mut self, st: &mut RequestState) -> u64 {
-        match st.lru_rank {
-            Some(r) => r,
+    /// The request's rank, drawn from the counter on its first use (a new group at the
+    /// tail).
+    pub fn request_rank(&mut self, slots: &mut [Slot], lru_rank: &mut Option<u64>) -> u64 {
+        if let Some(r) = *lru_rank {
+            return r;
+        }
+        self.counter += 1;
+        let r = self.counter;
+        *lru_rank = Some(r);
+        let s = Sentinel {
+            prev: NIL,
+            next: NIL,
+            r,
+            last: NIL,
+            open: true,
+        };
+        let i = match self.free_sents.pop() {
+            Some(i) => {
+                self.sents[i as usize] = s;
+                i
+            }
             None => {
-                self.counter += 1;
-                st.lru_rank = Some(self.counter);
-                self.counter
+                self.sents.push(s);
+                (self.sents.len() - 1) as u32
+            }
+        };
+        self.groups.insert(r, i);
+        let mut nodes = Nodes {
+            slots,
+            sents: &mut self.sents,
+        };
+        self.list.push_back(&mut nodes, SENTINEL_BASE + i);
+        r
+    }
+
+    fn drop_sentinel(&mut self, slots: &mut [Slot], i: u32) {
+        let r = self.sents[i as usize].r;
+        let mut nodes = Nodes {
+            slots,
+            sents: &mut self.sents,
+        };
+        self.list.unlink(&mut nodes, SENTINEL_BASE + i);
+        self.groups.remove(&r);
+        self.free_sents.push(i);
+    }
+
+    /// Unlinks chunk `id` (leaving its group, if any).
+    pub fn remove(&mut self, slots: &mut [Slot], id: u32) {
+        let s = slots[id as usize];
+        if s.flags & GROUPED != 0 {
+            slots[id as usize].flags &= !GROUPED;
+            if let Some(&g) = self.groups.get(&s.rank.0) {
+                let sent = &mut self.sents[g as usize];
+                if sent.last == id {
+                    sent.last = if s.prev == SENTINEL_BASE + g {
+                        NIL
+                    } else {
+                        s.prev
+                    };
+                }
+                if sent.last == NIL && !sent.open {
+                    let mut nodes = Nodes {
+                        slots,
+                        sents: &mut self.sents,
+                    };
+                    self.list.unlink(&mut nodes, id);
+                    self.drop_sentinel(slots, g);
+                    return;
+                }
             }
         }
+        let mut nodes = Nodes {
+            slots,
+            sents: &mut self.sents,
+        };
+        self.list.unlink(&mut nodes, id);
     }
 
-    fn push(&mut self, rank: Rank, k: BlockHash) {
-        self.heap.push(Reverse((rank, k)));
-    }
-
-    fn maybe_compact(&mut self, chunks: &FxHashMap<BlockHash, Chunk>) {
-        if self.heap.len() < (2 * self.num_idle).max(64) {
+    /// Links unlinked chunk `id` at rank `rank`.
+    fn link(&mut self, slots: &mut [Slot], id: u32, rank: Rank) {
+        slots[id as usize].rank = rank;
+        let group = self.groups.get(&rank.0).copied();
+        let Some(g) = group else {
+            // A fresh rank: the largest so far.
+            slots[id as usize].flags &= !GROUPED;
+            let mut nodes = Nodes {
+                slots,
+                sents: &mut self.sents,
+            };
+            self.list.push_back(&mut nodes, id);
+            return;
+        };
+        slots[id as usize].flags |= GROUPED;
+        let sent_node = SENTINEL_BASE + g;
+        let last = self.sents[g as usize].last;
+        let me = (rank, slots[id as usize].key);
+        let mut nodes = Nodes {
+            slots,
+            sents: &mut self.sents,
+        };
+        if last == NIL {
+            self.list.insert_after(&mut nodes, sent_node, id);
+            nodes.sents[g as usize].last = id;
             return;
         }
-        let mut seen = FxHashSet::default();
-        let live: Vec<Entry> = std::mem::take(&mut self.heap)
-            .into_vec()
-            .into_iter()
-            .filter(|Reverse((r, k))| current(chunks, *r, k) && seen.insert(*k))
-            .collect();
-        self.heap = BinaryHeap::from(live);
-    }
-
-    fn set_rank(&mut self, k: &BlockHash, c: &mut Chunk, rank: Rank) {
-        c.rank = rank;
-        if c.ref_cnt == 0 {
-            self.push(rank, *k);
-        }
-    }
-
-    /// A fresh counter rank for each present key, in the order given (`_update_recency`).
-    fn fresh<'a>(
-        &mut self,
-        chunks: &mut FxHashMap<BlockHash, Chunk>,
-        keys: impl Iterator<Item = &'a BlockHash>,
-    ) {
-        for k in keys {
-            if let Some(c) = chunks.get_mut(k) {
-                self.counter += 1;
-                let r = (self.counter, 0);
-                self.set_rank(k, c, r);
+        let first = nodes.next(sent_node);
+        let key_of = |slots: &[Slot], n: u32| (slots[n as usize].rank, slots[n as usize].key);
+        if me < key_of(nodes.slots, first) {
+            self.list.insert_after(&mut nodes, sent_node, id);
+        } else if me > key_of(nodes.slots, last) {
+            self.list.insert_after(&mut nodes, last, id);
+            nodes.sents[g as usize].last = id;
+        } else {
+            // Between the first and the last member: walk (the last is larger, so the
+            // walk stops inside the group).
+            let mut at = nodes.next(first);
+            while at != NIL && at < SENTINEL_BASE && key_of(nodes.slots, at) < me {
+                at = nodes.next(at);
+            }
+            match at {
+                NIL => self.list.push_back(&mut nodes, id),
+                at => self.list.insert_before(&mut nodes, at, id),
             }
         }
-        self.maybe_compact(chunks);
     }
 
-    /// The rank of a newly inserted (pending, not idle) chunk.
-    pub fn insert_rank(&mut self, k: &BlockHash, st: &mut RequestState) -> Rank {
-        match st.position(k) {
-            Some(pos) => (self.request_rank(st), -(pos as i64)),
+    /// A fresh counter rank for chunk `id` (`_update_recency` of one key).
+    pub fn fresh(&mut self, slots: &mut [Slot], id: u32) {
+        self.counter += 1;
+        let r = (self.counter, 0);
+        self.remove(slots, id);
+        self.link(slots, id, r);
+    }
+
+    /// A newly stored chunk (unlinked): ranked `(request rank, -position)` when the
+    /// request gave its key a position, else fresh.
+    pub fn insert(
+        &mut self,
+        slots: &mut [Slot],
+        id: u32,
+        position: Option<u64>,
+        lru_rank: &mut Option<u64>,
+    ) {
+        let rank = match position {
+            Some(pos) => (self.request_rank(slots, lru_rank), neg(pos)),
             None => {
                 self.counter += 1;
                 (self.counter, 0)
             }
-        }
+        };
+        self.link(slots, id, rank);
     }
 
-    pub fn touch(&mut self, chunks: &mut FxHashMap<BlockHash, Chunk>, keys: &[BlockHash]) {
-        self.fresh(chunks, keys.iter().rev());
-    }
-
-    /// `on_request_access`: keys first seen by a request take its rank at their position
-    /// when that raises their rank.
+    /// `on_request_access` for the keys a request sees first (stored ones, with their
+    /// positions): each takes the request's rank at its position when that raises it.
     pub fn on_access(
         &mut self,
-        chunks: &mut FxHashMap<BlockHash, Chunk>,
-        keys: &[BlockHash],
-        st: &mut RequestState,
+        slots: &mut [Slot],
+        keys: &[(u32, u64)],
+        lru_rank: &mut Option<u64>,
     ) {
-        let r = self.request_rank(st);
-        for k in keys {
-            let Some(pos) = st.position(k) else {
-                continue;
-            };
-            let Some(c) = chunks.get_mut(k) else {
-                continue;
-            };
-            let rank = (r, -(pos as i64));
-            if c.rank < rank {
-                self.set_rank(k, c, rank);
+        let r = self.request_rank(slots, lru_rank);
+        for &(id, pos) in keys {
+            let rank = (r, neg(pos));
+            if slots[id as usize].rank < rank {
+                self.remove(slots, id);
+                self.link(slots, id, rank);
             }
         }
-        self.maybe_compact(chunks);
     }
 
-    pub fn on_finished(&mut self, chunks: &mut FxHashMap<BlockHash, Chunk>, ordered: &[BlockHash]) {
-        self.fresh(chunks, ordered.iter().rev());
+    /// The request no longer holds rank `r` (it finished): its group goes once empty.
+    pub fn close(&mut self, slots: &mut [Slot], r: Option<u64>) {
+        let Some(r) = r else {
+            return;
+        };
+        let Some(&g) = self.groups.get(&r) else {
+            return;
+        };
+        self.sents[g as usize].open = false;
+        if self.sents[g as usize].last == NIL {
+            self.drop_sentinel(slots, g);
+        }
     }
 
-    /// Evicts the `n` idle unprotected keys of smallest rank, smallest first (the caller
-    /// removes their chunks); None (nothing changed) when there are fewer.
-    pub fn evict(
-        &mut self,
-        chunks: &FxHashMap<BlockHash, Chunk>,
-        n: usize,
-        protected: &FxHashSet<BlockHash>,
-    ) -> Option<Vec<BlockHash>> {
-        let mut picked: Vec<Entry> = Vec::with_capacity(n);
-        let mut picked_keys = FxHashSet::default();
-        let mut deferred: Vec<Entry> = Vec::new();
-        while picked.len() < n {
-            let Some(e) = self.heap.pop() else {
-                break;
-            };
-            let Reverse((rank, k)) = &e;
-            if !current(chunks, *rank, k) || picked_keys.contains(k) {
+    /// The `n` idle unprotected chunks of smallest rank, smallest first (the caller
+    /// removes them); None (nothing changed) when there are fewer.
+    pub fn evict(&self, slots: &[Slot], n: usize) -> Option<Vec<u32>> {
+        let mut picked = Vec::with_capacity(n);
+        let mut at = self.list.head;
+        while picked.len() < n && at != NIL {
+            if at >= SENTINEL_BASE {
+                at = self.sents[(at - SENTINEL_BASE) as usize].next;
                 continue;
             }
-            if protected.contains(k) {
-                deferred.push(e);
-                continue;
+            let s = &slots[at as usize];
+            if s.ref_cnt == 0 && s.flags & PROTECTED == 0 {
+                picked.push(at);
             }
-            picked_keys.insert(*k);
-            picked.push(e);
+            at = s.next;
         }
-        let ok = picked.len() == n;
-        self.heap.extend(deferred);
-        if !ok {
-            self.heap.extend(picked);
-            return None;
-        }
-        self.num_idle -= n;
-        Some(picked.into_iter().map(|Reverse((_, k))| k).collect())
-    }
-
-    pub fn after_evict(&mut self, chunks: &FxHashMap<BlockHash, Chunk>) {
-        self.maybe_compact(chunks);
-    }
-
-    pub fn mark_idle(&mut self, chunks: &FxHashMap<BlockHash, Chunk>, k: &BlockHash, c: Chunk) {
-        self.num_idle += 1;
-        self.push(c.rank, *k);
-        self.maybe_compact(chunks);
-    }
-
-    pub fn mark_busy(&mut self) {
-        self.num_idle -= 1;
+        (picked.len() == n).then_some(picked)
     }
 
     pub fn clear(&mut self) {
-        self.heap.clear();
-        self.num_idle = 0;
-        self.counter = 0;
+        *self = Lru::default();
     }
 
-    pub fn check(&self, chunks: &FxHashMap<BlockHash, Chunk>) -> Result<(), String> {
-        let idle: Vec<(&BlockHash, &Chunk)> =
-            chunks.iter().filter(|(_, c)| c.ref_cnt == 0).collect();
-        if idle.len() != self.num_idle {
-            return Err(format!(
-                "lru: {} idle chunks, {} counted",
-                idle.len(),
-                self.num_idle
-            ));
+    /// The list holds every stored chunk once, in strictly increasing `(rank, key)`
+    /// order, each group right after its sentinel and ending at its `last`.
+    pub fn check(&self, slots: &[Slot], num_stored: usize) -> Result<(), String> {
+        let nodes = NodesRef {
+            slots,
+            sents: &self.sents,
+        };
+        let limit = num_stored + self.sents.len() + 1;
+        let Some(order) = self.list.walk(&nodes, limit) else {
+            return Err("lru: the list's links are inconsistent".into());
+        };
+        if self.groups.len() + self.free_sents.len() != self.sents.len() {
+            return Err("lru: sentinels lost or doubled".into());
         }
-        let listed: FxHashSet<BlockHash> = self
-            .heap
-            .iter()
-            .filter(|Reverse((r, k))| current(chunks, *r, k))
-            .map(|Reverse((_, k))| *k)
-            .collect();
-        if listed.len() != idle.len() || idle.iter().any(|(k, _)| !listed.contains(*k)) {
-            return Err("lru: an idle chunk has no current heap entry".into());
+        let mut prev: Option<(Rank, crate::hash::BlockHash)> = None;
+        let mut floor = 0u64; // the largest sentinel rank passed
+                              // The group being read: (r, sentinel, its last member reached).
+        let mut cur: Option<(u64, u32, bool)> = None;
+        let mut chunks = 0usize;
+        let mut sentinels = 0usize;
+        let unfinished = |cur: Option<(u64, u32, bool)>| {
+            cur.is_some_and(|(_, g, done)| !done && self.sents[g as usize].last != NIL)
+        };
+        for n in order {
+            if n >= SENTINEL_BASE {
+                let i = n - SENTINEL_BASE;
+                let s = &self.sents[i as usize];
+                sentinels += 1;
+                if self.groups.get(&s.r) != Some(&i) || prev.is_some_and(|(p, _)| p.0 >= s.r) {
+                    return Err("lru: a group sentinel is out of place".into());
+                }
+                if !s.open && s.last == NIL {
+                    return Err("lru: a finished request's empty group was kept".into());
+                }
+                if unfinished(cur) {
+                    return Err("lru: a group's last member is wrong".into());
+                }
+                floor = s.r;
+                cur = Some((s.r, i, s.last == NIL));
+                continue;
+            }
+            let s = &slots[n as usize];
+            if !s.live() {
+                return Err("lru: a free slot is listed".into());
+            }
+            chunks += 1;
+            let me = (s.rank, s.key);
+            if prev.is_some_and(|p| p >= me) || s.rank.0 < floor {
+                return Err("lru: the list is not in (rank, key) order".into());
+            }
+            prev = Some(me);
+            match cur {
+                Some((r, g, false)) if r == s.rank.0 => {
+                    if !s.has(GROUPED) {
+                        return Err("lru: a group member is not flagged".into());
+                    }
+                    if self.sents[g as usize].last == n {
+                        cur = Some((r, g, true));
+                    }
+                }
+                _ => {
+                    if unfinished(cur) {
+                        return Err("lru: a group's last member is wrong".into());
+                    }
+                    if s.has(GROUPED) {
+                        return Err("lru: a chunk outside a group is flagged".into());
+                    }
+                }
+            }
+        }
+        if unfinished(cur) {
+            return Err("lru: a group's last member is wrong".into());
+        }
+        if sentinels != self.groups.len() {
+            return Err("lru: a group sentinel is not listed".into());
+        }
+        if chunks != num_stored {
+            return Err(format!("lru: {chunks} chunks listed, {num_stored} stored"));
         }
         Ok(())
     }

@@ -2,11 +2,13 @@
 //! slots with reference counts, the store-threshold tracker, request access state, the
 //! LRU / ARC policies and the stored / removed events (SEMANTICS.md section 2.4).
 
+use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::arc::Arc;
-use super::lru::{Lru, Rank};
-use super::order::Ordered;
+use super::arc::{Arc, Finished};
+use super::chunks::{ChunkTable, Slot, LIVE, MAX_SLOTS, NIL, PROTECTED};
+use super::lru::Lru;
+use super::order::{hash_of, Ordered};
 use crate::error::{Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::hash::BlockHash;
@@ -16,73 +18,118 @@ pub use crate::events::MEDIUM_CPU;
 /// vLLM's default bound of the store-threshold tracker.
 pub const DEFAULT_MAX_TRACKER_SIZE: usize = 64_000;
 
-/// One stored chunk: `ref_cnt` -1 while its store is in flight, 0 idle (evictable),
-/// n > 0 while n loads read it.
-#[derive(Debug, Clone, Copy)]
-pub struct Chunk {
-    pub chunk_id: u64,
-    pub ref_cnt: i32,
-    /// LRU only: the chunk's rank.
-    pub rank: Rank,
-    /// ARC only: in T2 (else T1).
-    pub in_t2: bool,
-}
-
 const NO_POSITION: u64 = u64::MAX;
 const SEEN: u8 = 1;
 const INSERTED: u8 = 2;
 const REUSED: u8 = 4;
 const STORE_MISSED: u8 = 8;
+/// Named twice in the call being served (a transient mark).
+const IN_CALL: u8 = 16;
 
-/// One key of a request: its end token (vLLM's `ReqContext` offload key position) and
-/// what the request did with it (the manager's `_RequestCacheAccess` sets).
+/// One key of a request: its end token (vLLM's `ReqContext` offload key position), what
+/// the request did with it (the manager's `_RequestCacheAccess` sets) and the chunk
+/// slot it was last seen in (a hint, checked before use).
 #[derive(Debug, Clone, Copy)]
 struct KeyInfo {
-    position: u64,
+    key: BlockHash,
     flags: u8,
+    hint: u32,
+    position: u64,
 }
 
 /// What vLLM keeps per request in its `ReqContext` (key positions, the LRU request
-/// rank) and in the manager's `_RequestCacheAccess`.
+/// rank) and in the manager's `_RequestCacheAccess`: one entry per distinct key, found
+/// by a hash table of entry indices.
 #[derive(Debug, Clone, Default)]
 pub struct RequestState {
-    keys: FxHashMap<BlockHash, KeyInfo>,
-    /// Keys in first-access order (`key_groups`).
-    seen: Vec<BlockHash>,
-    /// The request's keys in block order (the connector's `offload_keys`), for the
-    /// range calls.
-    order: Vec<BlockHash>,
+    infos: Vec<KeyInfo>,
+    index: HashTable<u32>,
+    /// Entries in first-access order (`key_groups`).
+    seen: Vec<u32>,
+    /// The request's keys in block order (the connector's `offload_keys`), as entries,
+    /// for the range calls.
+    order: Vec<u32>,
     pub lru_rank: Option<u64>,
 }
 
 impl RequestState {
-    pub fn position(&self, k: &BlockHash) -> Option<u64> {
-        self.keys
-            .get(k)
-            .map(|i| i.position)
-            .filter(|&p| p != NO_POSITION)
+    fn find(&self, k: &BlockHash) -> Option<u32> {
+        let infos = &self.infos;
+        self.index
+            .find(hash_of(k), |&i| infos[i as usize].key == *k)
+            .copied()
     }
 
-    fn has(&self, k: &BlockHash, flag: u8) -> bool {
-        self.keys.get(k).is_some_and(|i| i.flags & flag != 0)
+    /// Room for `n` more keys.
+    fn try_reserve(&mut self, n: usize) -> Result<()> {
+        if self.infos.len().saturating_add(n) >= NIL as usize {
+            return Err(Error::out_of_memory(
+                "request keys",
+                "more than 2^32 - 1 keys",
+            ));
+        }
+        self.infos
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("request keys", e))?;
+        self.seen
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("request keys", e))?;
+        let infos = &self.infos;
+        self.index
+            .try_reserve(n, |&i| hash_of(&infos[i as usize].key))
+            .map_err(|e| Error::out_of_memory("request keys", format!("{e:?}")))
     }
 
-    fn flag(&mut self, k: &BlockHash, flag: u8) -> bool {
-        let e = self.keys.entry(*k).or_insert(KeyInfo {
-            position: NO_POSITION,
+    /// The entry of `k`, added (no position, no flags) when new.
+    fn entry(&mut self, k: &BlockHash) -> u32 {
+        if let Some(i) = self.find(k) {
+            return i;
+        }
+        let i = self.infos.len() as u32;
+        self.infos.push(KeyInfo {
+            key: *k,
             flags: 0,
+            hint: NIL,
+            position: NO_POSITION,
         });
-        let was = e.flags & flag != 0;
-        e.flags |= flag;
+        let infos = &self.infos;
+        self.index
+            .insert_unique(hash_of(k), i, |&j| hash_of(&infos[j as usize].key));
+        i
+    }
+
+    fn position_at(&self, e: u32) -> Option<u64> {
+        Some(self.infos[e as usize].position).filter(|&p| p != NO_POSITION)
+    }
+
+    pub fn position(&self, k: &BlockHash) -> Option<u64> {
+        self.find(k).and_then(|e| self.position_at(e))
+    }
+
+    fn has(&self, e: u32, flag: u8) -> bool {
+        self.infos[e as usize].flags & flag != 0
+    }
+
+    /// Sets `flag` on entry `e`; true when it was not set.
+    fn flag(&mut self, e: u32, flag: u8) -> bool {
+        let f = &mut self.infos[e as usize].flags;
+        let was = *f & flag != 0;
+        *f |= flag;
         !was
+    }
+
+    /// Keys `start..stop` of the block order (clamped), as entries.
+    fn range(&self, start: usize, stop: usize) -> std::ops::Range<usize> {
+        let stop = stop.min(self.order.len());
+        start.min(stop)..stop
     }
 
     /// A new cache generation (`reset_cache`): access state restarts, positions stay.
     fn restart(&mut self) {
-        self.keys.retain(|_, i| {
+        for i in &mut self.infos {
             i.flags = 0;
-            i.position != NO_POSITION
-        });
+            i.hint = NIL;
+        }
         self.seen.clear();
         self.lru_rank = None;
     }
@@ -189,11 +236,22 @@ enum Policy {
     Arc(Box<Arc>),
 }
 
+/// A key of the call being served: the key, its request entry, its chunk slot.
+#[derive(Debug, Clone, Copy)]
+struct CallKey {
+    key: BlockHash,
+    /// The chunk table's hash of the key.
+    hash: u64,
+    ent: u32,
+    slot: u32,
+}
+
 #[derive(Debug, Clone)]
 pub struct CpuOffloadManager {
     num_chunks: u64,
     kind: CachePolicy,
-    chunks: FxHashMap<BlockHash, Chunk>,
+    /// The stored chunks: slot index = chunk id.
+    table: ChunkTable,
     policy: Policy,
     /// Chunk ids handed out at least once (fresh ids go first, in order).
     allocated: u64,
@@ -233,7 +291,7 @@ impl CpuOffloadManager {
         Ok(CpuOffloadManager {
             num_chunks,
             kind: policy,
-            chunks: FxHashMap::default(),
+            table: ChunkTable::default(),
             policy: match policy {
                 CachePolicy::Lru => Policy::Lru(Lru::new()),
                 CachePolicy::Arc => Policy::Arc(Box::new(Arc::new(num_chunks))),
@@ -267,7 +325,7 @@ impl CpuOffloadManager {
     }
     /// Chunks held (stored or being stored).
     pub fn num_stored(&self) -> usize {
-        self.chunks.len()
+        self.table.len()
     }
     pub fn num_free_chunks(&self) -> u64 {
         self.free_ids.len() as u64 + self.num_chunks - self.allocated
@@ -294,12 +352,21 @@ impl CpuOffloadManager {
     }
 
     // -- request contexts -------------------------------------------------------------
-    fn state(&mut self, rid: u64) -> &mut RequestState {
-        self.requests.entry(rid).or_default()
+    pub fn on_new_request(&mut self, rid: u64) {
+        self.requests.entry(rid).or_default();
     }
 
-    pub fn on_new_request(&mut self, rid: u64) {
-        self.state(rid);
+    /// Runs `f` on the request's state (created when new), taken out of the table
+    /// meanwhile so that `f` can use the rest of the manager.
+    fn with_request<T>(
+        &mut self,
+        rid: u64,
+        f: impl FnOnce(&mut Self, &mut RequestState) -> T,
+    ) -> T {
+        let mut st = self.requests.remove(&rid).unwrap_or_default();
+        let out = f(self, &mut st);
+        self.requests.insert(rid, st);
+        out
     }
 
     /// vLLM's `ReqContext.set_offload_key_position` for each key: its end token.
@@ -316,20 +383,14 @@ impl CpuOffloadManager {
                 end_tokens.len()
             )));
         }
-        let st = self.state(rid);
-        st.keys
-            .try_reserve(keys.len())
-            .map_err(|e| Error::out_of_memory("key positions", e))?;
-        for (k, &p) in keys.iter().zip(end_tokens) {
-            st.keys
-                .entry(*k)
-                .and_modify(|i| i.position = p)
-                .or_insert(KeyInfo {
-                    position: p,
-                    flags: 0,
-                });
-        }
-        Ok(())
+        self.with_request(rid, |_, st| {
+            st.try_reserve(keys.len())?;
+            for (k, &p) in keys.iter().zip(end_tokens) {
+                let e = st.entry(k);
+                st.infos[e as usize].position = p;
+            }
+            Ok(())
+        })
     }
 
     /// The request's keys in block order, key `i` ending at token
@@ -341,48 +402,111 @@ impl CpuOffloadManager {
         keys: &[BlockHash],
         tokens_per_key: u64,
     ) -> Result<()> {
-        let ends: Vec<u64> = (1..=keys.len() as u64)
-            .map(|i| i.saturating_mul(tokens_per_key))
-            .collect();
-        self.set_offload_key_positions(rid, keys, &ends)?;
-        let st = self.state(rid);
-        st.order.clear();
-        st.order
-            .try_reserve_exact(keys.len())
-            .map_err(|e| Error::out_of_memory("request keys", e))?;
-        st.order.extend_from_slice(keys);
-        Ok(())
+        self.with_request(rid, |_, st| {
+            st.try_reserve(keys.len())?;
+            let mut order = std::mem::take(&mut st.order);
+            order.clear();
+            if let Err(e) = order.try_reserve_exact(keys.len()) {
+                st.order = order;
+                return Err(Error::out_of_memory("request keys", e));
+            }
+            for (i, k) in (1..=keys.len() as u64).zip(keys) {
+                let e = st.entry(k);
+                st.infos[e as usize].position = i.saturating_mul(tokens_per_key);
+                order.push(e);
+            }
+            st.order = order;
+            Ok(())
+        })
     }
 
     /// Keys `start..stop` of the request's `set_request_keys` (clamped).
     pub fn request_keys(&self, rid: u64, start: usize, stop: usize) -> Vec<BlockHash> {
         match self.requests.get(&rid) {
             None => Vec::new(),
-            Some(st) => {
-                let stop = stop.min(st.order.len());
-                st.order.get(start.min(stop)..stop).unwrap_or(&[]).to_vec()
-            }
+            Some(st) => st.order[st.range(start, stop)]
+                .iter()
+                .map(|&e| st.infos[e as usize].key)
+                .collect(),
         }
     }
 
-    /// `_record_request_cache_access`.
-    fn record(&mut self, rid: u64, keys: &[BlockHash], reused: &[BlockHash]) {
-        let st = self.requests.entry(rid).or_default();
-        let mut new = Vec::new();
-        for k in keys {
-            if st.flag(k, SEEN) {
-                st.seen.push(*k);
-                new.push(*k);
+    /// The call's keys `start..stop` of the request's block order, with their slots.
+    fn range_keys(&self, st: &RequestState, start: usize, stop: usize) -> Vec<CallKey> {
+        let mut out: Vec<CallKey> = st.order[st.range(start, stop)]
+            .iter()
+            .map(|&e| {
+                let key = st.infos[e as usize].key;
+                CallKey {
+                    key,
+                    hash: hash_of(&key),
+                    ent: e,
+                    slot: NIL,
+                }
+            })
+            .collect();
+        self.resolve(st, &mut out);
+        out
+    }
+
+    /// The call's keys (entries added to the request as needed), with their slots.
+    fn call_keys(&self, st: &mut RequestState, keys: &[BlockHash]) -> Result<Vec<CallKey>> {
+        st.try_reserve(keys.len())?;
+        let mut out: Vec<CallKey> = keys
+            .iter()
+            .map(|k| CallKey {
+                key: *k,
+                hash: hash_of(k),
+                ent: st.entry(k),
+                slot: NIL,
+            })
+            .collect();
+        self.resolve(st, &mut out);
+        Ok(out)
+    }
+
+    /// Finds the keys' slots: the request's hint when it still holds, else a lookup
+    /// (all lookups prefetched first, so that their cache misses overlap).
+    fn resolve(&self, st: &RequestState, keys: &mut [CallKey]) {
+        for c in keys.iter() {
+            self.table.prefetch_hash(c.hash);
+        }
+        for c in keys.iter_mut() {
+            let hint = st.infos[c.ent as usize].hint;
+            c.slot = match self.table.slots.get(hint as usize) {
+                Some(s) if s.live() && s.key == c.key => hint,
+                _ => self.table.find_hashed(&c.key, c.hash).unwrap_or(NIL),
+            };
+        }
+    }
+
+    /// `_record_request_cache_access`: `keys` accessed (with their slots, NIL when not
+    /// stored), the entries of `reused` reused.
+    fn record(&mut self, st: &mut RequestState, keys: &[CallKey], reused: &[u32]) {
+        let mut any = false;
+        let mut ranked: Vec<(u32, u64)> = Vec::new();
+        for c in keys {
+            if c.slot != NIL {
+                st.infos[c.ent as usize].hint = c.slot;
+            }
+            if st.flag(c.ent, SEEN) {
+                st.seen.push(c.ent);
+                any = true;
+                if c.slot != NIL {
+                    if let Some(p) = st.position_at(c.ent) {
+                        ranked.push((c.slot, p));
+                    }
+                }
             }
         }
-        if !new.is_empty() {
+        if any {
             if let Policy::Lru(l) = &mut self.policy {
-                l.on_access(&mut self.chunks, &new, st);
+                l.on_access(&mut self.table.slots, &ranked, &mut st.lru_rank);
             }
         }
-        for k in reused {
-            if !st.has(k, INSERTED) {
-                st.flag(k, REUSED);
+        for &e in reused {
+            if !st.has(e, INSERTED) {
+                st.flag(e, REUSED);
             }
         }
     }
@@ -395,131 +519,237 @@ impl CpuOffloadManager {
             return;
         };
         let mut ordered = std::mem::take(&mut st.seen);
-        let positions: Option<Vec<(u64, BlockHash)>> = ordered
-            .iter()
-            .map(|k| st.position(k).map(|p| (p, *k)))
-            .collect();
-        if let Some(mut by_position) = positions {
+        if ordered.iter().all(|&e| st.position_at(e).is_some()) {
             // A stable sort by position, as Python's sort.
-            by_position.sort_by_key(|(p, _)| *p);
-            ordered = by_position.into_iter().map(|(_, k)| k).collect();
+            ordered.sort_by_key(|&e| st.infos[e as usize].position);
         }
+        for &e in &ordered {
+            self.table.prefetch_slot(st.infos[e as usize].hint);
+        }
+        let slot_of = |table: &ChunkTable, e: u32| {
+            let i = &st.infos[e as usize];
+            table.find_hinted(&i.key, i.hint)
+        };
         match &mut self.policy {
-            Policy::Lru(l) => l.on_finished(&mut self.chunks, &ordered),
+            Policy::Lru(l) => {
+                for &e in ordered.iter().rev() {
+                    if let Some(id) = slot_of(&self.table, e) {
+                        l.fresh(&mut self.table.slots, id);
+                    }
+                }
+                l.close(&mut self.table.slots, st.lru_rank);
+            }
             Policy::Arc(a) => {
-                let class = |k: &BlockHash| {
-                    let f = st.keys.get(k).map_or(0, |i| i.flags);
-                    (f & INSERTED != 0 && f & REUSED == 0, f & REUSED != 0)
-                };
-                a.on_finished(&mut self.chunks, &ordered, class);
+                let fin: Vec<Finished> = ordered
+                    .iter()
+                    .filter_map(|&e| {
+                        let slot = slot_of(&self.table, e)?;
+                        let f = st.infos[e as usize].flags;
+                        Some(Finished {
+                            slot,
+                            inserted_only: f & INSERTED != 0 && f & REUSED == 0,
+                            reused: f & REUSED != 0,
+                        })
+                    })
+                    .collect();
+                a.on_finished(&mut self.table.slots, &fin);
             }
         }
     }
 
     // -- lookups and loads --------------------------------------------------------------
     pub fn lookup(&self, key: &BlockHash) -> LookupResult {
-        match self.chunks.get(key) {
+        match self.table.find(key) {
             None => LookupResult::Miss,
-            Some(c) if c.ref_cnt >= 0 => LookupResult::Hit,
+            Some(id) if self.table.slots[id as usize].ref_cnt >= 0 => LookupResult::Hit,
             Some(_) => LookupResult::HitPending,
         }
     }
 
-    /// The connector's `_maximal_prefix_lookup`: how many leading keys are stored
-    /// (ready or not); None when one of them is still being stored (the lookup defers).
-    pub fn lookup_prefix(&self, keys: &[BlockHash]) -> Option<usize> {
+    fn prefix_of<'a>(&self, keys: impl Iterator<Item = &'a BlockHash> + Clone) -> Option<usize> {
+        // Prefetch a window ahead (the walk stops at the first miss).
+        let hashes: Vec<u64> = keys.clone().take(64).map(hash_of).collect();
+        for &h in &hashes {
+            self.table.prefetch_hash(h);
+        }
         let mut pending = false;
         let mut n = 0;
-        for k in keys {
-            match self.chunks.get(k) {
+        for (i, k) in keys.enumerate() {
+            let found = match hashes.get(i) {
+                Some(&h) => self.table.find_hashed(k, h),
+                None => self.table.find(k),
+            };
+            match found {
                 None => break,
-                Some(c) => pending |= c.ref_cnt < 0,
+                Some(id) => pending |= self.table.slots[id as usize].ref_cnt < 0,
             }
             n += 1;
         }
         (!pending).then_some(n)
     }
 
-    pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
-        for k in keys {
-            if self.chunks.get(k).is_none_or(|c| c.ref_cnt < 0) {
+    /// The connector's `_maximal_prefix_lookup`: how many leading keys are stored
+    /// (ready or not); None when one of them is still being stored (the lookup defers).
+    pub fn lookup_prefix(&self, keys: &[BlockHash]) -> Option<usize> {
+        self.prefix_of(keys.iter())
+    }
+
+    /// `lookup_prefix` over the request's keys `start..stop` (clamped).
+    pub fn lookup_prefix_range(&self, rid: u64, start: usize, stop: usize) -> Option<usize> {
+        match self.requests.get(&rid) {
+            None => Some(0),
+            Some(st) => self.prefix_of(
+                st.order[st.range(start, stop)]
+                    .iter()
+                    .map(|&e| &st.infos[e as usize].key),
+            ),
+        }
+    }
+
+    /// Pins the (checked) stored, ready chunks of `keys` for loading.
+    fn load(&mut self, st: &mut RequestState, keys: &[CallKey], ids: &mut Vec<u64>) {
+        for c in keys {
+            let s = &mut self.table.slots[c.slot as usize];
+            if s.ref_cnt == 0 {
+                self.num_idle -= 1;
+            }
+            s.ref_cnt += 1;
+            ids.push(u64::from(c.slot));
+        }
+        let ents: Vec<u32> = keys.iter().map(|c| c.ent).collect();
+        self.record(st, keys, &ents);
+    }
+
+    fn check_loadable(&self, keys: impl Iterator<Item = (BlockHash, u32)>) -> Result<()> {
+        for (k, slot) in keys {
+            if self
+                .table
+                .slots
+                .get(slot as usize)
+                .is_none_or(|s| !s.live() || s.ref_cnt < 0)
+            {
                 return Err(Error::BlockState(format!(
                     "key {k:?} is not stored and ready to load"
                 )));
             }
         }
-        let mut ids = Vec::new();
+        Ok(())
+    }
+
+    pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
+        self.check_loadable(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))))?;
+        let mut ids: Vec<u64> = Vec::new();
         ids.try_reserve_exact(keys.len())
             .map_err(|e| Error::out_of_memory("chunk ids", e))?;
-        for k in keys {
-            let Some(c) = self.chunks.get_mut(k) else {
-                continue;
-            };
-            if c.ref_cnt == 0 {
-                if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_busy();
-                }
-                self.num_idle -= 1;
-            }
-            c.ref_cnt += 1;
-            ids.push(c.chunk_id);
-        }
-        self.record(rid, keys, keys);
-        Ok(ids)
+        self.with_request(rid, |m, st| {
+            let ks = m.call_keys(st, keys)?;
+            m.load(st, &ks, &mut ids);
+            Ok(ids)
+        })
+    }
+
+    /// `prepare_load` of the request's keys `start..stop`; returns how many were pinned.
+    pub fn prepare_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<usize> {
+        let ks = match self.requests.get(&rid) {
+            None => Vec::new(),
+            Some(st) => self.range_keys(st, start, stop),
+        };
+        self.check_loadable(ks.iter().map(|c| (c.key, c.slot)))?;
+        let mut ids = Vec::new();
+        ids.try_reserve_exact(ks.len())
+            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
+        self.with_request(rid, |m, st| {
+            m.load(st, &ks, &mut ids);
+            Ok(ids.len())
+        })
     }
 
     pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) {
         match &mut self.policy {
-            Policy::Lru(l) => l.touch(&mut self.chunks, keys),
-            Policy::Arc(a) => a.touch(&mut self.chunks, keys),
+            Policy::Lru(l) => {
+                for k in keys.iter().rev() {
+                    if let Some(id) = self.table.find(k) {
+                        l.fresh(&mut self.table.slots, id);
+                    }
+                }
+            }
+            Policy::Arc(a) => a.touch(&mut self.table, keys),
         }
     }
 
-    pub fn complete_load(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
-        let mut need: FxHashMap<BlockHash, i32> = FxHashMap::default();
-        for k in keys {
-            let n = need.entry(*k).or_insert(0);
-            *n += 1;
-            if self.chunks.get(k).is_none_or(|c| c.ref_cnt < *n) {
+    fn unload(&mut self, keys: &[(BlockHash, u32)]) -> Result<()> {
+        let mut need: FxHashMap<u32, i32> = FxHashMap::default();
+        for (k, slot) in keys {
+            let ok = match self.table.slots.get(*slot as usize) {
+                Some(s) if s.live() => {
+                    let n = need.entry(*slot).or_insert(0);
+                    *n += 1;
+                    s.ref_cnt >= *n
+                }
+                _ => false,
+            };
+            if !ok {
                 return Err(Error::BlockState(format!(
                     "key {k:?} has no load in flight"
                 )));
             }
         }
-        for k in keys {
-            let Some(c) = self.chunks.get_mut(k) else {
-                continue;
-            };
-            c.ref_cnt -= 1;
-            if c.ref_cnt == 0 {
+        for (_, slot) in keys {
+            let s = &mut self.table.slots[*slot as usize];
+            s.ref_cnt -= 1;
+            if s.ref_cnt == 0 {
                 self.num_idle += 1;
-                let c = *c;
-                if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_idle(&self.chunks, k, c);
-                }
             }
         }
         Ok(())
     }
 
-    // -- stores -------------------------------------------------------------------------
-    /// `_record_accesses`: count an offer of each key; a full tracker drops its oldest
-    /// key not offered in this call, and skips new keys once none is left.
-    fn count_offers(&mut self, keys: &[BlockHash]) {
-        let Some(counts) = self.counts.as_mut() else {
-            return;
+    pub fn complete_load(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
+        let ks: Vec<(BlockHash, u32)> = keys
+            .iter()
+            .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
+            .collect();
+        self.unload(&ks)
+    }
+
+    /// `complete_load` of the request's keys `start..stop`.
+    pub fn complete_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<()> {
+        let ks: Vec<(BlockHash, u32)> = match self.requests.get(&rid) {
+            None => Vec::new(),
+            Some(st) => self
+                .range_keys(st, start, stop)
+                .into_iter()
+                .map(|c| (c.key, c.slot))
+                .collect(),
         };
+        self.unload(&ks)
+    }
+
+    // -- stores -------------------------------------------------------------------------
+    /// `_record_accesses`: count an offer of each key (keys distinct); a full tracker
+    /// drops its oldest key not offered in this call, and skips new keys once none is
+    /// left. Returns each key's count after the call (0: not tracked), or nothing
+    /// without a tracker.
+    fn count_offers(&mut self, keys: &[CallKey]) -> Vec<u32> {
+        let Some(counts) = self.counts.as_mut() else {
+            return Vec::new();
+        };
+        let mut out = vec![0u32; keys.len()];
         let mut known = 0usize;
-        for k in keys {
-            if let Some(n) = counts.get_mut(k) {
-                *n = n.saturating_add(1);
-                counts.move_to_back(k);
+        for c in keys {
+            counts.prefetch(c.hash);
+        }
+        for (c, n) in keys.iter().zip(out.iter_mut()) {
+            if let Some(v) = counts.bump_hashed(&c.key, c.hash) {
+                *n = v;
                 known += 1;
             }
         }
+        // The known keys are now the newest: the oldest `unprotected` keys were not
+        // offered, and no key new to this call is tracked yet (the keys are distinct).
         let mut unprotected = counts.len() - known;
-        for k in keys {
-            if counts.contains(k) {
+        for (c, n) in keys.iter().zip(out.iter_mut()) {
+            if *n != 0 {
                 continue;
             }
             if counts.len() >= self.max_tracker_size {
@@ -529,8 +759,29 @@ impl CpuOffloadManager {
                 counts.pop_front();
                 unprotected -= 1;
             }
-            counts.push_back(*k, 1);
+            counts.push_new_hashed(0, c.key, c.hash, 1);
+            *n = 1;
         }
+        out
+    }
+
+    /// Room for a store of `n` keys: chunk table, ghost lists, tracker, chunk ids.
+    fn reserve_store(&mut self, n: usize) -> Result<()> {
+        let fresh = (n as u64).min(self.num_chunks - self.allocated);
+        if self.allocated.saturating_add(fresh) > MAX_SLOTS {
+            return Err(Error::out_of_memory(
+                "the offload tier's chunk table",
+                "more than 2^31 chunks",
+            ));
+        }
+        self.table.try_reserve(n)?;
+        if let Policy::Arc(a) = &mut self.policy {
+            a.try_reserve(n)?;
+        }
+        if let Some(c) = &mut self.counts {
+            c.try_reserve(n)?;
+        }
+        Ok(())
     }
 
     /// vLLM's `prepare_store`: which of `keys` to write now, their chunk ids and the keys
@@ -541,53 +792,126 @@ impl CpuOffloadManager {
         rid: u64,
         keys: &[BlockHash],
     ) -> Result<Option<PrepareStoreOutput>> {
-        // The offered keys: checked distinct, and protected from eviction by this call.
-        let mut protected: FxHashSet<BlockHash> = FxHashSet::default();
-        protected
+        let mut distinct: FxHashSet<BlockHash> = FxHashSet::default();
+        distinct
             .try_reserve(keys.len())
             .map_err(|e| Error::out_of_memory("the offered keys", e))?;
-        if !keys.iter().all(|k| protected.insert(*k)) {
+        if !keys.iter().all(|k| distinct.insert(*k)) {
             return Err(Error::InvalidArgument(
                 "prepare_store keys must be distinct".into(),
             ));
         }
-        self.chunks
-            .try_reserve(keys.len())
-            .map_err(|e| Error::out_of_memory("the offload tier's chunk table", e))?;
-        if let Policy::Arc(a) = &mut self.policy {
-            a.try_reserve(keys.len())?;
+        drop(distinct);
+        self.reserve_store(keys.len())?;
+        self.with_request(rid, |m, st| {
+            let ks = m.call_keys(st, keys)?;
+            Ok(m.store(st, &ks))
+        })
+    }
+
+    /// `prepare_store` of the request's keys `start..stop` (clamped); with `complete`,
+    /// the stored keys' `complete_store(success)` follows at once. Returns (keys stored,
+    /// keys evicted), or None when eviction cannot free enough.
+    pub fn prepare_store_range(
+        &mut self,
+        rid: u64,
+        start: usize,
+        stop: usize,
+        complete: bool,
+    ) -> Result<Option<(usize, usize)>> {
+        let ks = match self.requests.get(&rid) {
+            None => Vec::new(),
+            Some(st) => self.range_keys(st, start, stop),
+        };
+        if let Some(st) = self.requests.get_mut(&rid) {
+            // Distinct entries are distinct keys.
+            let mut dup = false;
+            for c in &ks {
+                dup |= !st.flag(c.ent, IN_CALL);
+            }
+            for c in &ks {
+                st.infos[c.ent as usize].flags &= !IN_CALL;
+            }
+            if dup {
+                return Err(Error::InvalidArgument(
+                    "prepare_store keys must be distinct".into(),
+                ));
+            }
         }
-        self.count_offers(keys);
+        self.reserve_store(ks.len())?;
+        self.with_request(rid, |m, st| {
+            let Some(out) = m.store(st, &ks) else {
+                return Ok(None);
+            };
+            if complete && !out.keys_to_store.is_empty() {
+                // The chunk ids are the slots.
+                let stored: Vec<(BlockHash, u32)> = out
+                    .keys_to_store
+                    .iter()
+                    .zip(&out.chunk_ids)
+                    .map(|(k, &id)| (*k, id as u32))
+                    .collect();
+                m.complete_slots(&stored, true);
+            }
+            Ok(Some((out.keys_to_store.len(), out.evicted_keys.len())))
+        })
+    }
+
+    /// Sets or clears PROTECTED on the stored keys of the call.
+    fn protect(&mut self, keys: &[CallKey], on: bool) {
+        for c in keys {
+            if let Some(s) = self.table.slots.get_mut(c.slot as usize) {
+                if on {
+                    s.flags |= PROTECTED;
+                } else {
+                    s.flags &= !PROTECTED;
+                }
+            }
+        }
+    }
+
+    /// Frees the slots of evicted chunks (unlinked by the policy).
+    fn free_slots(&mut self, ids: &[u32]) -> Vec<BlockHash> {
+        let mut keys = Vec::with_capacity(ids.len());
+        for &id in ids {
+            keys.push(self.table.slots[id as usize].key);
+            self.table.remove(id);
+            self.free_ids.push(u64::from(id));
+        }
+        keys
+    }
+
+    /// The body of `prepare_store` (keys distinct, room reserved).
+    fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<PrepareStoreOutput> {
+        if let Policy::Arc(a) = &self.policy {
+            // The ghost lines of the absent keys (looked up on a store miss and insert).
+            for c in keys.iter().filter(|c| c.slot == NIL) {
+                a.prefetch(c.hash);
+            }
+        }
+        let offers = self.count_offers(keys);
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
         let threshold = self.store_threshold;
-        let mut to_store: Vec<BlockHash> = Vec::new();
-        let mut ready: Vec<BlockHash> = Vec::new();
-        let mut offered: Vec<BlockHash> = Vec::with_capacity(keys.len());
-        for k in keys {
-            match self.chunks.get(k) {
-                None => {
-                    let admitted = self
-                        .counts
-                        .as_ref()
-                        .is_none_or(|c| c.get(k).copied().unwrap_or(0) >= threshold);
-                    if admitted {
-                        to_store.push(*k);
-                        offered.push(*k);
-                    }
+        let mut to_store: Vec<CallKey> = Vec::with_capacity(keys.len());
+        let mut ready: Vec<u32> = Vec::with_capacity(keys.len());
+        let mut offered: Vec<CallKey> = Vec::with_capacity(keys.len());
+        for (i, c) in keys.iter().enumerate() {
+            if c.slot == NIL {
+                let admitted = offers.get(i).is_none_or(|&n| n >= threshold);
+                if admitted {
+                    to_store.push(*c);
+                    offered.push(*c);
                 }
-                Some(c) if c.ref_cnt >= 0 => {
-                    ready.push(*k);
-                    offered.push(*k);
-                }
-                Some(_) => {}
+            } else if self.table.slots[c.slot as usize].ref_cnt >= 0 {
+                ready.push(c.ent);
+                offered.push(*c);
             }
         }
-        let st = self.requests.entry(rid).or_default();
-        let missed: Vec<BlockHash> = to_store
+        let missed: Vec<(BlockHash, u64)> = to_store
             .iter()
-            .filter(|k| st.flag(k, STORE_MISSED))
-            .copied()
+            .filter(|c| st.flag(c.ent, STORE_MISSED))
+            .map(|c| (c.key, c.hash))
             .collect();
         // LRU's hook is a touch of absent keys: nothing moves.
         if !missed.is_empty() {
@@ -595,9 +919,9 @@ impl CpuOffloadManager {
                 a.on_store_miss(&missed);
             }
         }
-        self.record(rid, &offered, &ready);
+        self.record(st, &offered, &ready);
         if to_store.is_empty() {
-            return Ok(Some(PrepareStoreOutput::default()));
+            return Some(PrepareStoreOutput::default());
         }
         let n = to_store.len() as u64;
         let free = self.num_free_chunks();
@@ -605,35 +929,37 @@ impl CpuOffloadManager {
         if n > free {
             let short = n - free;
             if short > self.num_idle {
-                return Ok(None);
+                return None;
             }
             let short = usize::try_from(short).unwrap_or(usize::MAX);
-            match &mut self.policy {
-                Policy::Lru(l) => {
-                    let Some(picked) = l.evict(&self.chunks, short, &protected) else {
-                        return Ok(None);
-                    };
-                    for k in &picked {
-                        if let Some(c) = self.chunks.remove(k) {
-                            self.free_ids.push(c.chunk_id);
-                        }
-                    }
-                    l.after_evict(&self.chunks);
-                    evicted = picked;
-                }
-                Policy::Arc(a) => {
-                    let Some(picked) = a.select(&self.chunks, short, &protected) else {
-                        return Ok(None);
-                    };
-                    a.apply(&picked);
-                    for (k, _) in &picked {
-                        if let Some(c) = self.chunks.remove(k) {
-                            self.free_ids.push(c.chunk_id);
-                        }
-                    }
-                    evicted = picked.into_iter().map(|(k, _)| k).collect();
-                }
+            // The new keys' index lines, fetched while the eviction runs.
+            for c in &to_store {
+                self.table.prefetch_hash(c.hash);
             }
+            self.protect(keys, true);
+            let picked = match &mut self.policy {
+                Policy::Lru(l) => {
+                    let picked = l.evict(&self.table.slots, short);
+                    for &id in picked.iter().flatten() {
+                        let h = hash_of(&self.table.slots[id as usize].key);
+                        self.table.prefetch_hash(h);
+                    }
+                    for &id in picked.iter().flatten() {
+                        l.remove(&mut self.table.slots, id);
+                    }
+                    picked
+                }
+                Policy::Arc(a) => a.select(&self.table.slots, short).map(|p| {
+                    for &(id, _) in &p {
+                        let h = hash_of(&self.table.slots[id as usize].key);
+                        self.table.prefetch_hash(h);
+                    }
+                    a.apply(&mut self.table.slots, &p);
+                    p.into_iter().map(|(id, _)| id).collect()
+                }),
+            };
+            self.protect(keys, false);
+            evicted = self.free_slots(&picked?);
             self.num_idle -= evicted.len() as u64;
             self.num_evicted_total += evicted.len() as u64;
         }
@@ -657,60 +983,67 @@ impl CpuOffloadManager {
                 None => break, // unreachable: the free count was checked
             }
         }
-        let st = self.requests.entry(rid).or_default();
-        for (k, id) in to_store.iter().zip(&ids) {
-            let mut c = Chunk {
-                chunk_id: *id,
-                ref_cnt: -1,
-                rank: (0, 0),
-                in_t2: false,
-            };
+        for c in &to_store {
+            self.table.prefetch_hash(c.hash);
+        }
+        for (c, &id) in to_store.iter().zip(&ids) {
+            // Below MAX_SLOTS: checked by reserve_store.
+            let id = id as u32;
+            self.table.insert(id, c.key, c.hash);
             match &mut self.policy {
-                Policy::Lru(l) => c.rank = l.insert_rank(k, st),
-                Policy::Arc(a) => a.insert(k, &mut c),
+                Policy::Lru(l) => {
+                    let pos = st.position_at(c.ent);
+                    l.insert(&mut self.table.slots, id, pos, &mut st.lru_rank);
+                }
+                Policy::Arc(a) => a.insert(&mut self.table.slots, id, c.hash),
             }
-            self.chunks.insert(*k, c);
+            st.infos[c.ent as usize].hint = id;
         }
         self.num_pending += n;
         self.num_stored_total += n;
-        for k in &to_store {
-            st.flag(k, INSERTED);
+        for c in &to_store {
+            st.flag(c.ent, INSERTED);
         }
-        Ok(Some(PrepareStoreOutput {
-            keys_to_store: to_store,
+        Some(PrepareStoreOutput {
+            keys_to_store: to_store.iter().map(|c| c.key).collect(),
             chunk_ids: ids,
             evicted_keys: evicted,
-        }))
+        })
     }
 
     /// vLLM's `complete_store`: the keys still being stored become loadable (success) or
     /// are dropped and their chunks released (failure).
     pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) {
+        let found: Vec<(BlockHash, u32)> = keys
+            .iter()
+            .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
+            .collect();
+        self.complete_slots(&found, success);
+    }
+
+    /// `complete_store` of keys whose slots are known (NIL: not stored).
+    fn complete_slots(&mut self, keys: &[(BlockHash, u32)], success: bool) {
         let mut done = Vec::new();
-        for k in keys {
-            let Some(c) = self.chunks.get_mut(k) else {
+        for &(k, id) in keys {
+            let Some(s) = self.table.slots.get_mut(id as usize) else {
                 continue;
             };
-            if c.ref_cnt >= 0 {
+            if !s.live() || s.key != k || s.ref_cnt >= 0 {
                 continue;
             }
             self.num_pending -= 1;
             if success {
-                c.ref_cnt = 0;
+                s.ref_cnt = 0;
                 self.num_idle += 1;
-                let c = *c;
-                if let Policy::Lru(l) = &mut self.policy {
-                    l.mark_idle(&self.chunks, k, c);
-                }
             } else {
-                let c = *c;
-                if let Policy::Arc(a) = &mut self.policy {
-                    a.remove(k, &c);
+                match &mut self.policy {
+                    Policy::Lru(l) => l.remove(&mut self.table.slots, id),
+                    Policy::Arc(a) => a.remove(&mut self.table.slots, id),
                 }
-                self.chunks.remove(k);
-                self.free_ids.push(c.chunk_id);
+                self.table.remove(id);
+                self.free_ids.push(u64::from(id));
             }
-            done.push(*k);
+            done.push(k);
         }
         if !done.is_empty() {
             if let Some(ev) = &mut self.events {
@@ -726,7 +1059,7 @@ impl CpuOffloadManager {
     /// vLLM's `reset_cache`: every chunk dropped, ids restart at 0, request access state
     /// restarts (key positions stay, as they live in vLLM's ReqContext).
     pub fn reset_cache(&mut self) {
-        self.chunks.clear();
+        self.table.clear();
         match &mut self.policy {
             Policy::Lru(l) => l.clear(),
             Policy::Arc(a) => a.clear(),
@@ -750,7 +1083,7 @@ impl CpuOffloadManager {
         let mut out = Vec::with_capacity(evs.len());
         for mut e in evs {
             if e.metadata_only {
-                e.keys.retain(|k| !self.chunks.contains_key(k));
+                e.keys.retain(|k| !self.table.contains(k));
                 if e.keys.is_empty() {
                     continue;
                 }
@@ -761,7 +1094,7 @@ impl CpuOffloadManager {
     }
 
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let n = self.chunks.len() as u64;
+        let n = self.table.len() as u64;
         if n + self.num_free_chunks() != self.num_chunks {
             return Err(format!(
                 "{} stored + {} free != {} chunks",
@@ -770,7 +1103,11 @@ impl CpuOffloadManager {
                 self.num_chunks
             ));
         }
-        let mut ids: Vec<u64> = self.chunks.values().map(|c| c.chunk_id).collect();
+        if !self.table.consistent() {
+            return Err("the chunk table's index and slots disagree".into());
+        }
+        let live: Vec<(u32, &Slot)> = self.table.live().collect();
+        let mut ids: Vec<u64> = live.iter().map(|(i, _)| u64::from(*i)).collect();
         ids.extend(&self.free_ids);
         ids.sort_unstable();
         if ids.iter().enumerate().any(|(i, &id)| id != i as u64)
@@ -778,16 +1115,19 @@ impl CpuOffloadManager {
         {
             return Err("chunk ids are not a permutation of the allocated ids".into());
         }
-        let idle = self.chunks.values().filter(|c| c.ref_cnt == 0).count() as u64;
-        let pending = self.chunks.values().filter(|c| c.ref_cnt < 0).count() as u64;
+        let idle = live.iter().filter(|(_, s)| s.ref_cnt == 0).count() as u64;
+        let pending = live.iter().filter(|(_, s)| s.ref_cnt < 0).count() as u64;
         if idle != self.num_idle || pending != self.num_pending {
             return Err(format!(
                 "counted {idle} idle / {pending} pending, kept {} / {}",
                 self.num_idle, self.num_pending
             ));
         }
-        if self.chunks.values().any(|c| c.ref_cnt < -1) {
-            return Err("a ref count below -1".into());
+        if live
+            .iter()
+            .any(|(_, s)| s.ref_cnt < -1 || s.flags & PROTECTED != 0 || s.flags & LIVE == 0)
+        {
+            return Err("a ref count below -1 or a stale protection mark".into());
         }
         if let Some(c) = &self.counts {
             if c.len() > self.max_tracker_size || !c.consistent() {
@@ -795,8 +1135,8 @@ impl CpuOffloadManager {
             }
         }
         match &self.policy {
-            Policy::Lru(l) => l.check(&self.chunks),
-            Policy::Arc(a) => a.check(&self.chunks),
+            Policy::Lru(l) => l.check(&self.table.slots, self.table.len()),
+            Policy::Arc(a) => a.check(&self.table),
         }
     }
 }

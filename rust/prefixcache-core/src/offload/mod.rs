@@ -1,14 +1,19 @@
 //! vLLM 0.33's CPU offloading tier behind the GPU block pool (SEMANTICS.md section 2.4).
 //!
-//! - [`manager`]: `CpuOffloadManager` (vLLM's `CPUOffloadingManager`): chunk slots, ref
-//!   counts, the store-threshold tracker, request access state, events.
+//! - [`manager`]: `CpuOffloadManager` (vLLM's `CPUOffloadingManager`): chunk ids, ref
+//!   counts, the store-threshold tracker, request access state, events, the range calls.
+//! - [`chunks`]: the chunk table (one 64-byte slot per chunk id, found through
+//!   [`index`]) and the intrusive lists the policies link slots into.
+//! - [`index`]: a hash index of 8-byte words (linear probing), prefetchable.
 //! - [`lru`], [`arc`]: the two cache policies vLLM ships.
-//! - [`order`]: an insertion-ordered key map (Python's `OrderedDict`).
+//! - [`order`]: insertion-ordered key maps (Python's `OrderedDict`).
 //!
 //! Keys are block hashes; vLLM appends the KV-cache group index (4 bytes), which is the
 //! same for every key with one group.
 
 pub mod arc;
+pub mod chunks;
+pub mod index;
 pub mod lru;
 pub mod manager;
 pub mod order;
