@@ -210,22 +210,37 @@ def _tree_blocks(pol: RadixPolicy) -> list[int]:
     return out
 
 
+class _Audit:
+    """An index fed by a publishing policy's events after every step (``check``)."""
+
+    def __init__(self) -> None:
+        from prefixcache import KvIndex
+
+        self.index = KvIndex()
+        self.audits = 0
+
+    def feed(self, events: list[object]) -> None:
+        self.index.apply("w", events, now=0.0)
+        self.audits += 1
+
+    def held(self, medium: str | None = None) -> list[int]:
+        if medium is not None and medium not in self.index.media:
+            return []
+        return self.index.cached_hashes("w", medium)
+
+
 class _AuditedTree(RadixPolicy):
     """A publishing tree whose events, applied to an index after every step, must
     describe exactly the full blocks the tree holds on the device."""
 
     def __init__(self, capacity: int, **kw: object) -> None:
         super().__init__(capacity, publish_events=True, **kw)  # type: ignore[arg-type]
-        from prefixcache import KvIndex
-
-        self.index = KvIndex()
-        self.audits = 0
+        self.audit = _Audit()
 
     def check(self) -> None:
         super().check()
-        self.index.apply("w", self.take_events(), now=0.0)
-        assert self.index.cached_hashes("w") == sorted(_tree_blocks(self))
-        self.audits += 1
+        self.audit.feed(self.take_events())
+        assert self.audit.held() == sorted(_tree_blocks(self))
 
 
 @pytest.mark.parametrize(
@@ -248,7 +263,7 @@ def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -
     reqs = _namespaced(list(w.requests))
     pol = _AuditedTree(3000, **kw)
     res = replay(reqs, [pol], scheduler=SCHED, check=True)[0]
-    assert pol.audits >= len(reqs)
+    assert pol.audit.audits >= len(reqs)
     assert res.stats.evicted_tokens > 0  # the run evicts: removals are exercised
     if kw.get("cpu_capacity"):
         assert pol.stats().host_hit_tokens > 0  # and loads back from the host tier
@@ -309,19 +324,14 @@ class _AuditedTrie(TrtllmPolicy):
 
     def __init__(self, capacity: int, **kw: object) -> None:
         super().__init__(capacity, publish_events=True, **kw)  # type: ignore[arg-type]
-        from prefixcache import KvIndex
-
-        self.index = KvIndex()
-        self.audits = 0
+        self.audit = _Audit()
 
     def check(self) -> None:
         super().check()
-        self.index.apply("w", self.take_events(), now=0.0)
         truth = _trie_blocks(self)
-        for medium in ("GPU", "CPU"):
-            held = self.index.cached_hashes("w", medium) if medium in self.index.media else []
-            assert held == truth[medium], medium
-        self.audits += 1
+        self.audit.feed(self.take_events())
+        assert self.audit.held("GPU") == truth["GPU"]
+        assert self.audit.held("CPU") == truth["CPU"]
 
 
 @pytest.mark.parametrize(
@@ -337,11 +347,11 @@ def test_trie_events_describe_the_trie_after_every_step(kw: dict[str, object]) -
     reqs = _namespaced(list(w.requests))
     pol = _AuditedTrie(3000, **kw)
     res = replay(reqs, [pol], scheduler=SCHED, check=True)[0]
-    assert pol.audits >= len(reqs)
+    assert pol.audit.audits >= len(reqs)
     assert res.stats.evicted_tokens > 0
     if kw.get("cpu_capacity"):
         assert pol.stats().host_hit_tokens > 0
-        assert "CPU" in pol.index.media  # moves to host were published
+        assert "CPU" in pol.audit.index.media  # moves to host were published
 
 
 class _CheckedCacheAware(CacheAwareRouter):

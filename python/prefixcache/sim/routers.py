@@ -26,12 +26,13 @@ import heapq
 import math
 import random as _random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError
+from prefixcache.sim.policies.tree_events import removed_event, stored_event
 from prefixcache.sim.requests import Request, RequestId, TokenArray, namespace_seed
 
 __all__ = [
@@ -183,7 +184,7 @@ class _ActiveBlocks:
                     self.prefill[k] -= pend.pop(i)
 
     def add(self, i: int, k: int, keys: BlockKeys, new_blocks: int, prefill: int) -> None:
-        self.index.apply(self.names[k], [_stored(keys, self.block_size)], now=0.0)
+        self.index.apply(self.names[k], [stored_event(keys, self.block_size)], now=0.0)
         self.blocks[k] += new_blocks
         self.prefill[k] += prefill
         self.unprefilled[k][i] = prefill
@@ -193,19 +194,8 @@ class _ActiveBlocks:
         k, keys = self.running.pop(i)
         self.prefill[k] -= self.unprefilled[k].pop(i, 0)
         w = self.names[k]
-        self.index.apply(w, [{"type": "BlockRemoved", "block_hashes": keys}], now=0.0)
+        self.index.apply(w, [removed_event(keys)], now=0.0)
         self.blocks[k] = int(self.index.status(w, now=0.0)["num_held"])
-
-
-def _stored(keys: BlockKeys, block_size: int) -> dict[str, Any]:
-    return {
-        "type": "BlockStored",
-        "block_hashes": keys,
-        "parent_block_hash": None,
-        "token_ids": None,
-        "block_size": block_size,
-        "lora_id": None,
-    }
 
 
 class CacheAwareRouter:

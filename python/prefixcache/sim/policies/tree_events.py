@@ -34,7 +34,14 @@ import numpy.typing as npt
 from prefixcache.events import MEDIUM_GPU
 from prefixcache.sim.requests import TokenArray, namespace_seed
 
-__all__ = ["DEFAULT_EVENT_BLOCK", "TreeBlockEvents", "TrieEventKeys"]
+__all__ = [
+    "DEFAULT_EVENT_BLOCK",
+    "StoreContext",
+    "TreeBlockEvents",
+    "TrieEventKeys",
+    "removed_event",
+    "stored_event",
+]
 
 # The block of a page-1 tree's events when none is given: vLLM's and the router's default.
 DEFAULT_EVENT_BLOCK = 16
@@ -105,23 +112,14 @@ class TreeBlockEvents:
         self._give_ids(ids[:held])
         if held < len(ids):
             lo = first + held
-            self._events.append(
-                {
-                    "type": "BlockStored",
-                    "block_hashes": keys[lo : first + len(ids)],
-                    "parent_block_hash": int(keys[lo - 1]) if lo else None,
-                    "token_ids": None,
-                    "block_size": bs,
-                    "lora_id": None,
-                }
-            )
+            self._events.append(stored_event(keys[lo : first + len(ids)], bs))
 
     def freed(self, values: Ids | list[int]) -> None:
         """The tree freed these KV values (an eviction): their blocks are removed."""
         arr = np.asarray(values, dtype=np.int64)
         ids = arr[arr != 0]
         if len(ids):
-            self._events.append({"type": "BlockRemoved", "block_hashes": self._key[ids]})
+            self._events.append(removed_event(self._key[ids]))
             self._give_ids(ids)
 
     def key_of(self, ids: Ids) -> Keys:
@@ -195,7 +193,7 @@ class TrieEventKeys:
 
         def flush() -> None:
             if gone:
-                out.append(_removed(gone.copy(), gone_on))
+                out.append(removed_event(gone.copy(), gone_on))
                 gone.clear()
 
         for ev in events:
@@ -216,14 +214,14 @@ class TrieEventKeys:
                 for h, k in zip(ev.block_hashes, keys.tolist(), strict=False):
                     known[h] = (k, MEDIUM_GPU)
                 if len(keys):
-                    out.append(_stored(keys, self.block_size, MEDIUM_GPU))
+                    out.append(stored_event(keys, self.block_size, MEDIUM_GPU))
             elif isinstance(ev, TrieBlockMoved):
                 for h in ev.block_hashes:
                     entry = known.get(h)
                     if entry is not None and entry[1] != ev.medium:
-                        out.append(_removed([entry[0]], entry[1]))
+                        out.append(removed_event([entry[0]], entry[1]))
                         key = np.array([entry[0]], dtype=np.uint64)
-                        out.append(_stored(key, self.block_size, ev.medium))
+                        out.append(stored_event(key, self.block_size, ev.medium))
                         known[h] = (entry[0], ev.medium)
         flush()
 
@@ -237,7 +235,8 @@ class TrieEventKeys:
         return out
 
 
-def _stored(keys: Keys, block_size: int, medium: str) -> dict[str, Any]:
+def stored_event(keys: Keys, block_size: int, medium: str = MEDIUM_GPU) -> dict[str, Any]:
+    """A ``BlockStored`` of full blocks named by their keys, as a fleet index reads it."""
     return {
         "type": "BlockStored",
         "block_hashes": keys,
@@ -249,5 +248,6 @@ def _stored(keys: Keys, block_size: int, medium: str) -> dict[str, Any]:
     }
 
 
-def _removed(keys: list[int], medium: str) -> dict[str, Any]:
+def removed_event(keys: Keys | list[int], medium: str = MEDIUM_GPU) -> dict[str, Any]:
+    """A ``BlockRemoved`` of blocks named by their keys."""
     return {"type": "BlockRemoved", "block_hashes": keys, "medium": medium}
