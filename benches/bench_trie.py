@@ -95,20 +95,23 @@ def test_lookup(benchmark: Any, impl: str, n: int, partial: bool) -> None:
 PROMPTS = shared_prefix_prompts(n=400, system_len=2048, unique_len=256)
 
 
+def request_cycle(t: Any) -> None:
+    """claim + complete + store + release of every prompt, one after the other."""
+    for i, p in enumerate(PROMPTS):
+        t.claim(i, p)
+        t.complete(i)
+        t.store(i, p)
+        t.release(i)
+
+
 @pytest.mark.parametrize("impl", ["core", "reference"])
 def test_request_cycle(benchmark: Any, impl: str) -> None:
     """claim + complete + store + release for 400 prompts of 2304 tokens (8 shared 2048-token
     system prompts): 36 blocks per request, 32 reused."""
     benchmark.group = "trie request cycle (400 x 2304 tokens, 64-token blocks)"
-
-    def run(t: Any) -> None:
-        for i, p in enumerate(PROMPTS):
-            t.claim(i, p)
-            t.complete(i)
-            t.store(i, p)
-            t.release(i)
-
-    benchmark.pedantic(run, setup=lambda: ((IMPLS[impl](4096, TPB),), {}), rounds=ROUNDS[impl])
+    benchmark.pedantic(
+        request_cycle, setup=lambda: ((IMPLS[impl](4096, TPB),), {}), rounds=ROUNDS[impl]
+    )
     record(benchmark, len(PROMPTS))
 
 
@@ -119,15 +122,8 @@ def test_request_cycle_small_gpu(benchmark: Any, host_blocks: int) -> None:
     onboards its system prompt's 32 blocks from host memory (core only)."""
     benchmark.group = "trie request cycle, 64 GPU blocks, host tier (core)"
 
-    def run(t: Any) -> None:
-        for i, p in enumerate(PROMPTS):
-            t.claim(i, p)
-            t.complete(i)
-            t.store(i, p)
-            t.release(i)
-
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (BlockTrie(64, TPB, host_blocks=host_blocks),), {}
 
-    benchmark.pedantic(run, setup=setup, rounds=ROUNDS["core"])
+    benchmark.pedantic(request_cycle, setup=setup, rounds=ROUNDS["core"])
     record(benchmark, len(PROMPTS))

@@ -58,6 +58,17 @@ class PolicyStats:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def note_host_tier(
+        self, cpu_capacity: int, host_hit_tokens: int, counters: dict[str, int]
+    ) -> None:
+        """The second tier's figures, from a cache's host counters (``host_stats()`` of
+        the radix tree and the block trie: stored, host-evicted and peak host tokens)."""
+        self.cpu_capacity = cpu_capacity
+        self.host_hit_tokens = host_hit_tokens
+        self.stored_tokens = int(counters["stored_tokens"])
+        self.host_evicted_tokens = int(counters["host_evicted_tokens"])
+        self.peak_host_tokens = int(counters["peak_host_tokens"])
+
 
 class CachePolicy(Protocol):
     """What a scheduler needs from a prefix cache (docs/SIMULATOR.md, "Policies").

@@ -395,12 +395,7 @@ class RadixPolicy:
             self._peak_cached,
         )
         if self.cpu_capacity > 0:
-            h = self.tree.host_stats()
-            st.cpu_capacity = self.cpu_capacity
-            st.host_hit_tokens = self._host_hit_tokens
-            st.stored_tokens = int(h["stored_tokens"])
-            st.host_evicted_tokens = int(h["host_evicted_tokens"])
-            st.peak_host_tokens = int(h["peak_host_tokens"])
+            st.note_host_tier(self.cpu_capacity, self._host_hit_tokens, self.tree.host_stats())
         return st
 
     def check(self) -> None:

@@ -306,11 +306,7 @@ class TrtllmPolicy:
             h = self.trie.host_stats()
             st.evicted_tokens += int(h["stored_tokens"])
             st.evictions += int(h["offloaded_blocks"])
-            st.cpu_capacity = self.cpu_capacity
-            st.host_hit_tokens = self._host_hit_tokens
-            st.stored_tokens = int(h["stored_tokens"])
-            st.host_evicted_tokens = int(h["host_evicted_tokens"])
-            st.peak_host_tokens = int(h["peak_host_tokens"])
+            st.note_host_tier(self.cpu_capacity, self._host_hit_tokens, h)
         return st
 
     def check(self) -> None:
