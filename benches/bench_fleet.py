@@ -153,50 +153,74 @@ def test_embedded_apply_frames(benchmark: Any) -> None:
     benchmark(run)
 
 
-def _stored(hashes: np.ndarray) -> dict[str, Any]:
-    return {"type": "BlockStored", "block_hashes": hashes, "block_size": BLOCK}
+def _stored(hashes: np.ndarray, medium: str | None = None) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": hashes, "block_size": BLOCK, "medium": medium}
 
 
-def _removed(hashes: np.ndarray) -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes}
+def _removed(hashes: np.ndarray, medium: str | None = None) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
 
 
 Batches = list[tuple[str, list[dict[str, Any]]]]
 
 
 def steady_stream(
-    n_workers: int = 4, held: int = 187_500, steps: int = 2000, run: int = 64, seed: int = 0
+    n_workers: int = 4,
+    held: int = 187_500,
+    steps: int = 2000,
+    run: int = 64,
+    seed: int = 0,
+    media: tuple[str | None, ...] = (None,),
 ) -> tuple[KvIndex, Batches, int]:
     """An index whose workers hold ``held`` hashes each (a fleet replay's instances at
     3M tokens of 16-token blocks), and a cycle of batches that leaves it as it found it:
     ``steps`` batches each storing ``run`` new hashes on a worker and removing its ``run``
     oldest, then the same undone in reverse order. Hashes are numpy arrays, the shape of
     the fleet replay's events; the table outgrows the CPU caches, as in a whole-trace
-    fleet replay. Returns the index, the batches and their block events."""
+    fleet replay. Every hash is stored on and removed from each of ``media`` (``("GPU",
+    "CPU")``: a host tier holding a copy of every device block, as a tree with
+    write-through does). Returns the index, the batches and their block events."""
     rng = np.random.default_rng(seed)
     ix = KvIndex()
+
+    def stored(h: np.ndarray) -> list[dict[str, Any]]:
+        return [_stored(h, m) for m in media]
+
+    def removed(h: np.ndarray) -> list[dict[str, Any]]:
+        return [_removed(h, m) for m in media]
+
     fifo: list[list[np.ndarray]] = []
     for w in range(n_workers):
         chunks = [rng.integers(0, 2**63, run, dtype=np.uint64) for _ in range(held // run)]
         for c in chunks:
-            ix.apply(f"w{w}", [_stored(c)], now=0.0)
+            ix.apply(f"w{w}", stored(c), now=0.0)
         fifo.append(chunks)
-    forward: Batches = []
+    forward: list[tuple[str, np.ndarray, np.ndarray]] = []
     for step in range(steps):
         w = step % n_workers
         new = rng.integers(0, 2**63, run, dtype=np.uint64)
         old = fifo[w].pop(0)
         fifo[w].append(new)
-        forward.append((f"w{w}", [_stored(new), _removed(old)]))
-    undo: Batches = [
-        (w, [_stored(ev[1]["block_hashes"]), _removed(ev[0]["block_hashes"])])
-        for w, ev in reversed(forward)
-    ]
-    return ix, forward + undo, 2 * steps * 2 * run
+        forward.append((f"w{w}", new, old))
+    batches: Batches = [(w, stored(new) + removed(old)) for w, new, old in forward]
+    batches += [(w, stored(old) + removed(new)) for w, new, old in reversed(forward)]
+    return ix, batches, 2 * steps * 2 * run * len(media)
 
 
 def test_embedded_apply_large_index(benchmark: Any) -> None:
     ix, batches, _ = steady_stream()
+    before = ix.num_hashes
+
+    def run() -> None:
+        for w, events in batches:
+            ix.apply(w, events, now=0.0)
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    assert ix.num_hashes == before
+
+
+def test_embedded_apply_large_index_two_media(benchmark: Any) -> None:
+    ix, batches, _ = steady_stream(media=("GPU", "CPU"))
     before = ix.num_hashes
 
     def run() -> None:
@@ -287,17 +311,19 @@ def main() -> None:
         f"({t / len(msgs) * 1e6:.2f} us per message)"
     )
 
-    big, batches, block_events = steady_stream()
+    for media in ((None,), ("GPU", "CPU")):
+        big, batches, block_events = steady_stream(media=media)
 
-    def apply_big() -> None:
-        for w, events in batches:
-            big.apply(w, events, now=0.0)
+        def apply_big(big: Any = big, batches: Batches = batches) -> None:
+            for w, events in batches:
+                big.apply(w, events, now=0.0)
 
-    t = _best(apply_big, 3)
-    print(
-        f"embedded apply, 4 workers x 187,500 hashes held: {block_events} block events in "
-        f"{t * 1e3:.0f} ms = {block_events / t / 1e6:.2f} M block events/s"
-    )
+        t = _best(apply_big, 3)
+        print(
+            f"embedded apply, 4 workers x 187,500 hashes held on {len(media)} medium(s): "
+            f"{block_events} block events in {t * 1e3:.0f} ms = "
+            f"{block_events / t / 1e6:.2f} M block events/s"
+        )
 
     ix = KvIndex()
     reqs = filled(ix)

@@ -372,11 +372,32 @@ def _as_events(ops: list) -> list[dict]:
     return out
 
 
+# Workers padded to slots 62..65: the inline holder words end at slot 63 on the first
+# medium and at slot 64 on the second (fleet/holders.rs), so these cross both edges.
+PADDED_STEP = st.tuples(
+    st.sampled_from(["w62", "w63", "w64", "w65"]),
+    st.lists(OP, max_size=4),
+    st.one_of(st.none(), st.integers(0, 6)),
+)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(STEP, max_size=25), st.lists(HASHES, max_size=8))
 def test_differential_against_reference(steps: list, query: list[int]) -> None:
+    _differential(steps, query, padding=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(PADDED_STEP, max_size=25), st.lists(HASHES, max_size=8))
+def test_differential_against_reference_on_high_slots(steps: list, query: list[int]) -> None:
+    _differential(steps, query, padding=62)
+
+
+def _differential(steps: list, query: list[int], padding: int) -> None:
     ix = KvIndex()
     ref = FleetReference()
+    for i in range(padding):  # workers on slots 0..padding, holding nothing
+        assert ix.apply(f"pad{i}", [], seq=None, now=0.0) == ref.apply(f"pad{i}", [], None)
     for worker, ops, seq in steps:
         got = ix.apply(worker, _as_events(ops), seq=seq, now=0.0)
         assert got == ref.apply(worker, ops, seq)

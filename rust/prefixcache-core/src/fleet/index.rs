@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::event::{Batch, FleetEvent, HashForm, DEFAULT_MEDIUM};
-use super::holders::{for_each_bit, Holders, Removal};
+use super::holders::{for_each_bit, Holders, Removal, Words};
 use super::wire;
 use crate::error::{Error, Result};
 
@@ -638,7 +638,8 @@ impl KvIndex {
             let holders = self.blocks.get(h);
             any_hold.fill(0);
             for m in 0..nm {
-                let hb = holders.map_or(&[][..], |x| x.on(m as u8));
+                let held_by = holders.map_or(Words::NONE, |x| x.on(m as u8));
+                let hb = held_by.as_slice();
                 let row = &mut active[m * words..(m + 1) * words];
                 for (j, a) in row.iter_mut().enumerate() {
                     let hw = hb.get(j).copied().unwrap_or(0);
@@ -677,7 +678,8 @@ impl KvIndex {
                     order.sort_by(|x, y| y.1.total_cmp(&x.1));
                     let mut covered = 0u64;
                     for &(m, wm) in &order {
-                        let add = kept & hs.on(m).get(j).copied().unwrap_or(0) & !covered;
+                        let add =
+                            kept & hs.on(m).as_slice().get(j).copied().unwrap_or(0) & !covered;
                         covered |= add;
                         for_each_bit(j, add, |s| score[s] += wm);
                     }
@@ -764,7 +766,8 @@ impl KvIndex {
             if hs.is_empty() {
                 return Err(format!("hash {h} listed with no holder"));
             }
-            for (m, b) in hs.media() {
+            for (m, words) in hs.media() {
+                let b = words.as_slice();
                 if b.last() == Some(&0) {
                     return Err(format!("hash {h} medium {m}: trailing zero word"));
                 }
