@@ -175,6 +175,40 @@ def test_cache_aware_follows_tree_instances_events(policy: str) -> None:
     assert rr.summary()["hit_tokens"] < res.summary()["hit_tokens"]
 
 
+@pytest.mark.parametrize("offload", ["write-through", "write-through-selective", "write-back"])
+def test_cache_aware_follows_a_tree_prefix_into_host_memory(offload: str) -> None:
+    # A's prefix is served on one instance, then long unique prompts push it off that
+    # instance's GPU: only its host copy is left. The router sees it in the instance's CPU
+    # events and sends A's next request there, which loads the prefix back.
+    head = _toks(1_000_000, 1024)
+    reqs = [Request(0, np.concatenate([head, _toks(5_000_000, 40)]), _toks(5_000_100, 8))]
+    for i in range(1, 9):
+        reqs.append(
+            Request(i, _toks(10_000_000 * (i + 1), 1400), _toks(100 * i, 8), arrival=2.0 * i)
+        )
+    reqs.append(Request(9, np.concatenate([head, _toks(6_000_000, 40)]), _toks(8, 8), arrival=20.0))
+
+    def run(cpu: int) -> tuple[list[int], int, int]:
+        res = fleet_replay(
+            reqs,
+            "radix",
+            1600,
+            2,
+            "cache-aware",
+            scheduler=SCHED,
+            cpu_capacity=cpu,
+            offload=offload if cpu else None,
+            check=True,
+        )
+        last = res.records[-1]
+        return res.served_by, last.hit_tokens, last.host_hit_tokens
+
+    served, hit, host = run(1 << 16)
+    assert served[-1] == served[0] and hit == host == 1024
+    served, hit, _ = run(0)  # no host tier: the prefix is gone, the router goes elsewhere
+    assert served[-1] != served[0] and hit == 0
+
+
 def _tree_blocks(pol: RadixPolicy) -> dict[str, list[int]]:
     """Per medium, the keys of the full blocks a policy's tree holds, recomputed from its
     dump (each node's path tokens rehashed): on GPU the blocks whose last token is on the
@@ -635,6 +669,17 @@ def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
     data = json.loads(out.read_text())
     assert [s["instances"] for s in data["fleet"]] == [1, 2]
+
+
+@pytest.mark.parametrize("offload", ["write-through", "write-back"])
+def test_cli_fleet_radix_with_a_host_tier(tmp_path: Path, offload: str) -> None:
+    # The cache-aware router over tree instances with a host tier (CPU events), end to end.
+    out = tmp_path / "fleet.json"
+    args = ["replay", "workload:F", "--instances", "2", "--policies", "radix"]
+    args += ["--router", "cache-aware", "--capacity", "8k", "--cpu-capacity", "64k"]
+    assert main([*args, "--offload", offload, "--quiet", "--json", str(out)]) == 0
+    (ca,) = json.loads(out.read_text())["fleet"]
+    assert ca["router"] == "cache-aware" and ca["host_hit_tokens"] > 0
 
 
 def test_cli_fleet_progress_bars(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,6 +27,9 @@ const DETACH_MIN_ALLOC: usize = 8192;
 /// `evict(num_tokens)`: ~0.3-1 us per evicted leaf plus the freed indices' array.
 const DETACH_MIN_EVICT: i64 = 1024;
 
+/// An int64 array handed to Python.
+type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+
 /// A handle to a tree node. Valid while the node exists; using it after the node was
 /// evicted (or after `reset()`) raises `StaleHandleError`.
 #[pyclass(frozen, eq, hash, module = "prefixcache._core")]
@@ -268,10 +271,7 @@ impl RadixCache {
 
     /// `(stored, dropped)`: the values of the host copies made and of those dropped since
     /// the last call, each as its node had them when copied (empty without `host_events`).
-    fn take_host_events<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    fn take_host_events<'py>(&self, py: Python<'py>) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
         let (stored, dropped) = self.inner.with(py, |t| t.take_host_events())?;
         Ok((
             convert::i64_array(py, stored),
@@ -281,7 +281,7 @@ impl RadixCache {
 
     /// The values of every non-root node's host copy, in `dump()` order (empty for a node
     /// without one, or without `host_events`).
-    fn host_values_dump<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyArray1<i64>>>> {
+    fn host_values_dump<'py>(&self, py: Python<'py>) -> PyResult<Vec<I64Array<'py>>> {
         let all = self.inner.with_gil_released(py, |t| t.host_values_dump())?;
         Ok(all.into_iter().map(|v| convert::i64_array(py, v)).collect())
     }
