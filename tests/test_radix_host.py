@@ -277,6 +277,31 @@ def test_host_events_report_copies_made_and_dropped(impl: Any) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_host_events_keep_sparse_labels_through_splits(impl: Any) -> None:
+    # Mostly zeros, as a publisher's block labels: the copy splits and drops exactly.
+    c = impl(1, "lru", host_capacity=16, write_policy="write_through", host_events=True)
+    labels = [0, 0, 0, 5, 0, 0, 0, 9]
+    c.insert(list(range(1, 9)), arr(labels))
+    assert _events(c) == (labels, [])
+    c.match_prefix([1, 2])  # splits after 2
+    c.insert([1, 2, 3, 4, 5, 6, 70], arr([0] * 7))  # splits after 6
+    assert [list(v) for v in c.host_values_dump()] == [
+        [0, 0],
+        [0, 5, 0, 0],
+        [0, 9],
+        [0],
+    ]
+    c.evict(16)
+    assert c.evict_host(16) == 9
+    stored, dropped = _events(c)
+    assert stored == [0] and sorted(dropped) == sorted([*labels, 0])
+    c.insert([1, 2, 3, 4], arr([0, 3, 0, 4]))
+    c.evict(4)
+    c.evict_host(4)
+    assert [list(a) for a in c.take_host_events(nonzero=True)] == [[3, 4], [3, 4]]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_host_events_under_write_back_copy_the_freed_values(impl: Any) -> None:
     c = impl(1, "lru", host_capacity=4, write_policy="write_back", host_events=True)
     c.insert([1, 2, 3], arr([10, 11, 12]))

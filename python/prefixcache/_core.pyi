@@ -181,13 +181,14 @@ class RadixCache:
     @property
     def host_events(self) -> bool:
         """Whether the host copies' values are kept (``host_events=True``)."""
-    def take_host_events(self) -> tuple[_I64Array, _I64Array]:
+    def take_host_events(self, nonzero: bool = False) -> tuple[_I64Array, _I64Array]:
         """``(stored, dropped)``: the values of the host copies made and of those dropped
         since the last call, in order, each copy's values as its node had them when it
         was copied (a load back gives the device fresh values, the copy keeps its own; a
         split copy is reported in its parts). A copy made and dropped within the period
         is in both. ``reset()`` drops the copies unreported. Empty without
-        ``host_events``."""
+        ``host_events``. ``nonzero``: without the values that are 0 (for a caller that
+        labels only some tokens)."""
     def host_values_dump(self) -> list[_I64Array]:
         """The values of every non-root node's host copy, in ``dump()`` order (empty for
         a node without one, or without ``host_events``)."""

@@ -660,10 +660,14 @@ class RadixCache:
     def host_events(self) -> bool:
         return self._host_events
 
-    def take_host_events(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        out = (_array(self._host_stored), _array(self._host_dropped))
+    def take_host_events(
+        self, nonzero: bool = False
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        stored, dropped = self._host_stored, self._host_dropped
         self._host_stored, self._host_dropped = [], []
-        return out
+        if nonzero:
+            stored, dropped = [v for v in stored if v], [v for v in dropped if v]
+        return _array(stored), _array(dropped)
 
     def host_values_dump(self) -> list[npt.NDArray[np.int64]]:
         out: list[npt.NDArray[np.int64]] = []

@@ -270,9 +270,15 @@ impl RadixCache {
     }
 
     /// `(stored, dropped)`: the values of the host copies made and of those dropped since
-    /// the last call, each as its node had them when copied (empty without `host_events`).
-    fn take_host_events<'py>(&self, py: Python<'py>) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
-        let (stored, dropped) = self.inner.with(py, |t| t.take_host_events())?;
+    /// the last call, each as its node had them when copied (empty without `host_events`);
+    /// `nonzero`: without the values that are 0.
+    #[pyo3(signature = (nonzero = false))]
+    fn take_host_events<'py>(
+        &self,
+        py: Python<'py>,
+        nonzero: bool,
+    ) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
+        let (stored, dropped) = self.inner.with(py, |t| t.take_host_events(nonzero))?;
         Ok((
             convert::i64_array(py, stored),
             convert::i64_array(py, dropped),

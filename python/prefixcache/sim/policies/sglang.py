@@ -166,7 +166,7 @@ class RadixPolicy:
         values = self.tree.evict(n)
         if self.events is not None:
             if self._host_events:  # write-back copies, host copies dropped to make room
-                self.events.host(*self.tree.take_host_events())
+                self.events.host(*self.tree.take_host_events(nonzero=True))
             self.events.freed(values)
         freed = len(values)
         self._evicted_nodes += before - self.tree.num_nodes
@@ -218,7 +218,7 @@ class RadixPolicy:
         if ev is not None:
             ev.stored(keys, start, ids, int(r.prefix_len))
             if self._host_events:  # write-through copies, host copies dropped for them
-                ev.host(*self.tree.take_host_events())
+                ev.host(*self.tree.take_host_events(nonzero=True))
         dup = int(r.prefix_len) - seq.protected
         if dup > 0:
             self.pool.give(dup)

@@ -64,13 +64,15 @@ class TreeBlockEvents:
         self.block_size = block_size
         self._key = np.zeros(1024, dtype=np.uint64)  # id -> key (id 0: no block)
         self._refs = np.zeros(1024, dtype=np.int8)  # id -> copies holding it (0, 1 or 2)
-        self._free = np.arange(1023, 0, -1, dtype=np.int64)  # free ids, a stack (top last)
+        # Free ids, a stack (top last) in a buffer as long as the id space: `_nfree` first.
+        self._free = np.arange(1023, -1, -1, dtype=np.int64)
+        self._nfree = 1023
         self._events: list[dict[str, Any]] = []
         self.live = 0  # ids naming a block the tree holds or is about to hold
 
     # -- ids -----------------------------------------------------------------------------
     def _take_ids(self, n: int) -> Ids:
-        if n > len(self._free):
+        if n > self._nfree:
             old = len(self._key)
             size = max(2 * old, old + n)
             key = np.zeros(size, dtype=np.uint64)
@@ -79,9 +81,14 @@ class TreeBlockEvents:
             refs = np.zeros(size, dtype=np.int8)
             refs[:old] = self._refs
             self._refs = refs
-            self._free = np.concatenate([np.arange(size - 1, old - 1, -1), self._free])
-        ids = self._free[len(self._free) - n :][::-1].copy()
-        self._free = self._free[: len(self._free) - n]
+            free = np.empty(size, dtype=np.int64)
+            free[: size - old] = np.arange(size - 1, old - 1, -1)  # new ids below the old
+            free[size - old : size - old + self._nfree] = self._free[: self._nfree]
+            self._free = free
+            self._nfree += size - old
+        top = self._nfree
+        ids = self._free[top - n : top][::-1].copy()
+        self._nfree = top - n
         self._refs[ids] = 1
         self.live += n
         return ids
@@ -93,7 +100,9 @@ class TreeBlockEvents:
             done = ids[self._refs[ids] == 0]
             if len(done):
                 self._key[done] = 0
-                self._free = np.concatenate([self._free, done])
+                top = self._nfree
+                self._free[top : top + len(done)] = done
+                self._nfree = top + len(done)
                 self.live -= len(done)
 
     # -- what the tree is given and gives back -------------------------------------------
@@ -139,14 +148,14 @@ class TreeBlockEvents:
 
     def host(self, stored: Ids, dropped: Ids) -> None:
         """The tree made host copies of the values ``stored`` and dropped those of the
-        values ``dropped`` (``take_host_events``): their blocks are stored on and removed
-        from ``CPU``. Copies made are counted before copies dropped (a copy can be both
-        within one tree call), and both before the device values the call freed."""
-        new = stored[stored != 0]
+        values ``dropped`` (``take_host_events(nonzero=True)``: the ids alone): their
+        blocks are stored on and removed from ``CPU``. Copies made are counted before
+        copies dropped (a copy can be both within one tree call), and both before the
+        device values the call freed."""
+        new, gone = stored, dropped
         if len(new):
             self._refs[new] += 1
             self._events.append(stored_event(self._key[new], self.block_size, MEDIUM_CPU))
-        gone = dropped[dropped != 0]
         if len(gone):
             self._events.append(removed_event(self._key[gone], MEDIUM_CPU))
             self._release(gone)

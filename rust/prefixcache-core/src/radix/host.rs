@@ -108,9 +108,78 @@ type HostEntry = Reverse<(PolicyKey, u32, u64)>;
 /// [`RadixTree::take_host_events`].
 #[derive(Debug, Default)]
 struct HostValues {
-    by_slot: FxHashMap<u32, Box<[i64]>>,
+    by_slot: FxHashMap<u32, HostCopy>,
     stored: Vec<i64>,
     dropped: Vec<i64>,
+}
+
+/// The values of one host copy: all of them, or, when most are 0 (a publisher's block
+/// labels: one id per block), the others with their offsets.
+#[derive(Debug)]
+enum HostCopy {
+    Dense(Box<[i64]>),
+    Sparse {
+        len: usize,
+        at: Box<[u32]>,
+        val: Box<[i64]>,
+    },
+}
+
+impl HostCopy {
+    fn new(values: &[i64]) -> Self {
+        let nonzero = values.iter().filter(|&&v| v != 0).count();
+        // Sparse takes 12 bytes per nonzero value, dense 8 per value.
+        if nonzero * 3 >= values.len() * 2 || u32::try_from(values.len()).is_err() {
+            return HostCopy::Dense(values.into());
+        }
+        let mut at = Vec::with_capacity(nonzero);
+        let mut val = Vec::with_capacity(nonzero);
+        for (i, &v) in values.iter().enumerate() {
+            if v != 0 {
+                at.push(i as u32); // i < len <= u32::MAX (checked above)
+                val.push(v);
+            }
+        }
+        HostCopy::Sparse {
+            len: values.len(),
+            at: at.into(),
+            val: val.into(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            HostCopy::Dense(v) => v.len(),
+            HostCopy::Sparse { len, .. } => *len,
+        }
+    }
+
+    /// Appends the values to `out`.
+    fn extend_into(&self, out: &mut Vec<i64>) {
+        match self {
+            HostCopy::Dense(v) => out.extend_from_slice(v),
+            HostCopy::Sparse { len, at, val } => {
+                let base = out.len();
+                out.resize(base + len, 0);
+                for (&i, &v) in at.iter().zip(val.iter()) {
+                    out[base + i as usize] = v;
+                }
+            }
+        }
+    }
+
+    fn to_vec(&self) -> Vec<i64> {
+        let mut out = Vec::with_capacity(self.len());
+        self.extend_into(&mut out);
+        out
+    }
+
+    /// The first `p` values and the rest.
+    fn split_at(&self, p: usize) -> (HostCopy, HostCopy) {
+        let all = self.to_vec();
+        let p = p.min(all.len());
+        (HostCopy::new(&all[..p]), HostCopy::new(&all[p..]))
+    }
 }
 
 #[derive(Debug)]
@@ -213,23 +282,30 @@ impl RadixTree {
     /// token; a split copy is reported in its parts). Empty unless
     /// [`RadixTree::set_host_events`] is on. A copy both made and dropped since the last
     /// call is in both; [`RadixTree::reset`] drops every copy without reporting it.
-    pub fn take_host_events(&mut self) -> (Vec<i64>, Vec<i64>) {
-        match self.host.as_mut().and_then(|h| h.values.as_mut()) {
-            Some(v) => (
-                std::mem::take(&mut v.stored),
-                std::mem::take(&mut v.dropped),
-            ),
-            None => (Vec::new(), Vec::new()),
+    /// `nonzero`: leave out the values that are 0 (for a caller that labels only some
+    /// tokens, as a publisher labels one token per block).
+    pub fn take_host_events(&mut self, nonzero: bool) -> (Vec<i64>, Vec<i64>) {
+        let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut out = (
+            std::mem::take(&mut v.stored),
+            std::mem::take(&mut v.dropped),
+        );
+        if nonzero {
+            out.0.retain(|&x| x != 0);
+            out.1.retain(|&x| x != 0);
         }
+        out
     }
 
     /// The values of `slot`'s host copy, if kept.
-    pub(crate) fn host_values_of(&self, slot: u32) -> Option<&[i64]> {
+    fn host_values_of(&self, slot: u32) -> Option<Vec<i64>> {
         self.host
             .as_ref()
             .and_then(|h| h.values.as_ref())
             .and_then(|v| v.by_slot.get(&slot))
-            .map(|b| &b[..])
+            .map(HostCopy::to_vec)
     }
 
     /// Host capacity in tokens (0 without a tier).
@@ -300,7 +376,7 @@ impl RadixTree {
             }
             if let Some(v) = h.values.as_mut() {
                 if let Some(old) = v.by_slot.remove(&slot) {
-                    v.dropped.extend_from_slice(&old);
+                    old.extend_into(&mut v.dropped);
                 }
             }
         }
@@ -319,9 +395,9 @@ impl RadixTree {
         if let Some(h) = self.host.as_mut() {
             if let Some(v) = h.values.as_mut() {
                 if let Some(old) = v.by_slot.remove(&child) {
-                    let p = p.min(old.len());
-                    v.by_slot.insert(head, old[..p].into());
-                    v.by_slot.insert(child, old[p..].into());
+                    let (first, rest) = old.split_at(p);
+                    v.by_slot.insert(head, first);
+                    v.by_slot.insert(child, rest);
                 }
             }
             let c = h.slot(child);
@@ -450,9 +526,9 @@ impl RadixTree {
         h.stats.peak_host_tokens = h.stats.peak_host_tokens.max(h.used);
         h.slot_mut(slot).backed = true;
         if let Some(v) = h.values.as_mut() {
-            let values = self.nodes[slot as usize].span.values();
-            v.stored.extend_from_slice(&values);
-            v.by_slot.insert(slot, values.into_boxed_slice());
+            let start = v.stored.len();
+            self.nodes[slot as usize].span.extend_values(&mut v.stored);
+            v.by_slot.insert(slot, HostCopy::new(&v.stored[start..]));
         }
         true
     }
@@ -659,10 +735,7 @@ impl RadixTree {
         let mut out = Vec::with_capacity(self.num_nodes);
         let mut stack: Vec<u32> = self.sorted_children(ROOT).into_iter().rev().collect();
         while let Some(slot) = stack.pop() {
-            out.push(
-                self.host_values_of(slot)
-                    .map_or_else(Vec::new, <[i64]>::to_vec),
-            );
+            out.push(self.host_values_of(slot).unwrap_or_default());
             stack.extend(self.sorted_children(slot).into_iter().rev());
         }
         out
@@ -757,7 +830,7 @@ impl RadixTree {
 mod tests {
     use super::super::policy::EvictionPolicy;
     use super::super::tree::{Namespace, RadixTree};
-    use super::WritePolicy;
+    use super::{HostCopy, WritePolicy};
 
     fn tree(host: usize, write: WritePolicy) -> RadixTree {
         let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
@@ -858,12 +931,12 @@ mod tests {
         assert!(t.set_host_events(true).is_ok() && t.host_events());
         t.insert(&[1, 2, 3, 4], Some(&[10, 11, 12, 13]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(), (vec![10, 11, 12, 13], vec![]));
-        assert_eq!(t.take_host_events(), (vec![], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![10, 11, 12, 13], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
         // A split splits the copy.
         t.insert(&[1, 2, 7], Some(&[20, 21, 22]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(), (vec![22], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![22], vec![]));
         assert_eq!(
             t.host_values_dump(),
             vec![vec![10, 11], vec![12, 13], vec![22]]
@@ -873,17 +946,17 @@ mod tests {
         assert_eq!(t.evict(3).expect("evict").len(), 3);
         let m = t.match_prefix(&[1, 2, 3, 4], &ns);
         assert_eq!(t.load_back(m.host_node, Some(&[30, 31])).expect("load"), 2);
-        assert_eq!(t.take_host_events(), (vec![], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
         t.check_invariants().expect("invariants");
         // Host eviction drops the host-only [7].
         assert_eq!(t.evict_host(1), 1);
-        assert_eq!(t.take_host_events(), (vec![], vec![22]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![22]));
         assert_eq!(t.host_values_dump(), vec![vec![10, 11], vec![12, 13]]);
         // A copy that does not fit evicts host leaves: both in one report, made first.
         t.evict(4).expect("evict");
         t.insert(&[5, 6, 7, 8, 9], Some(&[40, 41, 42, 43, 44]), &ns, 0, 0)
             .expect("insert");
-        let (stored, dropped) = t.take_host_events();
+        let (stored, dropped) = t.take_host_events(false);
         assert_eq!(stored, vec![40, 41, 42, 43, 44]);
         assert_eq!(dropped, vec![12, 13]);
         t.check_invariants().expect("invariants");
@@ -891,12 +964,12 @@ mod tests {
         t.reset();
         assert!(t.host_events());
         t.insert(&[1], Some(&[5]), &ns, 0, 0).expect("insert");
-        assert_eq!(t.take_host_events(), (vec![5], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![5], vec![]));
         // Off: nothing is kept.
         let mut off = tree(8, WritePolicy::WriteThrough);
         off.insert(&[1, 2], Some(&[10, 11]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(off.take_host_events(), (vec![], vec![]));
+        assert_eq!(off.take_host_events(false), (vec![], vec![]));
         assert_eq!(off.host_values_dump(), vec![Vec::<i64>::new()]);
         assert!(off.set_host_events(true).is_err()); // not on a non-empty tree
         let mut none = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
@@ -912,16 +985,49 @@ mod tests {
         t.set_host_events(true).expect("events");
         t.insert(&[1, 2, 3], Some(&[10, 11, 12]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(), (vec![], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
         assert_eq!(t.evict(3).expect("evict"), vec![10, 11, 12]);
-        assert_eq!(t.take_host_events(), (vec![10, 11, 12], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![10, 11, 12], vec![]));
         // A leaf too long for host memory evicts the host leaves first, then is deleted.
         t.insert(&[4, 5, 6, 7, 8], Some(&[20, 21, 22, 23, 24]), &ns, 0, 0)
             .expect("insert");
         assert_eq!(t.evict(5).expect("evict").len(), 5);
-        assert_eq!(t.take_host_events(), (vec![], vec![10, 11, 12]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![10, 11, 12]));
         assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
         t.check_invariants().expect("invariants");
+    }
+
+    /// A host copy keeps its values dense or, mostly zeros, sparse: the same values
+    /// either way, whole and split anywhere.
+    #[test]
+    fn host_copy_dense_and_sparse() {
+        let cases: [&[i64]; 6] = [
+            &[],
+            &[0, 0, 0, 5],
+            &[1, 2, 3],
+            &[0, 7, 0, 0, 0, 0, 0, 9],
+            &[-1, 0, 0, 0],
+            &[0, 0, 0, 0, 0, 0],
+        ];
+        for values in cases {
+            let c = HostCopy::new(values);
+            assert_eq!((c.to_vec(), c.len()), (values.to_vec(), values.len()));
+            for p in 0..=values.len() {
+                let (a, b) = c.split_at(p);
+                assert_eq!(
+                    (a.to_vec(), b.to_vec()),
+                    (values[..p].to_vec(), values[p..].to_vec())
+                );
+            }
+            let mut out = vec![4];
+            c.extend_into(&mut out);
+            assert_eq!(out[1..], *values);
+        }
+        assert!(matches!(
+            HostCopy::new(&[0, 0, 0, 0, 0, 0, 0, 9]),
+            HostCopy::Sparse { .. }
+        ));
+        assert!(matches!(HostCopy::new(&[1, 2, 3]), HostCopy::Dense(_)));
     }
 
     /// A load with values of the wrong length changes nothing.
