@@ -109,13 +109,28 @@ type HostEntry = Reverse<(PolicyKey, u32, u64)>;
 #[derive(Debug, Default)]
 struct HostValues {
     by_slot: FxHashMap<u32, HostCopy>,
-    stored: Vec<i64>,
-    dropped: Vec<i64>,
+    stored: Vec<HostCopy>,
+    dropped: Vec<HostCopy>,
+    /// A node's values on their way into a copy (kept for its capacity).
+    scratch: Vec<i64>,
+}
+
+/// The values of `copies`, one after the other (`nonzero`: without the zeros).
+fn flatten(copies: &[HostCopy], nonzero: bool) -> Vec<i64> {
+    let mut out = Vec::new();
+    for c in copies {
+        if nonzero {
+            c.extend_nonzero(&mut out);
+        } else {
+            c.extend_into(&mut out);
+        }
+    }
+    out
 }
 
 /// The values of one host copy: all of them, or, when most are 0 (a publisher's block
 /// labels: one id per block), the others with their offsets.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum HostCopy {
     Dense(Box<[i64]>),
     Sparse {
@@ -165,6 +180,15 @@ impl HostCopy {
                     out[base + i as usize] = v;
                 }
             }
+        }
+    }
+
+    /// Appends the values that are not 0 to `out`.
+    fn extend_nonzero(&self, out: &mut Vec<i64>) {
+        match self {
+            HostCopy::Dense(v) => out.extend(v.iter().filter(|&&x| x != 0)),
+            // Only nonzero values are kept.
+            HostCopy::Sparse { val, .. } => out.extend_from_slice(val),
         }
     }
 
@@ -288,14 +312,9 @@ impl RadixTree {
         let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) else {
             return (Vec::new(), Vec::new());
         };
-        let mut out = (
-            std::mem::take(&mut v.stored),
-            std::mem::take(&mut v.dropped),
-        );
-        if nonzero {
-            out.0.retain(|&x| x != 0);
-            out.1.retain(|&x| x != 0);
-        }
+        let out = (flatten(&v.stored, nonzero), flatten(&v.dropped, nonzero));
+        v.stored.clear();
+        v.dropped.clear();
         out
     }
 
@@ -376,7 +395,7 @@ impl RadixTree {
             }
             if let Some(v) = h.values.as_mut() {
                 if let Some(old) = v.by_slot.remove(&slot) {
-                    old.extend_into(&mut v.dropped);
+                    v.dropped.push(old);
                 }
             }
         }
@@ -526,9 +545,11 @@ impl RadixTree {
         h.stats.peak_host_tokens = h.stats.peak_host_tokens.max(h.used);
         h.slot_mut(slot).backed = true;
         if let Some(v) = h.values.as_mut() {
-            let start = v.stored.len();
-            self.nodes[slot as usize].span.extend_values(&mut v.stored);
-            v.by_slot.insert(slot, HostCopy::new(&v.stored[start..]));
+            v.scratch.clear();
+            self.nodes[slot as usize].span.extend_values(&mut v.scratch);
+            let copy = HostCopy::new(&v.scratch);
+            v.stored.push(copy.clone());
+            v.by_slot.insert(slot, copy);
         }
         true
     }
@@ -1022,6 +1043,10 @@ mod tests {
             let mut out = vec![4];
             c.extend_into(&mut out);
             assert_eq!(out[1..], *values);
+            let mut nz = vec![4];
+            c.extend_nonzero(&mut nz);
+            let want: Vec<i64> = values.iter().copied().filter(|&v| v != 0).collect();
+            assert_eq!(nz[1..], want);
         }
         assert!(matches!(
             HostCopy::new(&[0, 0, 0, 0, 0, 0, 0, 9]),
