@@ -408,6 +408,13 @@ CATALOGUE: list[Row] = [
         lambda w: RadixCache(1, "lru", host_capacity=-1),
     ),
     radix(
+        "host events without a host tier",
+        'RadixCache(1, "lru", host_events=True)',
+        InvalidInputError,
+        "host_events needs a host tier",
+        lambda w: RadixCache(1, "lru", host_events=True),
+    ),
+    radix(
         "load_back values of the wrong length",
         "load_back(node, [1])",
         InvalidInputError,

@@ -246,6 +246,84 @@ def test_bad_arguments(impl: Any) -> None:
     assert make(impl, 5, "write-back").write_policy == "write_back"
 
 
+def _events(c: Any) -> tuple[list[int], list[int]]:
+    stored, dropped = c.take_host_events()
+    return list(stored), list(dropped)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_events_report_copies_made_and_dropped(impl: Any) -> None:
+    c = impl(1, "lru", host_capacity=8, write_policy="write_through", host_events=True)
+    assert c.host_events
+    c.insert([1, 2, 3, 4], arr([10, 11, 12, 13]))
+    assert _events(c) == ([10, 11, 12, 13], [])
+    assert _events(c) == ([], [])
+    c.insert([1, 2, 7], arr([20, 21, 22]))  # splits [1..4]: its copy splits too
+    assert _events(c) == ([22], [])
+    assert [list(v) for v in c.host_values_dump()] == [[10, 11], [12, 13], [22]]
+    c.evict(3)  # demotes [3, 4] and [7]
+    m = c.match_prefix([1, 2, 3, 4])
+    c.load_back(m.last_host_node, arr([30, 31]))  # fresh device values, the copy stays
+    assert _events(c) == ([], [])
+    assert c.path_indices(m.last_host_node).tolist() == [10, 11, 30, 31]
+    assert [list(v) for v in c.host_values_dump()] == [[10, 11], [12, 13], [22]]
+    assert c.evict_host(1) == 1
+    assert _events(c) == ([], [22])
+    c.evict(4)
+    c.insert([5, 6, 7, 8, 9], arr([40, 41, 42, 43, 44]))  # evicts host leaf [3, 4] for room
+    assert _events(c) == ([40, 41, 42, 43, 44], [12, 13])
+    c.reset()  # drops everything unreported
+    assert _events(c) == ([], []) and c.host_values_dump() == []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_events_keep_sparse_labels_through_splits(impl: Any) -> None:
+    # Mostly zeros, as a publisher's block labels: the copy splits and drops exactly.
+    c = impl(1, "lru", host_capacity=16, write_policy="write_through", host_events=True)
+    labels = [0, 0, 0, 5, 0, 0, 0, 9]
+    c.insert(list(range(1, 9)), arr(labels))
+    assert _events(c) == (labels, [])
+    c.match_prefix([1, 2])  # splits after 2
+    c.insert([1, 2, 3, 4, 5, 6, 70], arr([0] * 7))  # splits after 6
+    assert [list(v) for v in c.host_values_dump()] == [
+        [0, 0],
+        [0, 5, 0, 0],
+        [0, 9],
+        [0],
+    ]
+    c.evict(16)
+    assert c.evict_host(16) == 9
+    stored, dropped = _events(c)
+    assert stored == [0] and sorted(dropped) == sorted([*labels, 0])
+    c.insert([1, 2, 3, 4], arr([0, 3, 0, 4]))
+    c.evict(4)
+    c.evict_host(4)
+    assert [list(a) for a in c.take_host_events(nonzero=True)] == [[3, 4], [3, 4]]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_events_under_write_back_copy_the_freed_values(impl: Any) -> None:
+    c = impl(1, "lru", host_capacity=4, write_policy="write_back", host_events=True)
+    c.insert([1, 2, 3], arr([10, 11, 12]))
+    assert _events(c) == ([], [])
+    assert c.evict(3).tolist() == [10, 11, 12]
+    assert _events(c) == ([10, 11, 12], [])
+    c.insert([4, 5, 6, 7, 8], arr([20, 21, 22, 23, 24]))
+    c.evict(5)  # too long for host memory: drops [1, 2, 3] trying, then deletes the leaf
+    assert _events(c) == ([], [10, 11, 12])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_events_off_or_refused(impl: Any) -> None:
+    c = make(impl, 8)
+    assert not c.host_events
+    c.insert([1, 2], arr([10, 11]))
+    assert _events(c) == ([], [])
+    assert [list(v) for v in c.host_values_dump()] == [[]]
+    with pytest.raises(InvalidInputError, match="host_events needs a host tier"):
+        impl(1, "lru", host_events=True)
+
+
 # ---- differential: core vs reference -----------------------------------------------------
 
 
@@ -306,6 +384,10 @@ class HostLockstep(Lockstep):
             ],
         )
         self._same("host", [(c.host_size(), c.host_stats()) for c in self.caches])
+        self._same("host values", [[list(v) for v in c.host_values_dump()] for c in self.caches])
+        # The copies made and dropped since the last step (order within a step is free).
+        taken = [c.take_host_events() for c in self.caches]
+        self._same("host events", [(sorted(s), sorted(d)) for s, d in taken])
 
 
 def host_tail_len(node: Any) -> int:
@@ -360,14 +442,12 @@ def test_core_matches_reference_with_a_host_tier(policy: str, write: str, page_s
         phases=PHASES,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(ops=host_sequences(page_size), host=st.integers(1, 12))
-    def check(ops: list[Op], host: int) -> None:
+    @given(ops=host_sequences(page_size), host=st.integers(1, 12), events=st.booleans())
+    def check(ops: list[Op], host: int, events: bool) -> None:
         cap = host * page_size
+        kw: dict[str, Any] = {"host_capacity": cap, "write_policy": write, "host_events": events}
         step = HostLockstep(
-            [
-                Core(page_size, policy, host_capacity=cap, write_policy=write),
-                reference.RadixCache(page_size, policy, host_capacity=cap, write_policy=write),
-            ]
+            [Core(page_size, policy, **kw), reference.RadixCache(page_size, policy, **kw)]
         )
         step.check()
         for i, op in enumerate(ops):

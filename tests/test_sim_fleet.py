@@ -175,39 +175,84 @@ def test_cache_aware_follows_tree_instances_events(policy: str) -> None:
     assert rr.summary()["hit_tokens"] < res.summary()["hit_tokens"]
 
 
-def _tree_blocks(pol: RadixPolicy) -> list[int]:
-    """The keys of the full blocks a policy's tree holds on the device, recomputed from
-    its dump (each node's path tokens rehashed), checking the labels on the way."""
+@pytest.mark.parametrize("offload", ["write-through", "write-through-selective", "write-back"])
+def test_cache_aware_follows_a_tree_prefix_into_host_memory(offload: str) -> None:
+    # A's prefix is served on one instance, then long unique prompts push it off that
+    # instance's GPU: only its host copy is left. The router sees it in the instance's CPU
+    # events and sends A's next request there, which loads the prefix back.
+    head = _toks(1_000_000, 1024)
+    reqs = [Request(0, np.concatenate([head, _toks(5_000_000, 40)]), _toks(5_000_100, 8))]
+    for i in range(1, 9):
+        reqs.append(
+            Request(i, _toks(10_000_000 * (i + 1), 1400), _toks(100 * i, 8), arrival=2.0 * i)
+        )
+    reqs.append(Request(9, np.concatenate([head, _toks(6_000_000, 40)]), _toks(8, 8), arrival=20.0))
+
+    def run(cpu: int) -> tuple[list[int], int, int]:
+        res = fleet_replay(
+            reqs,
+            "radix",
+            1600,
+            2,
+            "cache-aware",
+            scheduler=SCHED,
+            cpu_capacity=cpu,
+            offload=offload if cpu else None,
+            check=True,
+        )
+        last = res.records[-1]
+        return res.served_by, last.hit_tokens, last.host_hit_tokens
+
+    served, hit, host = run(1 << 16)
+    assert served[-1] == served[0] and hit == host == 1024
+    served, hit, _ = run(0)  # no host tier: the prefix is gone, the router goes elsewhere
+    assert served[-1] != served[0] and hit == 0
+
+
+def _tree_blocks(pol: RadixPolicy) -> dict[str, list[int]]:
+    """Per medium, the keys of the full blocks a policy's tree holds, recomputed from its
+    dump (each node's path tokens rehashed): on GPU the blocks whose last token is on the
+    device, on CPU those whose last token is in a node with a host copy. Checks the
+    labels on the way (device values and host copies' values) and that no id leaked."""
     from prefixcache._core import lab_block_keys
     from prefixcache.sim.requests import namespace_seed
 
-    assert pol.events is not None
+    ev = pol.events
+    assert ev is not None
     bs = pol.event_block_size
     dump = pol.tree.dump()
     hosts = pol.tree.host_dump() if pol.cpu_capacity else [(False, False)] * len(dump)
+    host_values = pol.tree.host_values_dump() if pol.cpu_capacity else [[]] * len(dump)
     path: list[list[int]] = []
-    out: list[int] = []
-    labelled = 0
-    for node, (_, host_only) in zip(dump, hosts, strict=True):
+    out: dict[str, list[int]] = {"GPU": [], "CPU": []}
+    ids: set[int] = set()
+
+    def read(values: object, medium: str, start: int, keys: np.ndarray) -> None:
+        for pos, v in enumerate(values):  # type: ignore[call-overload]
+            end = start + pos + 1  # tokens of the path up to this one
+            if end % bs == 0:
+                assert v != 0, f"a block's last token carries no id ({medium})"
+                assert int(ev.key_of(np.array([v]))[0]) == int(keys[end // bs - 1])
+                out[medium].append(int(keys[end // bs - 1]))
+                ids.add(int(v))
+            else:
+                assert v == 0, f"an id off a block's last token ({medium})"
+
+    for node, (backed, host_only), hv in zip(dump, hosts, host_values, strict=True):
         del path[node["depth"] - 1 :]
         start = sum(len(p) for p in path)
         path.append(node["key"])
-        if host_only:
-            continue
         tokens = np.array([t for p in path for t in p], dtype=np.uint32)
         keys = lab_block_keys(tokens, bs, namespace_seed(node["extra_key"], node["cache_salt"]))
-        values = node["value"]
-        for pos, v in enumerate(values):
-            end = start + pos + 1  # tokens of the path up to this one
-            if end % bs == 0:
-                assert v != 0, "a block's last token carries no id"
-                assert int(pol.events.key_of(np.array([v]))[0]) == int(keys[end // bs - 1])
-                out.append(int(keys[end // bs - 1]))
-                labelled += 1
-            else:
-                assert v == 0, "an id off a block's last token"
-    assert labelled == pol.events.live  # no id leaked
-    return out
+        if not host_only:
+            read(node["value"], "GPU", start, keys)
+        if backed:
+            assert len(hv) == len(node["key"]), "a host copy without its values"
+            read(hv, "CPU", start, keys)
+        else:
+            assert len(hv) == 0
+    assert len(ids) == ev.live  # no id leaked
+    return {m: sorted(v) for m, v in out.items()}
 
 
 class _Audit:
@@ -218,8 +263,12 @@ class _Audit:
 
         self.index = KvIndex()
         self.audits = 0
+        self.counts: dict[tuple[str, str], int] = {}  # (type, medium) -> events
 
-    def feed(self, events: list[object]) -> None:
+    def feed(self, events: list[dict[str, object]]) -> None:
+        for e in events:
+            k = (str(e["type"]), str(e.get("medium")))
+            self.counts[k] = self.counts.get(k, 0) + 1
         self.index.apply("w", events, now=0.0)
         self.audits += 1
 
@@ -231,7 +280,7 @@ class _Audit:
 
 class _AuditedTree(RadixPolicy):
     """A publishing tree whose events, applied to an index after every step, must
-    describe exactly the full blocks the tree holds on the device."""
+    describe exactly the full blocks the tree holds, on each medium that holds them."""
 
     def __init__(self, capacity: int, **kw: object) -> None:
         super().__init__(capacity, publish_events=True, **kw)  # type: ignore[arg-type]
@@ -239,8 +288,21 @@ class _AuditedTree(RadixPolicy):
 
     def check(self) -> None:
         super().check()
+        truth = _tree_blocks(self)
         self.audit.feed(self.take_events())
-        assert self.audit.held() == sorted(_tree_blocks(self))
+        assert self.audit.held("GPU") == truth["GPU"]
+        assert self.audit.held("CPU") == truth["CPU"]
+
+
+_HOST_TIERS = [
+    {"page_size": page, "cpu_capacity": cpu, "offload": offload}
+    for offload, cpu in (
+        ("write-through", 4000),
+        ("write-through-selective", 3000),
+        ("write-back", 3000),
+    )
+    for page in (1, 16)
+]
 
 
 @pytest.mark.parametrize(
@@ -249,9 +311,9 @@ class _AuditedTree(RadixPolicy):
         {"page_size": 1},
         {"page_size": 16},
         {"page_size": 4, "event_block_size": 8},
-        {"page_size": 1, "cpu_capacity": 6000, "offload": "write-through"},
-        {"page_size": 16, "cpu_capacity": 3000, "offload": "write-back"},
+        *_HOST_TIERS,
         {"page_size": 2, "cache_cls": "reference"},
+        *({**kw, "cache_cls": "reference"} for kw in _HOST_TIERS),
     ],
 )
 def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -> None:
@@ -267,6 +329,9 @@ def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -
     assert res.stats.evicted_tokens > 0  # the run evicts: removals are exercised
     if kw.get("cpu_capacity"):
         assert pol.stats().host_hit_tokens > 0  # and loads back from the host tier
+        # Host copies were published, and host copies dropped.
+        assert pol.audit.counts.get(("BlockStored", "CPU"), 0) > 0
+        assert pol.audit.counts.get(("BlockRemoved", "CPU"), 0) > 0
 
 
 def _namespaced(reqs: list[Request]) -> list[Request]:
@@ -604,6 +669,17 @@ def test_cli_fleet_replay_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
     data = json.loads(out.read_text())
     assert [s["instances"] for s in data["fleet"]] == [1, 2]
+
+
+@pytest.mark.parametrize("offload", ["write-through", "write-back"])
+def test_cli_fleet_radix_with_a_host_tier(tmp_path: Path, offload: str) -> None:
+    # The cache-aware router over tree instances with a host tier (CPU events), end to end.
+    out = tmp_path / "fleet.json"
+    args = ["replay", "workload:F", "--instances", "2", "--policies", "radix"]
+    args += ["--router", "cache-aware", "--capacity", "8k", "--cpu-capacity", "64k"]
+    assert main([*args, "--offload", offload, "--quiet", "--json", str(out)]) == 0
+    (ca,) = json.loads(out.read_text())["fleet"]
+    assert ca["router"] == "cache-aware" and ca["host_hit_tokens"] > 0
 
 
 def test_cli_fleet_progress_bars(capsys: pytest.CaptureFixture[str]) -> None:

@@ -148,11 +148,14 @@ class RadixCache:
         eviction_policy: str = "lru",
         host_capacity: int = 0,
         write_policy: str = "write_through",
+        host_events: bool = False,
     ) -> RadixCache:
         """A tree with pages of ``page_size`` tokens (default 1) and an eviction policy
         (lru, lfu, fifo, mru, filo, priority, slru). ``host_capacity`` > 0 puts SGLang's
         HiCache host tier of that many tokens behind it, with ``write_policy``
-        write_through, write_through_selective or write_back (SEMANTICS.md 1.9)."""
+        write_through, write_through_selective or write_back (SEMANTICS.md 1.9).
+        ``host_events`` (needs a host tier) keeps each host copy's values, for
+        ``take_host_events``."""
     @property
     def host_capacity(self) -> int:
         """Host memory behind the device, in tokens (0: no host tier)."""
@@ -175,6 +178,20 @@ class RadixCache:
     def evict_host(self, num_tokens: int) -> int:
         """Evicts host-only leaves until at least ``num_tokens`` host tokens are freed (or
         none is left); returns the host tokens freed."""
+    @property
+    def host_events(self) -> bool:
+        """Whether the host copies' values are kept (``host_events=True``)."""
+    def take_host_events(self, nonzero: bool = False) -> tuple[_I64Array, _I64Array]:
+        """``(stored, dropped)``: the values of the host copies made and of those dropped
+        since the last call, in order, each copy's values as its node had them when it
+        was copied (a load back gives the device fresh values, the copy keeps its own; a
+        split copy is reported in its parts). A copy made and dropped within the period
+        is in both. ``reset()`` drops the copies unreported. Empty without
+        ``host_events``. ``nonzero``: without the values that are 0 (for a caller that
+        labels only some tokens)."""
+    def host_values_dump(self) -> list[_I64Array]:
+        """The values of every non-root node's host copy, in ``dump()`` order (empty for
+        a node without one, or without ``host_events``)."""
     @property
     def page_size(self) -> int:
         """Tokens per page."""

@@ -63,6 +63,7 @@ class Node:
         "extra_key",
         "generation",
         "hit_count",
+        "host_value",
         "key",
         "last_access_time",
         "lock_ref",
@@ -99,6 +100,7 @@ class Node:
         self.removed = False
         self.backed = False  # a copy is in host memory
         self.evicted = False  # host-only: no device KV (value is empty)
+        self.host_value: tuple[int, ...] | None = None  # the copy's values (host_events)
 
     @property
     def namespace(self) -> Namespace:
@@ -186,6 +188,7 @@ class RadixCache:
         eviction_policy: str = "lru",
         host_capacity: int = 0,
         write_policy: str = "write_through",
+        host_events: bool = False,
     ) -> None:
         page_size = _int_arg("page_size", page_size, 1)
         if page_size < 1:
@@ -210,8 +213,15 @@ class RadixCache:
                 f'unknown write policy "{write_policy}": expected one of '
                 "write_through, write_through_selective, write_back"
             )
+        if not isinstance(host_events, bool):
+            raise InvalidTypeError(f"host_events must be a bool, got {type(host_events).__name__}")
+        if host_events and not host_capacity:
+            raise InvalidInputError("host_events needs a host tier (host_capacity > 0)")
         self._host_capacity = host_capacity
         self._write = write
+        self._host_events = host_events
+        self._host_stored: list[int] = []
+        self._host_dropped: list[int] = []
         self._host_used = 0
         self._host_stats = dict.fromkeys(
             ("stored_tokens", "host_evicted_tokens", "loaded_tokens", "peak_host_tokens"), 0
@@ -303,6 +313,8 @@ class RadixCache:
         new.hit_count = child.hit_count
         new.creation_time = child.creation_time  # inherited (a documented choice)
         new.backed, new.evicted = child.backed, child.evicted  # SGLang splits host_value too
+        if child.host_value is not None:
+            new.host_value, child.host_value = child.host_value[:p], child.host_value[p:]
         parent.children[self._child_key(child.namespace, child.key)] = new
         child.key, child.value = child.key[p:], child.value[p:]
         child.parent = new
@@ -556,6 +568,9 @@ class RadixCache:
         if self._host_capacity - self._host_used < need:
             return False
         n.backed = True
+        if self._host_events:
+            n.host_value = n.value
+            self._host_stored.extend(n.value)
         self._host_used += need
         st = self._host_stats
         st["stored_tokens"] += need
@@ -614,6 +629,7 @@ class RadixCache:
             for c in below:
                 self._host_used -= len(c.key)
                 self._host_stats["host_evicted_tokens"] += len(c.key)
+                self._drop_host_value(c)
                 c.removed = True
             self._remove(victim)
         return freed
@@ -631,8 +647,38 @@ class RadixCache:
             freed += len(victim.key)
             self._host_used -= len(victim.key)
             self._host_stats["host_evicted_tokens"] += len(victim.key)
+            self._drop_host_value(victim)
             self._remove(victim)
         return freed
+
+    def _drop_host_value(self, n: Node) -> None:
+        if n.host_value is not None:
+            self._host_dropped.extend(n.host_value)
+            n.host_value = None
+
+    @property
+    def host_events(self) -> bool:
+        return self._host_events
+
+    def take_host_events(
+        self, nonzero: bool = False
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        stored, dropped = self._host_stored, self._host_dropped
+        self._host_stored, self._host_dropped = [], []
+        if nonzero:
+            stored, dropped = [v for v in stored if v], [v for v in dropped if v]
+        return _array(stored), _array(dropped)
+
+    def host_values_dump(self) -> list[npt.NDArray[np.int64]]:
+        out: list[npt.NDArray[np.int64]] = []
+
+        def visit(n: Node) -> None:
+            for c in self._sorted_children(n):
+                out.append(_array(c.host_value or ()))
+                visit(c)
+
+        visit(self._root)
+        return out
 
     def load_back(self, node: Node, values: Any = None) -> int:
         tail: list[Node] = []
@@ -688,6 +734,7 @@ class RadixCache:
         self._protected = 0
         self._host_used = 0
         self._host_stats = dict.fromkeys(self._host_stats, 0)
+        self._host_stored, self._host_dropped = [], []
 
     def _sorted_children(self, n: Node) -> list[Node]:
         return sorted(n.children.values(), key=lambda c: (_namespace_sort_key(c.namespace), c.key))

@@ -27,6 +27,9 @@ const DETACH_MIN_ALLOC: usize = 8192;
 /// `evict(num_tokens)`: ~0.3-1 us per evicted leaf plus the freed indices' array.
 const DETACH_MIN_EVICT: i64 = 1024;
 
+/// An int64 array handed to Python.
+type I64Array<'py> = Bound<'py, PyArray1<i64>>;
+
 /// A handle to a tree node. Valid while the node exists; using it after the node was
 /// evicted (or after `reset()`) raises `StaleHandleError`.
 #[pyclass(frozen, eq, hash, module = "prefixcache._core")]
@@ -174,15 +177,16 @@ fn node_ref(obj: &Bound<'_, PyAny>) -> PyResult<NodeRef> {
 #[pymethods]
 impl RadixCache {
     #[new]
-    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned(), host_capacity = None, write_policy = "write_through".to_owned()))]
+    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned(), host_capacity = None, write_policy = "write_through".to_owned(), host_events = false))]
     #[pyo3(
-        text_signature = "(page_size=None, eviction_policy='lru', host_capacity=0, write_policy='write_through')"
+        text_signature = "(page_size=None, eviction_policy='lru', host_capacity=0, write_policy='write_through', host_events=False)"
     )]
     fn new(
         page_size: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
         host_capacity: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::write_policy)] write_policy: String,
+        host_events: bool,
     ) -> PyResult<Self> {
         let page_size = convert::positive_or(page_size, 1, "page_size")?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
@@ -190,6 +194,7 @@ impl RadixCache {
         let write: WritePolicy = write_policy.parse().py_err()?;
         let mut tree = RadixTree::new(page_size, policy).py_err()?;
         tree.set_host_tier(host_capacity, write).py_err()?;
+        tree.set_host_events(host_events).py_err()?;
         Ok(RadixCache {
             inner: Shared::new("RadixCache", tree),
         })
@@ -256,6 +261,35 @@ impl RadixCache {
     /// `(backed_up, host_only)` of every non-root node, in `dump()` order.
     fn host_dump(&self, py: Python<'_>) -> PyResult<Vec<(bool, bool)>> {
         self.inner.with_gil_released(py, |t| t.host_dump())
+    }
+
+    /// Whether the host copies' values are kept (`host_events=True`).
+    #[getter]
+    fn host_events(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.with(py, |t| t.host_events())
+    }
+
+    /// `(stored, dropped)`: the values of the host copies made and of those dropped since
+    /// the last call, each as its node had them when copied (empty without `host_events`);
+    /// `nonzero`: without the values that are 0.
+    #[pyo3(signature = (nonzero = false))]
+    fn take_host_events<'py>(
+        &self,
+        py: Python<'py>,
+        nonzero: bool,
+    ) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
+        let (stored, dropped) = self.inner.with(py, |t| t.take_host_events(nonzero))?;
+        Ok((
+            convert::i64_array(py, stored),
+            convert::i64_array(py, dropped),
+        ))
+    }
+
+    /// The values of every non-root node's host copy, in `dump()` order (empty for a node
+    /// without one, or without `host_events`).
+    fn host_values_dump<'py>(&self, py: Python<'py>) -> PyResult<Vec<I64Array<'py>>> {
+        let all = self.inner.with_gil_released(py, |t| t.host_values_dump())?;
+        Ok(all.into_iter().map(|v| convert::i64_array(py, v)).collect())
     }
 
     /// Evicts host-only leaves until at least `num_tokens` host tokens are freed (or none

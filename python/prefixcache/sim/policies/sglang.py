@@ -76,7 +76,8 @@ class RadixPolicy:
     GPU, with write policy ``offload`` (docs/SIMULATOR.md, "Offload"); 0 is no tier.
     ``publish_events`` makes the tree's full blocks of ``event_block_size`` tokens (default:
     the page size, 16 for a page-1 tree) available as KV events (:meth:`take_events`,
-    ``tree_events.py``), the view a router's fleet index gets of the instance.
+    ``tree_events.py``), on ``GPU`` and, with a host tier, on ``CPU``: the view a router's
+    fleet index gets of the instance.
     Request ids are ints >= 0 (the schedulers use request indices): per-request counters
     live in numpy arrays indexed by them, so a decode stretch of every running request
     is a few array operations.
@@ -122,6 +123,7 @@ class RadixPolicy:
                 eviction_policy=eviction_policy,
                 host_capacity=cpu_capacity,
                 write_policy=write.replace("-", "_"),
+                host_events=publish_events,
             )
         else:
             self.tree = cache_cls(page_size=page_size, eviction_policy=eviction_policy)
@@ -132,6 +134,7 @@ class RadixPolicy:
             raise InvalidInputError(f"event_block_size must be >= 1, got {event_block_size}")
         self.event_block_size = event_block_size
         self.events = TreeBlockEvents(event_block_size) if publish_events else None
+        self._host_events = publish_events and cpu_capacity > 0
         self.seqs: dict[int, _TreeSeq] = {}
         # Per request (indexed by id): slots held (prompt + reserve + grown, the tree's
         # share included), tokens with KV, the output range fed by decode stretches.
@@ -162,6 +165,8 @@ class RadixPolicy:
         before = self.tree.num_nodes
         values = self.tree.evict(n)
         if self.events is not None:
+            if self._host_events:  # write-back copies, host copies dropped to make room
+                self.events.host(*self.tree.take_host_events(nonzero=True))
             self.events.freed(values)
         freed = len(values)
         self._evicted_nodes += before - self.tree.num_nodes
@@ -212,6 +217,8 @@ class RadixPolicy:
         )
         if ev is not None:
             ev.stored(keys, start, ids, int(r.prefix_len))
+            if self._host_events:  # write-through copies, host copies dropped for them
+                ev.host(*self.tree.take_host_events(nonzero=True))
         dup = int(r.prefix_len) - seq.protected
         if dup > 0:
             self.pool.give(dup)
@@ -377,8 +384,9 @@ class RadixPolicy:
         return self._evicted_tokens
 
     def take_events(self) -> list[dict[str, Any]]:
-        """The KV events (``"type"``-tagged dicts, the tree's device blocks stored and
-        removed) since the last call, in order; needs ``publish_events=True``."""
+        """The KV events (``"type"``-tagged dicts: the tree's blocks stored and removed,
+        on ``GPU`` the device copies, on ``CPU`` the host copies) since the last call, in
+        order; needs ``publish_events=True``."""
         if self.events is None:
             raise InvalidInputError(f"{self.name} was built without publish_events=True")
         return self.events.take()

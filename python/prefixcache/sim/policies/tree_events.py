@@ -8,8 +8,11 @@ index only needs the full blocks of a path: block ``k`` of a path (its tokens
 device, because a tree holds every token it holds together with the whole path above it.
 So :class:`TreeBlockEvents` labels the tree's KV values: the value of a block's last
 token is a small integer id (any other token gets 0), an id names the block's 64-bit key,
-and the values the tree frees on eviction say which blocks left. Nothing is read from the
-tree beyond what its API returns (the insert's ``prefix_len``, the freed values).
+and the values the tree frees on eviction say which blocks left. With a host tier the
+tree keeps each host copy's values (``host_events=True``) and reports the copies it made
+and dropped (``take_host_events``): the same ids name the blocks on ``CPU``. Nothing is
+read from the tree beyond what its API returns (the insert's ``prefix_len``, the freed
+values, the host copies' values).
 
 Block keys are the router's own chained keys (``prefixcache._core.lab_block_keys``,
 seeded by the request's namespace), as NVIDIA Dynamo's router recomputes its own block
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from prefixcache.events import MEDIUM_GPU
+from prefixcache.events import MEDIUM_CPU, MEDIUM_GPU
 from prefixcache.sim.requests import TokenArray, namespace_seed
 
 __all__ = [
@@ -52,35 +55,55 @@ Ids = npt.NDArray[np.int64]
 
 class TreeBlockEvents:
     """Block ids as KV values, their keys, and the events of the blocks entering and
-    leaving a tree (``take``). ``block_size`` tokens per block; every position is
-    counted from the root of the request's namespace."""
+    leaving a tree (``take``): on ``GPU`` the device copies, on ``CPU`` the host copies.
+    ``block_size`` tokens per block; every position is counted from the root of the
+    request's namespace. An id is reserved while the device values or a host copy's
+    values hold it (a block on both media has one id, or two after a load back)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._key = np.zeros(1024, dtype=np.uint64)  # id -> key (id 0: no block)
-        self._free = np.arange(1023, 0, -1, dtype=np.int64)  # free ids, a stack (top last)
+        self._refs = np.zeros(1024, dtype=np.int8)  # id -> copies holding it (0, 1 or 2)
+        # Free ids, a stack (top last) in a buffer as long as the id space: `_nfree` first.
+        self._free = np.arange(1023, -1, -1, dtype=np.int64)
+        self._nfree = 1023
         self._events: list[dict[str, Any]] = []
         self.live = 0  # ids naming a block the tree holds or is about to hold
 
     # -- ids -----------------------------------------------------------------------------
     def _take_ids(self, n: int) -> Ids:
-        if n > len(self._free):
+        if n > self._nfree:
             old = len(self._key)
             size = max(2 * old, old + n)
             key = np.zeros(size, dtype=np.uint64)
             key[:old] = self._key
             self._key = key
-            self._free = np.concatenate([np.arange(size - 1, old - 1, -1), self._free])
-        ids = self._free[len(self._free) - n :][::-1].copy()
-        self._free = self._free[: len(self._free) - n]
+            refs = np.zeros(size, dtype=np.int8)
+            refs[:old] = self._refs
+            self._refs = refs
+            free = np.empty(size, dtype=np.int64)
+            free[: size - old] = np.arange(size - 1, old - 1, -1)  # new ids below the old
+            free[size - old : size - old + self._nfree] = self._free[: self._nfree]
+            self._free = free
+            self._nfree += size - old
+        top = self._nfree
+        ids = self._free[top - n : top][::-1].copy()
+        self._nfree = top - n
+        self._refs[ids] = 1
         self.live += n
         return ids
 
-    def _give_ids(self, ids: Ids) -> None:
+    def _release(self, ids: Ids) -> None:
+        """One copy holding each of these (distinct) ids went; ids no copy holds go back."""
         if len(ids):
-            self._key[ids] = 0
-            self._free = np.concatenate([self._free, ids])
-            self.live -= len(ids)
+            self._refs[ids] -= 1
+            done = ids[self._refs[ids] == 0]
+            if len(done):
+                self._key[done] = 0
+                top = self._nfree
+                self._free[top : top + len(done)] = done
+                self._nfree = top + len(done)
+                self.live -= len(done)
 
     # -- what the tree is given and gives back -------------------------------------------
     def keys(self, tokens: TokenArray, extra_key: str | None, cache_salt: str | None) -> Keys:
@@ -109,18 +132,33 @@ class TreeBlockEvents:
         bs = self.block_size
         first = start // bs
         held = max(cached_from // bs, first) - first  # blocks the tree had: not taken
-        self._give_ids(ids[:held])
+        self._release(ids[:held])
         if held < len(ids):
             lo = first + held
             self._events.append(stored_event(keys[lo : first + len(ids)], bs))
 
     def freed(self, values: Ids | list[int]) -> None:
-        """The tree freed these KV values (an eviction): their blocks are removed."""
+        """The tree freed these KV values (an eviction): their blocks are removed from
+        the device. Call after :meth:`host` for the same tree call."""
         arr = np.asarray(values, dtype=np.int64)
         ids = arr[arr != 0]
         if len(ids):
             self._events.append(removed_event(self._key[ids]))
-            self._give_ids(ids)
+            self._release(ids)
+
+    def host(self, stored: Ids, dropped: Ids) -> None:
+        """The tree made host copies of the values ``stored`` and dropped those of the
+        values ``dropped`` (``take_host_events(nonzero=True)``: the ids alone): their
+        blocks are stored on and removed from ``CPU``. Copies made are counted before
+        copies dropped (a copy can be both within one tree call), and both before the
+        device values the call freed."""
+        new, gone = stored, dropped
+        if len(new):
+            self._refs[new] += 1
+            self._events.append(stored_event(self._key[new], self.block_size, MEDIUM_CPU))
+        if len(gone):
+            self._events.append(removed_event(self._key[gone], MEDIUM_CPU))
+            self._release(gone)
 
     def key_of(self, ids: Ids) -> Keys:
         """The keys of live ids (tests)."""

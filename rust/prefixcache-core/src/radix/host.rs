@@ -15,6 +15,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::str::FromStr;
 
+use rustc_hash::FxHashMap;
+
 use super::children::child_key;
 use super::policy::PolicyKey;
 use super::span::Span;
@@ -100,6 +102,110 @@ pub struct HostStats {
 
 type HostEntry = Reverse<(PolicyKey, u32, u64)>;
 
+/// The host copies' values, kept when asked ([`RadixTree::set_host_events`]): per
+/// backed-up slot the KV values the node had when it was copied (SGLang `host_value`),
+/// and the values of the copies made and dropped since the last
+/// [`RadixTree::take_host_events`].
+#[derive(Debug, Default)]
+struct HostValues {
+    by_slot: FxHashMap<u32, HostCopy>,
+    stored: Vec<HostCopy>,
+    dropped: Vec<HostCopy>,
+    /// A node's values on their way into a copy (kept for its capacity).
+    scratch: Vec<i64>,
+}
+
+/// The values of `copies`, one after the other (`nonzero`: without the zeros).
+fn flatten(copies: &[HostCopy], nonzero: bool) -> Vec<i64> {
+    let mut out = Vec::new();
+    for c in copies {
+        if nonzero {
+            c.extend_nonzero(&mut out);
+        } else {
+            c.extend_into(&mut out);
+        }
+    }
+    out
+}
+
+/// The values of one host copy: all of them, or, when most are 0 (a publisher's block
+/// labels: one id per block), the others with their offsets.
+#[derive(Debug, Clone)]
+enum HostCopy {
+    Dense(Box<[i64]>),
+    Sparse {
+        len: usize,
+        at: Box<[u32]>,
+        val: Box<[i64]>,
+    },
+}
+
+impl HostCopy {
+    fn new(values: &[i64]) -> Self {
+        let nonzero = values.iter().filter(|&&v| v != 0).count();
+        // Sparse takes 12 bytes per nonzero value, dense 8 per value.
+        if nonzero * 3 >= values.len() * 2 || u32::try_from(values.len()).is_err() {
+            return HostCopy::Dense(values.into());
+        }
+        let mut at = Vec::with_capacity(nonzero);
+        let mut val = Vec::with_capacity(nonzero);
+        for (i, &v) in values.iter().enumerate() {
+            if v != 0 {
+                at.push(i as u32); // i < len <= u32::MAX (checked above)
+                val.push(v);
+            }
+        }
+        HostCopy::Sparse {
+            len: values.len(),
+            at: at.into(),
+            val: val.into(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            HostCopy::Dense(v) => v.len(),
+            HostCopy::Sparse { len, .. } => *len,
+        }
+    }
+
+    /// Appends the values to `out`.
+    fn extend_into(&self, out: &mut Vec<i64>) {
+        match self {
+            HostCopy::Dense(v) => out.extend_from_slice(v),
+            HostCopy::Sparse { len, at, val } => {
+                let base = out.len();
+                out.resize(base + len, 0);
+                for (&i, &v) in at.iter().zip(val.iter()) {
+                    out[base + i as usize] = v;
+                }
+            }
+        }
+    }
+
+    /// Appends the values that are not 0 to `out`.
+    fn extend_nonzero(&self, out: &mut Vec<i64>) {
+        match self {
+            HostCopy::Dense(v) => out.extend(v.iter().filter(|&&x| x != 0)),
+            // Only nonzero values are kept.
+            HostCopy::Sparse { val, .. } => out.extend_from_slice(val),
+        }
+    }
+
+    fn to_vec(&self) -> Vec<i64> {
+        let mut out = Vec::with_capacity(self.len());
+        self.extend_into(&mut out);
+        out
+    }
+
+    /// The first `p` values and the rest.
+    fn split_at(&self, p: usize) -> (HostCopy, HostCopy) {
+        let all = self.to_vec();
+        let p = p.min(all.len());
+        (HostCopy::new(&all[..p]), HostCopy::new(&all[p..]))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct HostTier {
     capacity: usize,
@@ -111,6 +217,8 @@ pub(crate) struct HostTier {
     heap: BinaryHeap<HostEntry>,
     evicted_nodes: usize,
     stats: HostStats,
+    /// `Some` when the host copies' values are kept (`set_host_events`).
+    values: Option<Box<HostValues>>,
 }
 
 impl HostTier {
@@ -123,11 +231,16 @@ impl HostTier {
             heap: BinaryHeap::new(),
             evicted_nodes: 0,
             stats: HostStats::default(),
+            values: None,
         }
     }
 
     fn clear(&mut self) {
+        let keep = self.values.is_some();
         *self = HostTier::new(self.capacity, self.policy);
+        if keep {
+            self.values = Some(Box::default());
+        }
     }
 
     #[inline]
@@ -160,6 +273,58 @@ impl RadixTree {
         }
         self.host = (capacity > 0).then(|| Box::new(HostTier::new(capacity, policy)));
         Ok(())
+    }
+
+    /// Keeps (or stops keeping) the values of the host copies, so that
+    /// [`RadixTree::take_host_events`] can report the copies made and dropped. Only on an
+    /// empty tree with a host tier.
+    pub fn set_host_events(&mut self, on: bool) -> Result<()> {
+        if self.num_nodes != 0 {
+            return Err(Error::InvalidArgument(
+                "set_host_events: the tree must be empty".into(),
+            ));
+        }
+        match self.host.as_mut() {
+            Some(h) => h.values = on.then(Box::default),
+            None if on => {
+                return Err(Error::InvalidArgument(
+                    "host_events needs a host tier (host_capacity > 0)".into(),
+                ))
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Whether the host copies' values are kept ([`RadixTree::set_host_events`]).
+    pub fn host_events(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.values.is_some())
+    }
+
+    /// The values of the host copies made and of those dropped since the last call, in
+    /// order, each copy's values as the node had them when it was copied (one entry per
+    /// token; a split copy is reported in its parts). Empty unless
+    /// [`RadixTree::set_host_events`] is on. A copy both made and dropped since the last
+    /// call is in both; [`RadixTree::reset`] drops every copy without reporting it.
+    /// `nonzero`: leave out the values that are 0 (for a caller that labels only some
+    /// tokens, as a publisher labels one token per block).
+    pub fn take_host_events(&mut self, nonzero: bool) -> (Vec<i64>, Vec<i64>) {
+        let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) else {
+            return (Vec::new(), Vec::new());
+        };
+        let out = (flatten(&v.stored, nonzero), flatten(&v.dropped, nonzero));
+        v.stored.clear();
+        v.dropped.clear();
+        out
+    }
+
+    /// The values of `slot`'s host copy, if kept.
+    fn host_values_of(&self, slot: u32) -> Option<Vec<i64>> {
+        self.host
+            .as_ref()
+            .and_then(|h| h.values.as_ref())
+            .and_then(|v| v.by_slot.get(&slot))
+            .map(HostCopy::to_vec)
     }
 
     /// Host capacity in tokens (0 without a tier).
@@ -221,12 +386,17 @@ impl RadixTree {
         }
     }
 
-    /// A slot was released: its host state goes.
+    /// A slot was released: its host state goes (and its host copy, if any).
     #[inline]
     pub(crate) fn host_on_release(&mut self, slot: u32) {
         if let Some(h) = self.host.as_mut() {
             if let Some(s) = h.slots.get_mut(slot as usize) {
                 *s = HostSlot::default();
+            }
+            if let Some(v) = h.values.as_mut() {
+                if let Some(old) = v.by_slot.remove(&slot) {
+                    v.dropped.push(old);
+                }
             }
         }
     }
@@ -237,10 +407,18 @@ impl RadixTree {
         }
     }
 
-    /// `child` was split: `head` took its first part and became its parent. The head
-    /// shares the child's host state (SGLang splits `host_value` with `value`).
-    pub(crate) fn host_on_split(&mut self, child: u32, head: u32) {
+    /// `child` was split after `p` tokens: `head` took its first part and became its
+    /// parent. The head shares the child's host state (SGLang splits `host_value` with
+    /// `value`).
+    pub(crate) fn host_on_split(&mut self, child: u32, head: u32, p: usize) {
         if let Some(h) = self.host.as_mut() {
+            if let Some(v) = h.values.as_mut() {
+                if let Some(old) = v.by_slot.remove(&child) {
+                    let (first, rest) = old.split_at(p);
+                    v.by_slot.insert(head, first);
+                    v.by_slot.insert(child, rest);
+                }
+            }
             let c = h.slot(child);
             *h.slot_mut(head) = HostSlot {
                 backed: c.backed,
@@ -366,6 +544,13 @@ impl RadixTree {
         h.stats.stored_tokens += len as u64;
         h.stats.peak_host_tokens = h.stats.peak_host_tokens.max(h.used);
         h.slot_mut(slot).backed = true;
+        if let Some(v) = h.values.as_mut() {
+            v.scratch.clear();
+            self.nodes[slot as usize].span.extend_values(&mut v.scratch);
+            let copy = HostCopy::new(&v.scratch);
+            v.stored.push(copy.clone());
+            v.by_slot.insert(slot, copy);
+        }
         true
     }
 
@@ -565,6 +750,18 @@ impl RadixTree {
         out
     }
 
+    /// The values of every non-root node's host copy, in [`RadixTree::dump`] order (empty
+    /// for a node without a copy, or when the values are not kept).
+    pub fn host_values_dump(&self) -> Vec<Vec<i64>> {
+        let mut out = Vec::with_capacity(self.num_nodes);
+        let mut stack: Vec<u32> = self.sorted_children(ROOT).into_iter().rev().collect();
+        while let Some(slot) = stack.pop() {
+            out.push(self.host_values_of(slot).unwrap_or_default());
+            stack.extend(self.sorted_children(slot).into_iter().rev());
+        }
+        out
+    }
+
     /// The host tier's part of [`RadixTree::check_invariants`].
     pub(crate) fn check_host_invariants(&self) -> std::result::Result<(), String> {
         let Some(h) = &self.host else {
@@ -605,6 +802,16 @@ impl RadixTree {
             if s.backed {
                 used += n.span.len();
             }
+            if let Some(v) = &h.values {
+                match (s.backed, v.by_slot.get(&slot)) {
+                    (true, Some(vals)) if vals.len() == n.span.len() => {}
+                    (false, None) => {}
+                    (true, _) => return Err(format!("node {slot}: host values missing")),
+                    (false, Some(_)) => {
+                        return Err(format!("node {slot}: host values without a host copy"))
+                    }
+                }
+            }
             if s.evicted {
                 evicted += 1;
                 if n.children.is_empty() && n.lock_ref == 0 {
@@ -621,6 +828,15 @@ impl RadixTree {
                 h.used, h.capacity
             ));
         }
+        if let Some(v) = &h.values {
+            let backed = h.slots.iter().filter(|s| s.backed).count();
+            if v.by_slot.len() != backed {
+                return Err(format!(
+                    "host values of {} nodes, {backed} backed up",
+                    v.by_slot.len()
+                ));
+            }
+        }
         if evicted != h.evicted_nodes {
             return Err(format!(
                 "host-only nodes: counted {evicted}, recorded {}",
@@ -635,7 +851,7 @@ impl RadixTree {
 mod tests {
     use super::super::policy::EvictionPolicy;
     use super::super::tree::{Namespace, RadixTree};
-    use super::WritePolicy;
+    use super::{HostCopy, WritePolicy};
 
     fn tree(host: usize, write: WritePolicy) -> RadixTree {
         let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
@@ -724,6 +940,119 @@ mod tests {
             t.check_invariants().expect("invariants");
             assert!(t.heap_side.is_empty());
         }
+    }
+
+    /// The host copies' values: made at insert (write-through) with the node's values,
+    /// split with the node, kept over a load back (the device takes fresh values),
+    /// reported dropped by host eviction; nothing without `set_host_events`.
+    #[test]
+    fn host_events_write_through() {
+        let ns = Namespace::default();
+        let mut t = tree(8, WritePolicy::WriteThrough);
+        assert!(t.set_host_events(true).is_ok() && t.host_events());
+        t.insert(&[1, 2, 3, 4], Some(&[10, 11, 12, 13]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.take_host_events(false), (vec![10, 11, 12, 13], vec![]));
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        // A split splits the copy.
+        t.insert(&[1, 2, 7], Some(&[20, 21, 22]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.take_host_events(false), (vec![22], vec![]));
+        assert_eq!(
+            t.host_values_dump(),
+            vec![vec![10, 11], vec![12, 13], vec![22]]
+        );
+        t.check_invariants().expect("invariants");
+        // Demote [3, 4] and [7], load [3, 4] back with fresh values: the copy stays.
+        assert_eq!(t.evict(3).expect("evict").len(), 3);
+        let m = t.match_prefix(&[1, 2, 3, 4], &ns);
+        assert_eq!(t.load_back(m.host_node, Some(&[30, 31])).expect("load"), 2);
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        t.check_invariants().expect("invariants");
+        // Host eviction drops the host-only [7].
+        assert_eq!(t.evict_host(1), 1);
+        assert_eq!(t.take_host_events(false), (vec![], vec![22]));
+        assert_eq!(t.host_values_dump(), vec![vec![10, 11], vec![12, 13]]);
+        // A copy that does not fit evicts host leaves: both in one report, made first.
+        t.evict(4).expect("evict");
+        t.insert(&[5, 6, 7, 8, 9], Some(&[40, 41, 42, 43, 44]), &ns, 0, 0)
+            .expect("insert");
+        let (stored, dropped) = t.take_host_events(false);
+        assert_eq!(stored, vec![40, 41, 42, 43, 44]);
+        assert_eq!(dropped, vec![12, 13]);
+        t.check_invariants().expect("invariants");
+        // A reset drops everything unreported; the tier keeps recording.
+        t.reset();
+        assert!(t.host_events());
+        t.insert(&[1], Some(&[5]), &ns, 0, 0).expect("insert");
+        assert_eq!(t.take_host_events(false), (vec![5], vec![]));
+        // Off: nothing is kept.
+        let mut off = tree(8, WritePolicy::WriteThrough);
+        off.insert(&[1, 2], Some(&[10, 11]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(off.take_host_events(false), (vec![], vec![]));
+        assert_eq!(off.host_values_dump(), vec![Vec::<i64>::new()]);
+        assert!(off.set_host_events(true).is_err()); // not on a non-empty tree
+        let mut none = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+        assert!(none.set_host_events(true).is_err()); // no tier
+        assert!(none.set_host_events(false).is_ok());
+    }
+
+    /// Write-back copies at device eviction: the copy's values are the freed values.
+    #[test]
+    fn host_events_write_back() {
+        let ns = Namespace::default();
+        let mut t = tree(4, WritePolicy::WriteBack);
+        t.set_host_events(true).expect("events");
+        t.insert(&[1, 2, 3], Some(&[10, 11, 12]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        assert_eq!(t.evict(3).expect("evict"), vec![10, 11, 12]);
+        assert_eq!(t.take_host_events(false), (vec![10, 11, 12], vec![]));
+        // A leaf too long for host memory evicts the host leaves first, then is deleted.
+        t.insert(&[4, 5, 6, 7, 8], Some(&[20, 21, 22, 23, 24]), &ns, 0, 0)
+            .expect("insert");
+        assert_eq!(t.evict(5).expect("evict").len(), 5);
+        assert_eq!(t.take_host_events(false), (vec![], vec![10, 11, 12]));
+        assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
+        t.check_invariants().expect("invariants");
+    }
+
+    /// A host copy keeps its values dense or, mostly zeros, sparse: the same values
+    /// either way, whole and split anywhere.
+    #[test]
+    fn host_copy_dense_and_sparse() {
+        let cases: [&[i64]; 6] = [
+            &[],
+            &[0, 0, 0, 5],
+            &[1, 2, 3],
+            &[0, 7, 0, 0, 0, 0, 0, 9],
+            &[-1, 0, 0, 0],
+            &[0, 0, 0, 0, 0, 0],
+        ];
+        for values in cases {
+            let c = HostCopy::new(values);
+            assert_eq!((c.to_vec(), c.len()), (values.to_vec(), values.len()));
+            for p in 0..=values.len() {
+                let (a, b) = c.split_at(p);
+                assert_eq!(
+                    (a.to_vec(), b.to_vec()),
+                    (values[..p].to_vec(), values[p..].to_vec())
+                );
+            }
+            let mut out = vec![4];
+            c.extend_into(&mut out);
+            assert_eq!(out[1..], *values);
+            let mut nz = vec![4];
+            c.extend_nonzero(&mut nz);
+            let want: Vec<i64> = values.iter().copied().filter(|&v| v != 0).collect();
+            assert_eq!(nz[1..], want);
+        }
+        assert!(matches!(
+            HostCopy::new(&[0, 0, 0, 0, 0, 0, 0, 9]),
+            HostCopy::Sparse { .. }
+        ));
+        assert!(matches!(HostCopy::new(&[1, 2, 3]), HostCopy::Dense(_)));
     }
 
     /// A load with values of the wrong length changes nothing.

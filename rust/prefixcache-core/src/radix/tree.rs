@@ -445,7 +445,7 @@ impl RadixTree {
         };
         let new_slot = self.alloc(new, ns, stamps);
         self.set_priority(new_slot, priority);
-        self.host_on_split(child, new_slot);
+        self.host_on_split(child, new_slot, p);
         self.nodes[child as usize].parent = new_slot;
         let replaced =
             self.nodes[parent as usize]
