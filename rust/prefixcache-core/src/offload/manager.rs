@@ -263,7 +263,7 @@ struct CallKey {
 }
 
 /// Finished requests' states kept for reuse (their buffers), at most this many.
-const SPARE_REQUESTS: usize = 32;
+const SPARE_REQUESTS: usize = 4;
 
 /// Buffers the calls reuse instead of allocating: a replay makes a few calls per request
 /// over hundreds of keys each, and allocating them anew churns the allocator's pages
