@@ -122,9 +122,8 @@ impl ChunkTable {
     /// slots in all (the tier's chunks), reserved fallibly. The first reservation takes
     /// address space for all `max_slots` slots when that is at most [`PRESIZE_BYTES`]
     /// (pages are only faulted in as slots are used); else, or when that fails, the slot
-    /// vector grows by doubling, capped at `max_slots`. Growing by doubling faults in and
-    /// copies about twice the final table, which costs more than the tier's own work on a
-    /// replay's first thousands of requests.
+    /// vector grows by doubling, capped at `max_slots`. Growing by doubling copies the
+    /// slots at each step and faults in about twice the final table.
     pub fn try_reserve(&mut self, n: usize, fresh: usize, max_slots: usize) -> Result<()> {
         let need = self.slots.len().saturating_add(fresh);
         if need > self.slots.capacity() {
