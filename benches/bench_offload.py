@@ -7,7 +7,8 @@ chunks, so stores evict from the start; per request: set key positions, prefix l
 load the hit (prepare + complete), offer the prompt for storing (prepare + complete),
 finish. LRU and ARC. The same stream through the range calls the simulator uses
 (``set_request_keys`` once, then ``*_range`` calls naming block slices: no Python object
-per key after the first call) times the core alone (the reference has no range calls).
+per key after the first call) times the core alone (the reference has no range calls),
+also with LRU behind a store threshold of 2 (``lru:2``: the offer tracker).
 
 ``pytest benches/bench_offload.py`` times them with pytest-benchmark;
 ``python benches/bench_offload.py`` prints per-request figures and the core/reference
@@ -70,8 +71,11 @@ def stream_range(m: Any, reqs: list[list[bytes]]) -> None:
 
 
 def make(kind: str, policy: str) -> Any:
+    """A tier of ``CHUNKS`` chunks; ``policy`` is "lru", "arc" or "lru:K" (store
+    threshold K)."""
     cls = CpuOffloadManager if kind == "core" else ref.CpuOffloadManager
-    return cls(CHUNKS, cache_policy=policy)
+    name, _, k = policy.partition(":")
+    return cls(CHUNKS, cache_policy=name, store_threshold=int(k or 1))
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
@@ -83,7 +87,7 @@ def test_offload_stream(benchmark: Any, kind: str, policy: str) -> None:
     )
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "lru:2"])
 def test_offload_stream_range(benchmark: Any, policy: str) -> None:
     reqs = workload(N_REQUESTS)
     benchmark.pedantic(
@@ -102,6 +106,7 @@ def main() -> None:
             f"{policy}: core {per['core'] * 1e6:.0f} us/request, reference "
             f"{per['reference'] * 1e6:.0f} us/request ({per['reference'] / per['core']:.1f}x)"
         )
+    for policy in ("lru", "arc", "lru:2"):
         reqs = workload(N_REQUESTS)
         best = min(_timed(make("core", policy), reqs, stream_range) for _ in range(3))
         print(f"{policy}: core, range calls {best / N_REQUESTS * 1e6:.0f} us/request")

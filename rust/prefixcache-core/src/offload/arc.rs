@@ -17,6 +17,8 @@ pub struct Arc {
     /// B1 (order 0) and B2 (order 1): disjoint, as a key enters a ghost list only when
     /// evicted and leaves both when stored again.
     ghosts: Ordered<()>,
+    /// `apply`'s buffer of key hashes (reused across calls).
+    hashes: Vec<u64>,
 }
 
 const B1: usize = 0;
@@ -39,6 +41,7 @@ impl Arc {
             t1: List::default(),
             t2: List::default(),
             ghosts: Ordered::new(),
+            hashes: Vec::new(),
         }
     }
 
@@ -142,8 +145,9 @@ impl Arc {
 
     /// The `n` chunks to evict in vLLM's order (each from T1 while T1 is at least its
     /// target, else from T2, else from T1), or None (nothing changed) when short.
-    /// Returns (slot, from T1) pairs; `apply` moves them to the ghost lists.
-    pub fn select(&self, slots: &[Slot], n: usize) -> Option<Vec<(u32, bool)>> {
+    /// Fills `out` (cleared first) with (slot, from T1) pairs; `apply` moves them to the
+    /// ghost lists. False when short (`out` then holds no valid selection).
+    pub fn select(&self, slots: &[Slot], n: usize, out: &mut Vec<(u32, bool)>) -> bool {
         let usable = |id: u32| {
             let s = &slots[id as usize];
             s.ref_cnt == 0 && s.flags & PROTECTED == 0
@@ -166,7 +170,7 @@ impl Arc {
         let mut t1_size = self.t1.len as i64;
         // Python's int(): truncation toward zero of a non-negative float.
         let target = self.target.trunc() as i64;
-        let mut out = Vec::with_capacity(n);
+        out.clear();
         for _ in 0..n {
             let mut pick = None;
             if t1_size >= target {
@@ -179,22 +183,27 @@ impl Arc {
                 pick = t2.next().map(|id| (id, false));
             }
             if pick.is_none() {
-                let id = t1.next()?;
+                let Some(id) = t1.next() else {
+                    return false;
+                };
                 pick = Some((id, true));
                 t1_size -= 1;
             }
             out.extend(pick);
         }
-        Some(out)
+        true
     }
 
     /// Unlinks the picked chunks and files their keys in the ghost lists (the caller
     /// frees the slots).
     pub fn apply(&mut self, slots: &mut [Slot], picked: &[(u32, bool)]) {
-        let hashes: Vec<u64> = picked
-            .iter()
-            .map(|&(id, _)| hash_of(&slots[id as usize].key))
-            .collect();
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        hashes.extend(
+            picked
+                .iter()
+                .map(|&(id, _)| hash_of(&slots[id as usize].key)),
+        );
         for &h in &hashes {
             self.ghosts.prefetch(h);
         }
@@ -211,6 +220,7 @@ impl Arc {
                 self.ghosts.push_new_hashed(B2, k, h, ());
             }
         }
+        self.hashes = hashes;
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
         for o in [B1, B2] {
             while self.ghosts.len_of(o) > cap {

@@ -14,6 +14,9 @@ pub const NIL: u32 = u32::MAX;
 pub const SENTINEL_BASE: u32 = 1 << 31;
 /// Chunk ids a slot can have: `0..MAX_SLOTS`.
 pub const MAX_SLOTS: u64 = SENTINEL_BASE as u64;
+/// The largest slot table reserved whole at the first store (1 GiB of address space,
+/// 16M chunks).
+pub const PRESIZE_BYTES: usize = 1 << 30;
 
 /// The slot holds a stored chunk (else it is free and its fields are stale).
 pub const LIVE: u8 = 1;
@@ -115,11 +118,31 @@ impl ChunkTable {
         }
     }
 
-    /// Room for `n` more chunks, reserved fallibly.
-    pub fn try_reserve(&mut self, n: usize) -> Result<()> {
-        self.slots
-            .try_reserve(n)
-            .map_err(|e| Error::out_of_memory("the offload tier's chunk table", e))?;
+    /// Room for `n` more chunks, `fresh` of them in new slots, of at most `max_slots`
+    /// slots in all (the tier's chunks), reserved fallibly. The first reservation takes
+    /// address space for all `max_slots` slots when that is at most [`PRESIZE_BYTES`]
+    /// (pages are only faulted in as slots are used); else, or when that fails, the slot
+    /// vector grows by doubling, capped at `max_slots`. Growing by doubling copies the
+    /// slots at each step and faults in about twice the final table.
+    pub fn try_reserve(&mut self, n: usize, fresh: usize, max_slots: usize) -> Result<()> {
+        let need = self.slots.len().saturating_add(fresh);
+        if need > self.slots.capacity() {
+            let whole = max_slots.max(need);
+            let presized = self.slots.capacity() == 0
+                && whole.saturating_mul(std::mem::size_of::<Slot>()) <= PRESIZE_BYTES
+                && self.slots.try_reserve_exact(whole).is_ok();
+            if !presized {
+                let want = self
+                    .slots
+                    .capacity()
+                    .saturating_mul(2)
+                    .min(max_slots)
+                    .max(need);
+                self.slots
+                    .try_reserve_exact(want - self.slots.len())
+                    .map_err(|e| Error::out_of_memory("the offload tier's chunk table", e))?;
+            }
+        }
         self.index.try_reserve(n)
     }
 
@@ -142,12 +165,19 @@ impl ChunkTable {
 
     /// Frees slot `id` (the caller unlinked it from its policy's list).
     pub fn remove(&mut self, id: u32) {
+        if let Some(s) = self.slots.get(id as usize) {
+            let h = hash_of(&s.key);
+            self.remove_hashed(id, h);
+        }
+    }
+
+    /// `remove` of slot `id` whose key's hash is `h`.
+    pub fn remove_hashed(&mut self, id: u32, h: u64) {
         let Some(s) = self.slots.get_mut(id as usize) else {
             return;
         };
         s.flags = 0;
-        let k = s.key;
-        self.index.remove(hash_of(&k), id);
+        self.index.remove(h, id);
     }
 
     pub fn clear(&mut self) {

@@ -84,11 +84,18 @@ impl SlotIndex {
     }
 
     /// Room for `n` more entries (fallible; nothing changes on failure).
+    #[inline]
     pub fn try_reserve(&mut self, n: usize) -> Result<()> {
         let need = self.len.saturating_add(n);
         if need.saturating_mul(2) <= self.words.len() {
             return Ok(());
         }
+        self.grow(need)
+    }
+
+    /// Grows the array for `need` entries.
+    #[cold]
+    fn grow(&mut self, need: usize) -> Result<()> {
         let mut bits = self.bits.max(4);
         while (1usize << bits) < need.saturating_mul(2) {
             bits += 1;

@@ -212,7 +212,6 @@ impl Lru {
         slots[id as usize].flags |= GROUPED;
         let sent_node = SENTINEL_BASE + g;
         let last = self.sents[g as usize].last;
-        let me = (rank, slots[id as usize].key);
         let mut nodes = Nodes {
             slots,
             sents: &mut self.sents,
@@ -223,17 +222,22 @@ impl Lru {
             return;
         }
         let first = nodes.next(sent_node);
-        let key_of = |slots: &[Slot], n: u32| (slots[n as usize].rank, slots[n as usize].key);
-        if me < key_of(nodes.slots, first) {
+        // `(rank, key)` of chunk `a` against chunk `b`'s (the key compared only on equal
+        // ranks, which the positions of one request's distinct keys rarely give).
+        let cmp = |slots: &[Slot], a: u32, b: u32| {
+            let (a, b) = (&slots[a as usize], &slots[b as usize]);
+            a.rank.cmp(&b.rank).then_with(|| a.key.cmp(&b.key))
+        };
+        if cmp(nodes.slots, id, first).is_lt() {
             self.list.insert_after(&mut nodes, sent_node, id);
-        } else if me > key_of(nodes.slots, last) {
+        } else if cmp(nodes.slots, id, last).is_gt() {
             self.list.insert_after(&mut nodes, last, id);
             nodes.sents[g as usize].last = id;
         } else {
             // Between the first and the last member: walk (the last is larger, so the
             // walk stops inside the group).
             let mut at = nodes.next(first);
-            while at != NIL && at < SENTINEL_BASE && key_of(nodes.slots, at) < me {
+            while at != NIL && at < SENTINEL_BASE && cmp(nodes.slots, at, id).is_lt() {
                 at = nodes.next(at);
             }
             match at {
@@ -248,7 +252,20 @@ impl Lru {
         self.counter += 1;
         let r = (self.counter, 0);
         self.remove(slots, id);
-        self.link(slots, id, r);
+        self.push_fresh(slots, id, r);
+    }
+
+    /// Links unlinked chunk `id` at fresh rank `rank` (just drawn from the counter, so
+    /// the largest and no request's group rank): at the tail.
+    fn push_fresh(&mut self, slots: &mut [Slot], id: u32, rank: Rank) {
+        let s = &mut slots[id as usize];
+        s.rank = rank;
+        s.flags &= !GROUPED;
+        let mut nodes = Nodes {
+            slots,
+            sents: &mut self.sents,
+        };
+        self.list.push_back(&mut nodes, id);
     }
 
     /// A newly stored chunk (unlinked): ranked `(request rank, -position)` when the
@@ -264,7 +281,7 @@ impl Lru {
             Some(pos) => (self.request_rank(slots, lru_rank), neg(pos)),
             None => {
                 self.counter += 1;
-                (self.counter, 0)
+                return self.push_fresh(slots, id, (self.counter, 0));
             }
         };
         self.link(slots, id, rank);
@@ -302,10 +319,11 @@ impl Lru {
         }
     }
 
-    /// The `n` idle unprotected chunks of smallest rank, smallest first (the caller
-    /// removes them); None (nothing changed) when there are fewer.
-    pub fn evict(&self, slots: &[Slot], n: usize) -> Option<Vec<u32>> {
-        let mut picked = Vec::with_capacity(n);
+    /// The `n` idle unprotected chunks of smallest rank, smallest first, into `picked`
+    /// (cleared first; the caller removes them); false (nothing changed) when there are
+    /// fewer.
+    pub fn evict(&self, slots: &[Slot], n: usize, picked: &mut Vec<u32>) -> bool {
+        picked.clear();
         let mut at = self.list.head;
         while picked.len() < n && at != NIL {
             if at >= SENTINEL_BASE {
@@ -318,7 +336,7 @@ impl Lru {
             }
             at = s.next;
         }
-        (picked.len() == n).then_some(picked)
+        picked.len() == n
     }
 
     pub fn clear(&mut self) {

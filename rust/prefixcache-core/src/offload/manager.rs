@@ -35,6 +35,8 @@ struct KeyInfo {
     flags: u8,
     hint: u32,
     position: u64,
+    /// The key's table hash (`hash_of`), computed once.
+    hash: u64,
 }
 
 /// What vLLM keeps per request in its `ReqContext` (key positions, the LRU request
@@ -54,9 +56,13 @@ pub struct RequestState {
 
 impl RequestState {
     fn find(&self, k: &BlockHash) -> Option<u32> {
+        self.find_hashed(k, hash_of(k))
+    }
+
+    fn find_hashed(&self, k: &BlockHash, h: u64) -> Option<u32> {
         let infos = &self.infos;
         self.index
-            .find(hash_of(k), |&i| infos[i as usize].key == *k)
+            .find(h, |&i| infos[i as usize].key == *k)
             .copied()
     }
 
@@ -76,13 +82,14 @@ impl RequestState {
             .map_err(|e| Error::out_of_memory("request keys", e))?;
         let infos = &self.infos;
         self.index
-            .try_reserve(n, |&i| hash_of(&infos[i as usize].key))
+            .try_reserve(n, |&i| infos[i as usize].hash)
             .map_err(|e| Error::out_of_memory("request keys", format!("{e:?}")))
     }
 
     /// The entry of `k`, added (no position, no flags) when new.
     fn entry(&mut self, k: &BlockHash) -> u32 {
-        if let Some(i) = self.find(k) {
+        let h = hash_of(k);
+        if let Some(i) = self.find_hashed(k, h) {
             return i;
         }
         let i = self.infos.len() as u32;
@@ -91,10 +98,10 @@ impl RequestState {
             flags: 0,
             hint: NIL,
             position: NO_POSITION,
+            hash: h,
         });
         let infos = &self.infos;
-        self.index
-            .insert_unique(hash_of(k), i, |&j| hash_of(&infos[j as usize].key));
+        self.index.insert_unique(h, i, |&j| infos[j as usize].hash);
         i
     }
 
@@ -122,6 +129,15 @@ impl RequestState {
     fn range(&self, start: usize, stop: usize) -> std::ops::Range<usize> {
         let stop = stop.min(self.order.len());
         start.min(stop)..stop
+    }
+
+    /// Empty, keeping its buffers (a finished request's state, reused by the next).
+    fn recycle(&mut self) {
+        self.infos.clear();
+        self.index.clear();
+        self.seen.clear();
+        self.order.clear();
+        self.lru_rank = None;
     }
 
     /// A new cache generation (`reset_cache`): access state restarts, positions stay.
@@ -246,6 +262,39 @@ struct CallKey {
     slot: u32,
 }
 
+/// Finished requests' states kept for reuse (their buffers), at most this many.
+const SPARE_REQUESTS: usize = 4;
+
+/// Buffers the calls reuse instead of allocating: a replay makes a few calls per request
+/// over hundreds of keys each, and a store built about ten vectors per call (allocation,
+/// growth by copying, release) before these.
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    /// The call's keys (`range_keys`, `call_keys`).
+    keys: Vec<CallKey>,
+    /// `store`: the keys to store, the keys offered, the entries of the keys ready, the
+    /// first store misses (key, hash), the tracker's counts.
+    to_store: Vec<CallKey>,
+    offered: Vec<CallKey>,
+    ready: Vec<u32>,
+    missed: Vec<(BlockHash, u64)>,
+    offers: Vec<u32>,
+    /// `store`'s result: the stored keys' chunk ids and the evicted keys.
+    ids: Vec<u64>,
+    evicted: Vec<BlockHash>,
+    /// The chunks picked for eviction, their keys' hashes.
+    picked: Vec<u32>,
+    hashes: Vec<u64>,
+    arc_picked: Vec<(u32, bool)>,
+    /// `record`: (slot, position) of the keys whose LRU rank may rise.
+    ranked: Vec<(u32, u64)>,
+    /// `unload`: loads released per slot.
+    need: FxHashMap<u32, i32>,
+    finished: Vec<Finished>,
+    /// `complete_store` of a range: (key, slot) of the stored keys.
+    stored: Vec<(BlockHash, u32)>,
+}
+
 #[derive(Debug, Clone)]
 pub struct CpuOffloadManager {
     num_chunks: u64,
@@ -265,6 +314,9 @@ pub struct CpuOffloadManager {
     counts: Option<Ordered<u32>>,
     events: Option<Vec<OffloadEvent>>,
     requests: FxHashMap<u64, RequestState>,
+    /// Finished requests' states, emptied, for the next requests.
+    spare: Vec<RequestState>,
+    scratch: Box<Scratch>,
     /// Totals since construction (not vLLM state): chunks stored, evicted.
     num_stored_total: u64,
     num_evicted_total: u64,
@@ -305,6 +357,8 @@ impl CpuOffloadManager {
             counts: (store_threshold >= 2).then(Ordered::new),
             events: enable_events.then(Vec::new),
             requests: FxHashMap::default(),
+            spare: Vec::new(),
+            scratch: Box::default(),
             num_stored_total: 0,
             num_evicted_total: 0,
         })
@@ -353,7 +407,18 @@ impl CpuOffloadManager {
 
     // -- request contexts -------------------------------------------------------------
     pub fn on_new_request(&mut self, rid: u64) {
-        self.requests.entry(rid).or_default();
+        let spare = &mut self.spare;
+        self.requests
+            .entry(rid)
+            .or_insert_with(|| spare.pop().unwrap_or_default());
+    }
+
+    /// Keeps a dropped request's buffers for the next request.
+    fn recycle(&mut self, mut st: RequestState) {
+        if self.spare.len() < SPARE_REQUESTS {
+            st.recycle();
+            self.spare.push(st);
+        }
     }
 
     /// Runs `f` on the request's state (created when new), taken out of the table
@@ -363,7 +428,10 @@ impl CpuOffloadManager {
         rid: u64,
         f: impl FnOnce(&mut Self, &mut RequestState) -> T,
     ) -> T {
-        let mut st = self.requests.remove(&rid).unwrap_or_default();
+        let mut st = match self.requests.remove(&rid) {
+            Some(st) => st,
+            None => self.spare.pop().unwrap_or_default(),
+        };
         let out = f(self, &mut st);
         self.requests.insert(rid, st);
         out
@@ -431,21 +499,23 @@ impl CpuOffloadManager {
         }
     }
 
-    /// The call's keys `start..stop` of the request's block order, with their slots.
-    fn range_keys(&self, st: &RequestState, start: usize, stop: usize) -> Vec<CallKey> {
-        let mut out: Vec<CallKey> = st.order[st.range(start, stop)]
-            .iter()
-            .map(|&e| {
-                let key = st.infos[e as usize].key;
+    /// The call's keys `start..stop` of the request's block order, with their slots, in
+    /// the reused buffer (empty for an unknown request).
+    fn range_keys(&mut self, rid: u64, start: usize, stop: usize) -> Vec<CallKey> {
+        let mut out = std::mem::take(&mut self.scratch.keys);
+        out.clear();
+        if let Some(st) = self.requests.get(&rid) {
+            out.extend(st.order[st.range(start, stop)].iter().map(|&e| {
+                let i = &st.infos[e as usize];
                 CallKey {
-                    key,
-                    hash: hash_of(&key),
+                    key: i.key,
+                    hash: i.hash,
                     ent: e,
                     slot: NIL,
                 }
-            })
-            .collect();
-        self.resolve(st, &mut out);
+            }));
+            self.resolve(st, &mut out);
+        }
         out
     }
 
@@ -481,10 +551,11 @@ impl CpuOffloadManager {
     }
 
     /// `_record_request_cache_access`: `keys` accessed (with their slots, NIL when not
-    /// stored), the entries of `reused` reused.
-    fn record(&mut self, st: &mut RequestState, keys: &[CallKey], reused: &[u32]) {
+    /// stored), the entries of `reused` reused (None: every key of `keys`).
+    fn record(&mut self, st: &mut RequestState, keys: &[CallKey], reused: Option<&[u32]>) {
         let mut any = false;
-        let mut ranked: Vec<(u32, u64)> = Vec::new();
+        let mut ranked = std::mem::take(&mut self.scratch.ranked);
+        ranked.clear();
         for c in keys {
             if c.slot != NIL {
                 st.infos[c.ent as usize].hint = c.slot;
@@ -504,10 +575,15 @@ impl CpuOffloadManager {
                 l.on_access(&mut self.table.slots, &ranked, &mut st.lru_rank);
             }
         }
-        for &e in reused {
+        self.scratch.ranked = ranked;
+        let mut reuse = |e: u32| {
             if !st.has(e, INSERTED) {
                 st.flag(e, REUSED);
             }
+        };
+        match reused {
+            Some(ents) => ents.iter().for_each(|&e| reuse(e)),
+            None => keys.iter().for_each(|c| reuse(c.ent)),
         }
     }
 
@@ -518,6 +594,12 @@ impl CpuOffloadManager {
         let Some(mut st) = self.requests.remove(&rid) else {
             return;
         };
+        self.finish_request(&mut st);
+        self.recycle(st);
+    }
+
+    /// The body of `on_request_finished`.
+    fn finish_request(&mut self, st: &mut RequestState) {
         let mut ordered = std::mem::take(&mut st.seen);
         if ordered.iter().all(|&e| st.position_at(e).is_some()) {
             // A stable sort by position, as Python's sort.
@@ -540,21 +622,22 @@ impl CpuOffloadManager {
                 l.close(&mut self.table.slots, st.lru_rank);
             }
             Policy::Arc(a) => {
-                let fin: Vec<Finished> = ordered
-                    .iter()
-                    .filter_map(|&e| {
-                        let slot = slot_of(&self.table, e)?;
-                        let f = st.infos[e as usize].flags;
-                        Some(Finished {
-                            slot,
-                            inserted_only: f & INSERTED != 0 && f & REUSED == 0,
-                            reused: f & REUSED != 0,
-                        })
+                let mut fin = std::mem::take(&mut self.scratch.finished);
+                fin.clear();
+                fin.extend(ordered.iter().filter_map(|&e| {
+                    let slot = slot_of(&self.table, e)?;
+                    let f = st.infos[e as usize].flags;
+                    Some(Finished {
+                        slot,
+                        inserted_only: f & INSERTED != 0 && f & REUSED == 0,
+                        reused: f & REUSED != 0,
                     })
-                    .collect();
+                }));
                 a.on_finished(&mut self.table.slots, &fin);
+                self.scratch.finished = fin;
             }
         }
+        st.seen = ordered;
     }
 
     // -- lookups and loads --------------------------------------------------------------
@@ -568,10 +651,14 @@ impl CpuOffloadManager {
 
     fn prefix_of<'a>(&self, keys: impl Iterator<Item = &'a BlockHash> + Clone) -> Option<usize> {
         // Prefetch a window ahead (the walk stops at the first miss).
-        let hashes: Vec<u64> = keys.clone().take(64).map(hash_of).collect();
-        for &h in &hashes {
-            self.table.prefetch_hash(h);
+        let mut window = [0u64; 64];
+        let mut w = 0;
+        for (slot, k) in window.iter_mut().zip(keys.clone()) {
+            *slot = hash_of(k);
+            self.table.prefetch_hash(*slot);
+            w += 1;
         }
+        let hashes = &window[..w];
         let mut pending = false;
         let mut n = 0;
         for (i, k) in keys.enumerate() {
@@ -607,17 +694,15 @@ impl CpuOffloadManager {
     }
 
     /// Pins the (checked) stored, ready chunks of `keys` for loading.
-    fn load(&mut self, st: &mut RequestState, keys: &[CallKey], ids: &mut Vec<u64>) {
+    fn load(&mut self, st: &mut RequestState, keys: &[CallKey]) {
         for c in keys {
             let s = &mut self.table.slots[c.slot as usize];
             if s.ref_cnt == 0 {
                 self.num_idle -= 1;
             }
             s.ref_cnt += 1;
-            ids.push(u64::from(c.slot));
         }
-        let ents: Vec<u32> = keys.iter().map(|c| c.ent).collect();
-        self.record(st, keys, &ents);
+        self.record(st, keys, None);
     }
 
     fn check_loadable(&self, keys: impl Iterator<Item = (BlockHash, u32)>) -> Result<()> {
@@ -643,25 +728,22 @@ impl CpuOffloadManager {
             .map_err(|e| Error::out_of_memory("chunk ids", e))?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
-            m.load(st, &ks, &mut ids);
+            ids.extend(ks.iter().map(|c| u64::from(c.slot)));
+            m.load(st, &ks);
             Ok(ids)
         })
     }
 
     /// `prepare_load` of the request's keys `start..stop`; returns how many were pinned.
     pub fn prepare_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<usize> {
-        let ks = match self.requests.get(&rid) {
-            None => Vec::new(),
-            Some(st) => self.range_keys(st, start, stop),
-        };
-        self.check_loadable(ks.iter().map(|c| (c.key, c.slot)))?;
-        let mut ids = Vec::new();
-        ids.try_reserve_exact(ks.len())
-            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
-        self.with_request(rid, |m, st| {
-            m.load(st, &ks, &mut ids);
-            Ok(ids.len())
-        })
+        let ks = self.range_keys(rid, start, stop);
+        let out = self.check_loadable(ks.iter().map(|c| (c.key, c.slot)));
+        if out.is_ok() {
+            self.with_request(rid, |m, st| m.load(st, &ks));
+        }
+        let n = ks.len();
+        self.scratch.keys = ks;
+        out.map(|()| n)
     }
 
     pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) {
@@ -677,12 +759,13 @@ impl CpuOffloadManager {
         }
     }
 
-    fn unload(&mut self, keys: &[(BlockHash, u32)]) -> Result<()> {
-        let mut need: FxHashMap<u32, i32> = FxHashMap::default();
-        for (k, slot) in keys {
-            let ok = match self.table.slots.get(*slot as usize) {
+    fn unload(&mut self, keys: impl Iterator<Item = (BlockHash, u32)> + Clone) -> Result<()> {
+        let need = &mut self.scratch.need;
+        need.clear();
+        for (k, slot) in keys.clone() {
+            let ok = match self.table.slots.get(slot as usize) {
                 Some(s) if s.live() => {
-                    let n = need.entry(*slot).or_insert(0);
+                    let n = need.entry(slot).or_insert(0);
                     *n += 1;
                     s.ref_cnt >= *n
                 }
@@ -695,7 +778,7 @@ impl CpuOffloadManager {
             }
         }
         for (_, slot) in keys {
-            let s = &mut self.table.slots[*slot as usize];
+            let s = &mut self.table.slots[slot as usize];
             s.ref_cnt -= 1;
             if s.ref_cnt == 0 {
                 self.num_idle += 1;
@@ -709,32 +792,29 @@ impl CpuOffloadManager {
             .iter()
             .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
             .collect();
-        self.unload(&ks)
+        self.unload(ks.into_iter())
     }
 
     /// `complete_load` of the request's keys `start..stop`.
     pub fn complete_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<()> {
-        let ks: Vec<(BlockHash, u32)> = match self.requests.get(&rid) {
-            None => Vec::new(),
-            Some(st) => self
-                .range_keys(st, start, stop)
-                .into_iter()
-                .map(|c| (c.key, c.slot))
-                .collect(),
-        };
-        self.unload(&ks)
+        let ks = self.range_keys(rid, start, stop);
+        let out = self.unload(ks.iter().map(|c| (c.key, c.slot)));
+        self.scratch.keys = ks;
+        out
     }
 
     // -- stores -------------------------------------------------------------------------
     /// `_record_accesses`: count an offer of each key (keys distinct); a full tracker
     /// drops its oldest key not offered in this call, and skips new keys once none is
     /// left. Returns each key's count after the call (0: not tracked), or nothing
-    /// without a tracker.
+    /// without a tracker (in the reused buffer).
     fn count_offers(&mut self, keys: &[CallKey]) -> Vec<u32> {
+        let mut out = std::mem::take(&mut self.scratch.offers);
+        out.clear();
         let Some(counts) = self.counts.as_mut() else {
-            return Vec::new();
+            return out;
         };
-        let mut out = vec![0u32; keys.len()];
+        out.resize(keys.len(), 0);
         let mut known = 0usize;
         for c in keys {
             counts.prefetch(c.hash);
@@ -774,7 +854,9 @@ impl CpuOffloadManager {
                 "more than 2^31 chunks",
             ));
         }
-        self.table.try_reserve(n)?;
+        let max_slots = usize::try_from(self.num_chunks.min(MAX_SLOTS)).unwrap_or(usize::MAX);
+        self.table
+            .try_reserve(n, usize::try_from(fresh).unwrap_or(usize::MAX), max_slots)?;
         if let Policy::Arc(a) = &mut self.policy {
             a.try_reserve(n)?;
         }
@@ -805,7 +887,17 @@ impl CpuOffloadManager {
         self.reserve_store(keys.len())?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
-            Ok(m.store(st, &ks))
+            let to_store = m.store(st, &ks);
+            let sc = &mut m.scratch;
+            let out = to_store.as_ref().map(|to_store| PrepareStoreOutput {
+                keys_to_store: to_store.iter().map(|c| c.key).collect(),
+                chunk_ids: sc.ids.clone(),
+                evicted_keys: sc.evicted.clone(),
+            });
+            if let Some(t) = to_store {
+                sc.to_store = t;
+            }
+            Ok(out)
         })
     }
 
@@ -819,17 +911,26 @@ impl CpuOffloadManager {
         stop: usize,
         complete: bool,
     ) -> Result<Option<(usize, usize)>> {
-        let ks = match self.requests.get(&rid) {
-            None => Vec::new(),
-            Some(st) => self.range_keys(st, start, stop),
-        };
+        let ks = self.range_keys(rid, start, stop);
+        let out = self.store_range(rid, &ks, complete);
+        self.scratch.keys = ks;
+        out
+    }
+
+    /// The body of `prepare_store_range` (`ks`: the range's keys).
+    fn store_range(
+        &mut self,
+        rid: u64,
+        ks: &[CallKey],
+        complete: bool,
+    ) -> Result<Option<(usize, usize)>> {
         if let Some(st) = self.requests.get_mut(&rid) {
             // Distinct entries are distinct keys.
             let mut dup = false;
-            for c in &ks {
+            for c in ks {
                 dup |= !st.flag(c.ent, IN_CALL);
             }
-            for c in &ks {
+            for c in ks {
                 st.infos[c.ent as usize].flags &= !IN_CALL;
             }
             if dup {
@@ -840,20 +941,25 @@ impl CpuOffloadManager {
         }
         self.reserve_store(ks.len())?;
         self.with_request(rid, |m, st| {
-            let Some(out) = m.store(st, &ks) else {
+            let Some(to_store) = m.store(st, ks) else {
                 return Ok(None);
             };
-            if complete && !out.keys_to_store.is_empty() {
+            let out = (to_store.len(), m.scratch.evicted.len());
+            if complete && !to_store.is_empty() {
                 // The chunk ids are the slots.
-                let stored: Vec<(BlockHash, u32)> = out
-                    .keys_to_store
-                    .iter()
-                    .zip(&out.chunk_ids)
-                    .map(|(k, &id)| (*k, id as u32))
-                    .collect();
+                let mut stored = std::mem::take(&mut m.scratch.stored);
+                stored.clear();
+                stored.extend(
+                    to_store
+                        .iter()
+                        .zip(&m.scratch.ids)
+                        .map(|(c, &id)| (c.key, id as u32)),
+                );
                 m.complete_slots(&stored, true);
+                m.scratch.stored = stored;
             }
-            Ok(Some((out.keys_to_store.len(), out.evicted_keys.len())))
+            m.scratch.to_store = to_store;
+            Ok(Some(out))
         })
     }
 
@@ -870,19 +976,20 @@ impl CpuOffloadManager {
         }
     }
 
-    /// Frees the slots of evicted chunks (unlinked by the policy).
-    fn free_slots(&mut self, ids: &[u32]) -> Vec<BlockHash> {
-        let mut keys = Vec::with_capacity(ids.len());
-        for &id in ids {
+    /// Frees the slots of evicted chunks (unlinked by the policy; `hashes`: their keys'
+    /// hashes), their keys appended to `keys`.
+    fn free_slots(&mut self, ids: &[u32], hashes: &[u64], keys: &mut Vec<BlockHash>) {
+        for (&id, &h) in ids.iter().zip(hashes) {
             keys.push(self.table.slots[id as usize].key);
-            self.table.remove(id);
+            self.table.remove_hashed(id, h);
             self.free_ids.push(u64::from(id));
         }
-        keys
     }
 
-    /// The body of `prepare_store` (keys distinct, room reserved).
-    fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<PrepareStoreOutput> {
+    /// The body of `prepare_store` (keys distinct, room reserved): the keys stored (the
+    /// reused buffer, to be handed back), their chunk ids in `scratch.ids` and the keys
+    /// evicted for them in `scratch.evicted`; None when eviction cannot free enough.
+    fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<Vec<CallKey>> {
         if let Policy::Arc(a) = &self.policy {
             // The ghost lines of the absent keys (looked up on a store miss and insert).
             for c in keys.iter().filter(|c| c.slot == NIL) {
@@ -893,9 +1000,17 @@ impl CpuOffloadManager {
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
         let threshold = self.store_threshold;
-        let mut to_store: Vec<CallKey> = Vec::with_capacity(keys.len());
-        let mut ready: Vec<u32> = Vec::with_capacity(keys.len());
-        let mut offered: Vec<CallKey> = Vec::with_capacity(keys.len());
+        let sc = &mut *self.scratch;
+        let mut to_store = std::mem::take(&mut sc.to_store);
+        let mut ready = std::mem::take(&mut sc.ready);
+        let mut offered = std::mem::take(&mut sc.offered);
+        let mut missed = std::mem::take(&mut sc.missed);
+        to_store.clear();
+        ready.clear();
+        offered.clear();
+        missed.clear();
+        sc.ids.clear();
+        sc.evicted.clear();
         for (i, c) in keys.iter().enumerate() {
             if c.slot == NIL {
                 let admitted = offers.get(i).is_none_or(|&n| n >= threshold);
@@ -908,27 +1023,32 @@ impl CpuOffloadManager {
                 offered.push(*c);
             }
         }
-        let missed: Vec<(BlockHash, u64)> = to_store
-            .iter()
-            .filter(|c| st.flag(c.ent, STORE_MISSED))
-            .map(|c| (c.key, c.hash))
-            .collect();
+        self.scratch.offers = offers;
+        missed.extend(
+            to_store
+                .iter()
+                .filter(|c| st.flag(c.ent, STORE_MISSED))
+                .map(|c| (c.key, c.hash)),
+        );
         // LRU's hook is a touch of absent keys: nothing moves.
         if !missed.is_empty() {
             if let Policy::Arc(a) = &mut self.policy {
                 a.on_store_miss(&missed);
             }
         }
-        self.record(st, &offered, &ready);
+        self.scratch.missed = missed;
+        self.record(st, &offered, Some(&ready));
+        self.scratch.offered = offered;
+        self.scratch.ready = ready;
         if to_store.is_empty() {
-            return Some(PrepareStoreOutput::default());
+            return Some(to_store);
         }
         let n = to_store.len() as u64;
         let free = self.num_free_chunks();
-        let mut evicted = Vec::new();
         if n > free {
             let short = n - free;
             if short > self.num_idle {
+                self.scratch.to_store = to_store;
                 return None;
             }
             let short = usize::try_from(short).unwrap_or(usize::MAX);
@@ -937,42 +1057,65 @@ impl CpuOffloadManager {
                 self.table.prefetch_hash(c.hash);
             }
             self.protect(keys, true);
-            let picked = match &mut self.policy {
+            let mut picked = std::mem::take(&mut self.scratch.picked);
+            let mut hashes = std::mem::take(&mut self.scratch.hashes);
+            hashes.clear();
+            let ok = match &mut self.policy {
                 Policy::Lru(l) => {
-                    let picked = l.evict(&self.table.slots, short);
-                    for &id in picked.iter().flatten() {
-                        let h = hash_of(&self.table.slots[id as usize].key);
-                        self.table.prefetch_hash(h);
+                    let ok = l.evict(&self.table.slots, short, &mut picked);
+                    if ok {
+                        for &id in &picked {
+                            let h = hash_of(&self.table.slots[id as usize].key);
+                            self.table.prefetch_hash(h);
+                            hashes.push(h);
+                        }
+                        for &id in &picked {
+                            l.remove(&mut self.table.slots, id);
+                        }
                     }
-                    for &id in picked.iter().flatten() {
-                        l.remove(&mut self.table.slots, id);
-                    }
-                    picked
+                    ok
                 }
-                Policy::Arc(a) => a.select(&self.table.slots, short).map(|p| {
-                    for &(id, _) in &p {
-                        let h = hash_of(&self.table.slots[id as usize].key);
-                        self.table.prefetch_hash(h);
+                Policy::Arc(a) => {
+                    let p = &mut self.scratch.arc_picked;
+                    let ok = a.select(&self.table.slots, short, p);
+                    if ok {
+                        for &(id, _) in p.iter() {
+                            let h = hash_of(&self.table.slots[id as usize].key);
+                            self.table.prefetch_hash(h);
+                            hashes.push(h);
+                        }
+                        a.apply(&mut self.table.slots, p);
+                        picked.clear();
+                        picked.extend(p.iter().map(|&(id, _)| id));
                     }
-                    a.apply(&mut self.table.slots, &p);
-                    p.into_iter().map(|(id, _)| id).collect()
-                }),
+                    ok
+                }
             };
             self.protect(keys, false);
-            evicted = self.free_slots(&picked?);
+            if !ok {
+                self.scratch.picked = picked;
+                self.scratch.hashes = hashes;
+                self.scratch.to_store = to_store;
+                return None;
+            }
+            let mut evicted = std::mem::take(&mut self.scratch.evicted);
+            self.free_slots(&picked, &hashes, &mut evicted);
+            self.scratch.picked = picked;
+            self.scratch.hashes = hashes;
             self.num_idle -= evicted.len() as u64;
             self.num_evicted_total += evicted.len() as u64;
-        }
-        if !evicted.is_empty() {
-            if let Some(ev) = &mut self.events {
-                ev.push(OffloadEvent {
-                    keys: evicted.clone(),
-                    removed: true,
-                    metadata_only: false,
-                });
+            if !evicted.is_empty() {
+                if let Some(ev) = &mut self.events {
+                    ev.push(OffloadEvent {
+                        keys: evicted.clone(),
+                        removed: true,
+                        metadata_only: false,
+                    });
+                }
             }
+            self.scratch.evicted = evicted;
         }
-        let mut ids = Vec::with_capacity(to_store.len());
+        let mut ids = std::mem::take(&mut self.scratch.ids);
         while ids.len() < to_store.len() && self.allocated < self.num_chunks {
             ids.push(self.allocated);
             self.allocated += 1;
@@ -999,16 +1142,13 @@ impl CpuOffloadManager {
             }
             st.infos[c.ent as usize].hint = id;
         }
+        self.scratch.ids = ids;
         self.num_pending += n;
         self.num_stored_total += n;
         for c in &to_store {
             st.flag(c.ent, INSERTED);
         }
-        Some(PrepareStoreOutput {
-            keys_to_store: to_store.iter().map(|c| c.key).collect(),
-            chunk_ids: ids,
-            evicted_keys: evicted,
-        })
+        Some(to_store)
     }
 
     /// vLLM's `complete_store`: the keys still being stored become loadable (success) or
@@ -1023,7 +1163,9 @@ impl CpuOffloadManager {
 
     /// `complete_store` of keys whose slots are known (NIL: not stored).
     fn complete_slots(&mut self, keys: &[(BlockHash, u32)], success: bool) {
+        // The keys completed, for the event (only with events on).
         let mut done = Vec::new();
+        let events = self.events.is_some();
         for &(k, id) in keys {
             let Some(s) = self.table.slots.get_mut(id as usize) else {
                 continue;
@@ -1043,7 +1185,9 @@ impl CpuOffloadManager {
                 self.table.remove(id);
                 self.free_ids.push(u64::from(id));
             }
-            done.push(k);
+            if events {
+                done.push(k);
+            }
         }
         if !done.is_empty() {
             if let Some(ev) = &mut self.events {

@@ -100,3 +100,25 @@ fn failed_store_releases_quietly() {
     assert!(to_kv_events(&ev).is_empty());
     assert!(m.prepare_store(0, &ks(&[1, 1])).is_err());
 }
+
+#[test]
+fn a_finished_requests_state_serves_the_next_request_empty() {
+    // Request 0's state (keys, positions, access flags, LRU rank) is recycled for
+    // request 1: nothing of it may show through.
+    let mut m = CpuOffloadManager::new(4, CachePolicy::Lru, 1, 64, false).unwrap();
+    m.on_new_request(0);
+    m.set_request_keys(0, &ks(&[1, 2, 3]), 16).unwrap();
+    assert_eq!(m.prepare_store_range(0, 0, 3, true).unwrap(), Some((3, 0)));
+    m.on_request_finished(0);
+    m.on_new_request(1);
+    assert!(m.request_keys(1, 0, 10).is_empty());
+    assert_eq!(m.prepare_store_range(1, 0, 3, true).unwrap(), Some((0, 0)));
+    m.set_request_keys(1, &ks(&[3, 4]), 16).unwrap();
+    assert_eq!(m.request_keys(1, 0, 10), ks(&[3, 4]));
+    // Key 3 is stored, key 4 new: one stored, room for it without eviction.
+    let out = m.prepare_store_range(1, 0, 2, true).unwrap();
+    assert_eq!(out, Some((1, 0)));
+    m.on_request_finished(1);
+    m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.num_stored(), 4);
+}
