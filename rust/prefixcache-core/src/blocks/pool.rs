@@ -11,9 +11,11 @@
 //!
 //! Every fallible operation validates all of its input before changing anything.
 //!
-//! Memory follows the blocks in use, not `num_blocks`: a block gets its 56 bytes (48 in
+//! Memory follows the blocks in use, not `num_blocks`: a block gets its 32 bytes (24 in
 //! [`Block`], 8 of free-queue links) when it is first handed out or hit, and the table
-//! holds 4 bytes per cached key. Growth is reserved fallibly before anything changes.
+//! holds 4 bytes per cached key, plus, when the pool's hashes are longer than 8 bytes,
+//! 24 bytes per block id up to the highest cached one for the hash bytes past the 8 in
+//! the block. Growth is reserved fallibly before anything changes.
 
 use crate::error::{Error, Result};
 use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
