@@ -637,7 +637,13 @@ impl BlockPool {
         let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
         let max_id = new.iter().copied().max().unwrap_or(NULL_BLOCK);
         self.cached
-            .reserve_for(&self.blocks, new_keys, max_id, hash_len.unwrap_or(0))
+            .reserve_for(
+                &self.blocks,
+                new_keys,
+                max_id,
+                hash_len.unwrap_or(0),
+                self.num_blocks,
+            )
             .map_err(|e| Error::out_of_memory("the prefix-cache table", e))?;
         if self.events_enabled {
             self.events
@@ -962,6 +968,20 @@ mod tests {
             cache_one(&mut q, split_hash(32, i, 9), 0);
         }
         assert!(q.cached.tail_bytes() >= 40 * 24);
+        // Blocks cached one at a time: the side array grows by a quarter at a time, not
+        // by a block (which would copy it once per call).
+        let mut r = BlockPool::new(20_001, true, false).unwrap();
+        let mut sizes = vec![0];
+        for i in 0..20_000u32 {
+            let mut b = [1u8; 32];
+            b[28..].copy_from_slice(&i.to_le_bytes());
+            cache_one(&mut r, hb(&b), 0);
+            if sizes.last() != Some(&r.cached.tail_bytes()) {
+                sizes.push(r.cached.tail_bytes());
+            }
+        }
+        assert!(sizes.len() < 60, "{} reallocations", sizes.len());
+        r.check_invariants().unwrap();
     }
 
     #[test]

@@ -194,14 +194,15 @@ impl HashTable32 {
         self.heads.iter().copied()
     }
 
-    /// Room for `additional` more keys of `hash_len` bytes on blocks up to `max_id`, so
-    /// that the next inserts cannot fail.
+    /// Room for `additional` more keys of `hash_len` bytes on blocks up to `max_id` (of
+    /// `num_blocks`), so that the next inserts cannot fail.
     pub fn reserve_for(
         &mut self,
         blocks: &[Block],
         additional: usize,
         max_id: u32,
         hash_len: usize,
+        num_blocks: usize,
     ) -> Result<(), &'static str> {
         let len = self.hash_len;
         let tails = &self.tails;
@@ -210,9 +211,10 @@ impl HashTable32 {
             .map_err(|_| "memory allocation failed")?;
         let want = max_id as usize + 1;
         if hash_len > 8 && additional > 0 && want > self.tails.capacity() {
-            // A quarter more at a time (amortised O(1)), never past the blocks in use.
+            // A quarter more at a time (amortised O(1): capped by the pool's size, not by
+            // the blocks in use, which grow one at a time), as the pool's blocks grow.
             let n = self.tails.len();
-            let grown = (n + n / 4).max(want).min(blocks.len().max(want));
+            let grown = (n + n / 4).max(want).min(num_blocks.max(want));
             self.tails
                 .try_reserve_exact(grown - n)
                 .map_err(|_| "memory allocation failed")?;
