@@ -2,7 +2,9 @@
 //!
 //! vLLM does not de-duplicate cached blocks (block tables stay append-only), so one key
 //! may name several blocks; lookups return the oldest. The keys live in the blocks
-//! themselves ([`Block`]); the table is a hash set of block ids, one per key: the oldest
+//! themselves ([`Block`]: the group and the hash's first 8 bytes; bytes 8.. of longer
+//! hashes in a side array indexed by block id); the table is a hash set of block ids, one
+//! per key: the oldest
 //! block of the key's chain. Further blocks with the same key are chained through the
 //! blocks' `chain_next` / `chain_prev` links (the oldest block's `chain_prev` names the
 //! newest, so appending is O(1)). A table slot costs 4 bytes; insert, remove and lookup
