@@ -15,8 +15,8 @@ Figures reported:
   first pass, a second pass, and per token with each prompt repeated so that its path is
   in cache: the algorithm without the memory hierarchy), inserts of
   new turns branching off existing ones;
-- blocks: RSS delta per block of a pool whose blocks are all cached (32-byte hashes) and
-  free, get/free and lookup latency at 1M blocks vs 1536.
+- blocks: RSS delta per block of a pool whose blocks are all cached (32-byte hashes, or
+  8-byte ones with ``--hash8``) and free, get/free and lookup latency at 1M blocks vs 1536.
 
 Sizes: ``PREFIXCACHE_SCALE=full`` (or running the benchmarks with timing on) fills 10M
 tokens and 1M blocks; otherwise (``pytest benches --benchmark-disable``, CI) 200k tokens
@@ -178,12 +178,13 @@ def radix_figures(target_tokens: int) -> dict[str, float]:
     }
 
 
-def block_hash(i: int) -> bytes:
-    return i.to_bytes(32, "big")
+def block_hash(i: int, nbytes: int = 32) -> bytes:
+    return i.to_bytes(nbytes, "big")
 
 
-def pool_figures(num_blocks: int) -> dict[str, float]:
-    """A pool with every block cached and free (the steady state of a warm server)."""
+def pool_figures(num_blocks: int, hash_bytes: int = 32) -> dict[str, float]:
+    """A pool with every block cached and free (the steady state of a warm server), with
+    ``hash_bytes``-byte hashes."""
     gc.collect()
     before = rss_bytes()
     pool = BlockPool(num_blocks + 1)
@@ -192,14 +193,14 @@ def pool_figures(num_blocks: int) -> dict[str, float]:
     while done < num_blocks:
         n = min(chunk, num_blocks - done)
         ids = pool.get_new_blocks(n)
-        hashes = [block_hash(done + j) for j in range(n)]
+        hashes = [block_hash(done + j, hash_bytes) for j in range(n)]
         pool.cache_full_blocks(ids, hashes, 0, n, BLOCK)
         pool.free_blocks(ids)
         done += n
     gc.collect()
     delta = rss_bytes() - before
     rng = np.random.default_rng(2)
-    keys = [block_hash(int(i)) for i in rng.integers(num_blocks, size=PROBES)]
+    keys = [block_hash(int(i), hash_bytes) for i in rng.integers(num_blocks, size=PROBES)]
     assert all(pool.get_cached_block(k) is not None for k in keys)
     lookup_us = best_of(3, lambda: per_call_us(pool.get_cached_block, keys))
 
@@ -219,10 +220,11 @@ def pool_figures(num_blocks: int) -> dict[str, float]:
     }
 
 
-def manager_figures(num_blocks: int) -> dict[str, float]:
+def manager_figures(num_blocks: int, hash_bytes: int = 32) -> dict[str, float]:
     """A manager filled by requests of 2304 tokens (8 shared 2048-token system prompts +
     256 unique) until every block has been cached once, then the per-request cost of
-    admit + finish (hash, lookup, allocate, cache, free) on that pool."""
+    admit + finish (hash, lookup, allocate, cache, free) on that pool. Block hashes:
+    sha256 (32 bytes), or xxh3_64 when ``hash_bytes`` is 8."""
     systems = [np.arange(2048, dtype=np.uint32) + np.uint32(100_000 * k) for k in range(8)]
 
     def prompt(i: int) -> U32:
@@ -231,7 +233,8 @@ def manager_figures(num_blocks: int) -> dict[str, float]:
 
     gc.collect()
     before = rss_bytes()
-    mgr = KVCacheManager(num_blocks + 1, block_size=BLOCK, hash_algo="sha256")
+    algo = "xxh3_64" if hash_bytes == 8 else "sha256"
+    mgr = KVCacheManager(num_blocks + 1, block_size=BLOCK, hash_algo=algo)
     i = filled = 0
     filler = np.arange(BLOCK * 4096, dtype=np.uint32)
     while filled < num_blocks:
@@ -321,14 +324,16 @@ def test_manager_scale(benchmark: Any) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python benches/bench_scale.py [radix|pool|manager|branchy] [--small]``: one
-    structure per process (RSS deltas stay separate), full size vs small size of the same
-    shape."""
+    """``python benches/bench_scale.py [radix|pool|manager|branchy] [--small] [--hash8]``:
+    one structure per process (RSS deltas stay separate), full size vs small size of the
+    same shape; ``--hash8``: the pool and manager with 8-byte block hashes (xxh3_64)
+    instead of 32-byte ones (sha256)."""
     what = argv[0] if argv else "radix"
+    hash_bytes = 8 if "--hash8" in argv else 32
     fn = {
         "radix": radix_figures,
-        "pool": pool_figures,
-        "manager": manager_figures,
+        "pool": lambda n: pool_figures(n, hash_bytes),
+        "manager": lambda n: manager_figures(n, hash_bytes),
         "branchy": branchy_figures,
     }[what]
     big = {"radix": FULL_TOKENS, "pool": FULL_BLOCKS, "manager": FULL_BLOCKS, "branchy": 200_000}[

@@ -2,7 +2,7 @@
 //!
 //! vLLM keeps its free blocks in a doubly linked list threaded through the blocks
 //! themselves, so any block can leave the queue in O(1) when a request hits it. Here the
-//! links live in two `Vec<u32>` indexed by slot (block id + 3), with three sentinel slots:
+//! links live in one `Vec<[u32; 2]>` (prev, next) indexed by slot (block id + 3), with three sentinel slots:
 //! `HEAD`, `TAIL`, and `FRESH`, which stands for the run of ids never handed out yet
 //! (`fresh..end`, in id order). A new queue is just `[FRESH]`: its links grow one block at
 //! a time as blocks leave the run (popped, or removed by a hit on a never-used id), so
@@ -21,12 +21,15 @@ const TAIL: u32 = 1;
 const FRESH: u32 = 2;
 /// Slots before the first block.
 const SLOT0: u32 = 3;
+/// Index of a slot's previous / next link in its `[u32; 2]`.
+const P: usize = 0;
+const N: usize = 1;
 
 /// Free queue over block ids `0..end`.
 #[derive(Debug, Clone)]
 pub struct FreeQueue {
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    /// `[prev, next]` of each slot, side by side: an unlink reads one cache line.
+    links: Vec<[u32; 2]>,
     /// Number of queued ids, the fresh run included.
     len: usize,
     /// First id of the fresh run; every id below has its links.
@@ -39,19 +42,18 @@ impl FreeQueue {
     /// `n` must be below `u32::MAX - 3`.
     pub fn new(n: u32) -> Self {
         let mut q = FreeQueue {
-            prev: vec![NOT_LINKED; SLOT0 as usize],
-            next: vec![NOT_LINKED; SLOT0 as usize],
+            links: vec![[NOT_LINKED; 2]; SLOT0 as usize],
             len: n as usize,
             fresh: 0,
             end: n,
         };
-        q.next[HEAD as usize] = TAIL;
-        q.prev[TAIL as usize] = HEAD;
+        q.links[HEAD as usize][N] = TAIL;
+        q.links[TAIL as usize][P] = HEAD;
         if n > 0 {
-            q.next[HEAD as usize] = FRESH;
-            q.prev[FRESH as usize] = HEAD;
-            q.next[FRESH as usize] = TAIL;
-            q.prev[TAIL as usize] = FRESH;
+            q.links[HEAD as usize][N] = FRESH;
+            q.links[FRESH as usize][P] = HEAD;
+            q.links[FRESH as usize][N] = TAIL;
+            q.links[TAIL as usize][P] = FRESH;
         }
         q
     }
@@ -70,16 +72,13 @@ impl FreeQueue {
     /// then allocates. Grows by at least a quarter, so reservations stay amortised O(1).
     pub fn reserve_through(&mut self, id: u32) -> Result<(), TryReserveError> {
         let want = (id.min(self.end.saturating_sub(1)) + 1 + SLOT0) as usize;
-        if want <= self.prev.capacity().min(self.next.capacity()) {
+        if want <= self.links.capacity() {
             return Ok(());
         }
-        let grown = (self.prev.len() + self.prev.len() / 4)
+        let grown = (self.links.len() + self.links.len() / 4)
             .max(want)
             .min((self.end + SLOT0) as usize);
-        for v in [&mut self.prev, &mut self.next] {
-            v.try_reserve_exact(grown - v.len())?;
-        }
-        Ok(())
+        self.links.try_reserve_exact(grown - self.links.len())
     }
 
     pub fn len(&self) -> usize {
@@ -92,12 +91,12 @@ impl FreeQueue {
 
     /// Whether block `id` is in the queue (false for ids out of range).
     pub fn contains(&self, id: u32) -> bool {
-        id < self.end && (id >= self.fresh || self.next[(id + SLOT0) as usize] != NOT_LINKED)
+        id < self.end && (id >= self.fresh || self.links[(id + SLOT0) as usize][N] != NOT_LINKED)
     }
 
     /// The first block id (the next to be reused), if any.
     pub fn front(&self) -> Option<u32> {
-        match self.next[HEAD as usize] {
+        match self.links[HEAD as usize][N] {
             TAIL => None,
             FRESH => Some(self.fresh),
             s => Some(s - SLOT0),
@@ -107,13 +106,12 @@ impl FreeQueue {
     /// Gives the next fresh id its (unlinked) slots.
     fn materialize_one(&mut self) -> u32 {
         let id = self.fresh;
-        self.prev.push(NOT_LINKED);
-        self.next.push(NOT_LINKED);
+        self.links.push([NOT_LINKED; 2]);
         self.fresh += 1;
         if self.fresh == self.end {
-            let (p, n) = (self.prev[FRESH as usize], self.next[FRESH as usize]);
-            self.next[p as usize] = n;
-            self.prev[n as usize] = p;
+            let (p, n) = (self.links[FRESH as usize][P], self.links[FRESH as usize][N]);
+            self.links[p as usize][N] = n;
+            self.links[n as usize][P] = p;
         }
         id
     }
@@ -146,13 +144,13 @@ impl FreeQueue {
             let after = if self.fresh < self.end {
                 FRESH
             } else {
-                self.next[FRESH as usize]
+                self.links[FRESH as usize][N]
             };
-            let before = self.prev[after as usize];
-            self.next[before as usize] = s;
-            self.prev[s as usize] = before;
-            self.next[s as usize] = after;
-            self.prev[after as usize] = s;
+            let before = self.links[after as usize][P];
+            self.links[before as usize][N] = s;
+            self.links[s as usize][P] = before;
+            self.links[s as usize][N] = after;
+            self.links[after as usize][P] = s;
         }
         self.unlink(id + SLOT0);
         self.len -= 1;
@@ -165,7 +163,7 @@ impl FreeQueue {
         if id >= self.fresh || self.contains(id) {
             return false;
         }
-        let before = self.prev[TAIL as usize];
+        let before = self.links[TAIL as usize][P];
         self.link_between(before, id + SLOT0, TAIL);
         true
     }
@@ -176,25 +174,25 @@ impl FreeQueue {
         if id >= self.fresh || self.contains(id) {
             return false;
         }
-        let after = self.next[HEAD as usize];
+        let after = self.links[HEAD as usize][N];
         self.link_between(HEAD, id + SLOT0, after);
         true
     }
 
     /// Flags an id that has links and is not queued (scratch for one call's validation).
     pub fn mark(&mut self, id: u32) {
-        if id < self.fresh && self.next[(id + SLOT0) as usize] == NOT_LINKED {
-            self.prev[(id + SLOT0) as usize] = MARKED;
+        if id < self.fresh && self.links[(id + SLOT0) as usize][N] == NOT_LINKED {
+            self.links[(id + SLOT0) as usize][P] = MARKED;
         }
     }
 
     pub fn is_marked(&self, id: u32) -> bool {
-        id < self.fresh && self.prev[(id + SLOT0) as usize] == MARKED
+        id < self.fresh && self.links[(id + SLOT0) as usize][P] == MARKED
     }
 
     pub fn unmark(&mut self, id: u32) {
         if self.is_marked(id) {
-            self.prev[(id + SLOT0) as usize] = NOT_LINKED;
+            self.links[(id + SLOT0) as usize][P] = NOT_LINKED;
         }
     }
 
@@ -202,7 +200,7 @@ impl FreeQueue {
     pub fn iter(&self) -> Iter<'_> {
         Iter {
             queue: self,
-            at: self.next[HEAD as usize],
+            at: self.links[HEAD as usize][N],
             run: 0..0,
         }
     }
@@ -210,19 +208,19 @@ impl FreeQueue {
     /// Unlinks slot `s` (linked, checked by every caller); `len` is the caller's.
     fn unlink(&mut self, s: u32) {
         let i = s as usize;
-        let (p, n) = (self.prev[i], self.next[i]);
-        self.next[p as usize] = n;
-        self.prev[n as usize] = p;
-        self.prev[i] = NOT_LINKED;
-        self.next[i] = NOT_LINKED;
+        let (p, n) = (self.links[i][P], self.links[i][N]);
+        self.links[p as usize][N] = n;
+        self.links[n as usize][P] = p;
+        self.links[i][P] = NOT_LINKED;
+        self.links[i][N] = NOT_LINKED;
     }
 
     /// `before` and `after` must be adjacent and slot `s` unlinked (checked by callers).
     fn link_between(&mut self, before: u32, s: u32, after: u32) {
-        self.next[before as usize] = s;
-        self.prev[s as usize] = before;
-        self.next[s as usize] = after;
-        self.prev[after as usize] = s;
+        self.links[before as usize][N] = s;
+        self.links[s as usize][P] = before;
+        self.links[s as usize][N] = after;
+        self.links[after as usize][P] = s;
         self.len += 1;
     }
 }
@@ -245,11 +243,11 @@ impl Iterator for Iter<'_> {
             TAIL => None,
             FRESH => {
                 self.run = self.queue.fresh..self.queue.end;
-                self.at = self.queue.next[FRESH as usize];
+                self.at = self.queue.links[FRESH as usize][N];
                 self.run.next()
             }
             s => {
-                self.at = self.queue.next[s as usize];
+                self.at = self.queue.links[s as usize][N];
                 Some(s - SLOT0)
             }
         }

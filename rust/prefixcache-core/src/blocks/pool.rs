@@ -11,9 +11,11 @@
 //!
 //! Every fallible operation validates all of its input before changing anything.
 //!
-//! Memory follows the blocks in use, not `num_blocks`: a block gets its 56 bytes (48 in
+//! Memory follows the blocks in use, not `num_blocks`: a block gets its 32 bytes (24 in
 //! [`Block`], 8 of free-queue links) when it is first handed out or hit, and the table
-//! holds 4 bytes per cached key. Growth is reserved fallibly before anything changes.
+//! holds 4 bytes per cached key, plus, when the pool's hashes are longer than 8 bytes,
+//! 24 bytes per block id up to the highest cached one for the hash bytes past the 8 in
+//! the block. Growth is reserved fallibly before anything changes.
 
 use crate::error::{Error, Result};
 use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
@@ -46,7 +48,7 @@ const UNUSED: Block = Block {
     group: 0,
     chain_prev: super::table::NO_KEY,
     chain_next: u32::MAX - 1,
-    hash: [0; 32],
+    head: 0,
 };
 
 /// What `cache_full_blocks` needs to know about the request that owns the blocks.
@@ -182,14 +184,10 @@ impl BlockPool {
     /// The key of a block, if cached.
     #[inline]
     fn key_of(&self, id: u32) -> Option<CacheKey> {
-        let b = self.block(id);
-        if !b.has_key() {
-            return None;
-        }
-        let hash = BlockHash::from_bytes(&b.hash[..self.cached.hash_len()])?;
+        let hash = self.cached.hash_of(&self.blocks, id)?;
         Some(CacheKey {
             hash,
-            group: b.group,
+            group: self.block(id).group,
         })
     }
 
@@ -288,8 +286,7 @@ impl BlockPool {
         if key.hash.len() != self.cached.hash_len() {
             return Vec::new();
         }
-        self.cached
-            .blocks(&self.blocks, key.hash.as_bytes(), key.group)
+        self.cached.blocks(&self.blocks, &key.hash, key.group)
     }
 
     /// The first block cached under `hash` for each group, or `None` if any group misses.
@@ -309,7 +306,7 @@ impl BlockPool {
     /// length simply misses).
     #[inline]
     pub fn lookup(&self, hash: &BlockHash, group: u32) -> Option<u32> {
-        self.cached.first(&self.blocks, hash.as_bytes(), group)
+        self.cached.first(&self.blocks, hash, group)
     }
 
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
@@ -638,8 +635,15 @@ impl BlockPool {
             return Err(e);
         }
         let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
+        let max_id = new.iter().copied().max().unwrap_or(NULL_BLOCK);
         self.cached
-            .reserve_for(&self.blocks, new_keys)
+            .reserve_for(
+                &self.blocks,
+                new_keys,
+                max_id,
+                hash_len.unwrap_or(0),
+                self.num_blocks,
+            )
             .map_err(|e| Error::out_of_memory("the prefix-cache table", e))?;
         if self.events_enabled {
             self.events
@@ -931,6 +935,215 @@ mod tests {
         p.touch(&[2]).unwrap();
         p.free_blocks(&[1, 2, 2]).unwrap();
         assert_eq!(p.free_block_ids(), vec![1, 3, 4, 5, 2]);
+        p.check_invariants().unwrap();
+    }
+
+    fn hb(bytes: &[u8]) -> BlockHash {
+        BlockHash::from_bytes(bytes).unwrap_or_else(|| unreachable!())
+    }
+
+    /// A hash of `len` bytes: `first` in bytes 0..8, `last` in the bytes past 8.
+    fn split_hash(len: usize, first: u8, last: u8) -> BlockHash {
+        let b: Vec<u8> = (0..len).map(|i| if i < 8 { first } else { last }).collect();
+        hb(&b)
+    }
+
+    fn cache_one(p: &mut BlockPool, hash: BlockHash, group: u32) -> u32 {
+        let ids = p.get_new_blocks(1).unwrap();
+        p.cache_full_blocks(&ids, &[hash], 0, 1, 4, group, StoreInfo::default())
+            .unwrap();
+        ids[0]
+    }
+
+    #[test]
+    fn a_block_is_24_bytes_and_8_byte_hashes_need_no_tail() {
+        assert_eq!(std::mem::size_of::<Block>(), 24);
+        let mut p = BlockPool::new(64, true, false).unwrap();
+        for i in 0..40u8 {
+            cache_one(&mut p, hb(&[i, 1, 2, 3, 4, 5, 6, 7]), 0);
+        }
+        assert_eq!(p.cached.tail_bytes(), 0);
+        let mut q = BlockPool::new(64, true, false).unwrap();
+        for i in 0..40u8 {
+            cache_one(&mut q, split_hash(32, i, 9), 0);
+        }
+        assert!(q.cached.tail_bytes() >= 40 * 24);
+        // Blocks cached one at a time: the side array grows by a quarter at a time, not
+        // by a block (which would copy it once per call).
+        let mut r = BlockPool::new(20_001, true, false).unwrap();
+        let mut sizes = vec![0];
+        for i in 0..20_000u32 {
+            let mut b = [1u8; 32];
+            b[28..].copy_from_slice(&i.to_le_bytes());
+            cache_one(&mut r, hb(&b), 0);
+            if sizes.last() != Some(&r.cached.tail_bytes()) {
+                sizes.push(r.cached.tail_bytes());
+            }
+        }
+        assert!(sizes.len() < 60, "{} reallocations", sizes.len());
+        r.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn every_hash_length_round_trips_through_the_pool() {
+        for len in [1usize, 4, 7, 8, 9, 16, 24, 31, 32] {
+            let mut p = BlockPool::new(16, true, true).unwrap();
+            let hashes: Vec<BlockHash> = (0..5u8)
+                .map(|k| {
+                    hb(&(0..len)
+                        .map(|i| k.wrapping_mul(31) ^ i as u8)
+                        .collect::<Vec<_>>())
+                })
+                .collect();
+            let ids = p.get_new_blocks(5).unwrap();
+            p.cache_full_blocks(&ids, &hashes, 0, 5, 4, 3, StoreInfo::default())
+                .unwrap();
+            p.check_invariants().unwrap();
+            for (id, h) in ids.iter().zip(&hashes) {
+                let key = p.block_key(*id).unwrap().unwrap();
+                assert_eq!(key.hash.as_bytes(), h.as_bytes(), "len {len}");
+                assert_eq!(key.group, 3);
+                assert_eq!(p.get_cached_block(h, &[3]).unwrap(), Some(vec![*id]));
+                assert_eq!(p.get_cached_block(h, &[0]).unwrap(), None);
+            }
+            let ev = p.take_events();
+            assert!(
+                matches!(&ev[..], [KvEvent::BlockStored { block_hashes, .. }]
+                if block_hashes == &hashes)
+            );
+            // Free and reuse all: every hash is evicted with its full bytes.
+            p.free_blocks(&ids).unwrap();
+            p.get_new_blocks(15).unwrap();
+            let removed: Vec<BlockHash> = p
+                .take_events()
+                .into_iter()
+                .filter_map(|e| match e {
+                    KvEvent::BlockRemoved { block_hashes, .. } => Some(block_hashes),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            assert_eq!(removed, hashes, "len {len}");
+            assert_eq!(p.num_cached_keys(), 0);
+            p.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn hashes_equal_in_the_first_8_bytes_are_different_keys() {
+        for len in [9usize, 16, 32] {
+            let mut p = BlockPool::new(16, true, true).unwrap();
+            let (a, b) = (split_hash(len, 5, 1), split_hash(len, 5, 2));
+            let ia = cache_one(&mut p, a, 0);
+            let ib = cache_one(&mut p, b, 0);
+            let ia2 = cache_one(&mut p, a, 0);
+            assert_eq!(p.num_cached_keys(), 2, "len {len}");
+            assert_eq!(
+                p.cached_blocks(&CacheKey { hash: a, group: 0 }),
+                vec![ia, ia2]
+            );
+            assert_eq!(p.cached_blocks(&CacheKey { hash: b, group: 0 }), vec![ib]);
+            assert_eq!(p.block_key(ib).unwrap().map(|k| k.hash), Some(b));
+            // A hash differing only in its last byte misses.
+            let mut c = *a.padded_bytes();
+            c[len - 1] ^= 0x80;
+            assert_eq!(p.get_cached_block(&hb(&c[..len]), &[0]).unwrap(), None);
+            p.check_invariants().unwrap();
+            // Evicting the head of `a` leaves `b` alone, and the other way round.
+            p.evict_blocks(&[ia]).unwrap();
+            assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), Some(vec![ia2]));
+            assert_eq!(p.get_cached_block(&b, &[0]).unwrap(), Some(vec![ib]));
+            p.evict_blocks(&[ib]).unwrap();
+            assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), Some(vec![ia2]));
+            assert_eq!(p.get_cached_block(&b, &[0]).unwrap(), None);
+            p.check_invariants().unwrap();
+            let removed: Vec<KvEvent> = p.take_events().into_iter().skip(3).collect();
+            assert_eq!(
+                removed,
+                [a, b]
+                    .map(|h| KvEvent::BlockRemoved {
+                        block_hashes: vec![h],
+                        group_idx: 0,
+                        medium: Medium::Gpu,
+                    })
+                    .to_vec()
+            );
+        }
+    }
+
+    #[test]
+    fn many_hashes_sharing_the_first_8_bytes_stay_apart() {
+        // The table's key hash folds every byte, so two such keys meet in the table's
+        // equality check only when their 7-bit tags collide: hundreds make that certain.
+        for len in [9usize, 16, 32] {
+            let n = 600u16;
+            let mut p = BlockPool::new(usize::from(n) + 1, true, false).unwrap();
+            let hashes: Vec<BlockHash> = (0..n)
+                .map(|k| {
+                    // The counter in the last bytes (len 9: 256 keys, chains of up to 3).
+                    let mut b = [7u8; 32];
+                    b[len - 1] = k as u8;
+                    if len >= 10 {
+                        b[len - 2] = (k >> 8) as u8;
+                    }
+                    hb(&b[..len])
+                })
+                .collect();
+            let distinct: std::collections::HashSet<_> = hashes.iter().collect();
+            let ids = p.get_new_blocks(usize::from(n)).unwrap();
+            p.cache_full_blocks(&ids, &hashes, 0, ids.len(), 4, 0, StoreInfo::default())
+                .unwrap();
+            assert_eq!(p.num_cached_keys(), distinct.len(), "len {len}");
+            let mut oldest = std::collections::HashMap::new();
+            for (id, h) in ids.iter().zip(&hashes) {
+                oldest.entry(*h).or_insert(*id);
+                assert_eq!(p.block_key(*id).unwrap().map(|k| k.hash), Some(*h));
+            }
+            for (h, id) in &oldest {
+                assert_eq!(p.get_cached_block(h, &[0]).unwrap(), Some(vec![*id]));
+            }
+            p.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn keys_differing_only_in_group_stay_apart() {
+        for len in [8usize, 16, 32] {
+            let mut p = BlockPool::new(16, true, false).unwrap();
+            let h = split_hash(len, 3, 4);
+            let i0 = cache_one(&mut p, h, 0);
+            let i1 = cache_one(&mut p, h, 1);
+            assert_eq!(p.num_cached_keys(), 2);
+            assert_eq!(p.get_cached_block(&h, &[0, 1]).unwrap(), Some(vec![i0, i1]));
+            p.evict_blocks(&[i0]).unwrap();
+            assert_eq!(p.get_cached_block(&h, &[1]).unwrap(), Some(vec![i1]));
+            assert_eq!(p.get_cached_block(&h, &[0]).unwrap(), None);
+            p.check_invariants().unwrap();
+            // Enough groups that some meet in the table's equality check (tag collisions).
+            let groups: Vec<u32> = (2..400).collect();
+            let mut q = BlockPool::new(groups.len() + 1, true, false).unwrap();
+            let ids: Vec<u32> = groups.iter().map(|&g| cache_one(&mut q, h, g)).collect();
+            assert_eq!(q.num_cached_keys(), groups.len(), "len {len}");
+            assert_eq!(q.get_cached_block(&h, &groups).unwrap(), Some(ids));
+            q.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn reset_forgets_long_hashes_and_caches_again() {
+        let mut p = BlockPool::new(8, true, false).unwrap();
+        let (a, b) = (split_hash(32, 1, 1), split_hash(32, 1, 2));
+        let ia = cache_one(&mut p, a, 0);
+        p.free_blocks(&[ia]).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.block_key(ia).unwrap(), None);
+        assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), None);
+        // Reuse the highest ids first so the side array regrows past them.
+        let ids = p.get_new_blocks(7).unwrap();
+        p.cache_full_blocks(&ids[6..], &[b], 0, 1, 4, 0, StoreInfo::default())
+            .unwrap();
+        assert_eq!(p.get_cached_block(&b, &[0]).unwrap(), Some(vec![ids[6]]));
+        assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), None);
         p.check_invariants().unwrap();
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! vLLM does not de-duplicate cached blocks (block tables stay append-only), so one key
 //! may name several blocks; lookups return the oldest. The keys live in the blocks
-//! themselves ([`Block`]); the table is a hash set of block ids, one per key: the oldest
+//! themselves ([`Block`]: the group and the hash's first 8 bytes; bytes 8.. of longer
+//! hashes in a side array indexed by block id); the table is a hash set of block ids, one
+//! per key: the oldest
 //! block of the key's chain. Further blocks with the same key are chained through the
 //! blocks' `chain_next` / `chain_prev` links (the oldest block's `chain_prev` names the
 //! newest, so appending is O(1)). A table slot costs 4 bytes; insert, remove and lookup
@@ -18,8 +20,12 @@ pub(crate) const NO_KEY: u32 = u32::MAX;
 /// End of a chain.
 const END: u32 = u32::MAX - 1;
 
+/// Bytes of a hash past the 8 held in the block (SHA-256: 32 - 8).
+const TAIL: usize = 24;
+
 /// One block of the pool: its reference count and, when cached, its key and chain links.
-/// 48 bytes.
+/// 24 bytes: the key's hash is held here up to its first 8 bytes; the rest of a longer
+/// hash lives in the table's side array ([`HashTable32`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Block {
     pub ref_cnt: u32,
@@ -29,8 +35,8 @@ pub(crate) struct Block {
     /// (for the oldest: the newest).
     pub chain_prev: u32,
     pub chain_next: u32,
-    /// The key's hash, its first `hash_len` bytes (the pool's hash length).
-    pub hash: [u8; 32],
+    /// The key's hash, its first 8 bytes zero-padded, little-endian.
+    pub head: u64,
 }
 
 impl Default for Block {
@@ -40,7 +46,7 @@ impl Default for Block {
             group: 0,
             chain_prev: NO_KEY,
             chain_next: END,
-            hash: [0; 32],
+            head: 0,
         }
     }
 }
@@ -70,18 +76,63 @@ pub(crate) fn key_hash(hash: &[u8], group: u32) -> u64 {
     h ^ (h >> 33)
 }
 
+/// A hash split as the pool stores it: the first 8 bytes as a word, the rest (zero-padded).
+#[derive(Clone, Copy)]
+struct Split {
+    head: u64,
+    tail: [u8; TAIL],
+}
+
+#[inline]
+fn split(hash: &BlockHash) -> Split {
+    let p = hash.padded_bytes();
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&p[..8]);
+    let mut tail = [0u8; TAIL];
+    tail.copy_from_slice(&p[8..]);
+    Split {
+        head: u64::from_le_bytes(head),
+        tail,
+    }
+}
+
 /// Key -> blocks table over the pool's blocks.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HashTable32 {
     heads: HashTable<u32>,
     /// The pool's hash length (0 until the first key).
     hash_len: usize,
+    /// Bytes `8..` of each cached block's hash, indexed by block id; empty while the
+    /// pool's hashes fit in the block (`hash_len <= 8`). Grown to the highest cached id.
+    tails: Vec<[u8; TAIL]>,
 }
 
-/// Whether block `b` carries the key `(hash, group)`.
+/// Whether block `id` carries the key `(hash, group)`: the block's word first, the tail
+/// (when the hashes are longer than 8 bytes) only when it matches.
 #[inline]
-fn same_key(b: &Block, hash: &[u8], group: u32) -> bool {
-    b.group == group && &b.hash[..hash.len()] == hash
+fn same_key(blocks: &[Block], tails: &[[u8; TAIL]], id: u32, key: &Split, group: u32) -> bool {
+    let b = &blocks[id as usize];
+    b.head == key.head
+        && b.group == group
+        && (tails.is_empty() || tails.get(id as usize) == Some(&key.tail))
+}
+
+/// The full hash block `id` is stored under, zero-padded (meaningless without a key).
+#[inline]
+fn stored_hash(blocks: &[Block], tails: &[[u8; TAIL]], id: u32) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..8].copy_from_slice(&blocks[id as usize].head.to_le_bytes());
+    if let Some(t) = tails.get(id as usize) {
+        out[8..].copy_from_slice(t);
+    }
+    out
+}
+
+/// [`key_hash`] of block `id`'s stored key (`len`: the pool's hash length).
+#[inline]
+fn stored_key_hash(blocks: &[Block], tails: &[[u8; TAIL]], len: usize, id: u32) -> u64 {
+    let h = stored_hash(blocks, tails, id);
+    key_hash(&h[..len.min(32)], blocks[id as usize].group)
 }
 
 impl HashTable32 {
@@ -98,21 +149,39 @@ impl HashTable32 {
         self.hash_len
     }
 
+    /// Bytes the table holds per block id beyond the table itself (for tests).
+    #[cfg(test)]
+    pub fn tail_bytes(&self) -> usize {
+        self.tails.capacity() * TAIL
+    }
+
+    /// The hash block `id` is cached under (`None` when it has no key).
+    pub fn hash_of(&self, blocks: &[Block], id: u32) -> Option<BlockHash> {
+        let b = blocks.get(id as usize)?;
+        if !b.has_key() {
+            return None;
+        }
+        let h = stored_hash(blocks, &self.tails, id);
+        BlockHash::from_bytes(h.get(..self.hash_len)?)
+    }
+
     /// The oldest block cached under `(hash, group)`.
     #[inline]
-    pub fn first(&self, blocks: &[Block], hash: &[u8], group: u32) -> Option<u32> {
+    pub fn first(&self, blocks: &[Block], hash: &BlockHash, group: u32) -> Option<u32> {
         if hash.len() != self.hash_len {
             return None;
         }
+        let key = split(hash);
+        let tails = &self.tails;
         self.heads
-            .find(key_hash(hash, group), |&id| {
-                same_key(&blocks[id as usize], hash, group)
+            .find(key_hash(hash.as_bytes(), group), |&id| {
+                same_key(blocks, tails, id, &key, group)
             })
             .copied()
     }
 
     /// Every block cached under `(hash, group)`, oldest first.
-    pub fn blocks(&self, blocks: &[Block], hash: &[u8], group: u32) -> Vec<u32> {
+    pub fn blocks(&self, blocks: &[Block], hash: &BlockHash, group: u32) -> Vec<u32> {
         let mut out = Vec::new();
         let mut at = self.first(blocks, hash, group).unwrap_or(END);
         while at != END {
@@ -127,15 +196,32 @@ impl HashTable32 {
         self.heads.iter().copied()
     }
 
-    /// Room for `additional` more keys, so that the next inserts cannot fail.
-    pub fn reserve_for(&mut self, blocks: &[Block], additional: usize) -> Result<(), &'static str> {
+    /// Room for `additional` more keys of `hash_len` bytes on blocks up to `max_id` (of
+    /// `num_blocks`), so that the next inserts cannot fail.
+    pub fn reserve_for(
+        &mut self,
+        blocks: &[Block],
+        additional: usize,
+        max_id: u32,
+        hash_len: usize,
+        num_blocks: usize,
+    ) -> Result<(), &'static str> {
         let len = self.hash_len;
+        let tails = &self.tails;
         self.heads
-            .try_reserve(additional, |&id| {
-                let b = &blocks[id as usize];
-                key_hash(&b.hash[..len], b.group)
-            })
-            .map_err(|_| "memory allocation failed")
+            .try_reserve(additional, |&id| stored_key_hash(blocks, tails, len, id))
+            .map_err(|_| "memory allocation failed")?;
+        let want = max_id as usize + 1;
+        if hash_len > 8 && additional > 0 && want > self.tails.capacity() {
+            // A quarter more at a time (amortised O(1): capped by the pool's size, not by
+            // the blocks in use, which grow one at a time), as the pool's blocks grow.
+            let n = self.tails.len();
+            let grown = (n + n / 4).max(want).min(num_blocks.max(want));
+            self.tails
+                .try_reserve_exact(grown - n)
+                .map_err(|_| "memory allocation failed")?;
+        }
+        Ok(())
     }
 
     /// Adds block `id` (not cached) as the newest block of `(hash, group)`. Callers
@@ -143,21 +229,29 @@ impl HashTable32 {
     pub fn insert(&mut self, blocks: &mut [Block], id: u32, hash: &BlockHash, group: u32) {
         let h = hash.as_bytes();
         self.hash_len = h.len();
+        let key = split(hash);
+        if self.hash_len > 8 {
+            let i = id as usize;
+            if self.tails.len() <= i {
+                // Within the reserved capacity: no allocation.
+                self.tails.resize(i + 1, [0; TAIL]);
+            }
+            if let Some(t) = self.tails.get_mut(i) {
+                *t = key.tail;
+            }
+        }
         let b = &mut blocks[id as usize];
-        // The whole zero-padded array: a fixed-size copy (no memcpy call per block).
-        b.hash = *hash.padded_bytes();
+        b.head = key.head;
         b.group = group;
         b.chain_next = END;
         // One probe: the key's chain, or the slot for a new key.
         let len = self.hash_len;
         let ro: &[Block] = blocks;
+        let tails = &self.tails;
         let entry = self.heads.entry(
             key_hash(h, group),
-            |&x| same_key(&ro[x as usize], h, group),
-            |&x| {
-                let b = &ro[x as usize];
-                key_hash(&b.hash[..len], b.group)
-            },
+            |&x| same_key(ro, tails, x, &key, group),
+            |&x| stored_key_hash(ro, tails, len, x),
         );
         match entry {
             Entry::Vacant(slot) => {
@@ -180,11 +274,15 @@ impl HashTable32 {
         if !b.has_key() {
             return false;
         }
-        let hash = &b.hash[..self.hash_len];
-        let hk = key_hash(hash, b.group);
+        let key = Split {
+            head: b.head,
+            tail: self.tails.get(id as usize).copied().unwrap_or([0; TAIL]),
+        };
+        let tails = &self.tails;
+        let hk = stored_key_hash(blocks, tails, self.hash_len, id);
         let Ok(entry) = self
             .heads
-            .find_entry(hk, |&x| same_key(&blocks[x as usize], hash, b.group))
+            .find_entry(hk, |&x| same_key(blocks, tails, x, &key, b.group))
         else {
             blocks[id as usize].chain_prev = NO_KEY;
             return true; // unreachable: a keyed block's key is in the table
@@ -218,5 +316,6 @@ impl HashTable32 {
     /// Forgets every key (the blocks' own links are the caller's to clear).
     pub fn clear(&mut self) {
         self.heads = HashTable::new();
+        self.tails = Vec::new();
     }
 }
