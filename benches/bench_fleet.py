@@ -207,20 +207,9 @@ def steady_stream(
     return ix, batches, 2 * steps * 2 * run * len(media)
 
 
-def test_embedded_apply_large_index(benchmark: Any) -> None:
-    ix, batches, _ = steady_stream()
-    before = ix.num_hashes
-
-    def run() -> None:
-        for w, events in batches:
-            ix.apply(w, events, now=0.0)
-
-    benchmark.pedantic(run, rounds=3, iterations=1)
-    assert ix.num_hashes == before
-
-
-def test_embedded_apply_large_index_two_media(benchmark: Any) -> None:
-    ix, batches, _ = steady_stream(media=("GPU", "CPU"))
+@pytest.mark.parametrize("media", [(None,), ("GPU", "CPU")], ids=["one_medium", "two_media"])
+def test_embedded_apply_large_index(benchmark: Any, media: tuple[str | None, ...]) -> None:
+    ix, batches, _ = steady_stream(media=media)
     before = ix.num_hashes
 
     def run() -> None:
