@@ -415,6 +415,20 @@ CATALOGUE: list[Row] = [
         lambda w: RadixCache(1, "lru", host_events=True),
     ),
     radix(
+        "host_events not a bool",
+        'RadixCache(1, "lru", host_capacity=8, host_events="yes")',
+        InvalidTypeError,
+        "host_events must be a bool, got str",
+        lambda w: RadixCache(1, "lru", host_capacity=8, host_events="yes"),
+    ),
+    radix(
+        "take_host_events nonzero not a bool",
+        "take_host_events(nonzero=1)",
+        InvalidTypeError,
+        "nonzero must be a bool, got int",
+        lambda w: w.obj.take_host_events(nonzero=1),
+    ),
+    radix(
         "load_back values of the wrong length",
         "load_back(node, [1])",
         InvalidInputError,
@@ -675,6 +689,13 @@ CATALOGUE: list[Row] = [
     # ---------------- BlockPool ----------------
     pool("no blocks", "BlockPool(0)", InvalidInputError, "num_blocks", lambda w: BlockPool(0)),
     pool(
+        "enable_caching not a bool",
+        "BlockPool(8, enable_caching=1)",
+        InvalidTypeError,
+        "enable_caching must be a bool, got int",
+        lambda w: BlockPool(8, enable_caching=1),
+    ),
+    pool(
         "negative block count",
         "BlockPool(-3)",
         InvalidInputError,
@@ -838,6 +859,13 @@ CATALOGUE: list[Row] = [
         lambda w: CpuOffloadManager(2, cache_policy="fifo"),
     ),
     offload(
+        "enable_events not a bool",
+        'CpuOffloadManager(2, enable_events="yes")',
+        InvalidTypeError,
+        "enable_events must be a bool, got str",
+        lambda w: CpuOffloadManager(2, enable_events="yes"),
+    ),
+    offload(
         "store threshold zero",
         "CpuOffloadManager(2, store_threshold=0)",
         InvalidInputError,
@@ -914,6 +942,20 @@ CATALOGUE: list[Row] = [
         InvalidInputError,
         "block_size",
         lambda w: KVCacheManager(16, block_size=0),
+    ),
+    mgr(
+        "enable_kv_cache_events not a bool",
+        'KVCacheManager(16, enable_kv_cache_events="yes")',
+        InvalidTypeError,
+        "enable_kv_cache_events must be a bool, got str",
+        lambda w: KVCacheManager(16, enable_kv_cache_events="yes"),
+    ),
+    mgr(
+        "take_events compact not a bool",
+        "take_events(compact=0)",
+        InvalidTypeError,
+        "compact must be a bool, got int",
+        lambda w: w.obj.take_events(compact=0),
     ),
     mgr(
         "unknown hash algorithm",
@@ -1137,6 +1179,20 @@ CATALOGUE: list[Row] = [
     # ---------------- BlockTrie ----------------
     trie("no blocks", "BlockTrie(0)", InvalidInputError, "num_blocks", lambda w: BlockTrie(0)),
     trie(
+        "enable_partial_reuse not a bool",
+        "BlockTrie(16, enable_partial_reuse=None)",
+        InvalidTypeError,
+        "enable_partial_reuse must be a bool, got NoneType",
+        lambda w: BlockTrie(16, enable_partial_reuse=None),
+    ),
+    trie(
+        "take_events compact not a bool",
+        'take_events(compact="yes")',
+        InvalidTypeError,
+        "compact must be a bool, got str",
+        lambda w: w.obj.take_events(compact="yes"),
+    ),
+    trie(
         "tokens_per_block zero",
         "BlockTrie(16, tokens_per_block=0)",
         InvalidInputError,
@@ -1272,6 +1328,13 @@ CATALOGUE: list[Row] = [
         InvalidInputError,
         "ttl must be a positive",
         lambda w: KvIndex(ttl=0),
+    ),
+    kv(
+        "include_unhealthy not a bool",
+        'top_k([1], 2, include_unhealthy="yes")',
+        InvalidTypeError,
+        "include_unhealthy must be a bool, got str",
+        lambda w: w.obj.top_k([1], 2, include_unhealthy="yes"),
     ),
     kv(
         "hash width outside 8..32",

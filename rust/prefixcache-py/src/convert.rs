@@ -1706,6 +1706,27 @@ named! {
     store_threshold: u32 = positive_u32;
 }
 
+named! {
+    enable_caching: bool = flag_arg;
+    enable_kv_cache_events: bool = flag_arg;
+    enable_events: bool = flag_arg;
+    enable_partial_reuse: bool = flag_arg;
+    copy_on_partial_reuse: bool = flag_arg;
+    host_events: bool = flag_arg;
+    overcommit: bool = flag_arg;
+    include_unhealthy: bool = flag_arg;
+    compact: bool = flag_arg;
+    complete: bool = flag_arg;
+    success: bool = flag_arg;
+    nonzero: bool = flag_arg;
+}
+
+/// A bool argument (a Python `bool`, or a numpy bool scalar).
+pub fn flag_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    obj.extract::<bool>()
+        .map_err(|_| invalid_type(format!("{what} must be a bool, got {}", type_name(obj))))
+}
+
 fn positive_named(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     int_in(obj, what, 1, SIZE_MAX).map(|v| v as usize)
 }

@@ -372,7 +372,7 @@ impl PyKvIndex {
         hasher: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
         now: Option<f64>,
-        include_unhealthy: bool,
+        #[pyo3(from_py_with = convert::include_unhealthy)] include_unhealthy: bool,
     ) -> PyResult<Vec<(String, f64, u32)>> {
         let now = now_or(now)?;
         let k = match k {

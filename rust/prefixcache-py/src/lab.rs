@@ -52,7 +52,7 @@ impl LabCache {
         capacity: &Bound<'_, PyAny>,
         rule: &str,
         admit_after: Option<&Bound<'_, PyAny>>,
-        overcommit: bool,
+        #[pyo3(from_py_with = convert::overcommit)] overcommit: bool,
         protected: f64,
         depth_cost: f64,
         min_hit: f64,
@@ -101,7 +101,11 @@ impl LabCache {
         self.inner.with(py, |c| c.num_evictable())
     }
 
-    fn set_overcommit(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+    fn set_overcommit(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::overcommit)] on: bool,
+    ) -> PyResult<()> {
         self.inner.with(py, |c| c.set_overcommit(on))
     }
 

@@ -74,9 +74,9 @@ impl PyKVCacheManager {
         #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = convert::block_size)] block_size: usize,
         #[pyo3(from_py_with = convert::algo)] hash_algo: String,
-        enable_caching: bool,
+        #[pyo3(from_py_with = convert::enable_caching)] enable_caching: bool,
         #[pyo3(from_py_with = convert::sliding_window)] sliding_window: Option<usize>,
-        enable_kv_cache_events: bool,
+        #[pyo3(from_py_with = convert::enable_kv_cache_events)] enable_kv_cache_events: bool,
         #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
         #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
     ) -> PyResult<Self> {
@@ -373,7 +373,11 @@ impl PyKVCacheManager {
     /// The KV events since the last call, as vLLM publishes them; `compact`: without
     /// token ids and with runs of removals merged (what a router's index needs).
     #[pyo3(signature = (compact=false))]
-    fn take_events<'py>(&self, py: Python<'py>, compact: bool) -> PyResult<Bound<'py, PyList>> {
+    fn take_events<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::compact)] compact: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
         let (events, window) = self.inner.with(py, |m| {
             let evs = if compact {
                 m.take_events_merged()

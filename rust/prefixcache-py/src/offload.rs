@@ -118,7 +118,7 @@ impl PyCpuOffloadManager {
         #[pyo3(from_py_with = convert::cache_policy)] cache_policy: String,
         #[pyo3(from_py_with = convert::store_threshold)] store_threshold: u32,
         #[pyo3(from_py_with = convert::max_tracker_size)] max_tracker_size: usize,
-        enable_events: bool,
+        #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
         let policy = CachePolicy::from_name(&cache_policy).py_err()?;
         let m = CpuOffloadManager::new(
@@ -299,7 +299,7 @@ impl PyCpuOffloadManager {
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
-        complete: bool,
+        #[pyo3(from_py_with = convert::complete)] complete: bool,
     ) -> PyResult<Option<(usize, usize)>> {
         let rid = convert::request_id(request_id)?;
         self.inner
@@ -371,7 +371,7 @@ impl PyCpuOffloadManager {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         keys: &Bound<'_, PyAny>,
-        success: bool,
+        #[pyo3(from_py_with = convert::success)] success: bool,
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         let ks = self::keys(keys)?;
@@ -404,7 +404,7 @@ impl PyCpuOffloadManager {
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
-        compact: bool,
+        #[pyo3(from_py_with = convert::compact)] compact: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let fmt = HashFormat::parse(&event_hash_format)?;
         let evs = self.inner.with(py, |m| m.take_events())?;

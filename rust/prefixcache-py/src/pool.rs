@@ -255,8 +255,8 @@ impl PyBlockPool {
     )]
     fn new(
         #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
+        #[pyo3(from_py_with = convert::enable_caching)] enable_caching: bool,
+        #[pyo3(from_py_with = convert::enable_kv_cache_events)] enable_kv_cache_events: bool,
         #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
     ) -> PyResult<Self> {
         let fmt = HashFormat::parse(&event_hash_format)?;

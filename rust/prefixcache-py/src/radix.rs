@@ -186,7 +186,7 @@ impl RadixCache {
         #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
         host_capacity: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::write_policy)] write_policy: String,
-        host_events: bool,
+        #[pyo3(from_py_with = convert::host_events)] host_events: bool,
     ) -> PyResult<Self> {
         let page_size = convert::positive_or(page_size, 1, "page_size")?;
         let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
@@ -276,7 +276,7 @@ impl RadixCache {
     fn take_host_events<'py>(
         &self,
         py: Python<'py>,
-        nonzero: bool,
+        #[pyo3(from_py_with = convert::nonzero)] nonzero: bool,
     ) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
         let (stored, dropped) = self.inner.with(py, |t| t.take_host_events(nonzero))?;
         Ok((

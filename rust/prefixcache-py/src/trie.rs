@@ -235,11 +235,11 @@ impl BlockTrie {
     fn new(
         num_blocks: &Bound<'_, PyAny>,
         tokens_per_block: Option<&Bound<'_, PyAny>>,
-        enable_partial_reuse: bool,
-        copy_on_partial_reuse: bool,
+        #[pyo3(from_py_with = convert::enable_partial_reuse)] enable_partial_reuse: bool,
+        #[pyo3(from_py_with = convert::copy_on_partial_reuse)] copy_on_partial_reuse: bool,
         host_blocks: Option<&Bound<'_, PyAny>>,
         secondary_offload_min_priority: Option<&Bound<'_, PyAny>>,
-        enable_events: bool,
+        #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
         let n = convert::size_arg(num_blocks, "num_blocks")?;
         let tpb = convert::size_or(
@@ -497,7 +497,11 @@ impl BlockTrie {
     /// The KV events since the last call (TrieBlockStored / TrieBlockRemoved /
     /// TrieBlockMoved); `compact`: stored events without their token ids.
     #[pyo3(signature = (compact = false))]
-    fn take_events<'py>(&self, py: Python<'py>, compact: bool) -> PyResult<Bound<'py, PyList>> {
+    fn take_events<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = convert::compact)] compact: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
         let events = self.with(py, |t| t.take_events())?;
         let cls = event_classes(py)?;
         let out = PyList::empty(py);
