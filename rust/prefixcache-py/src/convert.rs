@@ -1704,9 +1704,6 @@ named! {
     tokens_per_key: usize = positive_named;
     max_tracker_size: usize = positive_named;
     store_threshold: u32 = positive_u32;
-}
-
-named! {
     enable_caching: bool = flag_arg;
     enable_kv_cache_events: bool = flag_arg;
     enable_events: bool = flag_arg;
