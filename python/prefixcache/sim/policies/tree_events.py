@@ -152,13 +152,12 @@ class TreeBlockEvents:
         blocks are stored on and removed from ``CPU``. Copies made are counted before
         copies dropped (a copy can be both within one tree call), and both before the
         device values the call freed."""
-        new, gone = stored, dropped
-        if len(new):
-            self._refs[new] += 1
-            self._events.append(stored_event(self._key[new], self.block_size, MEDIUM_CPU))
-        if len(gone):
-            self._events.append(removed_event(self._key[gone], MEDIUM_CPU))
-            self._release(gone)
+        if len(stored):
+            self._refs[stored] += 1
+            self._events.append(stored_event(self._key[stored], self.block_size, MEDIUM_CPU))
+        if len(dropped):
+            self._events.append(removed_event(self._key[dropped], MEDIUM_CPU))
+            self._release(dropped)
 
     def key_of(self, ids: Ids) -> Keys:
         """The keys of live ids (tests)."""
