@@ -5,7 +5,7 @@ An operation is plain data so the same sequence can drive the core and the refer
   ("insert", tokens, ns, priority, inserted_len)  values come from a fresh counter
   ("match", tokens, ns)
   ("lock", h) / ("unlock", h) / ("info", h)        h indexes the remembered handles
-  ("evict", k)
+  ("evict", k) / ("evict_count", k)                 evict_count: the count only
   ("reset",)
 """
 
@@ -48,7 +48,7 @@ def as_container(tokens: list[int], k: int) -> Any:
     return kinds[k % len(kinds)]()
 
 
-KINDS = ["insert"] * 4 + ["match"] * 3 + ["evict"] * 2 + ["lock", "unlock", "info"]
+KINDS = ["insert"] * 4 + ["match"] * 3 + ["evict"] * 2 + ["evict_count", "lock", "unlock", "info"]
 
 
 @st.composite
@@ -77,7 +77,7 @@ def op_sequences(
             )
         elif kind == "match":
             ops.append((kind, draw(tokens), draw(ns)))
-        elif kind == "evict":
+        elif kind in ("evict", "evict_count"):
             ops.append((kind, draw(st.integers(0, 4 * page_size) | st.just(10**6))))
         else:
             ops.append((kind, draw(st.integers(0, 1_000))))
@@ -240,6 +240,20 @@ class Lockstep:
             self._same("evicted indices", freed)
             assert freed[0].dtype == np.int64
             if len(freed[0]) < k:  # ran out of candidates: everything left is locked
+                for c in self.caches:
+                    assert c.evictable_size() == 0
+        elif kind == "evict_count":
+            # The same leaves as evict(k) (the dumps are compared after every step); only
+            # their number comes back.
+            k = op[1]
+            before = [c.total_size() for c in self.caches]
+            res = self._each(lambda _i, c: c.evict_count(k))
+            assert all(s == "ok" for s, _ in res), res
+            counts = [r for _, r in res]
+            self._same("evicted count", counts)
+            for c, b, n in zip(self.caches, before, counts, strict=True):
+                assert type(n) is int and n == b - c.total_size()
+            if counts[0] < k:
                 for c in self.caches:
                     assert c.evictable_size() == 0
         elif kind == "reset":

@@ -582,6 +582,20 @@ CATALOGUE: list[Row] = [
         lambda w: w.obj.evict(1.0),
     ),
     radix(
+        "negative eviction count (count only)",
+        "evict_count(-1)",
+        InvalidInputError,
+        "num_tokens must be >= 0",
+        lambda w: w.obj.evict_count(-1),
+    ),
+    radix(
+        "float eviction count (count only)",
+        "evict_count(1.0)",
+        InvalidTypeError,
+        "num_tokens must be an int",
+        lambda w: w.obj.evict_count(1.0),
+    ),
+    radix(
         "evicted node handle",
         "inc_lock_ref(evicted)",
         StaleHandleError,

@@ -334,6 +334,23 @@ def test_tree_events_describe_the_tree_after_every_step(kw: dict[str, object]) -
         assert pol.audit.counts.get(("BlockRemoved", "CPU"), 0) > 0
 
 
+@pytest.mark.parametrize(
+    "kw", [{"page_size": 1}, {"page_size": 16}, _HOST_TIERS[0], _HOST_TIERS[5]]
+)
+def test_publishing_events_changes_no_result_of_a_tree(kw: dict[str, object]) -> None:
+    """Without events the tree gets no values and evictions are only counted
+    (``evict_count``); with them, labelled values and ``evict``'s indices: the same run."""
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=5, request_rate=30.0)
+    reqs = _namespaced(list(w.requests))
+    plain, published = (
+        replay(reqs, [RadixPolicy(3000, publish_events=events, **kw)], scheduler=SCHED)[0]  # type: ignore[arg-type]
+        for events in (False, True)
+    )
+    assert plain.stats.evicted_tokens > 0
+    assert plain.records == published.records
+    assert plain.stats == published.stats
+
+
 def _namespaced(reqs: list[Request]) -> list[Request]:
     """Some sessions in a namespace of their own: other keys for the same tokens."""
     out = list(reqs)

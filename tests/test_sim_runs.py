@@ -18,7 +18,7 @@ from prefixcache.sim.cli import main
 from prefixcache.sim.policies import blocks_available
 from prefixcache.sim.replay import replay, summarize
 from prefixcache.sim.report import progress_bars
-from prefixcache.sim.sweep import SweepSpec, load_requests, run_sweep
+from prefixcache.sim.sweep import SweepSpec, load_requests, longest_first, run_sweep
 from prefixcache.sim.workloads import study_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
@@ -113,6 +113,23 @@ def test_sweep_in_worker_processes_equals_a_serial_run() -> None:
         f"{c:,} tokens: {p}" for c in caps for p in POLICIES
     )
     assert all(t["advanced"] == t["total"] and t["done"] == 1 for t in rec.tasks)
+
+
+def test_workers_start_the_longest_replays_first() -> None:
+    """Block-pool and block-trie replays first, then larger capacities (None: unlimited),
+    then larger host capacities; ties keep their order. Every task is started once."""
+    tasks = [
+        (1000, 0, "radix"),
+        (4000, 0, "radix-page16"),
+        (1000, 0, "vllm-blocks"),
+        (None, 0, "radix"),
+        (4000, 0, "vllm-blocks"),
+        (4000, 8000, "radix"),
+        (2000, 0, "trtllm"),
+        (4000, 0, "radix"),
+    ]
+    assert longest_first(tasks) == [4, 6, 2, 3, 5, 1, 7, 0]
+    assert longest_first([]) == []
 
 
 def test_replay_in_worker_processes_equals_a_serial_run(tmp_path: Path) -> None:

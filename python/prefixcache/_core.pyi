@@ -232,6 +232,9 @@ class RadixCache:
         """Evicts whole leaves until at least ``num_tokens`` are freed (or nothing is
         evictable); returns the freed KV indices in eviction order. With a host tier a
         backed-up leaf stays in the tree, host-only."""
+    def evict_count(self, num_tokens: int) -> int:
+        """Evicts exactly as ``evict`` does (the same leaves, in the same order) but
+        returns only the number of tokens freed: no array of indices is built."""
     def evictable_size(self) -> int:
         """Device tokens in unlocked nodes."""
     def protected_size(self) -> int:

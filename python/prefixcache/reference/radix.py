@@ -516,6 +516,10 @@ class RadixCache:
                 candidates.append(parent)
         return _array(freed)
 
+    def evict_count(self, num_tokens: int) -> int:
+        """Evicts as :meth:`evict` does; returns only the number of tokens freed."""
+        return len(self.evict(num_tokens))
+
     # ---- host tier (SEMANTICS.md 1.9) ----
     @property
     def host_capacity(self) -> int:

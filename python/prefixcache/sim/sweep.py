@@ -3,15 +3,18 @@
 
 Each pair is one independent replay (a fresh cache, the same scheduler), so running them
 in worker processes gives exactly the results a serial run gives; they are returned in
-(capacity, policy) order whatever order they finish in. Every pair gets a fresh worker
-process, so its ``peak_rss_bytes`` is its own (the interpreter and the trace included).
-Workers get the requests by ``fork`` where the platform has it (nothing is copied until
-touched) and read the trace again otherwise. Progress reaches the parent through a queue,
-batched per 64 requests.
+(capacity, policy) order whatever order they finish in, though they start longest first
+(:func:`longest_first`: the pool-based policies and the larger capacities; so the last
+replays running are short ones and neither worker idles long at the end). Every pair
+gets a fresh worker process, so its ``peak_rss_bytes`` is its own (the interpreter and
+the trace included). Workers get the requests by ``fork`` where the platform has it
+(nothing is copied until touched) and read the trace again otherwise. Progress reaches
+the parent through a queue, batched per 64 requests.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -30,7 +33,15 @@ from prefixcache.sim.replay import (
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
 
-__all__ = ["SweepSpec", "default_jobs", "load_requests", "run_grid", "run_pairs", "run_sweep"]
+__all__ = [
+    "SweepSpec",
+    "default_jobs",
+    "load_requests",
+    "longest_first",
+    "run_grid",
+    "run_pairs",
+    "run_sweep",
+]
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,23 @@ def load_requests(spec: SweepSpec) -> list[Request]:
 
 # One replay: (GPU capacity, host capacity, policy).
 Task = tuple[int | None, int, str]
+
+
+# Relative cost of a replay by policy family (time model, whole Mooncake conversation
+# trace: a vllm-blocks replay takes about twice a radix one; docs/BENCHMARKS.md).
+_FAMILY_COST = (("vllm-blocks", 2), ("trtllm", 2))
+
+
+def longest_first(tasks: Sequence[Task]) -> list[int]:
+    """Indices of ``tasks`` in the order to start them: the costlier policy families
+    first, then larger GPU and host capacities (None: unlimited), then as given."""
+
+    def cost(key: int) -> tuple[int, float, int]:
+        cap, cpu, policy = tasks[key]
+        family = next((c for prefix, c in _FAMILY_COST if policy.startswith(prefix)), 1)
+        return (-family, -(math.inf if cap is None else cap), -cpu)
+
+    return sorted(range(len(tasks)), key=cost)
 
 
 def _label(cap: int, cpu: int, policy: str) -> str:
@@ -241,13 +269,15 @@ def _run_tasks(
             bars[key] = progress(_label(cap, cpu, pol) if label and cap is not None else pol, n)
         return bars[key]
 
-    # One process per replay: each pair's peak RSS is its own.
+    # One process per replay: each pair's peak RSS is its own. The longest replays go
+    # first, so the last ones to finish are short and no worker idles long at the end.
     pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
     try:
-        pending = [
-            pool.apply_async(_work, (spec, key, task, progress is not None, records))
-            for key, task in enumerate(tasks)
-        ]
+        submitted = {
+            key: pool.apply_async(_work, (spec, key, tasks[key], progress is not None, records))
+            for key in longest_first(tasks)
+        }
+        pending = [submitted[key] for key in range(len(tasks))]
         finished = [False] * len(tasks)
         counted = [0] * len(tasks)
         while not all(finished):

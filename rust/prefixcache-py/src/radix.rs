@@ -455,6 +455,15 @@ impl RadixCache {
         Ok(convert::i64_array(py, freed))
     }
 
+    /// Evicts exactly as `evict` does (the same leaves, in the same order) but returns
+    /// only the number of tokens freed: no array of indices is built.
+    fn evict_count(&self, py: Python<'_>, num_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n = convert::size_arg(num_tokens, "num_tokens")? as i64;
+        self.inner
+            .with_gil_released_if(py, n >= DETACH_MIN_EVICT, |t| t.evict_count(n))?
+            .py_err()
+    }
+
     fn evictable_size(&self, py: Python<'_>) -> PyResult<usize> {
         self.inner.with(py, |t| t.evictable_size())
     }

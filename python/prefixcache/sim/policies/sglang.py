@@ -25,8 +25,9 @@ class SlotBudget:
     """``capacity`` KV slots, counted: how many are free.
 
     The simulator never reads what a KV slot holds, so it does not need to know which
-    slot is which: the tree gets placeholder values (zeros) and the adapter counts the
-    slots it takes from and gives back to the budget. No memory is sized for the
+    slot is which: the tree gets placeholder values (none at all, so it keeps the tokens
+    as its values; zeros for a host load) and the adapter counts the slots it takes from
+    and gives back to the budget. No memory is sized for the
     capacity (an "unlimited" budget costs nothing).
     """
 
@@ -145,7 +146,7 @@ class RadixPolicy:
         self._host_hit = np.zeros(0, dtype=np.int64)  # host part of the last admit's hit
         self._host_hit_tokens = 0
         self._outputs: OutputsOf | None = None
-        self._zeros = np.zeros(0, dtype=np.int64)  # placeholder KV values for the tree
+        self._zeros = np.zeros(0, dtype=np.int64)  # placeholder KV values of host loads
         self._private = 0  # slots held by requests beyond the tree's share
         self._evicted_tokens = 0
         self._evicted_nodes = 0
@@ -163,12 +164,14 @@ class RadixPolicy:
 
     def _evict(self, n: int) -> int:
         before = self.tree.num_nodes
-        values = self.tree.evict(n)
-        if self.events is not None:
+        if self.events is None:  # only the count matters: no array of freed indices
+            freed = int(self.tree.evict_count(n))
+        else:
+            values = self.tree.evict(n)
             if self._host_events:  # write-back copies, host copies dropped to make room
                 self.events.host(*self.tree.take_host_events(nonzero=True))
             self.events.freed(values)
-        freed = len(values)
+            freed = len(values)
         self._evicted_nodes += before - self.tree.num_nodes
         self._evicted_tokens += freed
         self.pool.give(freed)
@@ -200,8 +203,11 @@ class RadixPolicy:
         if aligned == 0:
             return 0
         ev = self.events
+        values: IndexArray | None
         if ev is None:
-            values = self._values(aligned)
+            # No values: the tree keeps the tokens as its values, and no array of the
+            # whole sequence's placeholder values is read (and copied) per insert.
+            values = None
         else:
             # The tree holds [0, protected) (the locked path): label the rest.
             start = min(seq.protected, aligned)

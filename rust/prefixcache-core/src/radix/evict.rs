@@ -13,6 +13,7 @@
 
 use super::children::{child_key, UNLISTED};
 use super::node::shrink;
+use super::span::Span;
 use super::tree::{RadixTree, ROOT};
 use crate::{Error, Result};
 
@@ -181,22 +182,32 @@ impl RadixTree {
     /// nothing evictable is left; returns the freed KV indices in eviction order. With a
     /// host tier, leaves are device leaves and a backed-up one stays host-only (host.rs).
     pub fn evict(&mut self, num_tokens: i64) -> Result<Vec<i64>> {
-        if num_tokens < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "num_tokens must be >= 0, got {num_tokens}"
-            )));
-        }
-        let target = num_tokens as u64;
+        let target = evict_target(num_tokens)?;
         // Reserve once: whole-leaf eviction overshoots by at most one leaf.
         let expected = usize::try_from(target)
             .unwrap_or(usize::MAX)
             .min(self.evictable_size);
         let mut freed: Vec<i64> = Vec::with_capacity(expected);
+        self.evict_into(target, &mut freed);
+        Ok(freed)
+    }
+
+    /// Evicts exactly as [`evict`](Self::evict) does (the same leaves, in the same
+    /// order), but returns only the number of tokens freed: no indices are gathered.
+    pub fn evict_count(&mut self, num_tokens: i64) -> Result<usize> {
+        let target = evict_target(num_tokens)?;
+        let mut freed = FreedCount(0);
+        self.evict_into(target, &mut freed);
+        Ok(freed.0)
+    }
+
+    /// The eviction loop of [`evict`](Self::evict) and [`evict_count`](Self::evict_count).
+    fn evict_into<S: FreedSink>(&mut self, target: u64, freed: &mut S) {
         if self.host.is_some() {
-            self.evict_with_host(target, &mut freed);
-            return Ok(freed);
+            self.evict_with_host(target, freed);
+            return;
         }
-        while (freed.len() as u64) < target {
+        while (freed.count() as u64) < target {
             if self.evictable.is_empty() {
                 break;
             }
@@ -205,13 +216,54 @@ impl RadixTree {
             let parent = n.parent;
             let ck = child_key(self.ns(slot), n.span.key()[0]);
             self.evictable_size -= n.span.len();
-            n.span.extend_values(&mut freed);
+            freed.take(&n.span);
             let removed = self.remove_child(parent, ck, slot);
             debug_assert!(removed, "evict: leaf not filed under its parent");
             self.release(slot);
             self.relist(parent);
         }
-        Ok(freed)
+    }
+}
+
+/// `num_tokens` of an eviction, checked.
+fn evict_target(num_tokens: i64) -> Result<u64> {
+    u64::try_from(num_tokens)
+        .map_err(|_| Error::InvalidArgument(format!("num_tokens must be >= 0, got {num_tokens}")))
+}
+
+/// Where an eviction puts what it frees: the KV indices ([`Vec<i64>`]) or only their
+/// number ([`FreedCount`]).
+pub(crate) trait FreedSink {
+    /// Takes the device KV of an evicted node.
+    fn take(&mut self, span: &Span);
+    /// Tokens taken so far.
+    fn count(&self) -> usize;
+}
+
+impl FreedSink for Vec<i64> {
+    #[inline]
+    fn take(&mut self, span: &Span) {
+        span.extend_values(self);
+    }
+
+    #[inline]
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Counts the freed tokens without gathering their indices.
+pub(crate) struct FreedCount(pub(crate) usize);
+
+impl FreedSink for FreedCount {
+    #[inline]
+    fn take(&mut self, span: &Span) {
+        self.0 += span.len();
+    }
+
+    #[inline]
+    fn count(&self) -> usize {
+        self.0
     }
 }
 

@@ -18,6 +18,7 @@ use std::str::FromStr;
 use rustc_hash::FxHashMap;
 
 use super::children::child_key;
+use super::evict::FreedSink;
 use super::policy::PolicyKey;
 use super::span::Span;
 use super::tree::{NodeRef, RadixTree, NO_PARENT, ROOT};
@@ -613,9 +614,9 @@ impl RadixTree {
     /// leaves in policy order; a backed-up leaf is demoted (stays host-only), an
     /// unbacked one is backed up first under write_back, otherwise deleted with its
     /// host-only subtree.
-    pub(crate) fn evict_with_host(&mut self, target: u64, freed: &mut Vec<i64>) {
+    pub(crate) fn evict_with_host<S: FreedSink>(&mut self, target: u64, freed: &mut S) {
         let write_back = self.write_policy() == Some(WritePolicy::WriteBack);
-        while (freed.len() as u64) < target {
+        while (freed.count() as u64) < target {
             if self.evictable.is_empty() {
                 break;
             }
@@ -632,11 +633,11 @@ impl RadixTree {
     }
 
     /// Releases the device KV of backed-up `slot`; it stays, host-only.
-    fn demote(&mut self, slot: u32, freed: &mut Vec<i64>) {
+    fn demote<S: FreedSink>(&mut self, slot: u32, freed: &mut S) {
         let n = &self.nodes[slot as usize];
         let parent = n.parent;
         self.evictable_size -= n.span.len();
-        n.span.extend_values(freed);
+        freed.take(&n.span);
         if let Some(h) = self.host.as_mut() {
             h.slot_mut(slot).evicted = true;
             h.evicted_nodes += 1;
@@ -648,7 +649,7 @@ impl RadixTree {
 
     /// Deletes the unbacked device leaf `slot` and its host-only subtree (SGLang
     /// `_delete_unbacked_device_leaf`, `drop_subtree_no_host`).
-    fn delete_device_leaf(&mut self, slot: u32, freed: &mut Vec<i64>) {
+    fn delete_device_leaf<S: FreedSink>(&mut self, slot: u32, freed: &mut S) {
         let mut below = Vec::new();
         let mut stack: Vec<u32> = self.nodes[slot as usize].children.ids(&self.indexes);
         while let Some(s) = stack.pop() {
@@ -672,7 +673,7 @@ impl RadixTree {
         let parent = n.parent;
         let ck = child_key(self.ns(slot), n.span.key()[0]);
         self.evictable_size -= n.span.len();
-        n.span.extend_values(freed);
+        freed.take(&n.span);
         let removed = self.remove_child(parent, ck, slot);
         debug_assert!(removed, "evict: leaf not filed under its parent");
         self.release(slot);
