@@ -369,3 +369,36 @@ def test_an_empty_parent_is_the_root() -> None:
     assert h.hash_blocks(toks, parent=b"") == h.hash_blocks(toks)
     assert h.hash_block(b"", toks[:4]) == h.hash_block(None, toks[:4])
     assert hash_block_tokens("sha256", b"", toks) == hash_block_tokens("sha256", None, toks)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("caching", [True, False])
+def test_admit_equals_add_request_and_get_computed_blocks(
+    window: int | None, caching: bool
+) -> None:
+    """admit looks each block hash up as it is computed (full attention): the same hit and
+    blocks as add_request + get_computed_blocks + allocate_slots."""
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 50_000, 64).tolist()
+    prompts = [
+        base[:n] + rng.integers(0, 50_000, k).tolist()
+        for n in (0, 16, 31, 32, 48, 64)
+        for k in (0, 1, 5)
+    ]
+    prompts = [p for p in prompts if p]
+    a = KVCacheManager(64, block_size=4, sliding_window=window, enable_caching=caching)
+    b = KVCacheManager(64, block_size=4, sliding_window=window, enable_caching=caching)
+    for i, p in enumerate(prompts):
+        got = a.admit(i, p)
+        b.add_request(i, p)
+        blocks, hit = b.get_computed_blocks(i)
+        assert b.allocate_slots(i, len(p) - hit, hit, blocks) is not None
+        assert got is not None
+        assert got[0] == hit
+        assert list(got[1]) == list(b.block_ids(i))
+        assert a.block_hashes(i) == b.block_hashes(i)
+        a.finish(i)
+        b.free(i)
+    assert a.stats == b.stats
+    assert list(a.free_block_ids()) == list(b.free_block_ids())
+    a.check_invariants()
