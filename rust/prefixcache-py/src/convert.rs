@@ -69,6 +69,18 @@ impl Tokens {
     pub fn len(&self) -> usize {
         self.as_slice().len()
     }
+
+    /// The tokens as a `Vec` of about their length, for a caller that keeps them: the
+    /// buffer they were read into when it is not much larger (no copy), else a copy.
+    pub fn into_vec(mut self) -> Vec<u32> {
+        match &mut self.0 {
+            TokensRepr::Owned(v) if v.capacity() <= v.len() + v.len() / 8 + 16 => std::mem::take(v),
+            repr => match repr {
+                TokensRepr::Owned(v) => v.as_slice().to_vec(),
+                TokensRepr::Shared(v) => v.as_slice().to_vec(),
+            },
+        }
+    }
 }
 
 impl Drop for Tokens {
