@@ -369,3 +369,90 @@ def test_an_empty_parent_is_the_root() -> None:
     assert h.hash_blocks(toks, parent=b"") == h.hash_blocks(toks)
     assert h.hash_block(b"", toks[:4]) == h.hash_block(None, toks[:4])
     assert hash_block_tokens("sha256", b"", toks) == hash_block_tokens("sha256", None, toks)
+
+
+class _IndexInt:
+    """An int-like object read through ``__index__`` (not an exact int)."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+@pytest.mark.parametrize(
+    ("keys", "values"),
+    [
+        (TOKENS, [3 * v - 2**40 for v in TOKENS]),  # two lists, values beyond int32
+        (tuple(TOKENS), list(range(len(TOKENS)))),  # a tuple and a list
+        (TOKENS, TOKENS),  # one list given as both
+        (TOKENS, [_IndexInt(v) for v in TOKENS]),  # values through __index__
+        ([np.uint32(v) for v in TOKENS], list(TOKENS)),  # keys through __index__
+    ],
+)
+def test_insert_reads_key_and_value_lists_together_as_apart(keys: Any, values: Any) -> None:
+    """RadixCache.insert reads a key list and a value list in one pass: the same tree as
+    from arrays."""
+    want = RadixCache()
+    want.insert(np.array(TOKENS, np.uint32), values=np.array([int(v) for v in values], np.int64))
+    got = RadixCache()
+    got.insert(keys, values=values)
+    assert got.dump() == want.dump()
+    assert list(got.match_prefix(TOKENS).indices) == [int(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "error", "message"),
+    [
+        # The keys' error comes first (argument order), even behind an earlier bad value.
+        ([1, 2, 3, 4, 5, -1], [1, 2, True, 4, 5, 6], InvalidInputError, r"tokens\[5\] = -1"),
+        ([1, 2, 3, 4, 5, 2**32], [1, 2.0, 3, 4, 5, 6], InvalidInputError, r"tokens\[5\] = 42949"),
+        ([1, 2, 3, 4, 5, True], [1, 2, 3, 4, 5, 6], InvalidTypeError, r"tokens\[5\] must be"),
+        ([1, 2, 3, 4, 5, 6], [1, 2, True, 4, 5, 6], InvalidTypeError, r"values\[2\] must be"),
+        ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 2**70, 6], InvalidInputError, r"values\[4\] = "),
+        ([1, 2, 3], [1, 2], InvalidInputError, "values has length 2 but tokens has length 3"),
+    ],
+)
+def test_insert_key_and_value_list_errors_name_the_argument(
+    keys: list[Any], values: list[Any], error: type[Exception], message: str
+) -> None:
+    tree = RadixCache()
+    tree.insert([1, 2, 9])
+    before = tree.dump()
+    with pytest.raises(error, match=message):
+        tree.insert(keys, values=values)
+    assert tree.dump() == before
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("caching", [True, False])
+def test_admit_equals_add_request_and_get_computed_blocks(
+    window: int | None, caching: bool
+) -> None:
+    """admit looks each block hash up as it is computed (full attention): the same hit and
+    blocks as add_request + get_computed_blocks + allocate_slots."""
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 50_000, 64).tolist()
+    prompts = [
+        base[:n] + rng.integers(0, 50_000, k).tolist()
+        for n in (0, 16, 31, 32, 48, 64)
+        for k in (0, 1, 5)
+    ]
+    prompts = [p for p in prompts if p]
+    a = KVCacheManager(64, block_size=4, sliding_window=window, enable_caching=caching)
+    b = KVCacheManager(64, block_size=4, sliding_window=window, enable_caching=caching)
+    for i, p in enumerate(prompts):
+        got = a.admit(i, p)
+        b.add_request(i, p)
+        blocks, hit = b.get_computed_blocks(i)
+        assert b.allocate_slots(i, len(p) - hit, hit, blocks) is not None
+        assert got is not None
+        assert got[0] == hit
+        assert list(got[1]) == list(b.block_ids(i))
+        assert a.block_hashes(i) == b.block_hashes(i)
+        a.finish(i)
+        b.free(i)
+    assert a.stats == b.stats
+    assert list(a.free_block_ids()) == list(b.free_block_ids())
+    a.check_invariants()

@@ -69,6 +69,18 @@ impl Tokens {
     pub fn len(&self) -> usize {
         self.as_slice().len()
     }
+
+    /// The tokens as a `Vec` of about their length, for a caller that keeps them: the
+    /// buffer they were read into when it is not much larger (no copy), else a copy.
+    pub fn into_vec(mut self) -> Vec<u32> {
+        match &mut self.0 {
+            TokensRepr::Owned(v) if v.capacity() <= v.len() + v.len() / 8 + 16 => std::mem::take(v),
+            repr => match repr {
+                TokensRepr::Owned(v) => v.as_slice().to_vec(),
+                TokensRepr::Shared(v) => v.as_slice().to_vec(),
+            },
+        }
+    }
 }
 
 impl Drop for Tokens {
@@ -756,6 +768,95 @@ unsafe fn read_item_array<T: Elem>(
         items_slow(obj, done, &mut out, what)?;
     }
     Ok(out)
+}
+
+/// The item array and length of a list or tuple (subclasses included: the same C
+/// layout), read without running Python code; `None` for anything else.
+///
+/// # Safety
+/// The pointer is valid only until Python code runs (or the GIL is released).
+#[cfg(not(any(Py_LIMITED_API, PyPy, GraalPy, Py_GIL_DISABLED)))]
+unsafe fn item_array(obj: &Bound<'_, PyAny>) -> Option<(*const *mut ffi::PyObject, usize)> {
+    // SAFETY: the casts check the layouts; GIL held (a `Bound` exists).
+    unsafe {
+        if let Ok(l) = obj.cast::<PyList>() {
+            let p = l.as_ptr() as *mut ffi::PyListObject;
+            let n = usize::try_from(ffi::PyList_GET_SIZE(l.as_ptr())).ok()?;
+            return Some(((*p).ob_item as *const _, n));
+        }
+        if let Ok(t) = obj.cast::<PyTuple>() {
+            let p = t.as_ptr() as *mut ffi::PyTupleObject;
+            let n = usize::try_from(ffi::PyTuple_GET_SIZE(t.as_ptr())).ok()?;
+            return Some(((*p).ob_item.as_ptr() as *const _, n));
+        }
+    }
+    None
+}
+
+/// Token ids and KV indices from two lists or tuples of exact ints of the same length
+/// (or one object given as both), read in one pass: the two arrays' int objects are
+/// fetched side by side (and, for one object, once) instead of in two walks over the
+/// memory. `None` when this does not apply, or when any item is not an exact int in
+/// range: the caller then reads them one after the other ([`input`]), which raises the
+/// errors in argument order. No Python code runs.
+pub fn tokens_and_values<'py>(
+    tokens: &Bound<'py, PyAny>,
+    values: &Bound<'py, PyAny>,
+) -> Option<(Input<'py, u32>, Input<'py, i64>)> {
+    #[cfg(not(any(Py_LIMITED_API, PyPy, GraalPy, Py_GIL_DISABLED)))]
+    {
+        if !fast_ints_ok(tokens.py()) {
+            return None;
+        }
+        // SAFETY: no Python code runs in this block (exact ints are read directly), so
+        // both item arrays and their items stay alive and unchanged.
+        let (keys, n) = unsafe { item_array(tokens) }?;
+        let (vals, m) = unsafe { item_array(values) }?;
+        if n != m {
+            return None;
+        }
+        let mut k_out = Input(InputRepr::Owned(scratch::<u32>(n)?));
+        let mut v_out = Input(InputRepr::Owned(scratch::<i64>(n)?));
+        let (InputRepr::Owned(kv), InputRepr::Owned(vv)) = (&mut k_out.0, &mut v_out.0) else {
+            return None;
+        };
+        let int_type = &raw mut ffi::PyLong_Type;
+        let kd = &mut kv.spare_capacity_mut()[..n];
+        let vd = &mut vv.spare_capacity_mut()[..n];
+        for (i, (kd, vd)) in kd.iter_mut().zip(vd.iter_mut()).enumerate() {
+            // SAFETY: i < n = m; the arrays are alive (above).
+            let (k, v) = unsafe { (*keys.add(i), *vals.add(i)) };
+            #[cfg(target_arch = "x86_64")]
+            if i + PREFETCH < n {
+                // SAFETY: in bounds (checked); a prefetch is only a hint and never faults.
+                unsafe {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                    _mm_prefetch::<_MM_HINT_T0>(*keys.add(i + PREFETCH) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(*vals.add(i + PREFETCH) as *const i8);
+                }
+            }
+            // SAFETY: live objects; their int fields are read only once the type is
+            // exactly int (GIL held, the direct reader checked by `fast_ints_ok`).
+            unsafe {
+                if ffi::Py_TYPE(k) != int_type || ffi::Py_TYPE(v) != int_type {
+                    return None;
+                }
+                kd.write(exact_int(k, true).and_then(<u32 as Elem>::from_i64)?);
+                vd.write(exact_int(v, true)?);
+            }
+        }
+        // SAFETY: elements [0, n) of both were written above.
+        unsafe {
+            kv.set_len(n);
+            vv.set_len(n);
+        }
+        Some((k_out, v_out))
+    }
+    #[cfg(any(Py_LIMITED_API, PyPy, GraalPy, Py_GIL_DISABLED))]
+    {
+        let _ = (tokens, values);
+        None
+    }
 }
 
 fn list_ints<T: Elem>(l: &Bound<'_, PyList>, what: &str) -> PyResult<Vec<T>> {

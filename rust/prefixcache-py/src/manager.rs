@@ -177,11 +177,11 @@ impl PyKVCacheManager {
         let request_id = rid(request_id)?;
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
-        let t = tokens.as_slice();
+        let long = tokens.len() >= DETACH_MIN_TOKENS;
+        // The request keeps the buffer the tokens were read into (no copy).
+        let t = tokens.into_vec();
         self.inner
-            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
-                m.add_request(request_id, t, opts)
-            })?
+            .with_gil_released_if(py, long, |m| m.add_request_owned(request_id, t, opts))?
             .py_err()
     }
 
@@ -272,12 +272,12 @@ impl PyKVCacheManager {
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let lookahead = num_lookahead_tokens;
-        let t = tokens.as_slice();
+        let long = tokens.len() >= DETACH_MIN_TOKENS;
+        // The request keeps the buffer the tokens were read into (no copy).
+        let t = tokens.into_vec();
         let got = self
             .inner
-            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
-                m.admit(request_id, t, opts, lookahead)
-            })?
+            .with_gil_released_if(py, long, |m| m.admit_owned(request_id, t, opts, lookahead))?
             .py_err()?;
         Ok(got.map(|a| (a.num_hit_tokens, ids_array(py, &a.block_ids))))
     }

@@ -382,10 +382,16 @@ impl RadixCache {
         let in_place = values.is_some_and(convert::reads_without_python)
             && convert::plain_int(priority)
             && convert::plain_int(inserted_len);
-        let tokens = convert::input::<u32>(tokens, "tokens", false)?;
-        let values = values
-            .map(|v| convert::input::<i64>(v, "values", in_place))
-            .transpose()?;
+        // Two lists (or one list given as both) are read in one pass when they can be.
+        let (tokens, values) = match values.and_then(|v| convert::tokens_and_values(tokens, v)) {
+            Some((t, v)) => (t, Some(v)),
+            None => (
+                convert::input::<u32>(tokens, "tokens", false)?,
+                values
+                    .map(|v| convert::input::<i64>(v, "values", in_place))
+                    .transpose()?,
+            ),
+        };
         let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
         let inserted_len = convert::size_or(inserted_len, 0, "inserted_len")?;
         let ns = namespace(extra_key, cache_salt);

@@ -241,6 +241,22 @@ impl KVCacheManager {
         prompt: &[u32],
         opts: RequestOptions,
     ) -> Result<()> {
+        self.check_new(id, prompt)?;
+        self.insert_request(id, prompt.to_vec(), opts)
+    }
+
+    /// [`add_request`](Self::add_request) taking the prompt's buffer (no copy).
+    pub fn add_request_owned(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        opts: RequestOptions,
+    ) -> Result<()> {
+        self.check_new(id, &prompt)?;
+        self.insert_request(id, prompt, opts)
+    }
+
+    fn check_new(&self, id: RequestId, prompt: &[u32]) -> Result<()> {
         if self.requests.contains_key(&id) {
             return Err(Error::InvalidArgument(format!(
                 "request id {id} is already known"
@@ -251,9 +267,13 @@ impl KVCacheManager {
                 "request {id} has an empty prompt"
             )));
         }
-        let mut req = Request {
-            tokens: prompt.to_vec(),
-            num_prompt_tokens: prompt.len(),
+        Ok(())
+    }
+
+    fn new_request(tokens: Vec<u32>, opts: RequestOptions) -> Request {
+        Request {
+            num_prompt_tokens: tokens.len(),
+            tokens,
             block_hashes: Vec::new(),
             opts,
             blocks: Vec::new(),
@@ -261,12 +281,58 @@ impl KVCacheManager {
             admitted: false,
             num_computed_tokens: 0,
             num_preemptions: 0,
-        };
+        }
+    }
+
+    fn insert_request(
+        &mut self,
+        id: RequestId,
+        tokens: Vec<u32>,
+        opts: RequestOptions,
+    ) -> Result<()> {
+        let mut req = Self::new_request(tokens, opts);
         if self.pool.enable_caching() {
             req.block_hashes = self.hash_from(&req, 0, None)?;
         }
         self.requests.insert(id, req);
         Ok(())
+    }
+
+    /// [`add_request`](Self::add_request) + [`get_computed_blocks`](Self::get_computed_blocks)
+    /// for full attention with caching on: each block's hash is looked up as soon as it is
+    /// computed (while the prefix still hits), so that the table's cache misses overlap
+    /// the hashing of the next block instead of following all of it. The same hashes and
+    /// hit as the two calls.
+    fn add_and_look_up(
+        &mut self,
+        id: RequestId,
+        tokens: Vec<u32>,
+        opts: RequestOptions,
+    ) -> Result<(Vec<u32>, usize)> {
+        let bs = self.block_size;
+        let mut req = Self::new_request(tokens, opts);
+        // get_computed_blocks: hits capped at `num_tokens - 1` tokens (the prompt is not
+        // empty: checked by the caller).
+        let max_blocks = req.tokens.len().saturating_sub(1) / bs;
+        let mut hits = Vec::with_capacity(max_blocks);
+        let mut hitting = true;
+        let pool = &self.pool;
+        req.block_hashes = self.hasher.hash_blocks_with(
+            &req.tokens,
+            None,
+            |i| req.extra_keys(i),
+            |i, h| {
+                if hitting && i < max_blocks {
+                    match pool.lookup(h, 0) {
+                        Some(b) => hits.push(b),
+                        None => hitting = false,
+                    }
+                }
+            },
+        )?;
+        self.requests.insert(id, req);
+        let hit = hits.len() * bs;
+        Ok((hits, hit))
     }
 
     fn hash_from(
@@ -276,19 +342,13 @@ impl KVCacheManager {
         parent: Option<&BlockHash>,
     ) -> Result<Vec<BlockHash>> {
         let bs = self.block_size;
-        let n_full = req.tokens.len() / bs;
-        let mut out = Vec::with_capacity(n_full.saturating_sub(first));
-        let mut parent = parent.copied();
-        for i in first..n_full {
-            let h = self.hasher.hash_block(
-                parent.as_ref(),
-                &req.tokens[i * bs..(i + 1) * bs],
-                req.extra_keys(i),
-            )?;
-            out.push(h);
-            parent = Some(h);
-        }
-        Ok(out)
+        let from = first.saturating_mul(bs).min(req.tokens.len());
+        self.hasher.hash_blocks_with(
+            &req.tokens[from..],
+            parent,
+            |i| req.extra_keys(first + i),
+            |_, _| (),
+        )
     }
 
     /// Append generated tokens (decode output); hashes the blocks they complete. Caching
@@ -580,21 +640,32 @@ impl KVCacheManager {
         opts: RequestOptions,
         num_lookahead_tokens: usize,
     ) -> Result<Option<Admission>> {
-        self.add_request(id, prompt, opts)?;
-        let (hit_blocks, hit) = match self.get_computed_blocks(id) {
-            Ok(x) => x,
-            Err(e) => {
-                self.requests.remove(&id);
-                return Err(e);
+        self.admit_owned(id, prompt.to_vec(), opts, num_lookahead_tokens)
+    }
+
+    /// [`admit`](Self::admit) taking the prompt's buffer (no copy).
+    pub fn admit_owned(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        opts: RequestOptions,
+        num_lookahead_tokens: usize,
+    ) -> Result<Option<Admission>> {
+        let n = prompt.len();
+        let (hit_blocks, hit) = if self.pool.enable_caching() && self.sliding_window.is_none() {
+            self.check_new(id, &prompt)?;
+            self.add_and_look_up(id, prompt, opts)?
+        } else {
+            self.add_request_owned(id, prompt, opts)?;
+            match self.get_computed_blocks(id) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.requests.remove(&id);
+                    return Err(e);
+                }
             }
         };
-        match self.allocate_slots(
-            id,
-            prompt.len() - hit,
-            hit,
-            &hit_blocks,
-            num_lookahead_tokens,
-        ) {
+        match self.allocate_slots(id, n - hit, hit, &hit_blocks, num_lookahead_tokens) {
             Ok(Some(_)) => Ok(Some(Admission {
                 num_hit_tokens: hit,
                 block_ids: self.req(id)?.blocks.clone(),
@@ -769,6 +840,51 @@ mod tests {
         assert_eq!(m.pool().free_block_ids(), free);
         m.preempt(1).unwrap();
         assert!(KVCacheManager::new(4, m.hasher().clone(), true, Some(1), false).is_err());
+    }
+
+    #[test]
+    fn admit_looks_up_as_it_hashes_with_the_same_result() {
+        // Prompts sharing prefixes of 0..=3 blocks (block 4), including exact multiples
+        // of the block size (the hit is capped at num_tokens - 1).
+        let base = toks(100..116);
+        let prompts: Vec<Vec<u32>> = [0usize, 4, 7, 8, 12, 16]
+            .iter()
+            .flat_map(|&n| {
+                [0u32, 1, 5].map(|k| {
+                    let mut p = base[..n].to_vec();
+                    p.extend((0..k).map(|j| 1000 + 10 * n as u32 + j));
+                    p
+                })
+            })
+            .filter(|p| !p.is_empty())
+            .collect();
+        let (mut a, mut b) = (mgr(64, 4, None), mgr(64, 4, None));
+        for (i, p) in prompts.iter().enumerate() {
+            let id = i as u64;
+            let got = a
+                .admit(id, p, RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            b.add_request(id, p, RequestOptions::default()).unwrap();
+            let (blocks, hit) = b.get_computed_blocks(id).unwrap();
+            b.allocate_slots(id, p.len() - hit, hit, &blocks, 0)
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.num_hit_tokens, hit, "prompt {i}");
+            assert_eq!(got.block_ids, b.block_ids(id).unwrap(), "prompt {i}");
+            assert_eq!(a.block_hashes(id).unwrap(), b.block_hashes(id).unwrap());
+            a.finish(id, &[]).unwrap();
+            b.free(id).unwrap();
+        }
+        assert_eq!(a.stats(), b.stats());
+        assert_eq!(a.pool().free_block_ids(), b.pool().free_block_ids());
+        // A known id is refused before anything is hashed or looked up.
+        a.add_request(7, &[1, 2, 3], RequestOptions::default())
+            .unwrap();
+        assert!(a
+            .admit(7, &[1, 2, 3], RequestOptions::default(), 0)
+            .is_err());
+        assert_eq!(a.num_tokens(7).unwrap(), 3);
     }
 
     #[test]

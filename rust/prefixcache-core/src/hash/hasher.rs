@@ -312,6 +312,31 @@ impl BlockHasher {
     }
 
     /// The chained hashes of the full blocks of `tokens` (a partial tail is not hashed),
+    /// the first block's parent being `parent` (None = NONE_HASH), block `i` (counted from
+    /// the first of `tokens`) with the extra keys `extra(i)`; `visit(i, hash)` is called
+    /// on each hash as soon as it is computed (e.g. a lookup, whose memory accesses then
+    /// overlap the next block's hashing). One borrow of the scratch buffers for all blocks.
+    pub fn hash_blocks_with<'k>(
+        &self,
+        tokens: &[u32],
+        parent: Option<&BlockHash>,
+        extra: impl Fn(usize) -> Option<&'k [KeyValue]>,
+        mut visit: impl FnMut(usize, &BlockHash),
+    ) -> Result<Vec<BlockHash>> {
+        let mut parent = self.check_parent(parent)?;
+        let mut out = Vec::with_capacity(tokens.len() / self.block_size);
+        SCRATCH.with_borrow_mut(|buf| {
+            for (i, block) in tokens.chunks_exact(self.block_size).enumerate() {
+                parent = self.hash_unchecked(buf, &parent, block, extra(i));
+                visit(i, &parent);
+                out.push(parent);
+            }
+            buf.trim();
+        });
+        Ok(out)
+    }
+
+    /// The chained hashes of the full blocks of `tokens` (a partial tail is not hashed),
     /// the first block's parent being `parent` (None = NONE_HASH).
     ///
     /// `extra_keys`, when given, holds one entry per block: `None` or the block's keys. It
@@ -430,6 +455,29 @@ mod tests {
                 assert_eq!(got.len(), algo.digest_len());
                 parent = Some(got);
             }
+        }
+    }
+
+    #[test]
+    fn keyed_chain_equals_hash_blocks() {
+        for algo in HashAlgo::ALL {
+            let h = BlockHasher::new(algo, 4, "s").unwrap();
+            let tokens: Vec<u32> = (0..14).map(|i| i * 1_000_003).collect();
+            let ek = vec![None, Some(vec![KeyValue::Int(7)]), None];
+            let want = h.hash_blocks(&tokens, Some(&ek), None).unwrap();
+            let got = h
+                .hash_blocks_with(&tokens, None, |i| ek[i].as_deref(), |_, _| ())
+                .unwrap();
+            assert_eq!(got, want);
+            let mut seen = Vec::new();
+            let tail = h.hash_blocks_with(
+                &tokens[4..],
+                Some(&want[0]),
+                |i| ek[i + 1].as_deref(),
+                |i, h| seen.push((i, *h)),
+            );
+            assert_eq!(tail.unwrap(), want[1..]);
+            assert_eq!(seen, vec![(0, want[1]), (1, want[2])]);
         }
     }
 
