@@ -304,6 +304,35 @@ impl List {
         self.len -= 1;
     }
 
+    /// Moves the run `a..=b` (linked from `a` to `b`, `a` first) to right after node
+    /// `at` (not in the run; NIL: the tail). The length is unchanged.
+    pub fn move_run_after<L: Links + ?Sized>(&mut self, l: &mut L, a: u32, b: u32, at: u32) {
+        let (p, nx) = (l.prev(a), l.next(b));
+        match p {
+            NIL => self.head = nx,
+            p => l.set_next(p, nx),
+        }
+        match nx {
+            NIL => self.tail = p,
+            nx => l.set_prev(nx, p),
+        }
+        let at = if at == NIL { self.tail } else { at };
+        let after = match at {
+            NIL => std::mem::replace(&mut self.head, a),
+            at => {
+                let after = l.next(at);
+                l.set_next(at, a);
+                after
+            }
+        };
+        l.set_prev(a, at);
+        l.set_next(b, after);
+        match after {
+            NIL => self.tail = b,
+            after => l.set_prev(after, b),
+        }
+    }
+
     pub fn move_to_back<L: Links + ?Sized>(&mut self, l: &mut L, n: u32) {
         if self.tail != n {
             self.unlink(l, n);

@@ -17,6 +17,12 @@
 //!   They arrive in block order (each goes first in the group) or in reverse (each goes
 //!   last), both O(1); any other order walks the group. The sentinel goes when the
 //!   request has finished (its keys then take fresh ranks) and its group is empty.
+//! - Runs: a finish freshens the request's keys last position first, the order of its
+//!   group, so the group's members move to the tail as one run
+//!   ([`Lru::fresh_in_order`]); a later request that reaches them in block order finds
+//!   them linked in reverse and moves them to the front of its group as one run
+//!   ([`Lru::on_access`]). Both leave the list, ranks and flags exactly as the
+//!   chunk-by-chunk moves would (a unit test runs the two side by side).
 
 use rustc_hash::FxHashMap;
 
@@ -105,6 +111,9 @@ pub struct Lru {
     /// Request rank -> its sentinel (index into `sents`).
     groups: FxHashMap<u64, u32>,
     counter: u64,
+    /// Tests: every rank change chunk by chunk (no runs), the reference for the runs.
+    #[cfg(test)]
+    pub(crate) per_chunk: bool,
 }
 
 /// `-(position)` as vLLM's rank holds it.
@@ -115,6 +124,15 @@ fn neg(pos: u64) -> i64 {
 impl Lru {
     pub fn new() -> Self {
         Lru::default()
+    }
+
+    /// Whether rank changes may move runs of chunks (always, but in the tests' reference).
+    fn runs(&self) -> bool {
+        #[cfg(test)]
+        if self.per_chunk {
+            return false;
+        }
+        true
     }
 
     /// The request's rank, drawn from the counter on its first use (a new group at the
@@ -255,6 +273,60 @@ impl Lru {
         self.push_fresh(slots, id, r);
     }
 
+    /// `fresh` of each of `ids` (distinct stored chunks) in turn: a request's finish,
+    /// `r` its rank. The finish freshens the request's keys last position first, which
+    /// is the order of its open group (`(r, -position)`), so a stretch of `ids` that
+    /// starts at the group's first member and follows its links moves to the tail as
+    /// one run, with the ranks and links the chunk-by-chunk calls would give it.
+    pub fn fresh_in_order(&mut self, slots: &mut [Slot], ids: &[u32], r: Option<u64>) {
+        let group = r
+            .and_then(|r| self.groups.get(&r).copied())
+            .filter(|&g| self.sents[g as usize].open && self.runs());
+        let mut i = 0;
+        while i < ids.len() {
+            let n = group.map_or(0, |g| self.head_run(slots, g, &ids[i..]));
+            if n == 0 {
+                self.fresh(slots, ids[i]);
+                i += 1;
+                continue;
+            }
+            let (g, run) = (group.unwrap_or(0), &ids[i..i + n]);
+            let (a, b) = (run[0], run[n - 1]);
+            let sent = &mut self.sents[g as usize];
+            if sent.last == b {
+                sent.last = NIL;
+            }
+            let mut nodes = Nodes {
+                slots,
+                sents: &mut self.sents,
+            };
+            self.list.move_run_after(&mut nodes, a, b, NIL);
+            for &id in run {
+                self.counter += 1;
+                let s = &mut slots[id as usize];
+                s.rank = (self.counter, 0);
+                s.flags &= !GROUPED;
+            }
+            i += n;
+        }
+    }
+
+    /// How many of `ids` are group `g`'s first members in its order (0: `ids[0]` is not
+    /// its first member).
+    fn head_run(&self, slots: &[Slot], g: u32, ids: &[u32]) -> usize {
+        let sent = &self.sents[g as usize];
+        if sent.last == NIL || ids.first() != Some(&sent.next) {
+            return 0;
+        }
+        let mut n = 1;
+        let mut at = sent.next;
+        while at != sent.last && n < ids.len() && slots[at as usize].next == ids[n] {
+            at = ids[n];
+            n += 1;
+        }
+        n
+    }
+
     /// Links unlinked chunk `id` at fresh rank `rank` (just drawn from the counter, so
     /// the largest and no request's group rank): at the tail.
     fn push_fresh(&mut self, slots: &mut [Slot], id: u32, rank: Rank) {
@@ -296,12 +368,82 @@ impl Lru {
         lru_rank: &mut Option<u64>,
     ) {
         let r = self.request_rank(slots, lru_rank);
-        for &(id, pos) in keys {
-            let rank = (r, neg(pos));
-            if slots[id as usize].rank < rank {
-                self.remove(slots, id);
-                self.link(slots, id, rank);
+        let group = self.groups.get(&r).copied().filter(|_| self.runs());
+        let mut i = 0;
+        while i < keys.len() {
+            let n = group.map_or(0, |g| self.front_run(slots, g, r, &keys[i..]));
+            if n == 0 {
+                let (id, pos) = keys[i];
+                let rank = (r, neg(pos));
+                if slots[id as usize].rank < rank {
+                    self.remove(slots, id);
+                    self.link(slots, id, rank);
+                }
+                i += 1;
+                continue;
             }
+            // keys[i..i + n] lie in the list in reverse, each linked before the one
+            // ahead of it: one run, moved to the front of the group.
+            let (g, run) = (group.unwrap_or(0), &keys[i..i + n]);
+            let (a, b) = (run[n - 1].0, run[0].0);
+            for &(id, pos) in run {
+                let s = &mut slots[id as usize];
+                s.rank = (r, neg(pos));
+                s.flags |= GROUPED;
+            }
+            let sent = &mut self.sents[g as usize];
+            if sent.last == NIL {
+                sent.last = b;
+            }
+            let mut nodes = Nodes {
+                slots,
+                sents: &mut self.sents,
+            };
+            self.list
+                .move_run_after(&mut nodes, a, b, SENTINEL_BASE + g);
+            i += n;
+        }
+    }
+
+    /// How many of `keys` (from the first) the per-key `on_access` would each move from
+    /// outside any group to the front of request rank `r`'s group, while each lies in
+    /// the list right before the one ahead of it (the order a finish left them in):
+    /// 0 when the first would not. Fewer than two is no run. `g`: the group of `r`.
+    fn front_run(&self, slots: &[Slot], g: u32, r: u64, keys: &[(u32, u64)]) -> usize {
+        let sent = &self.sents[g as usize];
+        let takes = |id: u32, rank: Rank| {
+            let s = &slots[id as usize];
+            s.flags & GROUPED == 0 && s.rank < rank
+        };
+        let (id, pos) = keys[0];
+        let mut prev = (r, neg(pos));
+        if !takes(id, prev) {
+            return 0;
+        }
+        if sent.last != NIL {
+            let first = &slots[sent.next as usize];
+            if (prev, slots[id as usize].key) >= (first.rank, first.key) {
+                return 0;
+            }
+        }
+        let mut n = 1;
+        while n < keys.len() {
+            let (id, pos) = keys[n];
+            let (ahead, rank) = (keys[n - 1].0, (r, neg(pos)));
+            let s = &slots[id as usize];
+            if s.next != ahead
+                || !takes(id, rank)
+                || (rank, s.key) >= (prev, slots[ahead as usize].key)
+            {
+                break;
+            }
+            prev = rank;
+            n += 1;
+        }
+        if n < 2 {
+            0
+        } else {
+            n
         }
     }
 
@@ -341,6 +483,17 @@ impl Lru {
 
     pub fn clear(&mut self) {
         *self = Lru::default();
+    }
+
+    /// Tests: the state but for `per_chunk`.
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        let mut groups: Vec<_> = self.groups.iter().collect();
+        groups.sort();
+        format!(
+            "{:?} {:?} {:?} {groups:?} {}",
+            self.list, self.sents, self.free_sents, self.counter
+        )
     }
 
     /// The list holds every stored chunk once, in strictly increasing `(rank, key)`

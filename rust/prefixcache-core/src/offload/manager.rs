@@ -364,6 +364,25 @@ impl CpuOffloadManager {
         })
     }
 
+    /// Tests: LRU rank changes chunk by chunk (the reference for the runs).
+    #[cfg(test)]
+    pub(crate) fn lru_per_chunk(&mut self) {
+        if let Policy::Lru(l) = &mut self.policy {
+            l.per_chunk = true;
+        }
+    }
+
+    /// Tests: the whole state, to compare two managers.
+    #[cfg(test)]
+    pub(crate) fn state_dump(&self) -> String {
+        let slots: Vec<_> = self.table.live().collect();
+        let policy = match &self.policy {
+            Policy::Lru(l) => l.dump(),
+            Policy::Arc(a) => format!("{a:?}"),
+        };
+        format!("{slots:?} {policy} {:?}", self.free_ids)
+    }
+
     // -- counters ----------------------------------------------------------------------
     pub fn num_chunks(&self) -> u64 {
         self.num_chunks
@@ -614,12 +633,17 @@ impl CpuOffloadManager {
         };
         match &mut self.policy {
             Policy::Lru(l) => {
-                for &e in ordered.iter().rev() {
-                    if let Some(id) = slot_of(&self.table, e) {
-                        l.fresh(&mut self.table.slots, id);
-                    }
-                }
+                let mut ids = std::mem::take(&mut self.scratch.picked);
+                ids.clear();
+                ids.extend(
+                    ordered
+                        .iter()
+                        .rev()
+                        .filter_map(|&e| slot_of(&self.table, e)),
+                );
+                l.fresh_in_order(&mut self.table.slots, &ids, st.lru_rank);
                 l.close(&mut self.table.slots, st.lru_rank);
+                self.scratch.picked = ids;
             }
             Policy::Arc(a) => {
                 let mut fin = std::mem::take(&mut self.scratch.finished);

@@ -122,3 +122,88 @@ fn a_finished_requests_state_serves_the_next_request_empty() {
     m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.num_stored(), 4);
 }
+
+/// Conversations over a shared system prompt, several requests in flight, driven as the
+/// simulator drives the tier (range calls) with explicit-key calls mixed in: the LRU
+/// runs (`Lru::fresh_in_order`, the runs of `on_access`) leave every result and the
+/// whole state exactly as rank changes made chunk by chunk do.
+#[test]
+fn lru_runs_equal_chunk_by_chunk_rank_changes() {
+    fn key(i: u32) -> BlockHash {
+        BlockHash::from_bytes(&i.to_le_bytes()).unwrap_or_else(|| unreachable!())
+    }
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut runs_seen = 0usize;
+    for (capacity, steps) in [(24u64, 3000usize), (80, 3000), (400, 2000)] {
+        let mut fast = CpuOffloadManager::new(capacity, CachePolicy::Lru, 1, 64, true).unwrap();
+        let mut slow = fast.clone();
+        slow.lru_per_chunk();
+        // Conversations: their keys so far (a shared system prompt of 6 keys first).
+        let mut convs: Vec<Vec<u32>> = (0..5).map(|_| (0..6).collect()).collect();
+        let mut next_key = 1000u32;
+        // Requests in flight: (rid, number of keys, next key to store).
+        let mut running: Vec<(u64, usize, usize)> = Vec::new();
+        let mut rid = 0u64;
+        for _ in 0..steps {
+            let op = rnd(10);
+            if running.len() < 4 && (op < 4 || running.is_empty()) {
+                rid += 1;
+                let c = rnd(convs.len() as u64) as usize;
+                for _ in 0..1 + rnd(6) {
+                    convs[c].push(next_key);
+                    next_key += 1;
+                }
+                let keys: Vec<BlockHash> = convs[c].iter().map(|&i| key(i)).collect();
+                let gpu_hit = rnd(keys.len() as u64 / 2 + 1) as usize;
+                let mut next_store = 0;
+                for m in [&mut fast, &mut slow] {
+                    m.on_new_request(rid);
+                    m.set_request_keys(rid, &keys, 16).unwrap();
+                }
+                let hit = fast.lookup_prefix_range(rid, gpu_hit, keys.len());
+                assert_eq!(hit, slow.lookup_prefix_range(rid, gpu_hit, keys.len()));
+                if let Some(n) = hit.filter(|&n| n > 0) {
+                    for m in [&mut fast, &mut slow] {
+                        m.prepare_load_range(rid, gpu_hit, gpu_hit + n).unwrap();
+                        m.complete_load_range(rid, gpu_hit, gpu_hit + n).unwrap();
+                    }
+                    next_store = gpu_hit + n;
+                }
+                running.push((rid, keys.len(), next_store));
+            } else if op < 8 {
+                let i = rnd(running.len() as u64) as usize;
+                let (r, n, from) = running[i];
+                // Now and then from the first key, after keys further on were loaded.
+                let from = if op == 6 { 0 } else { from };
+                let out = fast.prepare_store_range(r, from, n, true);
+                assert_eq!(out, slow.prepare_store_range(r, from, n, true));
+                if matches!(out, Ok(Some(_))) {
+                    running[i].2 = n;
+                }
+                if op == 7 {
+                    // Some keys named explicitly, last first (a reversed access order).
+                    let ks = fast.request_keys(r, 0, n);
+                    let ks: Vec<BlockHash> = ks.into_iter().rev().take(3).collect();
+                    fast.touch(r, &ks);
+                    slow.touch(r, &ks);
+                }
+            } else {
+                let i = rnd(running.len() as u64) as usize;
+                let (r, ..) = running.swap_remove(i);
+                fast.on_request_finished(r);
+                slow.on_request_finished(r);
+            }
+            assert_eq!(fast.take_events(), slow.take_events());
+            fast.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fast.state_dump(), slow.state_dump());
+        }
+        runs_seen += fast.num_stored_total() as usize;
+    }
+    assert!(runs_seen > 0);
+}
