@@ -392,16 +392,7 @@ impl KVCacheManager {
         let max_blocks = (max_len / bs).min(req.block_hashes.len());
         let hashes = &req.block_hashes[..max_blocks];
         let blocks = match self.sliding_window {
-            None => {
-                let mut out = Vec::with_capacity(max_blocks);
-                for h in hashes {
-                    match self.pool.lookup(h, 0) {
-                        Some(b) => out.push(b),
-                        None => break,
-                    }
-                }
-                out
-            }
+            None => self.pool.lookup_prefix(hashes, 0),
             Some(w) => {
                 let need = (w - 1).div_ceil(bs);
                 let mut out = vec![NULL_BLOCK; max_blocks];

@@ -309,6 +309,25 @@ impl BlockPool {
         self.cached.first(&self.blocks, hash, group)
     }
 
+    /// The blocks of the longest run of `hashes` cached under `group`, from the first
+    /// (each the first block of its key): [`lookup`](Self::lookup) until the first miss,
+    /// with the table slots of the hashes a few places ahead prefetched.
+    pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], group: u32) -> Vec<u32> {
+        const AHEAD: usize = 4;
+        let mut out = Vec::with_capacity(hashes.len());
+        let pf = self.cached.prefetcher();
+        for (i, h) in hashes.iter().enumerate() {
+            if let (Some(pf), Some(next)) = (&pf, hashes.get(i + AHEAD)) {
+                pf.key(key_hash(next.as_bytes(), group));
+            }
+            match self.lookup(h, group) {
+                Some(b) => out.push(b),
+                None => break,
+            }
+        }
+        out
+    }
+
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
     /// each with `ref_cnt = 1`.
     pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
@@ -349,9 +368,13 @@ impl BlockPool {
         let new = &out[start..];
         if self.enable_caching {
             const AHEAD: usize = 4;
+            let pf = self.cached.prefetcher();
             for (k, &id) in new.iter().enumerate() {
-                if let Some(&next) = new.get(k + AHEAD) {
-                    prefetch(self.blocks.get(next as usize));
+                if let Some(&far) = new.get(k + 2 * AHEAD) {
+                    prefetch(self.blocks.get(far as usize));
+                }
+                if let (Some(pf), Some(&next)) = (&pf, new.get(k + AHEAD)) {
+                    self.cached.prefetch_block_key(pf, &self.blocks, next);
                 }
                 if id < fresh && self.evict_hash(id) {
                     self.evictions += 1;
@@ -654,7 +677,12 @@ impl BlockPool {
 
         let mut stored = Vec::new();
         let mut event_keys = Vec::new();
+        const AHEAD: usize = 4;
+        let pf = self.cached.prefetcher();
         for (i, &id) in new.iter().enumerate() {
+            if let (Some(pf), Some(h)) = (&pf, block_hashes.get(num_cached + i + AHEAD)) {
+                pf.key(key_hash(h.as_bytes(), group));
+            }
             if id == NULL_BLOCK {
                 continue;
             }
