@@ -563,6 +563,16 @@ impl KVCacheManager {
         let required = need_slots.div_ceil(bs);
         let mut new_blocks = Vec::new();
         if required > req.blocks.len() {
+            if caching {
+                // The first keys `cache_blocks` will insert: their table slots load while
+                // the new blocks are taken (its own prefetching covers those after).
+                let from = req.num_cached_blocks.unwrap_or(0);
+                let full = num_tokens_main.min(num_tokens) / bs;
+                let to = full.min(req.block_hashes.len()).min(from + 4);
+                if let Some(first) = req.block_hashes.get(from..to) {
+                    pool.prefetch_keys(first, 0);
+                }
+            }
             // Cannot fail: the capacity was checked above.
             pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
@@ -728,7 +738,7 @@ fn cache_blocks(
         block_extra_keys: &req.opts.block_extra_keys,
         default_extra_keys: req.opts.default_extra_keys.as_deref(),
     };
-    pool.cache_full_blocks(
+    pool.cache_owned_blocks(
         &req.blocks,
         &req.block_hashes,
         num_cached,
