@@ -358,12 +358,16 @@ class BlocksPolicy:
             )
             self._pend[who] = 0
             mgr, events = self.mgr, self._use_events
+            # Whether the cached blocks were read since the last call that cached any: every
+            # operation ends with a read, and so does each hand-over that takes blocks.
+            sampled = True
             for j, i, lo, n, take in todo:
                 mgr.append_tokens(i, outputs(i)[lo : lo + n])
-                if take and not events:
+                if take and not events and not sampled:
                     # Cached blocks only grow between evicting calls: their peak is
                     # reached just before one, just after one, or at the end.
                     self._note_cached()
+                sampled = take
                 got = mgr.allocate_slots(i, n)
                 if got is None:
                     raise AssertionError(f"{self.name}: growth of {k} promised but refused")
