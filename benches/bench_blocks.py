@@ -136,6 +136,53 @@ def test_stream_lookup_allocate_free(benchmark: Any, kind: str) -> None:
     benchmark.pedantic(stream_lookup_allocate_free, setup=setup, rounds=3, iterations=1)
 
 
+DECODE_REQUESTS = 64
+DECODE_STEPS = 32
+
+
+def decode_manager() -> tuple[Impl, list[np.ndarray]]:
+    """64 running requests (a 100-token prompt each) in a pool they fill exactly within
+    the 32 decode steps, after 64 finished requests left their prompts cached (so later
+    steps evict those); and each request's 32 blocks of output."""
+    m = KVCacheManager(DECODE_REQUESTS * 39 + 1, block_size=BLOCK, hash_algo="xxh3_64")
+    for i in range(DECODE_REQUESTS):
+        m.admit(DECODE_REQUESTS + i, np.arange(100, dtype=np.uint32) + 1000 * i + 500_000)
+        m.free(DECODE_REQUESTS + i)
+    for i in range(DECODE_REQUESTS):
+        m.admit(i, np.arange(100, dtype=np.uint32) + 1000 * i)
+    outs = [
+        np.arange(BLOCK * DECODE_STEPS, dtype=np.uint32) + (1 << 31) + i * BLOCK * DECODE_STEPS
+        for i in range(DECODE_REQUESTS)
+    ]
+    return m, outs
+
+
+def decode_pairs(m: Impl, outs: list[np.ndarray]) -> None:
+    """Each decode step hands every request a block of output: one append_tokens +
+    allocate_slots pair per request (what the simulator did before ``extend``)."""
+    for s in range(DECODE_STEPS):
+        for i, o in enumerate(outs):
+            m.append_tokens(i, o[s * BLOCK : (s + 1) * BLOCK])
+            m.allocate_slots(i, BLOCK)
+
+
+def decode_extend(m: Impl, outs: list[np.ndarray]) -> None:
+    """The same steps, one ``KVCacheManager.extend`` call each."""
+    ids = np.arange(DECODE_REQUESTS, dtype=np.int64)
+    counts = np.full(DECODE_REQUESTS, BLOCK, dtype=np.int64)
+    for s in range(DECODE_STEPS):
+        toks = np.concatenate([o[s * BLOCK : (s + 1) * BLOCK] for o in outs])
+        got, _ = m.extend(ids, toks, counts)
+        assert len(got) == DECODE_REQUESTS
+    assert m.num_evicted_blocks > 0
+
+
+@pytest.mark.parametrize("how", ["pairs", "extend"])
+def test_decode_steps(benchmark: Any, how: str) -> None:
+    run = decode_pairs if how == "pairs" else decode_extend
+    benchmark.pedantic(run, setup=lambda: (decode_manager(), {}), rounds=5, iterations=1)
+
+
 # ------------------------------------------------------------------ side-by-side report
 def best_of(
     fn: Callable[[], Any], setup: Callable[[], Any] | None = None, repeat: int = 5

@@ -173,7 +173,9 @@ def test_manager_random_streams(
     next_id = 0
     for _ in range(data.draw(st.integers(1, 25))):
         live = sorted(known)
-        ops = ["admit", "add"] + (["step", "decode", "free", "preempt", "finish"] if live else [])
+        ops = ["admit", "add"] + (
+            ["step", "decode", "extend", "free", "preempt", "finish"] if live else []
+        )
         op = data.draw(st.sampled_from([*ops, "reset", "evict"]))
         if op in ("admit", "add"):
             rid, next_id = next_id, next_id + 1
@@ -209,6 +211,13 @@ def test_manager_random_streams(
             both(core, r, "append_tokens", rid, toks)
             if r.requests[rid].admitted:
                 both(core, r, "allocate_slots", rid, len(toks))
+        elif op == "extend":
+            # Several decode hand-overs in one call (0 tokens and requests without slots
+            # are errors; a request the pool cannot take ends the call).
+            rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=3))
+            ns = [data.draw(st.integers(0, block_size + 1)) for _ in rids]
+            toks = data.draw(st.lists(st.integers(0, 50), min_size=sum(ns), max_size=sum(ns)))
+            both(core, r, "extend", rids, toks, ns)
         elif op == "free":
             rid = data.draw(st.sampled_from(live))
             both(core, r, "free", rid)

@@ -794,6 +794,12 @@ class KVCacheManager:
     def finish(self, request_id: int, output_tokens: _Tokens | None = None) -> bool:
         """append_tokens(output) + allocate_slots + free; False when the output did not
         fit (nothing of it cached). The request is freed either way."""
+    def extend(self, request_ids: _Ids, tokens: _Tokens, counts: _Ids) -> tuple[_I64Array, int]:
+        """append_tokens + allocate_slots for several running requests in one call (decode
+        steps): request_ids[j] takes the next counts[j] of tokens. Stops at the first
+        request the pool cannot take (which changes nothing). (blocks each applied item
+        evicted, as an int64 array as long as the items applied; the most cached blocks
+        before the first item or after any applied one)."""
     def block_ids(self, request_id: int) -> _I64Array:
         """The request's blocks."""
     def num_tokens(self, request_id: int) -> int:

@@ -684,6 +684,41 @@ class KVCacheManager:
             return None
         return n_hit, self.block_ids(request_id)
 
+    def extend(
+        self, request_ids: Sequence[int], tokens: Sequence[int], counts: Sequence[int]
+    ) -> tuple[list[int], int]:
+        ids = [int(i) for i in request_ids]
+        ns = [int(n) for n in counts]
+        if len(ids) != len(ns):
+            raise InvalidInputError(f"request_ids has {len(ids)} items but counts has {len(ns)}")
+        for i, n in zip(ids, ns, strict=True):
+            if not self._req(i).admitted:
+                raise InvalidInputError(f"request {i} holds no slots: admit or allocate it first")
+            if n < 1:
+                raise InvalidInputError(
+                    f"request {i}: each item extends by at least 1 token, got {n}"
+                )
+        if sum(ns) != len(tokens):
+            raise InvalidInputError(
+                f"the items extend by {sum(ns)} tokens but {len(tokens)} were given"
+            )
+        evicted: list[int] = []
+        peak = self.num_cached_blocks
+        at = 0
+        for i, n in zip(ids, ns, strict=True):
+            req = self.requests[i]
+            before = self.num_evicted_blocks
+            n_tokens, n_hashes = len(req.tokens), len(req.block_hashes)
+            self.append_tokens(i, tokens[at : at + n])
+            at += n
+            if self.allocate_slots(i, n) is None:
+                del req.tokens[n_tokens:]
+                del req.block_hashes[n_hashes:]
+                break
+            evicted.append(self.num_evicted_blocks - before)
+            peak = max(peak, self.num_cached_blocks)
+        return evicted, peak
+
     def finish(self, request_id: int, output_tokens: Sequence[int] | None = None) -> bool:
         self._req(request_id)
         ok = True

@@ -304,6 +304,45 @@ impl PyKVCacheManager {
             .py_err()
     }
 
+    /// append_tokens + allocate_slots for several running requests in one call (decode
+    /// steps): request_ids[j] takes the next counts[j] of tokens. Stops at the first
+    /// request the pool cannot take (which changes nothing). (blocks each applied item
+    /// evicted, as an int64 array as long as the items applied; the most cached blocks
+    /// before the first item or after any applied one).
+    fn extend<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        counts: &Bound<'_, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
+        let ids = convert::u64_list(request_ids, "request_ids")?;
+        let counts = convert::u64_list(counts, "counts")?;
+        if ids.len() != counts.len() {
+            return Err(crate::errors::invalid_input(format!(
+                "request_ids has {} items but counts has {}",
+                ids.len(),
+                counts.len()
+            )));
+        }
+        let items: Vec<(u64, usize)> = ids
+            .into_iter()
+            .zip(counts)
+            .map(|(i, n)| (i, usize::try_from(n).unwrap_or(usize::MAX)))
+            .collect();
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let t = tokens.as_slice();
+        let (evicted, peak) = self
+            .inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| m.extend(&items, t))?
+            .py_err()?;
+        let evicted = evicted
+            .into_iter()
+            .map(|e| i64::try_from(e).unwrap_or(i64::MAX))
+            .collect();
+        Ok((convert::i64_array(py, evicted), peak))
+    }
+
     fn block_ids<'py>(
         &self,
         py: Python<'py>,

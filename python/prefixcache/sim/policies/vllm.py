@@ -346,38 +346,57 @@ class BlocksPolicy:
         at = np.flatnonzero(flush)
         if len(at):
             who = rids[at]
-            # Whether the hand-over takes new blocks: only those calls can evict.
-            takes = -(-new_known[at] // bs) > -(-have[at] // bs)
-            todo = zip(
-                at.tolist(),
-                who.tolist(),
-                self._pend_lo[who].tolist(),
-                self._pend[who].tolist(),
-                takes.tolist(),
-                strict=True,
-            )
+            lo_all, n_all = self._pend_lo[who], self._pend[who]
             self._pend[who] = 0
-            mgr, events = self.mgr, self._use_events
-            for j, i, lo, n, take in todo:
-                mgr.append_tokens(i, outputs(i)[lo : lo + n])
-                if take and not events:
-                    # Cached blocks only grow between evicting calls: their peak is
-                    # reached just before one, just after one, or at the end.
-                    self._note_cached()
-                got = mgr.allocate_slots(i, n)
-                if got is None:
+            if self._use_events:
+                evicted = self._hand_over_events(rids, at, who, lo_all, n_all, outputs, k)
+            else:
+                # One call for every hand-over of the step (KVCacheManager.extend): the
+                # per-request evictions and the peak of cached blocks come back with it.
+                pieces = [
+                    outputs(i)[lo : lo + n]
+                    for i, lo, n in zip(who.tolist(), lo_all.tolist(), n_all.tolist(), strict=True)
+                ]
+                toks = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+                ev, peak = self.mgr.extend(who, toks, n_all)
+                if len(ev) < len(who):
                     raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-                if len(got) and not take:  # pragma: no cover - the block arithmetic above
-                    raise AssertionError(f"{self.name}: request {i} took unforeseen blocks")
-                if take or events:
-                    ev = self._after_call()
-                    if ev:
-                        if evicted is None:
-                            evicted = np.zeros(len(rids), dtype=np.int64)
-                        evicted[j] = ev * bs
-            if not events:
+                ev = np.asarray(ev, dtype=np.int64)
+                if ev.any():
+                    evicted = np.zeros(len(rids), dtype=np.int64)
+                    evicted[at] = ev * bs
+                self._evicted_blocks = int(self.mgr.num_evicted_blocks)
+                if peak > self._peak_cached:
+                    self._peak_cached = int(peak)
                 self._note_cached()
         self._note_used()
+        return evicted
+
+    def _hand_over_events(
+        self,
+        rids: IndexArray,
+        at: IndexArray,
+        who: IndexArray,
+        lo_all: IndexArray,
+        n_all: IndexArray,
+        outputs: OutputsOf,
+        k: int,
+    ) -> IndexArray | None:
+        """``grow``'s hand-overs one call pair at a time, counting each one's events
+        (``count_evictions="events"``). Returns the evicted tokens per running request."""
+        evicted = None
+        mgr, bs = self.mgr, self.block_size
+        for j, i, lo, n in zip(
+            at.tolist(), who.tolist(), lo_all.tolist(), n_all.tolist(), strict=True
+        ):
+            mgr.append_tokens(i, outputs(i)[lo : lo + n])
+            if mgr.allocate_slots(i, n) is None:
+                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+            ev = self._after_call()
+            if ev:
+                if evicted is None:
+                    evicted = np.zeros(len(rids), dtype=np.int64)
+                evicted[j] = ev * bs
         return evicted
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:

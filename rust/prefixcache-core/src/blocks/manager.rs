@@ -392,16 +392,7 @@ impl KVCacheManager {
         let max_blocks = (max_len / bs).min(req.block_hashes.len());
         let hashes = &req.block_hashes[..max_blocks];
         let blocks = match self.sliding_window {
-            None => {
-                let mut out = Vec::with_capacity(max_blocks);
-                for h in hashes {
-                    match self.pool.lookup(h, 0) {
-                        Some(b) => out.push(b),
-                        None => break,
-                    }
-                }
-                out
-            }
+            None => self.pool.lookup_prefix(hashes, 0),
             Some(w) => {
                 let need = (w - 1).div_ceil(bs);
                 let mut out = vec![NULL_BLOCK; max_blocks];
@@ -572,6 +563,16 @@ impl KVCacheManager {
         let required = need_slots.div_ceil(bs);
         let mut new_blocks = Vec::new();
         if required > req.blocks.len() {
+            if caching {
+                // The first keys `cache_blocks` will insert: their table slots load while
+                // the new blocks are taken (its own prefetching covers those after).
+                let from = req.num_cached_blocks.unwrap_or(0);
+                let full = num_tokens_main.min(num_tokens) / bs;
+                let to = full.min(req.block_hashes.len()).min(from + 4);
+                if let Some(first) = req.block_hashes.get(from..to) {
+                    pool.prefetch_keys(first, 0);
+                }
+            }
             // Cannot fail: the capacity was checked above.
             pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
@@ -696,6 +697,70 @@ impl KVCacheManager {
         Ok(ok)
     }
 
+    /// Convenience for simulators (decode steps): for each `(id, n)` of `items` in order,
+    /// append the next `n` of `tokens` to request `id` and compute them
+    /// (`append_tokens` + `allocate_slots(id, n)`: the blocks they fill are cached, new
+    /// blocks taken as needed). Stops at the first item the pool cannot take, which
+    /// changes nothing (its tokens are not appended). Returns the blocks each applied item
+    /// evicted (as many entries as items applied) and the most blocks the prefix cache
+    /// held before the first item or after any applied item.
+    ///
+    /// Checked before anything changes: every id is a running request (slots allocated),
+    /// every `n >= 1`, and the `n` add up to `tokens.len()`.
+    pub fn extend(
+        &mut self,
+        items: &[(RequestId, usize)],
+        tokens: &[u32],
+    ) -> Result<(Vec<u64>, usize)> {
+        let mut total = 0usize;
+        for &(id, n) in items {
+            if !self.req(id)?.admitted {
+                return Err(Error::InvalidArgument(format!(
+                    "request {id} holds no slots: admit or allocate it first"
+                )));
+            }
+            if n == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "request {id}: each item extends by at least 1 token, got 0"
+                )));
+            }
+            total = total.saturating_add(n);
+        }
+        if total != tokens.len() {
+            return Err(Error::InvalidArgument(format!(
+                "the items extend by {total} tokens but {} were given",
+                tokens.len()
+            )));
+        }
+        let mut evicted = Vec::new();
+        evicted
+            .try_reserve(items.len())
+            .map_err(|e| Error::out_of_memory("the eviction counts", e))?;
+        let mut peak = self.pool.num_cached_blocks();
+        let mut at = 0;
+        for &(id, n) in items {
+            let before = self.pool.num_evicted_blocks();
+            let (n_tokens, n_hashes) = {
+                let r = self.req(id)?;
+                (r.tokens.len(), r.block_hashes.len())
+            };
+            self.append_tokens(id, &tokens[at..at + n])?;
+            at += n;
+            let got = self.allocate_slots(id, n, 0, &[], 0);
+            if !matches!(got, Ok(Some(_))) {
+                if let Some(r) = self.requests.get_mut(&id) {
+                    r.tokens.truncate(n_tokens);
+                    r.block_hashes.truncate(n_hashes);
+                }
+                got?;
+                break;
+            }
+            evicted.push(self.pool.num_evicted_blocks() - before);
+            peak = peak.max(self.pool.num_cached_blocks());
+        }
+        Ok((evicted, peak))
+    }
+
     /// The pool's invariants plus: every request's blocks are referenced.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.pool.check_invariants()?;
@@ -737,7 +802,7 @@ fn cache_blocks(
         block_extra_keys: &req.opts.block_extra_keys,
         default_extra_keys: req.opts.default_extra_keys.as_deref(),
     };
-    pool.cache_full_blocks(
+    pool.cache_owned_blocks(
         &req.blocks,
         &req.block_hashes,
         num_cached,
@@ -885,6 +950,60 @@ mod tests {
             .admit(7, &[1, 2, 3], RequestOptions::default(), 0)
             .is_err());
         assert_eq!(a.num_tokens(7).unwrap(), 3);
+    }
+
+    #[test]
+    fn extend_equals_append_and_allocate_and_stops_where_the_pool_is_short() {
+        let step = |m: &mut KVCacheManager, items: &[(u64, usize)], toks: &[u32]| {
+            let mut at = 0;
+            let mut out = Vec::new();
+            for &(id, n) in items {
+                let before = m.pool().num_evicted_blocks();
+                m.append_tokens(id, &toks[at..at + n]).unwrap();
+                at += n;
+                m.allocate_slots(id, n, 0, &[], 0).unwrap().unwrap();
+                out.push(m.pool().num_evicted_blocks() - before);
+            }
+            out
+        };
+        let (mut a, mut b) = (mgr(12, 4, None), mgr(12, 4, None));
+        for m in [&mut a, &mut b] {
+            m.admit(1, &toks(0..6), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            m.admit(2, &toks(100..103), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            m.free(2).unwrap(); // cached blocks to evict later
+            m.admit(3, &toks(200..205), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+        }
+        let items = [(1u64, 3usize), (3, 4), (1, 5)];
+        let t = toks(1000..1012);
+        let want = step(&mut a, &items, &t);
+        let (got, peak) = b.extend(&items, &t).unwrap();
+        assert_eq!(got, want);
+        assert!(peak >= b.pool().num_cached_blocks());
+        assert_eq!(b.block_ids(1).unwrap(), a.block_ids(1).unwrap());
+        assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
+        assert_eq!(b.pool().free_block_ids(), a.pool().free_block_ids());
+        // Too long for the pool: the first item applies, the second changes nothing.
+        let free = b.pool().num_free_blocks();
+        let (got, _) = b
+            .extend(&[(1, 1), (3, 4 * free + 8)], &toks(0..4 * free as u32 + 9))
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(b.num_tokens(3).unwrap(), a.num_tokens(3).unwrap());
+        assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
+        b.check_invariants().unwrap();
+        // Bad items change nothing.
+        let ids = b.pool().free_block_ids();
+        assert!(b.extend(&[(1, 1), (9, 1)], &[5, 6]).is_err());
+        assert!(b.extend(&[(1, 0)], &[]).is_err());
+        assert!(b.extend(&[(1, 2)], &[5]).is_err());
+        assert_eq!(b.num_tokens(1).unwrap(), a.num_tokens(1).unwrap() + 1);
+        assert_eq!(b.pool().free_block_ids(), ids);
     }
 
     #[test]

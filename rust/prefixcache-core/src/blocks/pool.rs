@@ -309,6 +309,25 @@ impl BlockPool {
         self.cached.first(&self.blocks, hash, group)
     }
 
+    /// The blocks of the longest run of `hashes` cached under `group`, from the first
+    /// (each the first block of its key): [`lookup`](Self::lookup) until the first miss,
+    /// with the table slots of the hashes a few places ahead prefetched.
+    pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], group: u32) -> Vec<u32> {
+        const AHEAD: usize = 4;
+        let mut out = Vec::with_capacity(hashes.len());
+        let pf = self.cached.prefetcher();
+        for (i, h) in hashes.iter().enumerate() {
+            if let (Some(pf), Some(next)) = (&pf, hashes.get(i + AHEAD)) {
+                pf.key(key_hash(next.as_bytes(), group));
+            }
+            match self.lookup(h, group) {
+                Some(b) => out.push(b),
+                None => break,
+            }
+        }
+        out
+    }
+
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
     /// each with `ref_cnt = 1`.
     pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<u32>> {
@@ -349,9 +368,13 @@ impl BlockPool {
         let new = &out[start..];
         if self.enable_caching {
             const AHEAD: usize = 4;
+            let pf = self.cached.prefetcher();
             for (k, &id) in new.iter().enumerate() {
-                if let Some(&next) = new.get(k + AHEAD) {
-                    prefetch(self.blocks.get(next as usize));
+                if let Some(&far) = new.get(k + 2 * AHEAD) {
+                    prefetch(self.blocks.get(far as usize));
+                }
+                if let (Some(pf), Some(&next)) = (&pf, new.get(k + AHEAD)) {
+                    self.cached.prefetch_block_key(pf, &self.blocks, next);
                 }
                 if id < fresh && self.evict_hash(id) {
                     self.evictions += 1;
@@ -554,6 +577,67 @@ impl BlockPool {
         group: u32,
         info: StoreInfo<'_>,
     ) -> Result<()> {
+        self.cache_blocks_checked(
+            block_ids,
+            block_hashes,
+            num_cached,
+            num_full,
+            block_size,
+            group,
+            info,
+            true,
+        )
+    }
+
+    /// [`cache_full_blocks`](Self::cache_full_blocks) for the manager's own blocks: a
+    /// request's blocks past those it has cached are in range, referenced, uncached and
+    /// distinct by construction, so they are not checked one by one (that check read
+    /// each block's free-queue links: a cache miss per block).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cache_owned_blocks(
+        &mut self,
+        block_ids: &[u32],
+        block_hashes: &[BlockHash],
+        num_cached: usize,
+        num_full: usize,
+        block_size: usize,
+        group: u32,
+        info: StoreInfo<'_>,
+    ) -> Result<()> {
+        self.cache_blocks_checked(
+            block_ids,
+            block_hashes,
+            num_cached,
+            num_full,
+            block_size,
+            group,
+            info,
+            false,
+        )
+    }
+
+    /// Prefetches the table slots of these keys (no effect on results): a caller that
+    /// will cache them after other work gives the loads time to land.
+    pub(crate) fn prefetch_keys(&self, hashes: &[BlockHash], group: u32) {
+        if let Some(pf) = self.cached.prefetcher() {
+            for h in hashes {
+                pf.key(key_hash(h.as_bytes(), group));
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn cache_blocks_checked(
+        &mut self,
+        block_ids: &[u32],
+        block_hashes: &[BlockHash],
+        num_cached: usize,
+        num_full: usize,
+        block_size: usize,
+        group: u32,
+        info: StoreInfo<'_>,
+        check_blocks: bool,
+    ) -> Result<()> {
         if num_cached >= num_full {
             return Ok(());
         }
@@ -600,39 +684,10 @@ impl BlockPool {
                 }
             })?;
         let new = &block_ids[num_cached..num_full];
-        for &id in new {
-            self.check_id(id)?;
-        }
-        let mut bad = None;
-        for &id in new {
-            if id == NULL_BLOCK {
-                continue;
-            }
-            let b = self.block(id);
-            let msg = if self.free.is_marked(id) {
-                Some(format!(
-                    "block {id} appears twice among the blocks to cache"
-                ))
-            } else if b.has_key() {
-                Some(format!("block {id} is already cached"))
-            } else if b.ref_cnt == 0 {
-                Some(format!(
-                    "block {id} is free: only referenced blocks can be cached"
-                ))
-            } else {
-                None
-            };
-            if let Some(m) = msg {
-                bad = Some(block_state(m));
-                break;
-            }
-            self.free.mark(id);
-        }
-        for &id in new {
-            self.free.unmark(id);
-        }
-        if let Some(e) = bad {
-            return Err(e);
+        if check_blocks {
+            self.check_blocks_to_cache(new)?;
+        } else {
+            debug_assert!(self.check_blocks_to_cache(new).is_ok());
         }
         let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
         let max_id = new.iter().copied().max().unwrap_or(NULL_BLOCK);
@@ -654,7 +709,12 @@ impl BlockPool {
 
         let mut stored = Vec::new();
         let mut event_keys = Vec::new();
+        const AHEAD: usize = 4;
+        let pf = self.cached.prefetcher();
         for (i, &id) in new.iter().enumerate() {
+            if let (Some(pf), Some(h)) = (&pf, block_hashes.get(num_cached + i + AHEAD)) {
+                pf.key(key_hash(h.as_bytes(), group));
+            }
             if id == NULL_BLOCK {
                 continue;
             }
@@ -688,6 +748,46 @@ impl BlockPool {
             });
         }
         Ok(())
+    }
+
+    /// The checks of [`cache_full_blocks`](Self::cache_full_blocks) on each block to cache:
+    /// in range, not twice, not cached yet, referenced (null blocks pass).
+    fn check_blocks_to_cache(&mut self, new: &[u32]) -> Result<()> {
+        for &id in new {
+            self.check_id(id)?;
+        }
+        let mut bad = None;
+        for &id in new {
+            if id == NULL_BLOCK {
+                continue;
+            }
+            let b = self.block(id);
+            let msg = if self.free.is_marked(id) {
+                Some(format!(
+                    "block {id} appears twice among the blocks to cache"
+                ))
+            } else if b.has_key() {
+                Some(format!("block {id} is already cached"))
+            } else if b.ref_cnt == 0 {
+                Some(format!(
+                    "block {id} is free: only referenced blocks can be cached"
+                ))
+            } else {
+                None
+            };
+            if let Some(m) = msg {
+                bad = Some(block_state(m));
+                break;
+            }
+            self.free.mark(id);
+        }
+        for &id in new {
+            self.free.unmark(id);
+        }
+        match bad {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Drop the cache entries of these blocks (they stay allocated or free as they are).

@@ -141,10 +141,21 @@ pub(crate) fn write_block_fast(buf: &mut [u8], parent: &[u8], tokens: &[u32]) ->
     let mut pos = put_head(buf, 1, BYTES, parent.len() as u64);
     buf[pos..pos + parent.len()].copy_from_slice(parent);
     pos = put_head(buf, pos + parent.len(), ARRAY, tokens.len() as u64);
-    for &t in tokens {
-        let (word, len) = token_word(t);
-        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-        pos += len;
+    if tokens.iter().all(|&t| t > 0xffff) {
+        // Every token takes 5 bytes (0x1a and its 4 big-endian bytes): fixed places, no
+        // chain through the stream position (Mooncake prompts and simulated outputs).
+        let end = pos + 5 * tokens.len();
+        for (dst, &t) in buf[pos..end].chunks_exact_mut(5).zip(tokens) {
+            dst[0] = (UINT << 5) | 26;
+            dst[1..].copy_from_slice(&t.to_be_bytes());
+        }
+        pos = end;
+    } else {
+        for &t in tokens {
+            let (word, len) = token_word(t);
+            buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+            pos += len;
+        }
     }
     buf[pos] = NULL;
     pos + 1
@@ -234,8 +245,13 @@ mod tests {
     fn block_matches_generic_encoding() {
         let parent = [9u8; 16];
         let all = [0u32, 23, 24, 255, 256, 65535, 65536, u32::MAX];
-        for n in [0usize, 1, 8, 23, 24, 300] {
-            let tokens: Vec<u32> = all.iter().copied().cycle().take(n).collect();
+        // Only 5-byte tokens (the fixed-width path) and mixed ones.
+        let big = [65536u32, 0x0102_0304, u32::MAX, 1 << 31];
+        for (n, set) in [0usize, 1, 8, 23, 24, 300]
+            .into_iter()
+            .flat_map(|n| [(n, &all[..]), (n, &big[..])])
+        {
+            let tokens: Vec<u32> = set.iter().copied().cycle().take(n).collect();
             let mut out = Vec::new();
             dumps_block(&mut out, &parent, &tokens, None);
             let generic = dumps(&KeyValue::tuple([
