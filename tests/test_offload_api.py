@@ -45,6 +45,29 @@ def test_bad_arguments_raise_and_change_nothing() -> None:
     assert m.prepare_load(1, [k(1)]) == [0]
 
 
+def test_a_failed_complete_load_releases_no_load() -> None:
+    """complete_load releases one load per listed key (a key listed twice, two loads)
+    and, when one of them has none in flight, raises having released none."""
+    m = CpuOffloadManager(4)
+    out = m.prepare_store(0, [k(1), k(2)])
+    assert out is not None
+    m.complete_store(0, out.keys_to_store)
+    m.prepare_load(1, [k(1)])
+    m.prepare_load(2, [k(1)])  # k(1): two loads in flight, k(2): none
+    idle = m.num_idle
+    with pytest.raises(prefixcache.BlockStateError, match="no load in flight"):
+        m.complete_load(1, [k(1), k(2)])
+    with pytest.raises(prefixcache.BlockStateError, match="no load in flight"):
+        m.complete_load(1, [k(1), k(1), k(1)])
+    m.check_invariants()
+    assert m.num_idle == idle
+    m.complete_load(1, [k(1), k(1)])
+    assert m.num_idle == idle + 1
+    with pytest.raises(prefixcache.BlockStateError, match="no load in flight"):
+        m.complete_load(1, [k(1)])
+    m.check_invariants()
+
+
 def test_kv_events_carry_the_cpu_medium() -> None:
     m = CpuOffloadManager(1, enable_events=True)
     m.complete_store(0, m.prepare_store(0, [k(1)]).keys_to_store)  # type: ignore[union-attr]

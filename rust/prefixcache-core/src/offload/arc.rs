@@ -4,6 +4,7 @@
 //! T1 and T2 are intrusive lists over the chunk slots; B1 and B2 are [`Ordered`] maps.
 
 use super::chunks::{ChunkTable, List, Slot, IN_T2, PROTECTED};
+use super::index::pipelined;
 use super::order::{hash_of, Ordered};
 use crate::hash::BlockHash;
 
@@ -17,8 +18,8 @@ pub struct Arc {
     /// B1 (order 0) and B2 (order 1): disjoint, as a key enters a ghost list only when
     /// evicted and leaves both when stored again.
     ghosts: Ordered<()>,
-    /// `apply`'s buffer of key hashes (reused across calls).
-    hashes: Vec<u64>,
+    /// `apply`'s buffer of victims: (slot, from T1, key hash), reused across calls.
+    victims: Vec<(u32, bool, u64)>,
 }
 
 const B1: usize = 0;
@@ -41,7 +42,7 @@ impl Arc {
             t1: List::default(),
             t2: List::default(),
             ghosts: Ordered::new(),
-            hashes: Vec::new(),
+            victims: Vec::new(),
         }
     }
 
@@ -194,34 +195,43 @@ impl Arc {
         true
     }
 
-    /// Unlinks the picked chunks and files their keys in the ghost lists (the caller
-    /// frees the slots).
+    /// Unlinks the picked chunks and files their keys in the ghost lists, each list
+    /// then trimmed to the capacity from its oldest end (the caller frees the slots).
+    /// A list is trimmed as each key joins it: the same keys leave as trimming once at
+    /// the end, and each trim's lookahead has the next key's work to land in.
     pub fn apply(&mut self, slots: &mut [Slot], picked: &[(u32, bool)]) {
-        let mut hashes = std::mem::take(&mut self.hashes);
-        hashes.clear();
-        hashes.extend(
+        let mut victims = std::mem::take(&mut self.victims);
+        victims.clear();
+        victims.extend(
             picked
                 .iter()
-                .map(|&(id, _)| hash_of(&slots[id as usize].key)),
+                .map(|&(id, t1)| (id, t1, hash_of(&slots[id as usize].key))),
         );
-        for &h in &hashes {
-            self.ghosts.prefetch(h);
-        }
         self.ghosts.prefetch_front(B1);
         self.ghosts.prefetch_front(B2);
-        for (&(id, from_t1), &h) in picked.iter().zip(&hashes) {
-            let k = slots[id as usize].key;
-            // A stored key is in no ghost list (storing took it out).
-            if from_t1 {
-                self.t1.unlink(slots, id);
-                self.ghosts.push_new_hashed(B1, k, h, ());
-            } else {
-                self.t2.unlink(slots, id);
-                self.ghosts.push_new_hashed(B2, k, h, ());
-            }
-        }
-        self.hashes = hashes;
         let cap = usize::try_from(self.capacity).unwrap_or(usize::MAX);
+        pipelined(
+            &mut (&mut *self, &mut *slots),
+            &mut victims,
+            |(arc, _), &(_, _, h)| arc.ghosts.prefetch(h),
+            |_, _| {},
+            |(arc, slots), &mut (id, from_t1, h)| {
+                let k = slots[id as usize].key;
+                // A stored key is in no ghost list (storing took it out).
+                let o = if from_t1 {
+                    arc.t1.unlink(*slots, id);
+                    B1
+                } else {
+                    arc.t2.unlink(*slots, id);
+                    B2
+                };
+                arc.ghosts.push_new_hashed(o, k, h, ());
+                if arc.ghosts.len_of(o) > cap {
+                    arc.ghosts.pop_front_of(o);
+                }
+            },
+        );
+        self.victims = victims;
         for o in [B1, B2] {
             while self.ghosts.len_of(o) > cap {
                 self.ghosts.pop_front_of(o);

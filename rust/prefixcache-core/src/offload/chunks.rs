@@ -110,6 +110,15 @@ impl ChunkTable {
         }
     }
 
+    /// For a lookup of hash `h` coming soon (its index line prefetched earlier by
+    /// [`ChunkTable::prefetch_hash`]): prefetches the slot the lookup will likely land on.
+    #[inline]
+    pub fn prefetch_candidate(&self, h: u64) {
+        if let Some(id) = self.index.first_candidate(h) {
+            self.prefetch_slot(id);
+        }
+    }
+
     /// The slot of `k` when `hint` names it (no table probe), else by lookup.
     pub fn find_hinted(&self, k: &BlockHash, hint: u32) -> Option<u32> {
         match self.slots.get(hint as usize) {

@@ -54,6 +54,15 @@ impl SlotIndex {
         }
     }
 
+    /// The slot named by the word where a lookup of hash `h` starts, when its tag is
+    /// `h`'s (the likely answer of the lookup, unconfirmed: a caller prefetches that
+    /// slot's line). Reads the word, so its line should have been prefetched earlier.
+    #[inline]
+    pub fn first_candidate(&self, h: u64) -> Option<u32> {
+        let w = *self.words.get(self.home_of(h))?;
+        (w != EMPTY && (w >> 32) as u32 == tag(h)).then_some(w as u32)
+    }
+
     #[inline]
     fn home_of(&self, h: u64) -> usize {
         if self.words.is_empty() {
@@ -205,6 +214,39 @@ impl SlotIndex {
     }
 }
 
+/// How many steps ahead of its use [`pipelined`] runs an item's first and second stage.
+const FAR: usize = 16;
+const NEAR: usize = 6;
+
+/// Runs `body` on each item in order, with two prefetch stages ahead of it: `far(x)`
+/// `FAR` items before `body(x)` (typically: fetch the line that leads to the item's
+/// data), `near(x)` `NEAR` items before (typically: read that line, fetch the data it
+/// names). Each stage sees every item once, in order, before `body` does. Keeping the
+/// fetches a few items ahead, rather than issuing all of them first, keeps the misses
+/// overlapping without letting the early lines fall out of the cache. `ctx` is what
+/// the stages read and the body may change (a table the body inserts into).
+#[inline]
+pub fn pipelined<C, T>(
+    ctx: &mut C,
+    items: &mut [T],
+    far: impl Fn(&C, &T),
+    near: impl Fn(&C, &T),
+    mut body: impl FnMut(&mut C, &mut T),
+) {
+    let n = items.len();
+    items[..n.min(FAR)].iter().for_each(|x| far(ctx, x));
+    items[..n.min(NEAR)].iter().for_each(|x| near(ctx, x));
+    for i in 0..n {
+        if let Some(x) = items.get(i + FAR) {
+            far(ctx, x);
+        }
+        if let Some(x) = items.get(i + NEAR) {
+            near(ctx, x);
+        }
+        body(ctx, &mut items[i]);
+    }
+}
+
 /// Hints the CPU to bring `x`'s cache line in.
 #[inline]
 pub fn prefetch<T>(x: &T) {
@@ -224,6 +266,54 @@ pub fn prefetch<T>(x: &T) {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn pipelined_runs_each_stage_once_per_item_and_ahead_of_the_body() {
+        for n in [0usize, 1, 5, 6, 7, 16, 17, 40] {
+            let log = std::cell::RefCell::new(Vec::new());
+            let mut items: Vec<usize> = (0..n).collect();
+            let mut bodies = 0;
+            pipelined(
+                &mut bodies,
+                &mut items,
+                |_, &i| log.borrow_mut().push(('f', i)),
+                |_, &i| log.borrow_mut().push(('n', i)),
+                |bodies, i| {
+                    log.borrow_mut().push(('b', *i));
+                    *i += 100;
+                    *bodies += 1;
+                },
+            );
+            assert_eq!(bodies, n);
+            assert_eq!(items, (100..100 + n).collect::<Vec<_>>());
+            let log = log.into_inner();
+            for stage in ['f', 'n', 'b'] {
+                let got: Vec<usize> = log.iter().filter(|e| e.0 == stage).map(|e| e.1).collect();
+                assert_eq!(got, (0..n).collect::<Vec<_>>(), "stage {stage}, n {n}");
+            }
+            let at = |e: (char, usize)| log.iter().position(|&x| x == e);
+            for i in 0..n {
+                assert!(at(('f', i)) < at(('n', i)) && at(('n', i)) < at(('b', i)));
+                // Ahead, but not all at once: item i's first stage comes after the body
+                // of the item FAR before it.
+                if i >= FAR {
+                    assert!(at(('f', i)) > at(('b', i - FAR - 1)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn first_candidate_names_the_home_word_when_its_tag_matches() {
+        let mut ix = SlotIndex::default();
+        assert_eq!(ix.first_candidate(7 << 32), None);
+        ix.insert(0xABCD_0000_0000_0001, 5)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ix.first_candidate(0xABCD_0000_0000_0001), Some(5));
+        // Same tag, other low bits: the tag is all the word holds.
+        assert_eq!(ix.first_candidate(0xABCD_0000_0000_0002), Some(5));
+        assert_eq!(ix.first_candidate(0x1234_0000_0000_0001), None);
+    }
 
     #[test]
     fn matches_a_map_under_random_inserts_and_removes() {

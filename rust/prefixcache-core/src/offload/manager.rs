@@ -7,6 +7,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::arc::{Arc, Finished};
 use super::chunks::{ChunkTable, Slot, LIVE, MAX_SLOTS, NIL, PROTECTED};
+use super::index::pipelined;
 use super::lru::Lru;
 use super::order::{hash_of, Ordered};
 use crate::error::{Error, Result};
@@ -288,8 +289,7 @@ struct Scratch {
     arc_picked: Vec<(u32, bool)>,
     /// `record`: (slot, position) of the keys whose LRU rank may rise.
     ranked: Vec<(u32, u64)>,
-    /// `unload`: loads released per slot.
-    need: FxHashMap<u32, i32>,
+    /// `on_request_finished` with ARC: the request's stored keys.
     finished: Vec<Finished>,
     /// `complete_store` of a range: (key, slot) of the stored keys.
     stored: Vec<(BlockHash, u32)>,
@@ -554,19 +554,32 @@ impl CpuOffloadManager {
         Ok(out)
     }
 
-    /// Finds the keys' slots: the request's hint when it still holds, else a lookup
-    /// (all lookups prefetched first, so that their cache misses overlap).
+    /// Finds the keys' slots: the request's hint when it still holds, else a lookup.
+    /// Pipelined so that the cache misses of later keys overlap: a key's index line
+    /// (or hinted slot) is fetched some keys ahead, then the slot its lookup will land on.
     fn resolve(&self, st: &RequestState, keys: &mut [CallKey]) {
-        for c in keys.iter() {
-            self.table.prefetch_hash(c.hash);
-        }
-        for c in keys.iter_mut() {
-            let hint = st.infos[c.ent as usize].hint;
-            c.slot = match self.table.slots.get(hint as usize) {
-                Some(s) if s.live() && s.key == c.key => hint,
-                _ => self.table.find_hashed(&c.key, c.hash).unwrap_or(NIL),
-            };
-        }
+        let table = &self.table;
+        let hint_of = |c: &CallKey| st.infos[c.ent as usize].hint;
+        pipelined(
+            &mut (),
+            keys,
+            |_, c| match hint_of(c) {
+                NIL => table.prefetch_hash(c.hash),
+                hint => table.prefetch_slot(hint),
+            },
+            |_, c| {
+                if hint_of(c) == NIL {
+                    table.prefetch_candidate(c.hash);
+                }
+            },
+            |_, c| {
+                let hint = hint_of(c);
+                c.slot = match table.slots.get(hint as usize) {
+                    Some(s) if s.live() && s.key == c.key => hint,
+                    _ => table.find_hashed(&c.key, c.hash).unwrap_or(NIL),
+                };
+            },
+        );
     }
 
     /// `_record_request_cache_access`: `keys` accessed (with their slots, NIL when not
@@ -624,22 +637,26 @@ impl CpuOffloadManager {
             // A stable sort by position, as Python's sort.
             ordered.sort_by_key(|&e| st.infos[e as usize].position);
         }
-        for &e in &ordered {
-            self.table.prefetch_slot(st.infos[e as usize].hint);
-        }
-        let slot_of = |table: &ChunkTable, e: u32| {
+        let table = &self.table;
+        let slot_of = |e: u32| {
             let i = &st.infos[e as usize];
             table.find_hinted(&i.key, i.hint)
         };
+        let fetch = |_: &(), &e: &u32| table.prefetch_slot(st.infos[e as usize].hint);
         match &mut self.policy {
             Policy::Lru(l) => {
+                // The keys take fresh ranks last position first.
+                ordered.reverse();
                 let mut ids = std::mem::take(&mut self.scratch.picked);
                 ids.clear();
-                ids.extend(
-                    ordered
-                        .iter()
-                        .rev()
-                        .filter_map(|&e| slot_of(&self.table, e)),
+                pipelined(
+                    &mut (),
+                    &mut ordered,
+                    fetch,
+                    |_, _| {},
+                    |_, &mut e| {
+                        ids.extend(slot_of(e));
+                    },
                 );
                 l.fresh_in_order(&mut self.table.slots, &ids, st.lru_rank);
                 l.close(&mut self.table.slots, st.lru_rank);
@@ -648,15 +665,22 @@ impl CpuOffloadManager {
             Policy::Arc(a) => {
                 let mut fin = std::mem::take(&mut self.scratch.finished);
                 fin.clear();
-                fin.extend(ordered.iter().filter_map(|&e| {
-                    let slot = slot_of(&self.table, e)?;
-                    let f = st.infos[e as usize].flags;
-                    Some(Finished {
-                        slot,
-                        inserted_only: f & INSERTED != 0 && f & REUSED == 0,
-                        reused: f & REUSED != 0,
-                    })
-                }));
+                pipelined(
+                    &mut (),
+                    &mut ordered,
+                    fetch,
+                    |_, _| {},
+                    |_, &mut e| {
+                        if let Some(slot) = slot_of(e) {
+                            let f = st.infos[e as usize].flags;
+                            fin.push(Finished {
+                                slot,
+                                inserted_only: f & INSERTED != 0 && f & REUSED == 0,
+                                reused: f & REUSED != 0,
+                            });
+                        }
+                    },
+                );
                 a.on_finished(&mut self.table.slots, &fin);
                 self.scratch.finished = fin;
             }
@@ -674,23 +698,27 @@ impl CpuOffloadManager {
     }
 
     fn prefix_of<'a>(&self, keys: impl Iterator<Item = &'a BlockHash> + Clone) -> Option<usize> {
-        // Prefetch a window ahead (the walk stops at the first miss).
-        let mut window = [0u64; 64];
-        let mut w = 0;
-        for (slot, k) in window.iter_mut().zip(keys.clone()) {
-            *slot = hash_of(k);
-            self.table.prefetch_hash(*slot);
-            w += 1;
+        // The walk stops at the first miss, so the keys are fetched a window ahead as it
+        // goes: the hashes of the next AHEAD keys in a ring, their index lines fetched
+        // on entering it, their likely slots NEAR keys ahead.
+        const AHEAD: usize = 16;
+        const NEAR: usize = 6;
+        let mut ring = [0u64; AHEAD];
+        let mut ahead = keys.clone();
+        for (h, k) in ring.iter_mut().zip(ahead.by_ref()) {
+            *h = hash_of(k);
+            self.table.prefetch_hash(*h);
         }
-        let hashes = &window[..w];
         let mut pending = false;
         let mut n = 0;
         for (i, k) in keys.enumerate() {
-            let found = match hashes.get(i) {
-                Some(&h) => self.table.find_hashed(k, h),
-                None => self.table.find(k),
-            };
-            match found {
+            let h = ring[i % AHEAD];
+            self.table.prefetch_candidate(ring[(i + NEAR) % AHEAD]);
+            if let Some(next) = ahead.next() {
+                ring[i % AHEAD] = hash_of(next);
+                self.table.prefetch_hash(ring[i % AHEAD]);
+            }
+            match self.table.find_hashed(k, h) {
                 None => break,
                 Some(id) => pending |= self.table.slots[id as usize].ref_cnt < 0,
             }
@@ -783,31 +811,36 @@ impl CpuOffloadManager {
         }
     }
 
+    /// Releases one load of each key (a key listed n times, n loads); nothing changes
+    /// when one of them has no load in flight. The loads are released in turn, each
+    /// checked as it goes (so a repeated key needs as many loads), and put back on an
+    /// error.
     fn unload(&mut self, keys: impl Iterator<Item = (BlockHash, u32)> + Clone) -> Result<()> {
-        let need = &mut self.scratch.need;
-        need.clear();
+        let mut idle = 0;
+        let mut done = 0;
+        let mut bad = None;
         for (k, slot) in keys.clone() {
-            let ok = match self.table.slots.get(slot as usize) {
-                Some(s) if s.live() => {
-                    let n = need.entry(slot).or_insert(0);
-                    *n += 1;
-                    s.ref_cnt >= *n
+            match self.table.slots.get_mut(slot as usize) {
+                Some(s) if s.live() && s.ref_cnt > 0 => {
+                    s.ref_cnt -= 1;
+                    idle += u64::from(s.ref_cnt == 0);
+                    done += 1;
                 }
-                _ => false,
-            };
-            if !ok {
-                return Err(Error::BlockState(format!(
-                    "key {k:?} has no load in flight"
-                )));
+                _ => {
+                    bad = Some(k);
+                    break;
+                }
             }
         }
-        for (_, slot) in keys {
-            let s = &mut self.table.slots[slot as usize];
-            s.ref_cnt -= 1;
-            if s.ref_cnt == 0 {
-                self.num_idle += 1;
+        if let Some(k) = bad {
+            for (_, slot) in keys.take(done) {
+                self.table.slots[slot as usize].ref_cnt += 1;
             }
+            return Err(Error::BlockState(format!(
+                "key {k:?} has no load in flight"
+            )));
         }
+        self.num_idle += idle;
         Ok(())
     }
 
@@ -1002,12 +1035,20 @@ impl CpuOffloadManager {
 
     /// Frees the slots of evicted chunks (unlinked by the policy; `hashes`: their keys'
     /// hashes), their keys appended to `keys`.
-    fn free_slots(&mut self, ids: &[u32], hashes: &[u64], keys: &mut Vec<BlockHash>) {
-        for (&id, &h) in ids.iter().zip(hashes) {
-            keys.push(self.table.slots[id as usize].key);
-            self.table.remove_hashed(id, h);
-            self.free_ids.push(u64::from(id));
-        }
+    fn free_slots(&mut self, ids: &[u32], hashes: &mut [u64], keys: &mut Vec<BlockHash>) {
+        let mut next_id = ids.iter();
+        pipelined(
+            &mut self.table,
+            hashes,
+            |table, &h| table.prefetch_hash(h),
+            |_, _| {},
+            |table, &mut h| {
+                let Some(&id) = next_id.next() else { return };
+                keys.push(table.slots[id as usize].key);
+                table.remove_hashed(id, h);
+                self.free_ids.push(u64::from(id));
+            },
+        );
     }
 
     /// The body of `prepare_store` (keys distinct, room reserved): the keys stored (the
@@ -1089,9 +1130,7 @@ impl CpuOffloadManager {
                     let ok = l.evict(&self.table.slots, short, &mut picked);
                     if ok {
                         for &id in &picked {
-                            let h = hash_of(&self.table.slots[id as usize].key);
-                            self.table.prefetch_hash(h);
-                            hashes.push(h);
+                            hashes.push(hash_of(&self.table.slots[id as usize].key));
                         }
                         for &id in &picked {
                             l.remove(&mut self.table.slots, id);
@@ -1104,9 +1143,7 @@ impl CpuOffloadManager {
                     let ok = a.select(&self.table.slots, short, p);
                     if ok {
                         for &(id, _) in p.iter() {
-                            let h = hash_of(&self.table.slots[id as usize].key);
-                            self.table.prefetch_hash(h);
-                            hashes.push(h);
+                            hashes.push(hash_of(&self.table.slots[id as usize].key));
                         }
                         a.apply(&mut self.table.slots, p);
                         picked.clear();
@@ -1123,7 +1160,7 @@ impl CpuOffloadManager {
                 return None;
             }
             let mut evicted = std::mem::take(&mut self.scratch.evicted);
-            self.free_slots(&picked, &hashes, &mut evicted);
+            self.free_slots(&picked, &mut hashes, &mut evicted);
             self.scratch.picked = picked;
             self.scratch.hashes = hashes;
             self.num_idle -= evicted.len() as u64;
@@ -1150,22 +1187,28 @@ impl CpuOffloadManager {
                 None => break, // unreachable: the free count was checked
             }
         }
-        for c in &to_store {
-            self.table.prefetch_hash(c.hash);
-        }
-        for (c, &id) in to_store.iter().zip(&ids) {
-            // Below MAX_SLOTS: checked by reserve_store.
-            let id = id as u32;
-            self.table.insert(id, c.key, c.hash);
-            match &mut self.policy {
-                Policy::Lru(l) => {
-                    let pos = st.position_at(c.ent);
-                    l.insert(&mut self.table.slots, id, pos, &mut st.lru_rank);
+        let mut next_id = ids.iter();
+        let policy = &mut self.policy;
+        pipelined(
+            &mut self.table,
+            &mut to_store,
+            |table, c| table.prefetch_hash(c.hash),
+            |_, _| {},
+            |table, c| {
+                // As many ids as keys (the free count was checked); below MAX_SLOTS.
+                let Some(&id) = next_id.next() else { return };
+                let id = id as u32;
+                table.insert(id, c.key, c.hash);
+                match policy {
+                    Policy::Lru(l) => {
+                        let pos = st.position_at(c.ent);
+                        l.insert(&mut table.slots, id, pos, &mut st.lru_rank);
+                    }
+                    Policy::Arc(a) => a.insert(&mut table.slots, id, c.hash),
                 }
-                Policy::Arc(a) => a.insert(&mut self.table.slots, id, c.hash),
-            }
-            st.infos[c.ent as usize].hint = id;
-        }
+                st.infos[c.ent as usize].hint = id;
+            },
+        );
         self.scratch.ids = ids;
         self.num_pending += n;
         self.num_stored_total += n;
