@@ -88,11 +88,17 @@ impl Arc {
         }
     }
 
-    /// The keys a request offered to store for the first time (with their hashes).
-    pub fn on_store_miss(&mut self, keys: &[(BlockHash, u64)]) {
-        for (k, h) in keys.iter().rev() {
-            self.ghost_hit(k, *h);
-        }
+    /// The keys a request offered to store for the first time (with their hashes),
+    /// last first (vLLM visits them in reverse); each ghost line fetched a few keys
+    /// ahead. (`keys` is the caller's buffer, mutable only for the pipeline.)
+    pub fn on_store_miss(&mut self, keys: &mut [(BlockHash, u64)]) {
+        pipelined(
+            self,
+            keys,
+            |arc, &(_, h)| arc.ghosts.prefetch(h),
+            |_, _| {},
+            |arc, (k, h)| arc.ghost_hit(k, *h),
+        );
     }
 
     fn promote(&mut self, slots: &mut [Slot], id: u32) {

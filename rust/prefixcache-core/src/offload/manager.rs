@@ -1055,12 +1055,6 @@ impl CpuOffloadManager {
     /// reused buffer, to be handed back), their chunk ids in `scratch.ids` and the keys
     /// evicted for them in `scratch.evicted`; None when eviction cannot free enough.
     fn store(&mut self, st: &mut RequestState, keys: &[CallKey]) -> Option<Vec<CallKey>> {
-        if let Policy::Arc(a) = &self.policy {
-            // The ghost lines of the absent keys (looked up on a store miss and insert).
-            for c in keys.iter().filter(|c| c.slot == NIL) {
-                a.prefetch(c.hash);
-            }
-        }
         let offers = self.count_offers(keys);
         // One pass: keys absent (store candidates passing the threshold) and keys ready;
         // a key still being stored is neither.
@@ -1089,16 +1083,18 @@ impl CpuOffloadManager {
             }
         }
         self.scratch.offers = offers;
+        // Last first, the order the policy visits them in.
         missed.extend(
             to_store
                 .iter()
+                .rev()
                 .filter(|c| st.flag(c.ent, STORE_MISSED))
                 .map(|c| (c.key, c.hash)),
         );
         // LRU's hook is a touch of absent keys: nothing moves.
         if !missed.is_empty() {
             if let Policy::Arc(a) = &mut self.policy {
-                a.on_store_miss(&missed);
+                a.on_store_miss(&mut missed);
             }
         }
         self.scratch.missed = missed;
@@ -1188,13 +1184,17 @@ impl CpuOffloadManager {
             }
         }
         let mut next_id = ids.iter();
-        let policy = &mut self.policy;
         pipelined(
-            &mut self.table,
+            &mut (&mut self.table, &mut self.policy),
             &mut to_store,
-            |table, c| table.prefetch_hash(c.hash),
+            |(table, policy), c| {
+                table.prefetch_hash(c.hash);
+                if let Policy::Arc(a) = policy {
+                    a.prefetch(c.hash); // its ghost entry, removed on insert
+                }
+            },
             |_, _| {},
-            |table, c| {
+            |(table, policy), c| {
                 // As many ids as keys (the free count was checked); below MAX_SLOTS.
                 let Some(&id) = next_id.next() else { return };
                 let id = id as u32;
