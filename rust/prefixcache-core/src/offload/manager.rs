@@ -289,7 +289,9 @@ struct Scratch {
     arc_picked: Vec<(u32, bool)>,
     /// `record`: (slot, position) of the keys whose LRU rank may rise.
     ranked: Vec<(u32, u64)>,
-    /// `on_request_finished` with ARC: the request's stored keys.
+    /// `on_request_finished`: the request's stored keys as (entry, slot), and with
+    /// ARC what the request did with each.
+    found: Vec<(u32, u32)>,
     finished: Vec<Finished>,
     /// `complete_store` of a range: (key, slot) of the stored keys.
     stored: Vec<(BlockHash, u32)>,
@@ -637,27 +639,28 @@ impl CpuOffloadManager {
             // A stable sort by position, as Python's sort.
             ordered.sort_by_key(|&e| st.infos[e as usize].position);
         }
+        // The stored keys' (entry, slot), their slots fetched a few keys ahead.
         let table = &self.table;
-        let slot_of = |e: u32| {
-            let i = &st.infos[e as usize];
-            table.find_hinted(&i.key, i.hint)
-        };
-        let fetch = |_: &(), &e: &u32| table.prefetch_slot(st.infos[e as usize].hint);
+        let mut found = std::mem::take(&mut self.scratch.found);
+        found.clear();
+        pipelined(
+            &mut (),
+            &mut ordered,
+            |_, &e| table.prefetch_slot(st.infos[e as usize].hint),
+            |_, _| {},
+            |_, &mut e| {
+                let i = &st.infos[e as usize];
+                if let Some(slot) = table.find_hinted(&i.key, i.hint) {
+                    found.push((e, slot));
+                }
+            },
+        );
         match &mut self.policy {
             Policy::Lru(l) => {
                 // The keys take fresh ranks last position first.
-                ordered.reverse();
                 let mut ids = std::mem::take(&mut self.scratch.picked);
                 ids.clear();
-                pipelined(
-                    &mut (),
-                    &mut ordered,
-                    fetch,
-                    |_, _| {},
-                    |_, &mut e| {
-                        ids.extend(slot_of(e));
-                    },
-                );
+                ids.extend(found.iter().rev().map(|&(_, slot)| slot));
                 l.fresh_in_order(&mut self.table.slots, &ids, st.lru_rank);
                 l.close(&mut self.table.slots, st.lru_rank);
                 self.scratch.picked = ids;
@@ -665,26 +668,19 @@ impl CpuOffloadManager {
             Policy::Arc(a) => {
                 let mut fin = std::mem::take(&mut self.scratch.finished);
                 fin.clear();
-                pipelined(
-                    &mut (),
-                    &mut ordered,
-                    fetch,
-                    |_, _| {},
-                    |_, &mut e| {
-                        if let Some(slot) = slot_of(e) {
-                            let f = st.infos[e as usize].flags;
-                            fin.push(Finished {
-                                slot,
-                                inserted_only: f & INSERTED != 0 && f & REUSED == 0,
-                                reused: f & REUSED != 0,
-                            });
-                        }
-                    },
-                );
+                fin.extend(found.iter().map(|&(e, slot)| {
+                    let f = st.infos[e as usize].flags;
+                    Finished {
+                        slot,
+                        inserted_only: f & INSERTED != 0 && f & REUSED == 0,
+                        reused: f & REUSED != 0,
+                    }
+                }));
                 a.on_finished(&mut self.table.slots, &fin);
                 self.scratch.finished = fin;
             }
         }
+        self.scratch.found = found;
         st.seen = ordered;
     }
 
