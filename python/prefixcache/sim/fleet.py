@@ -261,8 +261,7 @@ def fleet_replay(
     if events:
         path = _EventPath(pols[0], instances, hash_algo, event_delay, event_loss, seed)
     out_len = output_lengths(requests)
-    gen = np.zeros(n, dtype=np.int64)  # shared: a request runs on one instance at a time
-    insts = [sched.instance(p, records, out_len, gen=gen, progress=tick, check=check) for p in pols]
+    insts = [sched.instance(p, records, out_len, progress=tick, check=check) for p in pols]
     started = [0.0] * instances  # start of each instance's current iteration
 
     def collect() -> None:

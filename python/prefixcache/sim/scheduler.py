@@ -286,8 +286,8 @@ class TimeInstance:
     outside (it bounds a decode run as an arrival does, so an arrival that could be
     admitted is not kept waiting). ``load_tokens`` is the KV the queued and running
     requests need: prompt plus generated tokens (what a router's load estimate counts).
-    ``gen`` / ``out_len`` are per-request arrays (indexed like ``records``); instances of
-    one fleet may share them, since a request runs on one instance at a time.
+    ``out_len`` holds the requests' output lengths (indexed like ``records``); instances
+    of one fleet share it.
     """
 
     def __init__(
@@ -297,7 +297,6 @@ class TimeInstance:
         records: list[RequestRecord],
         out_len: npt.NDArray[np.int64],
         *,
-        gen: npt.NDArray[np.int64] | None = None,
         on_done: Callable[[int, float], None] | None = None,
         progress: Progress | None = None,
         check: bool = False,
@@ -317,12 +316,13 @@ class TimeInstance:
         self._order = 0
         self.admit_paused = False  # after a preemption, until a running request finishes
         self.load_tokens = 0
-        # Per running request nothing but array operations: `gen` and `out_len` are
-        # indexed by request, `run` lists the running ones in order.
+        # Per running request nothing but array operations, on arrays aligned with
+        # `running`: `_run` the request indices, `_gen` their tokens generated so far and
+        # `_left` those still to generate (kept up to date as requests join and leave).
         self.out_len = out_len
-        self.gen = np.zeros(len(out_len), dtype=np.int64) if gen is None else gen
         self._run = np.zeros(0, dtype=np.int64)
-        self._run_dirty = False
+        self._gen = np.zeros(0, dtype=np.int64)
+        self._left = np.zeros(0, dtype=np.int64)
         self._in_flight: dict[int, _Seq] = {}  # running requests by index
 
     # -- driver interface ----------------------------------------------------------
@@ -446,6 +446,7 @@ class TimeInstance:
         if not admitted:
             return False
         self.t += prefill_ms / 1000.0
+        joined: list[_Seq] = []
         for seq in admitted:
             rec = records[seq.index]
             if math.isnan(rec.first_token):
@@ -455,21 +456,23 @@ class TimeInstance:
                 self._complete(seq)
             else:
                 running.append(seq)
-                self.gen[seq.index] = seq.generated
                 self._in_flight[seq.index] = seq
-                self._run_dirty = True
+                joined.append(seq)
+        if joined:
+            idx = np.fromiter((s.index for s in joined), dtype=np.int64, count=len(joined))
+            gen = np.fromiter((s.generated for s in joined), dtype=np.int64, count=len(joined))
+            self._run = np.concatenate([self._run, idx])
+            self._gen = np.concatenate([self._gen, gen])
+            self._left = np.concatenate([self._left, self.out_len[idx] - gen])
         return True
 
     def _decode(self, next_arrival: float | None) -> None:
         """Advance every running request k steps (k up to the next event)."""
-        policy, records, gen, out_len = self.policy, self.records, self.gen, self.out_len
-        running = self.running
+        policy, records, running = self.policy, self.records, self.running
         step = self.cost.decode_step_ms / 1000.0
-        if self._run_dirty:
-            self._run = np.fromiter((s.index for s in running), dtype=np.int64, count=len(running))
-            self._run_dirty = False
-        run = self._run
-        k = int((out_len[run] - gen[run]).min())
+        run, gen, left = self._run, self._gen, self._left
+        k_done = int(left.min())  # the first finish
+        k = k_done
         # An arrival matters only if it could be admitted: nothing queued before it
         # (a queue blocked on KV stays blocked until a finish) and a free seat.
         if next_arrival is not None and not self.waiting and len(running) < self.max_running:
@@ -480,9 +483,9 @@ class TimeInstance:
             if not self.preemption:  # pragma: no cover - the output was reserved
                 raise AssertionError(f"{policy.name}: reserved KV ran out mid-decode")
             victim = running.pop()  # the newest running request
-            run = run[:-1]
-            self._run = run
-            victim.generated = int(gen[victim.index])
+            victim.generated = int(gen[-1])
+            run, gen, left = run[:-1], gen[:-1], left[:-1]
+            self._run, self._gen, self._left = run, gen, left
             policy.finish(victim.index, _EMPTY)
             del self._in_flight[victim.index]
             if not running:
@@ -494,28 +497,33 @@ class TimeInstance:
             self.admit_paused = True
             if self.check:
                 policy.check()
+            k_done = int(left.min())
+            k = min(k, k_done)
             g = policy.max_uniform_growth(run, k)
         k = min(k, g)
         # Each step feeds the last sampled token: its KV is computed.
-        evicted = policy.grow(run, k, gen[run] - 1, self._outputs)
+        evicted = policy.grow(run, k, gen - 1, self._outputs)
         if evicted is not None:
             for j in np.flatnonzero(evicted).tolist():
                 records[int(run[j])].evicted_tokens += int(evicted[j])
-        gen[run] += k
+        gen += k
+        left -= k
         self.load_tokens += k * len(running)
         self.t += k * step
-        done = gen[run] >= out_len[run]
-        if done.any():
-            still: list[_Seq] = []
-            for s, d in zip(running, done.tolist(), strict=True):
-                if d:
-                    s.generated = int(gen[s.index])
-                    self._complete(s)
-                    del self._in_flight[s.index]
-                else:
-                    still.append(s)
-            self.running = still
-            self._run_dirty = True
+        if k < k_done:
+            return  # nobody finished
+        done = left == 0
+        still: list[_Seq] = []
+        for s, d, n in zip(running, done.tolist(), gen.tolist(), strict=True):
+            if d:
+                s.generated = n
+                self._complete(s)
+                del self._in_flight[s.index]
+            else:
+                still.append(s)
+        self.running = still
+        keep = ~done
+        self._run, self._gen, self._left = run[keep], gen[keep], left[keep]
 
 
 def output_lengths(requests: Sequence[Request]) -> npt.NDArray[np.int64]:
@@ -544,7 +552,6 @@ class TimeScheduler:
         records: list[RequestRecord],
         out_len: npt.NDArray[np.int64],
         *,
-        gen: npt.NDArray[np.int64] | None = None,
         on_done: Callable[[int, float], None] | None = None,
         progress: Progress | None = None,
         check: bool = False,
@@ -552,7 +559,7 @@ class TimeScheduler:
         """A steppable instance of this model over ``policy`` (records indexed by request,
         ``out_len`` their output lengths)."""
         return TimeInstance(
-            self, policy, records, out_len, gen=gen, on_done=on_done, progress=progress, check=check
+            self, policy, records, out_len, on_done=on_done, progress=progress, check=check
         )
 
     def run(
