@@ -177,9 +177,24 @@ def decode_extend(m: Impl, outs: list[np.ndarray]) -> None:
     assert m.num_evicted_blocks > 0
 
 
-@pytest.mark.parametrize("how", ["pairs", "extend"])
+def decode_queued(m: Impl, outs: list[np.ndarray]) -> None:
+    """The same steps from the requests' queued outputs: ``queue_tokens`` once per
+    request, then one ``KVCacheManager.decode_steps`` call per step (no tokens passed)."""
+    for i, o in enumerate(outs):
+        m.queue_tokens(i, o)
+    ids = np.arange(DECODE_REQUESTS, dtype=np.int64)
+    for _ in range(DECODE_STEPS):
+        got, _ = m.decode_steps(ids, BLOCK)
+        assert len(got) == DECODE_REQUESTS
+    assert m.num_evicted_blocks > 0
+
+
+DECODE_RUNS = {"pairs": decode_pairs, "extend": decode_extend, "queued": decode_queued}
+
+
+@pytest.mark.parametrize("how", list(DECODE_RUNS))
 def test_decode_steps(benchmark: Any, how: str) -> None:
-    run = decode_pairs if how == "pairs" else decode_extend
+    run = DECODE_RUNS[how]
     benchmark.pedantic(run, setup=lambda: (decode_manager(), {}), rounds=5, iterations=1)
 
 

@@ -174,7 +174,9 @@ def test_manager_random_streams(
     for _ in range(data.draw(st.integers(1, 25))):
         live = sorted(known)
         ops = ["admit", "add"] + (
-            ["step", "decode", "extend", "free", "preempt", "finish"] if live else []
+            ["step", "decode", "extend", "free", "preempt", "finish", "queue", "steps", "fit"]
+            if live
+            else []
         )
         op = data.draw(st.sampled_from([*ops, "reset", "evict"]))
         if op in ("admit", "add"):
@@ -218,6 +220,25 @@ def test_manager_random_streams(
             ns = [data.draw(st.integers(0, block_size + 1)) for _ in rids]
             toks = data.draw(st.lists(st.integers(0, 50), min_size=sum(ns), max_size=sum(ns)))
             both(core, r, "extend", rids, toks, ns)
+        elif op == "queue":
+            rid = data.draw(st.sampled_from(live))
+            toks = data.draw(st.lists(st.integers(0, 50), max_size=2 * block_size + 2))
+            both(core, r, "queue_tokens", rid, toks)
+            assert core.num_queued_tokens(rid) == r.num_queued_tokens(rid)
+        elif op == "steps":
+            # Decode steps from the queued tokens (too few queued, a repeated id, a request
+            # without slots or k = 0 are errors; a request the pool cannot take ends it).
+            unique = data.draw(st.sampled_from([True, True, True, False]))
+            rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=3, unique=unique))
+            for i in rids:
+                more = data.draw(st.lists(st.integers(0, 50), max_size=block_size + 1))
+                both(core, r, "queue_tokens", i, more)
+            most = min(r.num_queued_tokens(i) for i in rids)
+            k = data.draw(st.one_of(st.integers(1, max(1, most)), st.integers(0, most + 1)))
+            both(core, r, "decode_steps", rids, k)
+        elif op == "fit":
+            rids = data.draw(st.lists(st.sampled_from(live), max_size=3, unique=True))
+            both(core, r, "max_decode_steps", rids, data.draw(st.integers(0, 3 * block_size)))
         elif op == "free":
             rid = data.draw(st.sampled_from(live))
             both(core, r, "free", rid)

@@ -121,6 +121,10 @@ def test_manager_errors(mgr: Any) -> None:
         ("block_ids", (9,)),
         ("num_tokens", (9,)),
         ("finish", (9, [1])),
+        ("queue_tokens", (9, [1])),
+        ("num_queued_tokens", (9,)),
+        ("decode_steps", ([9], 1)),
+        ("max_decode_steps", ([1, 9], 1)),
     ]:
         unchanged(mgr, UnknownRequestError, lambda m=method, a=args: getattr(mgr, m)(*a))
     unchanged(mgr, InvalidInputError, lambda: mgr.add_request(1, [1, 2]))  # known id
@@ -131,6 +135,13 @@ def test_manager_errors(mgr: Any) -> None:
     unchanged(mgr, InvalidInputError, lambda: mgr.allocate_slots(3, 2, 4, [1, 2]))  # 8 != 4
     unchanged(mgr, InvalidInputError, lambda: mgr.allocate_slots(3, 2, 4, [99]))
     unchanged(mgr, InvalidInputError, lambda: mgr.evict_blocks([8]))
+    # Decode steps: too few queued tokens, a repeated id, a request without slots.
+    mgr.queue_tokens(1, [7, 8])
+    unchanged(mgr, InvalidInputError, lambda: mgr.decode_steps([1], 3))
+    unchanged(mgr, InvalidInputError, lambda: mgr.decode_steps([1, 1], 1))
+    mgr.queue_tokens(3, [7])
+    unchanged(mgr, InvalidInputError, lambda: mgr.decode_steps([1, 3], 1))
+    assert mgr.num_queued_tokens(1) == 2 and mgr.num_tokens(1) == 10
     assert mgr.admit(4, list(range(100, 140))) is None  # pool too small: forgotten again
     assert 4 not in mgr
     assert not mgr.reset_prefix_cache()
@@ -158,3 +169,12 @@ def test_core_manager_argument_errors() -> None:
     unchanged(m, InvalidInputError, lambda: m.allocate_slots(1, 1, 0, None, -1))
     unchanged(m, UnsupportedHashInputError, lambda: m.add_request(5, [1] * 4, [{1: 2}]))
     assert m.num_tokens(1) == 9
+    m.allocate_slots(1, 9)
+    m.queue_tokens(1, [5, 6])
+    unchanged(m, InvalidInputError, lambda: m.decode_steps([1], 0))
+    unchanged(m, InvalidTypeError, lambda: m.decode_steps([1], 1.0))
+    unchanged(m, InvalidInputError, lambda: m.decode_steps([-1], 1))
+    unchanged(m, InvalidTypeError, lambda: m.max_decode_steps([1], "2"))
+    unchanged(m, InvalidInputError, lambda: m.max_decode_steps([1], -1))
+    unchanged(m, InvalidInputError, lambda: m.queue_tokens(1, [1, -2]))
+    assert m.num_queued_tokens(1) == 2

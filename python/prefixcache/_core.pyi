@@ -800,6 +800,25 @@ class KVCacheManager:
         request the pool cannot take (which changes nothing). (blocks each applied item
         evicted, as an int64 array as long as the items applied; the most cached blocks
         before the first item or after any applied one)."""
+    def queue_tokens(self, request_id: int, tokens: _Tokens) -> None:
+        """Queues tokens the request appends over its next decode steps
+        (``decode_steps``), after any already queued: a simulator that knows a request's
+        output hands it over once. The queue lives as long as the request."""
+    def num_queued_tokens(self, request_id: int) -> int:
+        """The request's queued tokens not yet fed by ``decode_steps``."""
+    def decode_steps(self, request_ids: _Ids, num_steps: int) -> tuple[_I64Array, int]:
+        """``num_steps`` decode steps of each request, in order: its next ``num_steps``
+        queued tokens appended and computed, as ``extend`` does with them. Stops at the
+        first request the pool cannot take, which changes nothing (its tokens stay
+        queued). Returns (blocks each applied request evicted, int64 array; the most
+        blocks the prefix cache held before the first or after any applied request).
+        ``InvalidInputError`` (nothing changed) for ``num_steps < 1``, an id given twice,
+        a request without slots or with fewer queued tokens than ``num_steps``."""
+    def max_decode_steps(self, request_ids: _Ids, max_steps: int) -> int:
+        """The most decode steps (at most ``max_steps``) every request can take together
+        with the pool's free blocks: the largest ``k`` for which the new blocks they need
+        to hold ``k`` more tokens each fit. Exact for full attention; a lower bound with a
+        sliding window, which releases blocks as it moves."""
     def block_ids(self, request_id: int) -> _I64Array:
         """The request's blocks."""
     def num_tokens(self, request_id: int) -> int:

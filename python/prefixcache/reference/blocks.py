@@ -330,6 +330,8 @@ class _Request:
     admitted: bool = False
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    queued: list[int] = field(default_factory=list)  # tokens for decode_steps
+    queued_fed: int = 0  # how many of them were fed
 
     def keys(self, i: int) -> ExtraKeys:
         return self.extra_keys[i] if i < len(self.extra_keys) else self.default_extra_keys
@@ -718,6 +720,57 @@ class KVCacheManager:
             evicted.append(self.num_evicted_blocks - before)
             peak = max(peak, self.num_cached_blocks)
         return evicted, peak
+
+    def queue_tokens(self, request_id: int, tokens: Sequence[int]) -> None:
+        self._req(request_id).queued.extend(int(t) for t in tokens)
+
+    def num_queued_tokens(self, request_id: int) -> int:
+        req = self._req(request_id)
+        return len(req.queued) - req.queued_fed
+
+    def decode_steps(self, request_ids: Sequence[int], num_steps: int) -> tuple[list[int], int]:
+        ids = [int(i) for i in request_ids]
+        k = int(num_steps)
+        if k < 1:
+            raise InvalidInputError(f"num_steps must be >= 1, got {k}")
+        seen: set[int] = set()
+        for i in ids:
+            req = self._req(i)
+            if not req.admitted:
+                raise InvalidInputError(f"request {i} holds no slots: admit or allocate it first")
+            if len(req.queued) - req.queued_fed < k:
+                raise InvalidInputError(f"request {i} has fewer queued tokens than {k} steps")
+            if i in seen:
+                raise InvalidInputError(f"request {i} is given twice")
+            seen.add(i)
+        evicted: list[int] = []
+        peak = self.num_cached_blocks
+        for i in ids:
+            req = self.requests[i]
+            at = req.queued_fed
+            got, _ = self.extend([i], req.queued[at : at + k], [k])
+            if not got:
+                break
+            req.queued_fed += k
+            evicted.append(got[0])
+            peak = max(peak, self.num_cached_blocks)
+        return evicted, peak
+
+    def max_decode_steps(self, request_ids: Sequence[int], max_steps: int) -> int:
+        reqs = [self._req(int(i)) for i in request_ids]
+        bs, free = self.block_size, self.num_free_blocks
+
+        def needed(k: int) -> int:
+            return sum(max(0, _cdiv(len(r.tokens) + k, bs) - len(r.blocks)) for r in reqs)
+
+        if not reqs:
+            return int(max_steps)
+        best = 0
+        for k in range(int(max_steps) + 1):
+            if needed(k) > free:
+                break
+            best = k
+        return best
 
     def finish(self, request_id: int, output_tokens: Sequence[int] | None = None) -> bool:
         self._req(request_id)

@@ -1802,6 +1802,8 @@ named! {
     num_chunks: usize = size_arg;
     start: usize = size_arg;
     stop: usize = size_arg;
+    num_steps: usize = positive_named;
+    max_steps: usize = size_arg;
     tokens_per_key: usize = positive_named;
     max_tracker_size: usize = positive_named;
     store_threshold: u32 = positive_u32;

@@ -356,6 +356,64 @@ impl PyKVCacheManager {
         Ok(ids_array(py, &ids))
     }
 
+    /// Queue tokens that the request appends over its next decode steps (decode_steps).
+    fn queue_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let t = tokens.as_slice();
+        self.inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
+                m.queue_tokens(request_id, t)
+            })?
+            .py_err()
+    }
+
+    fn num_queued_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let request_id = rid(request_id)?;
+        self.inner
+            .with(py, |m| m.num_queued_tokens(request_id))?
+            .py_err()
+    }
+
+    /// num_steps decode steps of each request, in order: its next queued tokens appended
+    /// and computed. (blocks each applied request evicted, int64 array; the most cached
+    /// blocks before the first or after any applied request).
+    fn decode_steps<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::num_steps)] num_steps: usize,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
+        let ids = convert::u64_list(request_ids, "request_ids")?;
+        let (evicted, peak) = self
+            .inner
+            .with(py, |m| m.decode_steps(&ids, num_steps))?
+            .py_err()?;
+        let evicted = evicted
+            .into_iter()
+            .map(|e| i64::try_from(e).unwrap_or(i64::MAX))
+            .collect();
+        Ok((convert::i64_array(py, evicted), peak))
+    }
+
+    /// The most decode steps (<= max_steps) every request can take with the free blocks.
+    fn max_decode_steps(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::max_steps)] max_steps: usize,
+    ) -> PyResult<usize> {
+        let ids = convert::u64_list(request_ids, "request_ids")?;
+        self.inner
+            .with(py, |m| m.max_decode_steps(&ids, max_steps))?
+            .py_err()
+    }
+
     fn num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let request_id = rid(request_id)?;
         self.inner.with(py, |m| m.num_tokens(request_id))?.py_err()

@@ -13,11 +13,12 @@ from prefixcache.sim.policies.base import (
     OutputsOf,
     PolicyStats,
     grow_slots,
-    max_block_growth,
 )
 from prefixcache.sim.requests import RequestId, TokenArray
 
 __all__ = ["BlocksPolicy", "blocks_available", "parse_offload"]
+
+_NO_LIMIT = 1 << 62  # max_uniform_growth without a limit: the pool is the only bound
 
 
 def parse_offload(offload: str | None) -> tuple[str, int]:
@@ -140,14 +141,10 @@ class BlocksPolicy:
             enable_caching=True,
             enable_kv_cache_events=self._use_events or publish_events,
         )
-        # Per request (indexed by id): tokens of KV allocated, tokens known (decode
-        # tokens not yet handed to the manager included), those pending tokens and where
-        # they start in the output.
-        self._have = np.zeros(0, dtype=np.int64)
-        self._known = np.zeros(0, dtype=np.int64)
-        self._pend = np.zeros(0, dtype=np.int64)
-        self._pend_lo = np.zeros(0, dtype=np.int64)
-        self._outputs: OutputsOf | None = None
+        # Per request (indexed by id): the tokens of KV taken at admission (prompt +
+        # reserve), and 1 once its output is queued in the manager for its decode steps.
+        self._reserved = np.zeros(0, dtype=np.int64)
+        self._queued = np.zeros(0, dtype=np.int64)
         self._running: set[int] = set()  # admitted, not finished (their blocks: block_ids)
         self._num_cached = 0  # blocks holding a hash
         self._evicted_blocks = 0
@@ -177,7 +174,7 @@ class BlocksPolicy:
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
-        return grow_slots(self, rid, ("_have", "_known", "_pend", "_pend_lo"))
+        return grow_slots(self, rid, ("_reserved", "_queued"))
 
     def _after_call(self) -> int:
         """Account for the manager call just made: evictions, cached blocks and their
@@ -216,13 +213,6 @@ class BlocksPolicy:
             self._peak_cached = self._num_cached
         return removed
 
-    def _note_cached(self) -> None:
-        """Sample the cached blocks for their peak (counter mode)."""
-        n = int(self.mgr.num_cached_blocks)
-        self._num_cached = n
-        if n > self._peak_cached:
-            self._peak_cached = n
-
     def _note_used(self) -> None:
         used = (self.usable_blocks - int(self.mgr.num_free_blocks)) * self.block_size
         if used > self._peak_used:
@@ -246,9 +236,8 @@ class BlocksPolicy:
             return None
         hit = int(got[0])
         self._running.add(i)
-        self._have[i] = len(prompt) + reserve
-        self._known[i] = len(prompt)
-        self._pend[i] = 0
+        self._reserved[i] = len(prompt) + reserve
+        self._queued[i] = 0
         self._note_used()
         if self.tier is not None:
             hit += self._tier_admit(i, len(prompt), hit)
@@ -331,86 +320,49 @@ class BlocksPolicy:
         fed_from: IndexArray,
         outputs: OutputsOf,
     ) -> IndexArray | None:
-        self._outputs = outputs
-        bs = self.block_size
-        have, known, pend = self._have[rids], self._known[rids], self._pend[rids]
-        new_known = known + k
-        # Hand over to the manager only what needs a new block or fills one.
-        flush = (-(-new_known // bs) > -(-have // bs)) | (new_known // bs > (known - pend) // bs)
-        first = pend == 0
-        self._pend_lo[rids[first]] = fed_from[first]
-        self._pend[rids] = pend + k
-        self._known[rids] = new_known
-        self._have[rids] = np.maximum(have, new_known)
-        evicted = None
-        at = np.flatnonzero(flush)
-        if len(at):
-            who = rids[at]
-            lo_all, n_all = self._pend_lo[who], self._pend[who]
-            self._pend[who] = 0
-            if self._use_events:
-                evicted = self._hand_over_events(rids, at, who, lo_all, n_all, outputs, k)
-            else:
-                # One call for every hand-over of the step (KVCacheManager.extend): the
-                # per-request evictions and the peak of cached blocks come back with it.
-                pieces = [
-                    outputs(i)[lo : lo + n]
-                    for i, lo, n in zip(who.tolist(), lo_all.tolist(), n_all.tolist(), strict=True)
-                ]
-                toks = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-                ev, peak = self.mgr.extend(who, toks, n_all)
-                if len(ev) < len(who):
-                    raise AssertionError(f"{self.name}: growth of {k} promised but refused")
-                ev = np.asarray(ev, dtype=np.int64)
-                if ev.any():
-                    evicted = np.zeros(len(rids), dtype=np.int64)
-                    evicted[at] = ev * bs
-                self._evicted_blocks = int(self.mgr.num_evicted_blocks)
-                if peak > self._peak_cached:
-                    self._peak_cached = int(peak)
-                self._note_cached()
+        mgr = self.mgr
+        # A request's output is queued in the manager at its first decode stretch; each
+        # stretch then feeds the next k tokens of every request in one call.
+        fresh = np.flatnonzero(self._queued[rids] == 0)
+        if len(fresh):
+            for j in fresh.tolist():
+                i = int(rids[j])
+                mgr.queue_tokens(i, outputs(i)[int(fed_from[j]) :])
+            self._queued[rids[fresh]] = 1
+        if self._use_events:
+            evicted = self._decode_counting_events(rids, k)
+        else:
+            ev, peak = mgr.decode_steps(rids, k)
+            if len(ev) < len(rids):
+                raise AssertionError(f"{self.name}: growth of {k} promised but refused")
+            ev = np.asarray(ev, dtype=np.int64)
+            evicted = None
+            if ev.any():
+                evicted = ev * self.block_size
+                self._evicted_blocks = int(mgr.num_evicted_blocks)
+            if peak > self._peak_cached:
+                self._peak_cached = int(peak)
         self._note_used()
         return evicted
 
-    def _hand_over_events(
-        self,
-        rids: IndexArray,
-        at: IndexArray,
-        who: IndexArray,
-        lo_all: IndexArray,
-        n_all: IndexArray,
-        outputs: OutputsOf,
-        k: int,
-    ) -> IndexArray | None:
-        """``grow``'s hand-overs one call pair at a time, counting each one's events
+    def _decode_counting_events(self, rids: IndexArray, k: int) -> IndexArray | None:
+        """``grow``'s decode steps one request at a time, counting each one's events
         (``count_evictions="events"``). Returns the evicted tokens per running request."""
         evicted = None
-        mgr, bs = self.mgr, self.block_size
-        for j, i, lo, n in zip(
-            at.tolist(), who.tolist(), lo_all.tolist(), n_all.tolist(), strict=True
-        ):
-            mgr.append_tokens(i, outputs(i)[lo : lo + n])
-            if mgr.allocate_slots(i, n) is None:
+        for j, i in enumerate(rids.tolist()):
+            if len(self.mgr.decode_steps([i], k)[0]) < 1:
                 raise AssertionError(f"{self.name}: growth of {k} promised but refused")
             ev = self._after_call()
             if ev:
                 if evicted is None:
                     evicted = np.zeros(len(rids), dtype=np.int64)
-                evicted[j] = ev * bs
+                evicted[j] = ev * self.block_size
         return evicted
 
     def finish(self, rid: RequestId, tail: TokenArray) -> None:
         i = int(rid)
-        known = int(self._known[i])
-        if known + len(tail) > int(self._have[i]):
+        if len(tail) and int(self.mgr.num_tokens(i)) + len(tail) > int(self._reserved[i]):
             raise InvalidInputError(f"request {rid!r}: {len(tail)} more tokens exceed its KV")
-        n = int(self._pend[i])
-        if n:
-            if self._outputs is None:  # pragma: no cover - grow always sets it
-                raise AssertionError("decode tokens without their outputs")
-            lo = int(self._pend_lo[i])
-            pending = self._outputs(i)[lo : lo + n]
-            tail = np.concatenate([pending, tail]) if len(tail) else pending
         ok = self.mgr.finish(i, tail if len(tail) else None)
         self._after_call()
         if self.tier is not None:
@@ -420,7 +372,7 @@ class BlocksPolicy:
             self.tier.on_request_finished(i)
         if not ok:  # pragma: no cover - the slots were reserved
             raise AssertionError(f"{self.name}: the pool could not take reserved output")
-        self._have[i] = self._known[i] = self._pend[i] = 0
+        self._reserved[i] = self._queued[i] = 0
         self._running.discard(i)
 
     def max_uniform_growth(
@@ -430,9 +382,7 @@ class BlocksPolicy:
     ) -> int:
         if not len(rids):
             return 0
-        idx = np.asarray(rids, dtype=np.int64)
-        have, known = self._have[idx], self._known[idx]
-        return max_block_growth(have, known, self.block_size, int(self.mgr.num_free_blocks), limit)
+        return int(self.mgr.max_decode_steps(rids, _NO_LIMIT if limit is None else limit))
 
     def evicted_tokens(self) -> int:
         return self._evicted_blocks * self.block_size
@@ -440,6 +390,8 @@ class BlocksPolicy:
     def stats(self) -> PolicyStats:
         ev = self._evicted_blocks
         bs = self.block_size
+        if not self._use_events:  # decode steps cache blocks without a read of the count
+            self._num_cached = int(self.mgr.num_cached_blocks)
         return PolicyStats(
             self.name,
             self.capacity,

@@ -17,7 +17,7 @@
 //! vLLM's scheduler updates) advances inside [`KVCacheManager::allocate_slots`] by the hit
 //! plus the scheduled tokens, capped at the request's token count.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{Error, Result};
 use crate::events::KvEvent;
@@ -88,6 +88,10 @@ struct Request {
     admitted: bool,
     num_computed_tokens: usize,
     num_preemptions: u32,
+    /// Tokens queued for [`KVCacheManager::decode_steps`] (`queue_tokens`), and how many
+    /// of them were fed already.
+    queued: Vec<u32>,
+    queued_fed: usize,
 }
 
 impl Request {
@@ -281,6 +285,8 @@ impl KVCacheManager {
             admitted: false,
             num_computed_tokens: 0,
             num_preemptions: 0,
+            queued: Vec::new(),
+            queued_fed: 0,
         }
     }
 
@@ -740,25 +746,158 @@ impl KVCacheManager {
         let mut at = 0;
         for &(id, n) in items {
             let before = self.pool.num_evicted_blocks();
-            let (n_tokens, n_hashes) = {
-                let r = self.req(id)?;
-                (r.tokens.len(), r.block_hashes.len())
-            };
-            self.append_tokens(id, &tokens[at..at + n])?;
+            let taken = self.extend_one(id, &tokens[at..at + n])?;
             at += n;
-            let got = self.allocate_slots(id, n, 0, &[], 0);
-            if !matches!(got, Ok(Some(_))) {
-                if let Some(r) = self.requests.get_mut(&id) {
-                    r.tokens.truncate(n_tokens);
-                    r.block_hashes.truncate(n_hashes);
-                }
-                got?;
+            if !taken {
                 break;
             }
             evicted.push(self.pool.num_evicted_blocks() - before);
             peak = peak.max(self.pool.num_cached_blocks());
         }
         Ok((evicted, peak))
+    }
+
+    /// `append_tokens(id, tokens)` + `allocate_slots(id, tokens.len())`; false (and the
+    /// tokens not appended) when the pool cannot take them.
+    fn extend_one(&mut self, id: RequestId, tokens: &[u32]) -> Result<bool> {
+        let (n_tokens, n_hashes) = {
+            let r = self.req(id)?;
+            (r.tokens.len(), r.block_hashes.len())
+        };
+        self.append_tokens(id, tokens)?;
+        let got = self.allocate_slots(id, tokens.len(), 0, &[], 0);
+        if !matches!(got, Ok(Some(_))) {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.tokens.truncate(n_tokens);
+                r.block_hashes.truncate(n_hashes);
+            }
+            got?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Queues tokens that request `id` will append over its next decode steps
+    /// ([`decode_steps`](Self::decode_steps)): a simulator that knows a request's output
+    /// hands it over once instead of a few tokens per step. They join the end of the
+    /// request's queue, which lives as long as the request.
+    pub fn queue_tokens(&mut self, id: RequestId, tokens: &[u32]) -> Result<()> {
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+        req.queued
+            .try_reserve(tokens.len())
+            .map_err(|e| Error::out_of_memory("the queued tokens", e))?;
+        req.queued.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// Tokens queued for request `id` and not fed yet.
+    pub fn num_queued_tokens(&self, id: RequestId) -> Result<usize> {
+        let r = self.req(id)?;
+        Ok(r.queued.len() - r.queued_fed)
+    }
+
+    /// `k` decode steps of each request of `ids`, in order: each appends its next `k`
+    /// queued tokens and computes them, as [`extend`](Self::extend) does with those
+    /// tokens (`append_tokens` + `allocate_slots(id, k)`). Stops at the first request the
+    /// pool cannot take, which changes nothing (its tokens stay queued). Returns the
+    /// blocks each applied request evicted (one entry per request applied) and the most
+    /// blocks the prefix cache held before the first or after any applied request.
+    ///
+    /// Checked before anything changes: `k >= 1`, no id twice, and every id is a running
+    /// request with at least `k` queued tokens.
+    pub fn decode_steps(&mut self, ids: &[RequestId], k: usize) -> Result<(Vec<u64>, usize)> {
+        if k == 0 {
+            return Err(Error::InvalidArgument(
+                "decode_steps takes k >= 1 steps, got 0".into(),
+            ));
+        }
+        let mut seen: FxHashSet<RequestId> = FxHashSet::default();
+        seen.try_reserve(ids.len())
+            .map_err(|e| Error::out_of_memory("the request ids", e))?;
+        for &id in ids {
+            let r = self.req(id)?;
+            if !r.admitted {
+                return Err(Error::InvalidArgument(format!(
+                    "request {id} holds no slots: admit or allocate it first"
+                )));
+            }
+            let left = r.queued.len() - r.queued_fed;
+            if left < k {
+                return Err(Error::InvalidArgument(format!(
+                    "request {id} has {left} queued tokens, fewer than the {k} steps"
+                )));
+            }
+            if !seen.insert(id) {
+                return Err(Error::InvalidArgument(format!(
+                    "request {id} is given twice"
+                )));
+            }
+        }
+        let mut evicted = Vec::new();
+        evicted
+            .try_reserve(ids.len())
+            .map_err(|e| Error::out_of_memory("the eviction counts", e))?;
+        let mut peak = self.pool.num_cached_blocks();
+        for &id in ids {
+            let before = self.pool.num_evicted_blocks();
+            // The queue leaves the request while its tokens are appended to it.
+            let (queue, at) = {
+                let r = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+                (std::mem::take(&mut r.queued), r.queued_fed)
+            };
+            let taken = self.extend_one(id, &queue[at..at + k]);
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.queued = queue;
+                if matches!(taken, Ok(true)) {
+                    r.queued_fed += k;
+                }
+            }
+            if !taken? {
+                break;
+            }
+            evicted.push(self.pool.num_evicted_blocks() - before);
+            peak = peak.max(self.pool.num_cached_blocks());
+        }
+        Ok((evicted, peak))
+    }
+
+    /// The most decode steps (at most `limit`) that every request of `ids` can take
+    /// together with the blocks the pool can still hand out: the largest `k <= limit`
+    /// for which the new blocks the requests need to hold `k` more tokens each fit in
+    /// [`BlockPool::num_free_blocks`]. Full attention counts exactly; a sliding window
+    /// releases blocks as it moves, so there the answer is a lower bound.
+    pub fn max_decode_steps(&self, ids: &[RequestId], limit: usize) -> Result<usize> {
+        let bs = self.block_size;
+        let mut held = Vec::new();
+        held.try_reserve(ids.len())
+            .map_err(|e| Error::out_of_memory("the request ids", e))?;
+        for &id in ids {
+            let r = self.req(id)?;
+            held.push((r.tokens.len(), r.blocks.len()));
+        }
+        let free = self.pool.num_free_blocks();
+        let needed = |k: usize| -> usize {
+            held.iter()
+                .map(|&(n, b)| n.saturating_add(k).div_ceil(bs).saturating_sub(b))
+                .fold(0usize, usize::saturating_add)
+        };
+        if needed(limit) <= free {
+            return Ok(limit);
+        }
+        // needed(lo) <= free < needed(hi); needed is non-decreasing in k.
+        let (mut lo, mut hi) = (0usize, limit);
+        if needed(0) > free {
+            return Ok(0);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if needed(mid) <= free {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
     }
 
     /// The pool's invariants plus: every request's blocks are referenced.
@@ -1004,6 +1143,84 @@ mod tests {
         assert!(b.extend(&[(1, 2)], &[5]).is_err());
         assert_eq!(b.num_tokens(1).unwrap(), a.num_tokens(1).unwrap() + 1);
         assert_eq!(b.pool().free_block_ids(), ids);
+    }
+
+    #[test]
+    fn decode_steps_equal_extend_with_the_queued_tokens() {
+        let (mut a, mut b) = (mgr(12, 4, None), mgr(12, 4, None));
+        for m in [&mut a, &mut b] {
+            m.admit(1, &toks(0..6), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            m.admit(2, &toks(100..103), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            m.free(2).unwrap(); // cached blocks to evict later
+            m.admit(3, &toks(200..205), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+        }
+        b.queue_tokens(1, &toks(1000..1004)).unwrap();
+        b.queue_tokens(1, &toks(1004..1010)).unwrap(); // joins the end of the queue
+        b.queue_tokens(3, &toks(2000..2010)).unwrap();
+        assert_eq!(b.num_queued_tokens(1).unwrap(), 10);
+        for (k, from) in [(3usize, 0u32), (2, 3), (4, 5)] {
+            let t: Vec<u32> = toks(1000 + from..1000 + from + k as u32)
+                .into_iter()
+                .chain(toks(2000 + from..2000 + from + k as u32))
+                .collect();
+            let want = a.extend(&[(1, k), (3, k)], &t).unwrap();
+            assert_eq!(b.decode_steps(&[1, 3], k).unwrap(), want);
+            assert_eq!(b.block_ids(1).unwrap(), a.block_ids(1).unwrap());
+            assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
+            assert_eq!(b.pool().free_block_ids(), a.pool().free_block_ids());
+            assert_eq!(b.pool().num_evicted_blocks(), a.pool().num_evicted_blocks());
+        }
+        assert_eq!(b.num_queued_tokens(1).unwrap(), 1);
+        b.check_invariants().unwrap();
+        // Bad calls change nothing: too few queued tokens, an unknown or repeated id,
+        // zero steps.
+        let ids = b.pool().free_block_ids();
+        assert!(b.decode_steps(&[1, 3], 2).is_err());
+        assert!(b.decode_steps(&[3, 9], 1).is_err());
+        assert!(b.decode_steps(&[3, 3], 1).is_err());
+        assert!(b.decode_steps(&[3], 0).is_err());
+        assert_eq!(b.num_tokens(3).unwrap(), a.num_tokens(3).unwrap());
+        assert_eq!(b.num_queued_tokens(3).unwrap(), 1);
+        assert_eq!(b.pool().free_block_ids(), ids);
+    }
+
+    #[test]
+    fn decode_steps_stop_where_the_pool_is_short_and_max_decode_steps_says_where() {
+        let mut m = mgr(6, 4, None);
+        m.admit(1, &toks(0..4), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        m.admit(2, &toks(50..53), RequestOptions::default(), 0)
+            .unwrap()
+            .unwrap();
+        m.queue_tokens(1, &toks(100..140)).unwrap();
+        m.queue_tokens(2, &toks(200..240)).unwrap();
+        // 5 usable blocks, 2 taken: 3 free. Request 1 holds 4 tokens in 1 block,
+        // request 2 holds 3 in 1.
+        let needed = |k: usize| (4 + k).div_ceil(4) - 1 + (3 + k).div_ceil(4) - 1;
+        let free = m.pool().num_free_blocks();
+        let best = (0..=40).filter(|&k| needed(k) <= free).max().unwrap();
+        assert_eq!(m.max_decode_steps(&[1, 2], 40).unwrap(), best);
+        assert_eq!(m.max_decode_steps(&[1, 2], 2).unwrap(), 2);
+        assert_eq!(m.max_decode_steps(&[], 7).unwrap(), 7);
+        assert!(m.max_decode_steps(&[1, 9], 7).is_err());
+        let (ev, _) = m.decode_steps(&[1, 2], best).unwrap();
+        assert_eq!(ev.len(), 2);
+        assert_eq!(m.max_decode_steps(&[1, 2], 40).unwrap(), 0);
+        // Past that the pool is short: the call stops at the first request it cannot
+        // take, and request 2 keeps its tokens queued.
+        let before = m.num_tokens(2).unwrap();
+        let (ev, _) = m.decode_steps(&[1, 2], 4).unwrap();
+        assert!(ev.len() < 2);
+        assert_eq!(m.num_tokens(2).unwrap(), before);
+        assert_eq!(m.num_queued_tokens(2).unwrap(), 40 - best);
+        m.check_invariants().unwrap();
     }
 
     #[test]
