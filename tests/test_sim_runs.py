@@ -257,3 +257,51 @@ def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0], err
     assert "Traceback" not in err and not js.exists()
+
+
+def test_json_output_is_the_standard_encoding_with_a_record_per_line(tmp_path: Path) -> None:
+    """``write_json`` gives what ``json.dumps(indent=2)`` of the cleaned data parses to
+    (NaN as null, numpy scalars as numbers), with each object of a list on one line."""
+    import math
+
+    import numpy as np
+
+    from prefixcache.sim.report import write_json
+    from prefixcache.sim.requests import RequestRecord
+
+    rec = RequestRecord(id=3, session="s1", turn=2, prompt_tokens=10, output_tokens=4)
+    rec.hit_tokens = 8
+    data: dict[Any, Any] = {
+        "command": "replay",
+        "summaries": [{"policy": "radix", "hit_rate": np.float64(0.5), "n": np.int64(7)}],
+        "records": {"radix": [rec.to_dict(), rec.to_dict(host_tier=True)]},
+        "grid": [[1, 2], [3]],
+        "empty": {},
+        "nan": math.nan,
+        4: (1, 2),
+    }
+    path = tmp_path / "out.json"
+    write_json(path, data)
+    got = json.loads(path.read_text())
+    assert got == {
+        "command": "replay",
+        "summaries": [{"policy": "radix", "hit_rate": 0.5, "n": 7}],
+        "records": {
+            "radix": [
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+                for d in (rec.to_dict(), rec.to_dict(host_tier=True))
+            ]
+        },
+        "grid": [[1, 2], [3]],
+        "empty": {},
+        "nan": None,
+        "4": [1, 2],
+    }
+    assert list(got["records"]["radix"][0]) == [
+        "id", "session", "turn", "prompt_tokens", "output_tokens", "hit_tokens",
+        "evicted_tokens", "rejected", "arrival", "first_token", "finished", "ttft",
+        "preemptions", "recompute_hit_tokens", "recomputed_tokens",
+    ]  # fmt: skip
+    assert "load_time" in got["records"]["radix"][1]
+    lines = path.read_text().splitlines()
+    assert sum(line.strip().startswith('{"id": 3') for line in lines) == 2

@@ -415,12 +415,20 @@ def write_grid_plot(
     plt.close(fig)
 
 
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def _clean(obj: Any) -> Any:
     """JSON-safe: NaN -> None, numpy scalars -> Python."""
+    t = type(obj)
+    if t in _PLAIN:
+        return obj
+    if t is float:
+        return None if math.isnan(obj) else obj
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): v if type(v) in _PLAIN else _clean(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
+        return [v if type(v) in _PLAIN else _clean(v) for v in obj]
     if isinstance(obj, np.generic):
         return _clean(obj.item())
     if isinstance(obj, float) and math.isnan(obj):
@@ -428,8 +436,23 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _json_text(obj: Any, indent: str = "") -> str:
+    """``obj`` as JSON, indented by level like ``json.dumps(indent=2)``, except that a
+    list of objects (per-request records, summaries) holds one object per line: each
+    line then comes from the C encoder (``indent`` makes ``json`` encode in Python)."""
+    inner = indent + "  "
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(k)}: {_json_text(v, inner)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
+        flat = all(isinstance(v, dict) for v in obj)
+        items = [inner + (json.dumps(v) if flat else _json_text(v, inner)) for v in obj]
+        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
+    return json.dumps(obj)
+
+
 def write_json(path: str | Path, data: Any) -> None:
-    Path(path).write_text(json.dumps(_clean(data), indent=2) + "\n", encoding="utf-8")
+    Path(path).write_text(_json_text(_clean(data)) + "\n", encoding="utf-8")
 
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:

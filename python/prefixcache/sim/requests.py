@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -163,14 +163,12 @@ class RequestRecord:
     def to_dict(self, host_tier: bool = False) -> dict[str, object]:
         """The record's fields; the second tier's only with ``host_tier`` (a policy
         without one reports exactly what it reported before tiers existed)."""
-        d = asdict(self)
-        if not host_tier:
-            for k in _HOST_FIELDS:
-                del d[k]
-        return d
+        return {k: getattr(self, k) for k in (_ALL_FIELDS if host_tier else _BASE_FIELDS)}
 
 
 _HOST_FIELDS = ("host_hit_tokens", "loaded_tokens", "load_time")
+_ALL_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_BASE_FIELDS = tuple(k for k in _ALL_FIELDS if k not in _HOST_FIELDS)
 
 
 def new_record(req: Request) -> RequestRecord:
