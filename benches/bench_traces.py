@@ -41,3 +41,15 @@ def test_trace_stats_sample(benchmark: Any, path: str) -> None:
         iterations=1,
     )
     assert 0 < st["block_hit_rate_ceiling"] <= st["hit_rate_ceiling"]
+
+
+def test_expand_sample_prompts(benchmark: Any) -> None:
+    """Every prompt of the sample expanded from its hash ids to tokens (what a replay
+    does once per request and policy)."""
+    benchmark.group = "trace: expand the sample's 600 prompts from hash ids"
+    reqs = read_trace(SAMPLE).requests
+
+    def expand() -> int:
+        return sum(len(r.prompt) for r in reqs)
+
+    assert benchmark(expand) == sum(r.prompt_len for r in reqs)

@@ -407,3 +407,30 @@ def test_any_bytes_parse_or_raise_a_trace_error(
     for fmt in ("auto", "mooncake", "tokens"):
         with contextlib.suppress(InvalidInputError):
             read_trace(p, fmt=fmt)
+
+
+def test_hash_ids_expand_to_512_consecutive_tokens_each() -> None:
+    from prefixcache import InvalidInputError, InvalidTypeError
+    from prefixcache._core import expand_block_ids
+    from prefixcache.sim.traces import expand_hash_ids
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        ids = rng.integers(0, 2**22, size=int(rng.integers(0, 9)), dtype=np.uint32)
+        n = int(rng.integers(0, 512 * len(ids) + 600))
+        want = (ids[:, None] * np.uint32(512) + np.arange(512, dtype=np.uint32)).reshape(-1)[:n]
+        for form in (ids, ids.tolist(), ids.astype(np.int64)):
+            got = expand_hash_ids(form, n)
+            assert got.dtype == np.uint32 and got.tolist() == want.tolist()
+    assert expand_block_ids([2, 0], 3, 5).tolist() == [6, 7, 8, 0, 1]
+    top = (2**32 - 1) // 512
+    assert expand_block_ids([top], 512, 512)[-1] == 2**32 - 1
+    with pytest.raises(InvalidInputError, match="block id 8388608 at position 1"):
+        expand_block_ids([0, top + 1], 512, 1024)
+    assert len(expand_block_ids([0, top + 1], 512, 512)) == 512  # the unused id is not read
+    with pytest.raises(InvalidInputError):
+        expand_block_ids([1], 0, 4)
+    with pytest.raises(InvalidInputError):
+        expand_block_ids([-1], 512, 4)
+    with pytest.raises(InvalidTypeError):
+        expand_block_ids([1], 512, 4.0)

@@ -37,6 +37,7 @@ __all__ = [
     "__version__",
     "decode_kv_events",
     "decode_kv_frames",
+    "expand_block_ids",
     "fleet_bitmap_walk",
     "hash_block_tokens",
     "lab_block_keys",
@@ -971,6 +972,13 @@ _U64Array = npt.NDArray[np.uint64]
 def lab_block_keys(tokens: _Tokens, block_size: int, seed: int | None = None) -> _U64Array:
     """The chained 64-bit keys of the full blocks of ``tokens`` (uint32), from namespace
     ``seed`` (lab caches only; not vLLM's hashes)."""
+
+def expand_block_ids(block_ids: _Tokens, tokens_per_id: int, length: int) -> npt.NDArray[np.uint32]:
+    """The first ``length`` tokens of the prompt made of blocks ``block_ids`` (a trace
+    naming prompts by block ids, as Mooncake's ``hash_ids``): block ``b`` stands for the
+    tokens ``b * tokens_per_id .. (b + 1) * tokens_per_id - 1``; fewer tokens when the
+    blocks hold fewer than ``length``. ``InvalidInputError`` when a used block's tokens
+    exceed 2**32 - 1 or ``tokens_per_id`` is 0."""
 
 @final
 class LabCache:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from prefixcache._core import expand_block_ids
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray
 
@@ -90,14 +91,10 @@ class Trace:
         return len(self.requests)
 
 
-_BLOCK_OFFSETS = np.arange(MOONCAKE_BLOCK, dtype=np.uint32)
-
-
 def expand_hash_ids(hash_ids: TokenArray | list[int], input_length: int) -> TokenArray:
-    """The synthetic prompt of a Mooncake line: 512 tokens per hash id, truncated."""
-    ids = np.asarray(hash_ids, dtype=np.uint32)
-    tokens = (ids[:, None] * np.uint32(MOONCAKE_BLOCK) + _BLOCK_OFFSETS[None, :]).reshape(-1)
-    return tokens[:input_length]
+    """The synthetic prompt of a Mooncake line: 512 tokens per hash id (id ``h`` stands
+    for ``512 h .. 512 h + 511``), truncated to ``input_length``."""
+    return expand_block_ids(hash_ids, MOONCAKE_BLOCK, input_length)
 
 
 def fresh_outputs(index: int, start: int, n: int, total: int) -> TokenArray:

@@ -20,6 +20,7 @@ pub mod hash;
 pub mod lab;
 pub mod offload;
 pub mod radix;
+pub mod trace;
 pub mod trie;
 
 pub use error::{Error, Result};

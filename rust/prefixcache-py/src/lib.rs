@@ -23,6 +23,7 @@ mod pool;
 mod radix;
 mod shared;
 mod token_buffer;
+mod trace;
 mod trie;
 
 /// The module does not declare `gil_used = false`: the code is written to be sound without
@@ -56,5 +57,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_index::fleet_bitmap_walk, m)?)?;
     m.add_class::<lab::LabCache>()?;
     m.add_function(wrap_pyfunction!(lab::lab_block_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::expand_block_ids, m)?)?;
     Ok(())
 }
