@@ -513,17 +513,16 @@ class TimeInstance:
         if k < k_done:
             return  # nobody finished
         done = left == 0
-        still: list[_Seq] = []
-        for s, d, n in zip(running, done.tolist(), gen.tolist(), strict=True):
-            if d:
-                s.generated = n
-                self._complete(s)
-                del self._in_flight[s.index]
-            else:
-                still.append(s)
-        self.running = still
+        finished = np.flatnonzero(done).tolist()
+        leaving = [running[j] for j in finished]
+        for j in reversed(finished):
+            del running[j]
         keep = ~done
         self._run, self._gen, self._left = run[keep], gen[keep], left[keep]
+        for s, j in zip(leaving, finished, strict=True):
+            s.generated = int(gen[j])
+            self._complete(s)
+            del self._in_flight[s.index]
 
 
 def output_lengths(requests: Sequence[Request]) -> npt.NDArray[np.int64]:

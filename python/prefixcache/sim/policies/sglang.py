@@ -138,11 +138,12 @@ class RadixPolicy:
         self._host_events = publish_events and cpu_capacity > 0
         self.seqs: dict[int, _TreeSeq] = {}
         # Per request (indexed by id): slots held (prompt + reserve + grown, the tree's
-        # share included), tokens with KV, the output range fed by decode stretches.
+        # share included), those of them not holding a token's KV yet, and where the
+        # output fed by decode stretches starts (-1 before the first stretch; it ends
+        # where the held slots' KV does).
         self._held = np.zeros(0, dtype=np.int64)
-        self._filled = np.zeros(0, dtype=np.int64)
+        self._slack = np.zeros(0, dtype=np.int64)
         self._fed_lo = np.zeros(0, dtype=np.int64)
-        self._fed_n = np.zeros(0, dtype=np.int64)
         self._host_hit = np.zeros(0, dtype=np.int64)  # host part of the last admit's hit
         self._host_hit_tokens = 0
         self._outputs: OutputsOf | None = None
@@ -155,7 +156,7 @@ class RadixPolicy:
 
     # -- helpers -------------------------------------------------------------------
     def _slot(self, rid: RequestId) -> int:
-        return grow_slots(self, rid, ("_held", "_filled", "_fed_lo", "_fed_n", "_host_hit"))
+        return grow_slots(self, rid, ("_held", "_slack", "_fed_lo", "_host_hit"))
 
     def _values(self, n: int) -> IndexArray:
         if n > len(self._zeros):
@@ -281,8 +282,8 @@ class RadixPolicy:
         self._private += need - host
         self.seqs[i] = _TreeSeq(prompt, hit, node, extra_key, cache_salt)
         self._held[i] = held
-        self._filled[i] = len(prompt)
-        self._fed_n[i] = 0
+        self._slack[i] = held - len(prompt)
+        self._fed_lo[i] = -1
         self._note_used()
         return hit
 
@@ -315,11 +316,11 @@ class RadixPolicy:
         outputs: OutputsOf,
     ) -> IndexArray | None:
         self._outputs = outputs
-        first = self._fed_n[rids] == 0
+        first = self._fed_lo[rids] < 0
         self._fed_lo[rids[first]] = fed_from[first]
-        self._fed_n[rids] += k
-        more = np.maximum(k - (self._held[rids] - self._filled[rids]), 0)
-        self._filled[rids] += k
+        lack = k - self._slack[rids]
+        more = np.maximum(lack, 0)
+        self._slack[rids] = more - lack
         total = int(more.sum())
         if total == 0:
             return None
@@ -348,7 +349,7 @@ class RadixPolicy:
         i = int(rid)
         seq = self.seqs.pop(i)
         parts = [seq.prompt]
-        n_fed = int(self._fed_n[i])
+        n_fed = int(self._held[i] - self._slack[i]) - len(seq.prompt)
         if n_fed:
             if self._outputs is None:  # pragma: no cover - grow always sets it
                 raise AssertionError("decode tokens without their outputs")
@@ -366,7 +367,8 @@ class RadixPolicy:
         rest = held - max(aligned, seq.protected)
         self.pool.give(rest)
         self._private -= rest
-        self._held[i] = self._filled[i] = self._fed_n[i] = 0
+        self._held[i] = self._slack[i] = 0
+        self._fed_lo[i] = -1
         if seq.node is not None:
             self.tree.dec_lock_ref(seq.node)
         self._note_cached()
@@ -379,7 +381,7 @@ class RadixPolicy:
         if not len(rids):
             return 0
         idx = np.asarray(rids, dtype=np.int64)
-        slack = self._held[idx] - self._filled[idx]
+        slack = self._slack[idx]
         return max_k(
             lambda k: int(np.maximum(k - slack, 0).sum()),
             self.pool.free + int(self.tree.evictable_size()),
