@@ -265,12 +265,17 @@ impl Elem for i64 {
 /// reads into memory that is already in its cache instead of a fresh allocation.
 const SPARE_MAX: usize = 1 << 16;
 
-/// An empty `Vec` with room for `n` elements: this thread's spare buffer when it has one,
-/// else a new allocation. `None`: out of memory.
+/// An empty `Vec` with room for `n` elements: this thread's spare buffer when it is large
+/// enough, else a new allocation with an eighth more room (what [`Tokens::into_vec`]
+/// still hands over as is), so that a request keeping its prompt's buffer can take a
+/// short output without moving it. `None`: out of memory.
 fn scratch<T: Elem>(n: usize) -> Option<Vec<T>> {
     let mut v = T::spare().try_with(Cell::take).unwrap_or_default();
     v.clear();
-    v.try_reserve_exact(n).ok()?;
+    if v.capacity() < n {
+        v = Vec::new(); // too small: not copied into the new allocation
+        v.try_reserve_exact(n.checked_add(n / 8 + 16)?).ok()?;
+    }
     Some(v)
 }
 
