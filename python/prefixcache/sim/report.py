@@ -425,8 +425,13 @@ def _clean(obj: Any) -> Any:
         return obj
     if t is float:
         return None if math.isnan(obj) else obj
-    if isinstance(obj, dict):
-        return {str(k): v if type(v) in _PLAIN else _clean(v) for k, v in obj.items()}
+    if isinstance(obj, dict):  # a record's values: plain, or floats (NaN when unset)
+        return {
+            k if type(k) is str else str(k): v
+            if (vt := type(v)) in _PLAIN or (vt is float and v == v)
+            else _clean(v)
+            for k, v in obj.items()
+        }
     if isinstance(obj, list | tuple):
         return [v if type(v) in _PLAIN else _clean(v) for v in obj]
     if isinstance(obj, np.generic):
