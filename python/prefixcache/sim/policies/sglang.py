@@ -380,13 +380,12 @@ class RadixPolicy:
     ) -> int:
         if not len(rids):
             return 0
+        avail = self.pool.free + int(self.tree.evictable_size())
+        if limit is not None and limit * len(rids) <= avail:
+            return limit  # k steps take at most k slots per request
         idx = np.asarray(rids, dtype=np.int64)
         slack = self._slack[idx]
-        return max_k(
-            lambda k: int(np.maximum(k - slack, 0).sum()),
-            self.pool.free + int(self.tree.evictable_size()),
-            limit,
-        )
+        return max_k(lambda k: int(np.maximum(k - slack, 0).sum()), avail, limit)
 
     def evicted_tokens(self) -> int:
         return self._evicted_tokens
