@@ -513,7 +513,7 @@ class TimeInstance:
         if k < k_done:
             return  # nobody finished
         done = left == 0
-        finished = np.flatnonzero(done).tolist()
+        finished = done.nonzero()[0].tolist()
         leaving = [running[j] for j in finished]
         for j in reversed(finished):
             del running[j]

@@ -323,7 +323,7 @@ class BlocksPolicy:
         mgr = self.mgr
         # A request's output is queued in the manager at its first decode stretch; each
         # stretch then feeds the next k tokens of every request in one call.
-        fresh = np.flatnonzero(self._queued[rids] == 0)
+        fresh = (self._queued[rids] == 0).nonzero()[0]
         if len(fresh):
             for j in fresh.tolist():
                 i = int(rids[j])
