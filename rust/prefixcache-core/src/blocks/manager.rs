@@ -1091,6 +1091,21 @@ mod tests {
         assert_eq!(a.num_tokens(7).unwrap(), 3);
     }
 
+    /// A 12-block pool (4-token blocks) running requests 1 and 3, with the blocks of a
+    /// freed request 2 cached (to be evicted later).
+    fn two_running() -> KVCacheManager {
+        let mut m = mgr(12, 4, None);
+        for (id, r) in [(1, 0..6), (2, 100..103), (3, 200..205)] {
+            m.admit(id, &toks(r), RequestOptions::default(), 0)
+                .unwrap()
+                .unwrap();
+            if id == 2 {
+                m.free(2).unwrap(); // before request 3 takes its blocks, as a cache
+            }
+        }
+        m
+    }
+
     #[test]
     fn extend_equals_append_and_allocate_and_stops_where_the_pool_is_short() {
         let step = |m: &mut KVCacheManager, items: &[(u64, usize)], toks: &[u32]| {
@@ -1105,19 +1120,7 @@ mod tests {
             }
             out
         };
-        let (mut a, mut b) = (mgr(12, 4, None), mgr(12, 4, None));
-        for m in [&mut a, &mut b] {
-            m.admit(1, &toks(0..6), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-            m.admit(2, &toks(100..103), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-            m.free(2).unwrap(); // cached blocks to evict later
-            m.admit(3, &toks(200..205), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-        }
+        let (mut a, mut b) = (two_running(), two_running());
         let items = [(1u64, 3usize), (3, 4), (1, 5)];
         let t = toks(1000..1012);
         let want = step(&mut a, &items, &t);
@@ -1147,19 +1150,7 @@ mod tests {
 
     #[test]
     fn decode_steps_equal_extend_with_the_queued_tokens() {
-        let (mut a, mut b) = (mgr(12, 4, None), mgr(12, 4, None));
-        for m in [&mut a, &mut b] {
-            m.admit(1, &toks(0..6), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-            m.admit(2, &toks(100..103), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-            m.free(2).unwrap(); // cached blocks to evict later
-            m.admit(3, &toks(200..205), RequestOptions::default(), 0)
-                .unwrap()
-                .unwrap();
-        }
+        let (mut a, mut b) = (two_running(), two_running());
         b.queue_tokens(1, &toks(1000..1004)).unwrap();
         b.queue_tokens(1, &toks(1004..1010)).unwrap(); // joins the end of the queue
         b.queue_tokens(3, &toks(2000..2010)).unwrap();
