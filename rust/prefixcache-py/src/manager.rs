@@ -62,6 +62,25 @@ pub struct PyKVCacheManager {
     block_size: usize,
 }
 
+impl PyKVCacheManager {
+    /// `f(manager, request id, tokens)` with both arguments read as every method reads
+    /// them (the GIL released for long token lists).
+    fn with_request_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut KVCacheManager, u64, &[u32]) -> prefixcache_core::Result<()> + Send,
+    ) -> PyResult<()> {
+        let request_id = rid(request_id)?;
+        let tokens = convert::tokens(tokens, "tokens")?;
+        let t = tokens.as_slice();
+        self.inner
+            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| f(m, request_id, t))?
+            .py_err()
+    }
+}
+
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
@@ -191,14 +210,7 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let request_id = rid(request_id)?;
-        let tokens = convert::tokens(tokens, "tokens")?;
-        let t = tokens.as_slice();
-        self.inner
-            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
-                m.append_tokens(request_id, t)
-            })?
-            .py_err()
+        self.with_request_tokens(py, request_id, tokens, KVCacheManager::append_tokens)
     }
 
     /// (hit block ids, hit length in tokens); null blocks (0) mark skipped window blocks.
@@ -363,14 +375,7 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let request_id = rid(request_id)?;
-        let tokens = convert::tokens(tokens, "tokens")?;
-        let t = tokens.as_slice();
-        self.inner
-            .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| {
-                m.queue_tokens(request_id, t)
-            })?
-            .py_err()
+        self.with_request_tokens(py, request_id, tokens, KVCacheManager::queue_tokens)
     }
 
     fn num_queued_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
