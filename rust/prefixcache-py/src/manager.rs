@@ -62,6 +62,15 @@ pub struct PyKVCacheManager {
     block_size: usize,
 }
 
+/// Per-request block counts as an int64 array.
+fn counts_array(py: Python<'_>, counts: Vec<u64>) -> Bound<'_, PyArray1<i64>> {
+    let counts = counts
+        .into_iter()
+        .map(|e| i64::try_from(e).unwrap_or(i64::MAX))
+        .collect();
+    convert::i64_array(py, counts)
+}
+
 impl PyKVCacheManager {
     /// `f(manager, request id, tokens)` with both arguments read as every method reads
     /// them (the GIL released for long token lists).
@@ -348,11 +357,7 @@ impl PyKVCacheManager {
             .inner
             .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| m.extend(&items, t))?
             .py_err()?;
-        let evicted = evicted
-            .into_iter()
-            .map(|e| i64::try_from(e).unwrap_or(i64::MAX))
-            .collect();
-        Ok((convert::i64_array(py, evicted), peak))
+        Ok((counts_array(py, evicted), peak))
     }
 
     fn block_ids<'py>(
@@ -399,11 +404,7 @@ impl PyKVCacheManager {
             .inner
             .with(py, |m| m.decode_steps(&ids, num_steps))?
             .py_err()?;
-        let evicted = evicted
-            .into_iter()
-            .map(|e| i64::try_from(e).unwrap_or(i64::MAX))
-            .collect();
-        Ok((convert::i64_array(py, evicted), peak))
+        Ok((counts_array(py, evicted), peak))
     }
 
     /// The most decode steps (<= max_steps) every request can take with the free blocks.
