@@ -320,22 +320,14 @@ impl KVCacheManager {
         // get_computed_blocks: hits capped at `num_tokens - 1` tokens (the prompt is not
         // empty: checked by the caller).
         let max_blocks = req.tokens.len().saturating_sub(1) / bs;
-        let mut hits = Vec::with_capacity(max_blocks);
-        let mut hitting = true;
-        let pool = &self.pool;
+        let mut lookup = self.pool.streaming_lookup(0, max_blocks);
         req.block_hashes = self.hasher.hash_blocks_with(
             &req.tokens,
             None,
             |i| req.extra_keys(i),
-            |i, h| {
-                if hitting && i < max_blocks {
-                    match pool.lookup(h, 0) {
-                        Some(b) => hits.push(b),
-                        None => hitting = false,
-                    }
-                }
-            },
+            |_, h| lookup.push(h),
         )?;
+        let hits = lookup.finish();
         self.requests.insert(id, req);
         let hit = hits.len() * bs;
         Ok((hits, hit))

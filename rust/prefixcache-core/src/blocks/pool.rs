@@ -22,7 +22,7 @@ use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
-use super::table::{key_hash, Block, HashTable32};
+use super::table::{key_hash, Block, HashTable32, Prefetcher};
 
 /// The id of the null block (vLLM's placeholder for skipped sliding-window blocks).
 pub const NULL_BLOCK: u32 = 0;
@@ -108,6 +108,74 @@ fn prefetch(block: Option<&Block>) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = block;
+}
+
+/// [`BlockPool::lookup_prefix`] for hashes that arrive one at a time, each after some
+/// work (hashing its block). A lookup has two dependent misses, the table slot and the
+/// block it names, so each hash goes through three stages, one per later arrival: its
+/// slot is prefetched when it arrives, the block that slot names when the next hash
+/// arrives, and it is looked up when the one after arrives (or at
+/// [`finish`](Self::finish)). The result is `lookup_prefix`'s: the hits up to the first
+/// miss.
+pub(crate) struct StreamingLookup<'p> {
+    pool: &'p BlockPool,
+    pf: Option<Prefetcher>,
+    group: u32,
+    /// Hashes still to take.
+    left: usize,
+    /// The hashes taken and not looked up yet, with their table hashes, oldest first.
+    older: Option<(BlockHash, u64)>,
+    newer: Option<(BlockHash, u64)>,
+    hits: Vec<u32>,
+    hitting: bool,
+}
+
+impl StreamingLookup<'_> {
+    /// Takes the next hash of the prefix.
+    #[inline]
+    pub fn push(&mut self, hash: &BlockHash) {
+        if !self.hitting || self.left == 0 {
+            return;
+        }
+        self.left -= 1;
+        let kh = key_hash(hash.as_bytes(), self.group);
+        if let Some(pf) = &self.pf {
+            pf.key(kh);
+        }
+        if let Some(old) = self.older.take() {
+            self.resolve(&old);
+        }
+        self.older = self.newer.replace((*hash, kh));
+        if let Some((_, kh)) = &self.older {
+            let pool = self.pool;
+            pool.cached.prefetch_candidate(&pool.blocks, *kh);
+        }
+    }
+
+    fn resolve(&mut self, (hash, kh): &(BlockHash, u64)) {
+        if !self.hitting {
+            return;
+        }
+        let pool = self.pool;
+        match pool
+            .cached
+            .first_hashed(&pool.blocks, hash, self.group, *kh)
+        {
+            Some(b) => self.hits.push(b),
+            None => self.hitting = false,
+        }
+    }
+
+    /// The hit blocks: the longest cached run of the hashes taken, from the first.
+    pub fn finish(mut self) -> Vec<u32> {
+        if let Some(old) = self.older.take() {
+            self.resolve(&old);
+        }
+        if let Some(new) = self.newer.take() {
+            self.resolve(&new);
+        }
+        self.hits
+    }
 }
 
 fn block_state(msg: String) -> Error {
@@ -307,6 +375,21 @@ impl BlockPool {
     #[inline]
     pub fn lookup(&self, hash: &BlockHash, group: u32) -> Option<u32> {
         self.cached.first(&self.blocks, hash, group)
+    }
+
+    /// A prefix lookup fed one hash at a time, for a caller that computes the hashes as
+    /// it goes (see [`StreamingLookup`]): at most `limit` hashes are looked up.
+    pub(crate) fn streaming_lookup(&self, group: u32, limit: usize) -> StreamingLookup<'_> {
+        StreamingLookup {
+            pool: self,
+            pf: self.cached.prefetcher(),
+            group,
+            left: limit,
+            older: None,
+            newer: None,
+            hits: Vec::with_capacity(limit),
+            hitting: true,
+        }
     }
 
     /// The blocks of the longest run of `hashes` cached under `group`, from the first

@@ -226,16 +226,41 @@ impl HashTable32 {
     /// The oldest block cached under `(hash, group)`.
     #[inline]
     pub fn first(&self, blocks: &[Block], hash: &BlockHash, group: u32) -> Option<u32> {
+        self.first_hashed(blocks, hash, group, key_hash(hash.as_bytes(), group))
+    }
+
+    /// [`first`](Self::first) given the key's table hash `kh` (`key_hash(hash, group)`).
+    #[inline]
+    pub fn first_hashed(
+        &self,
+        blocks: &[Block],
+        hash: &BlockHash,
+        group: u32,
+        kh: u64,
+    ) -> Option<u32> {
         if hash.len() != self.hash_len {
             return None;
         }
         let key = split(hash);
         let tails = &self.tails;
         self.heads
-            .find(key_hash(hash.as_bytes(), group), |&id| {
-                same_key(blocks, tails, id, &key, group)
-            })
+            .find(kh, |&id| same_key(blocks, tails, id, &key, group))
             .copied()
+    }
+
+    /// Prefetches what a lookup of table hash `kh` compares after its table slot: the
+    /// block the first slot with a matching tag names, and its hash tail (no effect on
+    /// results; the slot itself should be prefetched first, see [`Prefetcher::key`]).
+    #[inline]
+    pub fn prefetch_candidate(&self, blocks: &[Block], kh: u64) {
+        if let Some(&id) = self.heads.find(kh, |_| true) {
+            if let Some(b) = blocks.get(id as usize) {
+                prefetch_addr(std::ptr::from_ref(b) as usize);
+            }
+            if let Some(t) = self.tails.get(id as usize) {
+                prefetch_addr(t.as_ptr() as usize);
+            }
+        }
     }
 
     /// Every block cached under `(hash, group)`, oldest first.
