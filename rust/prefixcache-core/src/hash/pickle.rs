@@ -371,17 +371,68 @@ fn encode_long(x: &BigInt) -> Vec<u8> {
 /// `K`/`M`/`J`, or `LONG1` with 5 bytes for ids >= 2^31 (J is signed). Branch-free.
 #[inline(always)]
 fn token_word(t: u32) -> (u64, usize) {
-    const HEAD: [u64; 4] = [
-        BININT1 as u64,
-        BININT2 as u64,
-        BININT as u64,
-        LONG1 as u64 | (5 << 8),
-    ];
-    const SHIFT: [u32; 4] = [8, 8, 8, 16];
-    const LEN: [usize; 4] = [2, 3, 5, 7];
-    let class =
-        (usize::from(t > 0xff) + usize::from(t > 0xffff) + usize::from(t > 0x7fff_ffff)) & 3;
-    ((u64::from(t) << SHIFT[class]) | HEAD[class], LEN[class])
+    let class = token_class(t);
+    (
+        (u64::from(t) << TOKEN_SHIFT[class]) | TOKEN_HEAD[class],
+        TOKEN_LEN[class],
+    )
+}
+
+/// Per token class: the opcode (and `LONG1`'s length byte), where the id's bytes start,
+/// and the bytes written.
+const TOKEN_HEAD: [u64; 4] = [
+    BININT1 as u64,
+    BININT2 as u64,
+    BININT as u64,
+    LONG1 as u64 | (5 << 8),
+];
+const TOKEN_SHIFT: [u32; 4] = [8, 8, 8, 16];
+const TOKEN_LEN: [usize; 4] = [2, 3, 5, 7];
+
+/// The opcode class of a token id in [`token_word`]'s tables (0: `K`, 1: `M`, 2: `J`,
+/// 3: `LONG1`).
+#[inline(always)]
+fn token_class(t: u32) -> usize {
+    (usize::from(t > 0xff) + usize::from(t > 0xffff) + usize::from(t > 0x7fff_ffff)) & 3
+}
+
+/// The pickle bytes of `tokens` at `buf[pos..]` (8 bytes of room past the end); returns
+/// the position after them. When every token has the same opcode (block-hash streams of
+/// large ids, e.g. Mooncake prompts, are all `J`), each lands at a fixed place: no chain
+/// through the stream position.
+#[inline(always)]
+fn write_tokens(buf: &mut [u8], pos: usize, tokens: &[u32]) -> usize {
+    let (lo, hi) = tokens
+        .iter()
+        .fold((u32::MAX, 0u32), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+    if tokens.is_empty() || token_class(lo) != token_class(hi) {
+        let mut pos = pos;
+        for &t in tokens {
+            let (word, len) = token_word(t);
+            buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+            pos += len;
+        }
+        return pos;
+    }
+    match token_class(lo) {
+        0 => write_fixed::<0>(buf, pos, tokens),
+        1 => write_fixed::<1>(buf, pos, tokens),
+        2 => write_fixed::<2>(buf, pos, tokens),
+        _ => write_fixed::<3>(buf, pos, tokens),
+    }
+}
+
+/// [`write_tokens`] for tokens that are all of class `C`.
+#[inline(always)]
+fn write_fixed<const C: usize>(buf: &mut [u8], pos: usize, tokens: &[u32]) -> usize {
+    let (head, shift, w) = (TOKEN_HEAD[C], TOKEN_SHIFT[C], TOKEN_LEN[C]);
+    let end = pos + w * tokens.len();
+    let out = &mut buf[pos..end + 8];
+    for (k, &t) in tokens.iter().enumerate() {
+        let word = (u64::from(t) << shift) | head;
+        out[w * k..w * k + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    end
 }
 
 /// One token id's pickle bytes into `buf`; returns the length.
@@ -423,11 +474,7 @@ pub(crate) fn write_block_fast(buf: &mut [u8], parent: &[u8], tokens: &[u32]) ->
         buf[pos] = MARK;
         pos += 1;
     }
-    for &t in tokens {
-        let (word, len) = token_word(t);
-        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-        pos += len;
-    }
+    pos = write_tokens(buf, pos, tokens);
     let tail: &[u8] = match tokens.len() {
         0 => &[EMPTY_TUPLE, NONE, TUPLE3, MEMOIZE, STOP],
         1 => &[TUPLE1, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP],
@@ -603,6 +650,32 @@ mod tests {
             dumps_block(&mut fast, &parent, &tokens, None);
             let generic = dumps(&KeyValue::tuple([
                 KeyValue::Bytes(parent.clone()),
+                KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
+                KeyValue::None,
+            ]));
+            proptest::prop_assert_eq!(fast, generic);
+        }
+
+        /// Blocks whose tokens share one opcode (written at fixed places), and the same
+        /// with one token of another class in any position (the variable-width path).
+        #[test]
+        fn fast_block_path_equals_the_general_encoder_per_token_class(
+            class in 0usize..4,
+            picks in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..40),
+            odd in proptest::option::of((proptest::prelude::any::<usize>(), 0usize..4)),
+        ) {
+            const LO: [u32; 4] = [0, 0x100, 0x1_0000, 0x8000_0000];
+            const SPAN: [u32; 4] = [0x100, 0xff00, 0x7fff_0000, 0x8000_0000];
+            let in_class = |c: usize, x: u32| LO[c] + x % SPAN[c];
+            let mut tokens: Vec<u32> = picks.iter().map(|&x| in_class(class, x)).collect();
+            if let (Some((at, c)), false) = (odd, tokens.is_empty()) {
+                let i = at % tokens.len();
+                tokens[i] = in_class(c, picks[i]);
+            }
+            let mut fast = Vec::new();
+            dumps_block(&mut fast, &[3u8; 32], &tokens, None);
+            let generic = dumps(&KeyValue::tuple([
+                KeyValue::Bytes(vec![3u8; 32]),
                 KeyValue::Tuple(tokens.iter().map(|&t| KeyValue::from(t)).collect()),
                 KeyValue::None,
             ]));
