@@ -20,6 +20,7 @@ pub mod hash;
 pub mod lab;
 pub mod offload;
 pub mod radix;
+mod sys_vec;
 pub mod trace;
 pub mod trie;
 

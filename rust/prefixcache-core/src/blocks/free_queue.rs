@@ -10,7 +10,7 @@
 //! run sits where those ids would be in a queue built with every id up front.
 //! The HEAD is reused (and its cached hash evicted) first.
 
-use std::collections::TryReserveError;
+use crate::sys_vec::{AllocError, SysVec};
 
 /// Marks a block that is not in the queue.
 const NOT_LINKED: u32 = u32::MAX;
@@ -29,7 +29,7 @@ const N: usize = 1;
 #[derive(Debug, Clone)]
 pub struct FreeQueue {
     /// `[prev, next]` of each slot, side by side: an unlink reads one cache line.
-    links: Vec<[u32; 2]>,
+    links: SysVec<[u32; 2]>,
     /// Number of queued ids, the fresh run included.
     len: usize,
     /// First id of the fresh run; every id below has its links.
@@ -41,8 +41,10 @@ impl FreeQueue {
     /// A queue holding every block `0..n` in id order, allocating nothing per block.
     /// `n` must be below `u32::MAX - 3`.
     pub fn new(n: u32) -> Self {
+        let mut links = SysVec::new();
+        links.resize(SLOT0 as usize, [NOT_LINKED; 2]);
         let mut q = FreeQueue {
-            links: vec![[NOT_LINKED; 2]; SLOT0 as usize],
+            links,
             len: n as usize,
             fresh: 0,
             end: n,
@@ -70,7 +72,7 @@ impl FreeQueue {
 
     /// Reserves the links for every id up to `id` (inclusive), so that no operation until
     /// then allocates. Grows by at least a quarter, so reservations stay amortised O(1).
-    pub fn reserve_through(&mut self, id: u32) -> Result<(), TryReserveError> {
+    pub fn reserve_through(&mut self, id: u32) -> Result<(), AllocError> {
         let want = (id.min(self.end.saturating_sub(1)) + 1 + SLOT0) as usize;
         if want <= self.links.capacity() {
             return Ok(());

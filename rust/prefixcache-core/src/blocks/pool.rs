@@ -23,6 +23,7 @@ use crate::hash::{BlockHash, KeyValue};
 
 use super::free_queue::FreeQueue;
 use super::table::{key_hash, Block, HashTable32, Prefetcher};
+use crate::sys_vec::SysVec;
 
 /// The id of the null block (vLLM's placeholder for skipped sliding-window blocks).
 pub const NULL_BLOCK: u32 = 0;
@@ -80,7 +81,7 @@ pub struct BlockPool {
     num_blocks: usize,
     /// Blocks `0..blocks.len()` (as many as the free queue has links for); the others have
     /// never been handed out or hit and are [`UNUSED`].
-    blocks: Vec<Block>,
+    blocks: SysVec<Block>,
     free: FreeQueue,
     cached: HashTable32,
     /// Cached blocks whose hash was dropped because the block was reused.
@@ -198,7 +199,7 @@ impl BlockPool {
         }
         let mut pool = BlockPool {
             num_blocks,
-            blocks: Vec::new(),
+            blocks: SysVec::new(),
             free: FreeQueue::new(num_blocks as u32),
             cached: HashTable32::new(),
             evictions: 0,
@@ -892,7 +893,7 @@ impl BlockPool {
         }
         self.cached.clear();
         self.num_cached = 0;
-        for b in &mut self.blocks {
+        for b in self.blocks.iter_mut() {
             b.chain_prev = UNUSED.chain_prev;
             b.chain_next = UNUSED.chain_next;
         }

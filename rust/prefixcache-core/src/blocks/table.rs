@@ -14,6 +14,7 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 use crate::hash::BlockHash;
+use crate::sys_vec::SysVec;
 
 /// `chain_prev` of a block with no key.
 pub(crate) const NO_KEY: u32 = u32::MAX;
@@ -104,7 +105,7 @@ pub(crate) struct HashTable32 {
     hash_len: usize,
     /// Bytes `8..` of each cached block's hash, indexed by block id; empty while the
     /// pool's hashes fit in the block (`hash_len <= 8`). Grown to the highest cached id.
-    tails: Vec<[u8; TAIL]>,
+    tails: SysVec<[u8; TAIL]>,
 }
 
 /// Whether block `id` carries the key `(hash, group)`: the block's word first, the tail
@@ -399,7 +400,7 @@ impl HashTable32 {
     /// Forgets every key (the blocks' own links are the caller's to clear).
     pub fn clear(&mut self) {
         self.heads = HashTable::new();
-        self.tails = Vec::new();
+        self.tails = SysVec::new();
     }
 }
 
