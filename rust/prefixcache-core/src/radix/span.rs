@@ -14,6 +14,8 @@
 //! namespace there, [`Span::meta`]). A heap span's payload is the buffer's address (two
 //! words) and its token count (two words, u64).
 
+use std::alloc::{GlobalAlloc, Layout, System};
+
 use crate::{Error, Result};
 
 /// Words kept inside the node.
@@ -46,9 +48,9 @@ impl Default for Span {
 impl Drop for Span {
     fn drop(&mut self) {
         if let Some((ptr, words)) = self.heap_raw() {
-            // SAFETY: a heap span owns the buffer that `into_heap` leaked from a boxed
-            // slice of exactly `words` u32 at this address; nothing else frees it.
-            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, words)) });
+            // SAFETY: a heap span owns the buffer that `layout` took from `alloc_words`
+            // with this word count; nothing else frees it.
+            unsafe { free_words(ptr, words) };
         }
     }
 }
@@ -61,6 +63,46 @@ fn fits_narrow(v: i64) -> bool {
 /// Words for `n` tokens (`None` on overflow).
 fn words(n: usize, wide: bool) -> Option<usize> {
     n.checked_mul(if wide { 3 } else { 2 })
+}
+
+/// Buffers of at least this many words come from the system allocator, smaller ones
+/// from the global one. A long prompt's node is tens of KB and is freed again when a
+/// later request splits it: glibc reuses such memory in place, where a general-purpose
+/// allocator returns the pages to the system after a short delay and takes them back
+/// (page faults) on the next allocation, which made system time the larger part of a
+/// big replay. Small nodes are many and short-lived; the global allocator serves them
+/// faster.
+const SYSTEM_WORDS: usize = 4096;
+
+/// A buffer for `l` (an array of u32 of at least `INLINE + 1` words), or null.
+fn alloc_words(l: Layout) -> *mut u32 {
+    // SAFETY: `l` has a nonzero size (more than INLINE words).
+    unsafe {
+        if l.size() >= 4 * SYSTEM_WORDS {
+            System.alloc(l).cast::<u32>()
+        } else {
+            std::alloc::alloc(l).cast::<u32>()
+        }
+    }
+}
+
+/// Frees a buffer of `words` u32 from [`alloc_words`].
+///
+/// # Safety
+/// `ptr` must come from `alloc_words` with the layout of `words` u32, and not be used
+/// again.
+unsafe fn free_words(ptr: *mut u32, words: usize) {
+    if let Ok(l) = Layout::array::<u32>(words) {
+        // SAFETY: the caller's contract; the allocator is chosen by size exactly as in
+        // `alloc_words`.
+        unsafe {
+            if l.size() >= 4 * SYSTEM_WORDS {
+                System.dealloc(ptr.cast::<u8>(), l);
+            } else {
+                std::alloc::dealloc(ptr.cast::<u8>(), l);
+            }
+        }
+    }
 }
 
 impl Span {
@@ -100,9 +142,9 @@ impl Span {
         Some((std::ptr::with_exposed_provenance_mut(addr), words))
     }
 
-    /// A heap span owning `buf` (`n` tokens).
-    fn into_heap(buf: Box<[u32]>, n: usize, wide: bool) -> Span {
-        let ptr = Box::into_raw(buf) as *mut u32;
+    /// A heap span owning the buffer at `ptr` (`n` tokens, allocated from `System` with
+    /// the layout of its word count).
+    fn into_heap(ptr: *mut u32, n: usize, wide: bool) -> Span {
         let addr = ptr.expose_provenance() as u64;
         let n = n as u64;
         Span {
@@ -133,18 +175,24 @@ impl Span {
                 w,
             });
         }
-        let mut v: Vec<u32> = Vec::new();
-        if fallible {
-            v.try_reserve_exact(total)
-                .map_err(|e| Error::out_of_memory("a radix node", e))?;
-        } else {
-            v.reserve_exact(total);
+        let oom = |why| Error::out_of_memory("a radix node", why);
+        let l = Layout::array::<u32>(total).map_err(|_| oom("capacity overflow"))?;
+        let ptr = alloc_words(l);
+        if ptr.is_null() {
+            if !fallible {
+                std::alloc::handle_alloc_error(l);
+            }
+            return Err(oom("memory allocation failed"));
         }
-        v.extend_from_slice(key);
-        v.resize(total, 0);
+        // SAFETY: `ptr` is a fresh, exclusively owned buffer of `total` u32, written in
+        // full below before any read (zeroed first, so the slice is initialised).
+        let v = unsafe {
+            ptr.write_bytes(0, total);
+            std::slice::from_raw_parts_mut(ptr, total)
+        };
+        v[..n].copy_from_slice(key);
         fill(&mut v[n..]);
-        // len == capacity: no reallocation.
-        Ok(Span::into_heap(v.into_boxed_slice(), n, wide))
+        Ok(Span::into_heap(ptr, n, wide))
     }
 
     fn write_wide(dst: &mut [u32], values: impl Iterator<Item = i64>) {
@@ -300,6 +348,9 @@ mod tests {
             vec![1, -2, 3, i64::MAX, i64::MIN, 1 << 40],
             vec![0, i64::from(u32::MAX)],
             (0..1000).collect(),
+            // Heap buffers on either side of SYSTEM_WORDS (and split across it).
+            (0..5000).collect(),
+            (-1000..1000).collect(),
         ];
         for values in cases {
             let key: Vec<u32> = (0..values.len() as u32).map(|t| t * 7).collect();
