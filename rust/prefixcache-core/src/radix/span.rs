@@ -184,14 +184,16 @@ impl Span {
             }
             return Err(oom("memory allocation failed"));
         }
-        // SAFETY: `ptr` is a fresh, exclusively owned buffer of `total` u32, written in
-        // full below before any read (zeroed first, so the slice is initialised).
-        let v = unsafe {
-            ptr.write_bytes(0, total);
-            std::slice::from_raw_parts_mut(ptr, total)
+        // SAFETY: `ptr` is a fresh, exclusively owned buffer of `total` u32 (n <= total):
+        // the key fills its first `n` words and the rest is zeroed, so every word is
+        // initialised before the slice of the index words is made.
+        let indices = unsafe {
+            std::ptr::copy_nonoverlapping(key.as_ptr(), ptr, n);
+            let rest = ptr.add(n);
+            rest.write_bytes(0, total - n);
+            std::slice::from_raw_parts_mut(rest, total - n)
         };
-        v[..n].copy_from_slice(key);
-        fill(&mut v[n..]);
+        fill(indices);
         Ok(Span::into_heap(ptr, n, wide))
     }
 
