@@ -138,3 +138,39 @@ def test_study_workload_f_blocks_core_vs_reference(benchmark: Any, impl: str) ->
     benchmark.pedantic(
         run, rounds=1 if benchmark.disabled or impl == "reference" else 5, iterations=1
     )
+
+
+def _time_model_records(n: int) -> list[Any]:
+    """Records as a time-model replay leaves them: counts, times, a few unset (NaN)."""
+    from prefixcache.sim.requests import RequestRecord
+
+    out = []
+    for i in range(n):
+        r = RequestRecord(i, None, 0, 6000 + i % 997, 300 + i % 89, arrival=i * 0.037)
+        r.hit_tokens, r.evicted_tokens = (i * 7919) % 6000, (i * 104729) % 20000
+        if i % 50:
+            r.first_token = r.arrival + 0.5 + (i % 13) / 7
+            r.finished = r.first_token + 3.25 + (i % 11) / 3
+            r.ttft = r.first_token - r.arrival
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("path", ["record_lines", "to_dict"])
+def test_replay_json_records(benchmark: Any, path: str, tmp_path: Path) -> None:
+    """One policy's per-request records of a 12,031-request replay written as ``--json``
+    writes them (`record_lines`), against the general encoder on their dicts."""
+    from prefixcache.sim.json_report import record_lines, write_json
+
+    benchmark.group = "replay --json: 12,031 per-request records of one policy"
+    recs = _time_model_records(300 if benchmark.disabled else 12_031)
+    out = tmp_path / "records.json"
+
+    def run() -> None:
+        if path == "record_lines":
+            write_json(out, {"records": {"radix": record_lines(recs)}})
+        else:
+            write_json(out, {"records": {"radix": [r.to_dict() for r in recs]}})
+
+    benchmark.pedantic(run, rounds=1 if benchmark.disabled else 7, iterations=1)
+    assert out.read_text().count('{"id": ') == len(recs)

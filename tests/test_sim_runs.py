@@ -16,9 +16,9 @@ import pytest
 
 from prefixcache.sim.cli import main
 from prefixcache.sim.policies import blocks_available
-from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.replay import ReplayResult, replay, summarize
 from prefixcache.sim.report import progress_bars
-from prefixcache.sim.sweep import SweepSpec, load_requests, longest_first, run_sweep
+from prefixcache.sim.sweep import SweepSpec, load_requests, longest_first, run_pairs, run_sweep
 from prefixcache.sim.workloads import study_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
@@ -113,6 +113,21 @@ def test_sweep_in_worker_processes_equals_a_serial_run() -> None:
         f"{c:,} tokens: {p}" for c in caps for p in POLICIES
     )
     assert all(t["advanced"] == t["total"] and t["done"] == 1 for t in rec.tasks)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_each_result_is_handed_over_once_as_it_arrives(jobs: int) -> None:
+    """``run_pairs(on_result=...)`` sees every pair's result once, by its index, the
+    result that is returned (records included), before ``run_pairs`` returns."""
+    spec = SweepSpec("workload:F", policies=POLICIES, model="time")
+    reqs = load_requests(spec)
+    pairs = [(8192, p) for p in POLICIES] + [(1 << 20, "radix")]
+    seen: list[tuple[int, ReplayResult]] = []
+    out = run_pairs(spec, reqs, pairs, jobs=jobs, on_result=lambda i, r: seen.append((i, r)))
+    assert sorted(i for i, _ in seen) == list(range(len(pairs)))
+    for i, r in seen:
+        assert (r.policy, r.capacity) == (out[i].policy, out[i].capacity) == pairs[i][::-1]
+        assert r.records == out[i].records and len(r.records) == len(reqs)
 
 
 def test_workers_start_the_longest_replays_first() -> None:
@@ -266,7 +281,7 @@ def test_json_output_is_the_standard_encoding_with_a_record_per_line(tmp_path: P
 
     import numpy as np
 
-    from prefixcache.sim.report import write_json
+    from prefixcache.sim.json_report import write_json
     from prefixcache.sim.requests import RequestRecord
 
     rec = RequestRecord(id=3, session="s1", turn=2, prompt_tokens=10, output_tokens=4)

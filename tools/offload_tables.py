@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.sim.cli import parse_capacity
-from prefixcache.sim.report import short_tokens, write_json
+from prefixcache.sim.json_report import write_json
+from prefixcache.sim.report import short_tokens
 from prefixcache.sim.sweep import SweepSpec, load_requests, run_grid
 
 POLICIES = "vllm-blocks,radix"

@@ -257,7 +257,7 @@ def _write(
     cfg: AtlasConfig,
     elapsed: float,
 ) -> None:
-    from prefixcache.sim.report import write_json
+    from prefixcache.sim.json_report import write_json
 
     md = [
         "# Atlas: hit rate against KV budget",

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import IO, Any, NoReturn, cast
+from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,6 +24,7 @@ from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
 from prefixcache.sim.gap import gap_rows, gap_table
+from prefixcache.sim.json_report import JsonLines, record_lines, write_json
 from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
@@ -45,7 +46,6 @@ from prefixcache.sim.report import (
     trace_stats_table,
     write_csv,
     write_grid_plot,
-    write_json,
     write_sweep_plot,
 )
 from prefixcache.sim.requests import Request
@@ -59,6 +59,9 @@ from prefixcache.sim.scheduler import (
 from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
 from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
+
+if TYPE_CHECKING:
+    from prefixcache.sim.sweep import OnResult
 
 __all__ = ["build_parser", "main", "parse_capacity"]
 
@@ -680,14 +683,19 @@ def _sweep_runs(
 
 
 def _replay_runs(
-    args: argparse.Namespace, requests: Sequence[Request], err: Console
+    args: argparse.Namespace,
+    requests: Sequence[Request],
+    err: Console,
+    on_result: OnResult | None = None,
 ) -> list[ReplayResult]:
     """Every policy at ``args.capacity``, in worker processes unless ``--jobs 1``."""
     from prefixcache.sim.sweep import run_pairs
 
     pairs = [(args.capacity, p) for p in _policies(args.policies)]
     with progress_bars(err, enabled=not args.quiet) as bars:
-        return run_pairs(_spec(args), requests, pairs, jobs=args.jobs, progress=bars)
+        return run_pairs(
+            _spec(args), requests, pairs, jobs=args.jobs, progress=bars, on_result=on_result
+        )
 
 
 def _diffs(results: Sequence[ReplayResult]) -> list[dict[str, Any]]:
@@ -781,7 +789,13 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
-    results = _replay_runs(args, reqs, err)
+    # The records' JSON text is written as each replay ends, while the others still run.
+    record_json: dict[int, JsonLines] = {}
+
+    def encode_records(i: int, r: ReplayResult) -> None:
+        record_json[i] = record_lines(r.records, host_tier=r.stats.cpu_capacity > 0)
+
+    results = _replay_runs(args, reqs, err, encode_records if args.json else None)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
     _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
@@ -795,10 +809,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
                 "summaries": sums,
                 "differences": diffs,
                 "gap": gap_rows(sums),
-                "records": {
-                    r.policy: [x.to_dict(host_tier=r.stats.cpu_capacity > 0) for x in r.records]
-                    for r in results
-                },
+                "records": {r.policy: record_json[i] for i, r in enumerate(results)},
             },
         )
     if args.csv:

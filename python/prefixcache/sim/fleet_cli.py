@@ -13,7 +13,8 @@ from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.fleet import fleet_replay, summarize_fleet
-from prefixcache.sim.report import progress_bars, write_csv, write_json
+from prefixcache.sim.json_report import write_json
+from prefixcache.sim.report import progress_bars, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
 from prefixcache.sim.traces import Trace

@@ -1,9 +1,9 @@
-"""Reports: rich terminal tables, JSON / CSV files, the sweep plot, trace statistics."""
+"""Reports: rich terminal tables, CSV files, the sweep plot, trace statistics (JSON files:
+:mod:`prefixcache.sim.json_report`)."""
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from prefixcache.sim.json_report import clean
 from prefixcache.sim.replay import ProgressFactory
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "trace_stats_table",
     "write_csv",
     "write_grid_plot",
-    "write_json",
     "write_sweep_plot",
 ]
 
@@ -415,51 +415,6 @@ def write_grid_plot(
     plt.close(fig)
 
 
-_PLAIN = frozenset({int, str, bool, type(None)})
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN -> None, numpy scalars -> Python."""
-    t = type(obj)
-    if t in _PLAIN:
-        return obj
-    if t is float:
-        return None if math.isnan(obj) else obj
-    if isinstance(obj, dict):  # a record's values: plain, or floats (NaN when unset)
-        return {
-            k if type(k) is str else str(k): v
-            if (vt := type(v)) in _PLAIN or (vt is float and v == v)
-            else _clean(v)
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list | tuple):
-        return [v if type(v) in _PLAIN else _clean(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _clean(obj.item())
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    return obj
-
-
-def _json_text(obj: Any, indent: str = "") -> str:
-    """``obj`` as JSON, indented by level like ``json.dumps(indent=2)``, except that a
-    list of objects (per-request records, summaries) holds one object per line: each
-    line then comes from the C encoder (``indent`` makes ``json`` encode in Python)."""
-    inner = indent + "  "
-    if isinstance(obj, dict) and obj:
-        items = [f"{inner}{json.dumps(k)}: {_json_text(v, inner)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
-        flat = all(isinstance(v, dict) for v in obj)
-        items = [inner + (json.dumps(v) if flat else _json_text(v, inner)) for v in obj]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    return json.dumps(obj)
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    Path(path).write_text(_json_text(_clean(data)) + "\n", encoding="utf-8")
-
-
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
     """Rows of flat dicts; the header is the union of keys in first-seen order."""
     keys: list[str] = []
@@ -471,7 +426,7 @@ def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         for r in rows:
-            w.writerow({k: _clean(v) for k, v in r.items()})
+            w.writerow({k: clean(v) for k, v in r.items()})
 
 
 @contextmanager

@@ -27,6 +27,7 @@ __all__ = [
     "TokenFactory",
     "namespace_seed",
     "new_record",
+    "record_fields",
 ]
 
 
@@ -163,12 +164,17 @@ class RequestRecord:
     def to_dict(self, host_tier: bool = False) -> dict[str, object]:
         """The record's fields; the second tier's only with ``host_tier`` (a policy
         without one reports exactly what it reported before tiers existed)."""
-        return {k: getattr(self, k) for k in (_ALL_FIELDS if host_tier else _BASE_FIELDS)}
+        return {k: getattr(self, k) for k in record_fields(host_tier)}
 
 
 _HOST_FIELDS = ("host_hit_tokens", "loaded_tokens", "load_time")
 _ALL_FIELDS = tuple(f.name for f in fields(RequestRecord))
 _BASE_FIELDS = tuple(k for k in _ALL_FIELDS if k not in _HOST_FIELDS)
+
+
+def record_fields(host_tier: bool = False) -> tuple[str, ...]:
+    """The fields :meth:`RequestRecord.to_dict` reports, in order."""
+    return _ALL_FIELDS if host_tier else _BASE_FIELDS
 
 
 def new_record(req: Request) -> RequestRecord:

@@ -19,7 +19,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import PrefillCost
 
 __all__ = [
+    "OnResult",
     "SweepSpec",
     "default_jobs",
     "load_requests",
@@ -82,6 +83,8 @@ def load_requests(spec: SweepSpec) -> list[Request]:
 
 # One replay: (GPU capacity, host capacity, policy).
 Task = tuple[int | None, int, str]
+# Called with each replay's index and result as it arrives (run_pairs).
+OnResult = Callable[[int, ReplayResult], None]
 
 
 # Relative cost of a replay by policy family (time model, whole Mooncake conversation
@@ -223,15 +226,25 @@ def run_pairs(
     progress: ProgressFactory | None = None,
     records: bool = True,
     label: bool = False,
+    on_result: OnResult | None = None,
 ) -> list[ReplayResult]:
     """Replay every (capacity, policy) pair, up to ``jobs`` at once in worker processes
     (1: one after the other in this process). ``records=False`` drops the per-request
     records (``ReplayResult.summary_only`` holds the summary); ``label`` names each
     progress bar after its capacity. Every replay has ``spec.cpu_capacity`` of host
-    memory."""
+    memory. ``on_result(i, result)`` is called in this process as each pair's result
+    arrives (``i``: its index in ``pairs``), while later ones may still run: work on one
+    result (writing its records out) then overlaps the replays still running."""
     tasks: list[Task] = [(cap, spec.cpu_capacity, pol) for cap, pol in pairs]
     return _run_tasks(
-        spec, requests, tasks, jobs=jobs, progress=progress, records=records, label=label
+        spec,
+        requests,
+        tasks,
+        jobs=jobs,
+        progress=progress,
+        records=records,
+        label=label,
+        on_result=on_result,
     )
 
 
@@ -244,16 +257,19 @@ def _run_tasks(
     progress: ProgressFactory | None,
     records: bool,
     label: bool,
+    on_result: OnResult | None = None,
 ) -> list[ReplayResult]:
     global _worker_requests
     jobs = min(jobs or default_jobs(), len(tasks))
     if jobs <= 1:
         out = []
-        for task in tasks:
+        for key, task in enumerate(tasks):
             res = _one(spec, requests, task, progress, label)
             if not records:
                 res.summary_only = summarize(res)
                 res.records = []
+            if on_result is not None:
+                on_result(key, res)
             out.append(res)
         return out
     methods = mp.get_all_start_methods()
@@ -291,13 +307,15 @@ def _run_tasks(
                 pass
             for key, r in enumerate(pending):
                 if not finished[key] and r.ready():
-                    r.get()  # raises a worker's exception here
+                    res = r.get()  # raises a worker's exception here
                     finished[key] = True
                     b = bar(key)
                     if b is not None:
                         # Counts still in the queue may arrive after the result does.
                         b.advance(n - counted[key])
                         b.done()
+                    if on_result is not None:
+                        on_result(key, res)
         out = [r.get() for r in pending]
         pool.close()
     except BaseException:

@@ -1,0 +1,83 @@
+"""The per-request records' fast path of the ``--json`` files: the same text as the
+general encoder, line for line, for every kind of value a record can hold."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixcache.sim.json_report import JsonLines, clean, record_lines, write_json
+from prefixcache.sim.requests import RequestRecord, record_fields
+
+ids = st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=6))
+counts = st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70))
+times = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.just(math.nan),
+    st.just(-0.0),
+    st.integers(0, 10**6),  # an int where a float is declared: written as an int
+    st.builds(np.float64, st.floats(allow_nan=True, allow_infinity=True)),
+)
+
+
+@st.composite
+def records(draw: st.DrawFn) -> RequestRecord:
+    rec = RequestRecord(
+        id=draw(ids),
+        session=draw(st.one_of(st.none(), ids)),
+        turn=draw(st.integers(0, 1000)),
+        prompt_tokens=draw(counts),
+        output_tokens=draw(counts),
+    )
+    rec.hit_tokens = draw(st.one_of(counts, st.builds(np.int64, st.integers(0, 2**40))))
+    rec.evicted_tokens = draw(counts)
+    rec.rejected = draw(st.one_of(st.booleans(), st.builds(np.bool_, st.booleans())))
+    for name in ("arrival", "first_token", "finished", "ttft", "load_time"):
+        setattr(rec, name, draw(times))
+    rec.host_hit_tokens = draw(counts)
+    return rec
+
+
+def _general(recs: list[RequestRecord], host_tier: bool) -> list[str]:
+    return [json.dumps(clean(r.to_dict(host_tier=host_tier))) for r in recs]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(records(), max_size=8), st.booleans(), st.booleans())
+def test_record_lines_equal_the_general_encoder(
+    recs: list[RequestRecord], host_tier: bool, uniform: bool
+) -> None:
+    if uniform:  # the common case: every column of one plain type (the one-pass paths)
+        for r in recs:
+            r.id, r.session, r.rejected = len(recs), None, bool(r.rejected)
+            r.hit_tokens = int(r.hit_tokens)
+            for name in ("arrival", "first_token", "finished", "ttft", "load_time"):
+                setattr(r, name, float(getattr(r, name)))
+    got = record_lines(recs, host_tier=host_tier).lines
+    assert got == _general(recs, host_tier)
+    for line, r in zip(got, recs, strict=True):
+        assert list(json.loads(line)) == list(record_fields(host_tier))
+        assert json.loads(line)["turn"] == r.turn
+
+
+def test_a_file_with_record_lines_is_the_file_with_the_records(tmp_path: Path) -> None:
+    a, b = RequestRecord(1, "s", 0, 10, 2), RequestRecord(2, None, 1, 12, 3)
+    a.ttft, b.ttft = 0.25, math.inf
+    for host_tier in (False, True):
+        data: dict[str, Any] = {"summaries": [{"n": 1}], "empty": []}
+        fast = {**data, "records": {"radix": record_lines([a, b], host_tier), "x": JsonLines([])}}
+        general = {
+            **data,
+            "records": {"radix": [r.to_dict(host_tier=host_tier) for r in (a, b)], "x": []},
+        }
+        write_json(tmp_path / "fast.json", fast)
+        write_json(tmp_path / "general.json", general)
+        text = (tmp_path / "fast.json").read_text()
+        assert text == (tmp_path / "general.json").read_text()
+        assert '    "radix": [\n      {"id": 1, "session": "s"' in text
