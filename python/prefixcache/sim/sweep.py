@@ -288,9 +288,21 @@ def _run_tasks(
     # One process per replay: each pair's peak RSS is its own. The longest replays go
     # first, so the last ones to finish are short and no worker idles long at the end.
     pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
+
+    def wake(key: int) -> Callable[[object], None]:
+        # Run by the pool's result thread as a replay ends: a zero count on the progress
+        # queue wakes the loop below at once (it would otherwise see the result only
+        # when its next 0.1 s wait on the queue ends).
+        return lambda _: q.put((key, 0))
+
     try:
         submitted = {
-            key: pool.apply_async(_work, (spec, key, tasks[key], progress is not None, records))
+            key: pool.apply_async(
+                _work,
+                (spec, key, tasks[key], progress is not None, records),
+                callback=wake(key),
+                error_callback=wake(key),
+            )
             for key in longest_first(tasks)
         }
         pending = [submitted[key] for key in range(len(tasks))]
