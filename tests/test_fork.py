@@ -35,8 +35,11 @@ SCRIPT = textwrap.dedent(
                 c.insert(k)
             return c
         if kind == "BlockPool":  # every block used once: check_invariants visits them all
-            p = pc.BlockPool(500_000)
-            p.free_blocks(p.get_new_blocks(499_999))
+            # 4M blocks: ~10 ms a check, several times what fork() itself takes (0.5-2 ms
+            # here). With 500k (1 ms), a fork often ran past the end of the call, so the
+            # child saw the lock free and no fork landed inside a call.
+            p = pc.BlockPool(4_000_000)
+            p.free_blocks(p.get_new_blocks(3_999_999))
             return p
         if kind == "KVCacheManager":
             m = pc.KVCacheManager(200_000, block_size=1, hash_algo="xxh3_64")
@@ -62,7 +65,9 @@ SCRIPT = textwrap.dedent(
 
     threading.Thread(target=worker, daemon=True).start()
     outcomes = []
-    for _ in range(5):
+    # At least 5 forks; more (up to 15) until two have landed inside a call: whether one
+    # does is a race between fork() and the end of the call.
+    while len(outcomes) < 5 or (outcomes.count(20) < 2 and len(outcomes) < 15):
         time.sleep(0.02)
         pid = os.fork()
         if pid == 0:
