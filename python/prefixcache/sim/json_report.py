@@ -4,7 +4,7 @@ per-request records, which are most of a replay's file.
 
 :func:`record_lines` writes each record's line column by column (each column's values
 converted to JSON text in one pass, each line filled into a template), the text
-``json.dumps`` gives for the record's cleaned ``to_dict()``, in a third of its time; a
+``json.dumps`` gives for the record's cleaned ``to_dict()``, in about half its time; a
 replay of a 12,000-request trace writes one such list per policy
 (docs/BENCHMARKS.md, "Simulator (replay)").
 """
