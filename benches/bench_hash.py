@@ -3,8 +3,10 @@ tokens, token ids uniform below 151,936 as Qwen's vocabulary), for every algorit
 core (``BlockHasher.hash_blocks``) vs the plain-Python reference (pickle/cbor2 + hashlib/
 xxhash), side by side. ``ns_per_block`` in extra_info is the best pass time / 2048.
 
-A second group hashes blocks carrying extra keys (LoRA + cache salt + two multimodal
-items), which take the general encoder instead of the fast path.
+The core hashes a prompt it has not seen in each pass (every block computed); a third
+group hashes the same prompt again, the blocks coming from the thread's table of recent
+SHA-256 hashes. Another group hashes blocks carrying extra keys (LoRA + cache salt + two
+multimodal items), which take the general encoder instead of the fast path.
 """
 
 from __future__ import annotations
@@ -44,11 +46,38 @@ def run(impl: str, algo: str, extra: list[Any] | None) -> Any:
     return lambda: ref.hash_blocks(algo, BLOCK, TOKEN_LIST, extra, seed="vllm-none-hash")
 
 
+def fresh_prompts() -> Any:
+    """Setup of a core pass: a prompt no earlier pass hashed (TOKENS with its first
+    token changed, so every block's parent differs)."""
+    serial = iter(range(1, 1 << 30))
+
+    def setup() -> Any:
+        prompt = TOKENS.copy()
+        prompt[0] = 151_936 + next(serial)
+        return (prompt,), {}
+
+    return setup
+
+
 @pytest.mark.parametrize("impl", ["core", "reference"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_hash_blocks(benchmark: Any, algo: str, impl: str) -> None:
     benchmark.group = f"hash 32k-token prompt, {algo}"
-    result = benchmark.pedantic(run(impl, algo, None), rounds=ROUNDS[impl], warmup_rounds=1)
+    if impl == "core":
+        hasher = BlockHasher(BLOCK, algo, "vllm-none-hash")
+        result = benchmark.pedantic(
+            hasher.hash_blocks, setup=fresh_prompts(), rounds=ROUNDS[impl], warmup_rounds=1
+        )
+    else:
+        result = benchmark.pedantic(run(impl, algo, None), rounds=ROUNDS[impl], warmup_rounds=1)
+    assert len(result) == N_BLOCKS
+    record(benchmark)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_hash_blocks_again(benchmark: Any, algo: str) -> None:
+    benchmark.group = f"hash 32k-token prompt, {algo}"
+    result = benchmark.pedantic(run("core", algo, None), rounds=ROUNDS["core"], warmup_rounds=2)
     assert len(result) == N_BLOCKS
     record(benchmark)
 

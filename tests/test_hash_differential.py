@@ -125,6 +125,33 @@ def test_hash_blocks_matches_reference(
         assert hasher.hash_blocks(tokens[block_size:], None, expect[0]) == rest
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    pieces=st.lists(
+        st.lists(st.integers(0, 70000), min_size=1, max_size=40), min_size=1, max_size=4
+    ),
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=10),
+    block_size=st.sampled_from([1, 2, 3, 16, 17]),
+)
+def test_prompts_sharing_prefixes_hash_as_the_reference(
+    pieces: list[list[int]], prompts: list[list[int]], block_size: int
+) -> None:
+    """Prompts built from a few shared pieces, each hashed three times with both SHA-256
+    encodings, from the default parent and from a given one: the blocks they share are
+    served from the thread's table of recent SHA-256 hashes from the second or third time
+    on, and every chain still equals the reference."""
+    for algo in ("sha256", "sha256_cbor"):
+        hasher = BlockHasher(block_size, algo, "x")
+        parent = ref.hash_blocks("sha256", 1, [7], None, seed="p")[0]  # one parent, both encodings
+        for prompt in prompts:
+            tokens = [t for k in prompt for t in pieces[k % len(pieces)]]
+            expect = ref.hash_blocks(algo, block_size, tokens, None, seed="x")
+            from_parent = ref.hash_blocks(algo, block_size, tokens, None, parent=parent)
+            for _ in range(3):
+                assert hasher.hash_blocks(tokens) == expect
+                assert hasher.hash_blocks(tokens, None, parent) == from_parent
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("algo", ["sha256", "xxhash"])
 def test_pickle_frames_of_large_objects(algo: str, seed: int) -> None:

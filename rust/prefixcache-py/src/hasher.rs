@@ -191,6 +191,11 @@ fn algo(name: &str) -> PyResult<HashAlgo> {
 }
 
 /// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
+///
+/// SHA-256 hashes of blocks without extra keys (up to 16 tokens) go through a table of
+/// recent hashes that each hashing thread keeps (576 KB, from its first such hash): a
+/// block hashed before (a shared prefix) costs a lookup instead of SHA-256, with the
+/// same result.
 #[pyclass(frozen, name = "BlockHasher", module = "prefixcache._core")]
 pub struct PyBlockHasher {
     pub(crate) inner: BlockHasher,

@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
+use super::memo::HashMemo;
 use super::value::KeyValue;
 use super::{cbor, pickle, sha256, BlockHash};
 use crate::error::{Error, Result};
@@ -121,15 +122,23 @@ impl HashAlgo {
     }
 }
 
+/// What each thread keeps for hashing: the byte-stream buffers and the table of recent
+/// SHA-256 block hashes.
+#[derive(Default)]
+struct Scratch {
+    bufs: Buffers,
+    memo: HashMemo,
+}
+
 /// Reusable buffers for the byte streams: 64-byte blocks for the fast path (so SHA-256 pads
 /// and compresses in place) and a byte vector for the general encoders.
 #[derive(Default)]
-struct Scratch {
+struct Buffers {
     blocks: Vec<[u8; 64]>,
     bytes: Vec<u8>,
 }
 
-impl Scratch {
+impl Buffers {
     /// Give back buffers grown past 1 MiB by a huge block, so a thread does not keep them.
     fn trim(&mut self) {
         const KEEP: usize = 1 << 20;
@@ -151,7 +160,8 @@ impl Scratch {
 }
 
 thread_local! {
-    /// Scratch buffers reused by every hash on this thread (no allocation per block).
+    /// Scratch buffers reused by every hash on this thread (no allocation per block), and
+    /// its table of recent SHA-256 block hashes.
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
@@ -231,10 +241,32 @@ impl BlockHasher {
         }
     }
 
+    /// The hash of one block; a SHA-256 block without extra keys through this thread's
+    /// table of recent hashes (the same digest, without the compressions on a hit).
     #[inline]
     fn hash_unchecked(
         &self,
         scratch: &mut Scratch,
+        parent: &BlockHash,
+        tokens: &[u32],
+        extra: Option<&[KeyValue]>,
+    ) -> BlockHash {
+        let sha = matches!(self.algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor);
+        if !sha || extra.is_some() {
+            return self.hash_uncached(&mut scratch.bufs, parent, tokens, extra);
+        }
+        let Scratch { bufs, memo } = scratch;
+        // check_parent made a SHA-256 parent 32 bytes long: padded_bytes() is all of it.
+        let bytes = memo.digest(self.algo.uses_cbor(), parent.padded_bytes(), tokens, || {
+            self.hash_uncached(bufs, parent, tokens, None).bytes
+        });
+        BlockHash { len: 32, bytes }
+    }
+
+    #[inline]
+    fn hash_uncached(
+        &self,
+        scratch: &mut Buffers,
         parent: &BlockHash,
         tokens: &[u32],
         extra: Option<&[KeyValue]>,
@@ -306,7 +338,7 @@ impl BlockHasher {
         let parent = self.check_parent(parent)?;
         Ok(SCRATCH.with_borrow_mut(|scratch| {
             let h = self.hash_unchecked(scratch, &parent, tokens, extra_keys);
-            scratch.trim();
+            scratch.bufs.trim();
             h
         }))
     }
@@ -331,7 +363,7 @@ impl BlockHasher {
                 visit(i, &parent);
                 out.push(parent);
             }
-            buf.trim();
+            buf.bufs.trim();
         });
         Ok(out)
     }
@@ -371,7 +403,7 @@ impl BlockHasher {
                 parent = self.hash_unchecked(buf, &parent, block, extra);
                 out.push(parent);
             }
-            buf.trim();
+            buf.bufs.trim();
         });
         Ok(out)
     }
@@ -478,6 +510,46 @@ mod tests {
             );
             assert_eq!(tail.unwrap(), want[1..]);
             assert_eq!(seen, vec![(0, want[1]), (1, want[2])]);
+        }
+    }
+
+    /// The hash by the general encoder and a streaming SHA-256: no fast path, no table.
+    fn reference_chain(h: &BlockHasher, tokens: &[u32]) -> Vec<BlockHash> {
+        let mut parent = h.none_hash();
+        let mut out = Vec::new();
+        for block in tokens.chunks_exact(h.block_size()) {
+            let mut bytes = Vec::new();
+            h.algo()
+                .encode_block(&mut bytes, parent.as_bytes(), block, None);
+            parent = h.algo().digest(&bytes);
+            out.push(parent);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Prompts built from a few shared pieces, hashed one after another on one thread
+        /// (so later blocks hit the table of recent hashes, and siblings, evictions and
+        /// both encodings meet in it): every chain equals the reference.
+        #[test]
+        fn recent_hash_table_changes_no_hash(
+            pieces in proptest::collection::vec(
+                proptest::collection::vec(0u32..4, 1..40), 1..5),
+            prompts in proptest::collection::vec(
+                proptest::collection::vec(0usize..5, 1..6), 1..12),
+            block in 1usize..20,
+            cbor in proptest::bool::ANY,
+        ) {
+            let algo = if cbor { HashAlgo::Sha256Cbor } else { HashAlgo::Sha256 };
+            let h = BlockHasher::new(algo, block, "s").unwrap();
+            for prompt in &prompts {
+                let tokens: Vec<u32> = prompt
+                    .iter()
+                    .flat_map(|&k| pieces[k % pieces.len()].iter().copied())
+                    .collect();
+                let want = reference_chain(&h, &tokens);
+                proptest::prop_assert_eq!(h.hash_blocks(&tokens, None, None).unwrap(), want);
+            }
         }
     }
 

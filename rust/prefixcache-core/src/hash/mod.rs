@@ -4,9 +4,11 @@
 //! - [`pickle`]: CPython's `pickle.dumps(obj, protocol=5)` bytes.
 //! - [`cbor`]: `cbor2.dumps(obj, canonical=True)` bytes.
 //! - [`hasher`]: [`HashAlgo`] and [`BlockHasher`] (NONE_HASH, chained block hashes).
+//! - `memo`: each thread's table of recent SHA-256 block hashes.
 
 pub mod cbor;
 pub mod hasher;
+mod memo;
 pub mod pickle;
 mod sha256;
 pub mod value;
