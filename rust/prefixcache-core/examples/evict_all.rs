@@ -20,7 +20,7 @@ fn main() {
         let ins = s.elapsed();
         let s = Instant::now();
         for p in &prompts {
-            t.match_prefix(p, &ns);
+            t.match_prefix(p, &ns).unwrap();
         }
         let mat = s.elapsed();
         let s = Instant::now();

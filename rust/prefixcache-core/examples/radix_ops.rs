@@ -39,7 +39,7 @@ fn main() {
     }
     if phases >= 2 {
         for k in &keys {
-            t.match_prefix(k, &ns);
+            t.match_prefix(k, &ns).unwrap();
         }
     }
     if phases >= 3 {

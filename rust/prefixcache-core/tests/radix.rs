@@ -19,7 +19,7 @@ fn match_splits_and_returns_the_path() {
         .insert(&[1, 2, 3, 4], Some(&[10, 20, 30, 40]), &none(), 0, 0)
         .unwrap();
     assert_eq!(r.prefix_len, 0);
-    let m = t.match_prefix(&[1, 2, 9], &none());
+    let m = t.match_prefix(&[1, 2, 9], &none()).unwrap();
     assert_eq!(m.length, 2);
     assert_eq!(t.path_indices(m.node).unwrap(), vec![10, 20]);
     assert_eq!(t.num_nodes(), 2, "the match split the node");
@@ -48,9 +48,9 @@ fn page_alignment_truncates_and_splits_on_pages() {
         .unwrap();
     assert_eq!(t.total_size(), 8);
     assert_eq!(t.path_len(r.node).unwrap(), 8);
-    let m = t.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 8], &none());
+    let m = t.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 8], &none()).unwrap();
     assert_eq!(m.length, 4, "a partial page does not match");
-    let m = t.match_prefix(&[1, 2, 3], &none());
+    let m = t.match_prefix(&[1, 2, 3], &none()).unwrap();
     assert_eq!((m.length, m.node), (0, t.root()));
     t.check_invariants().unwrap();
 }
@@ -75,7 +75,7 @@ fn whole_leaf_eviction_cascades_to_parents() {
 fn locks_move_sizes_and_refuse_underflow() {
     let mut t = tree(1, "lru");
     let r = t.insert(&[1, 2, 3], None, &none(), 0, 0).unwrap();
-    let m = t.match_prefix(&[1, 2], &none());
+    let m = t.match_prefix(&[1, 2], &none()).unwrap();
     assert_eq!(t.inc_lock_ref(m.node).unwrap(), -2);
     assert_eq!((t.evictable_size(), t.protected_size()), (1, 2));
     assert_eq!(t.inc_lock_ref(r.node).unwrap(), -1);
@@ -122,24 +122,27 @@ fn namespaces_are_structured() {
     .unwrap();
     assert_eq!(
         t.match_prefix(&[1, 2, 3], &Namespace::new(Some("a"), Some("bc")))
+            .unwrap()
             .length,
         0
     );
     assert_eq!(
         t.match_prefix(&[1, 2, 3], &Namespace::new(Some("abc"), None))
+            .unwrap()
             .length,
         0
     );
-    assert_eq!(t.match_prefix(&[1, 2, 3], &none()).length, 0);
+    assert_eq!(t.match_prefix(&[1, 2, 3], &none()).unwrap().length, 0);
     assert_eq!(
         t.match_prefix(&[1, 2, 3], &Namespace::new(Some("ab"), Some("c")))
+            .unwrap()
             .length,
         3
     );
     // an empty salt is no salt
     t.insert(&[4], None, &Namespace::new(None, Some("")), 0, 0)
         .unwrap();
-    assert_eq!(t.match_prefix(&[4], &none()).length, 1);
+    assert_eq!(t.match_prefix(&[4], &none()).unwrap().length, 1);
     t.check_invariants().unwrap();
 }
 
@@ -154,7 +157,7 @@ fn lfu_and_priority_orders() {
     let mut t = tree(1, "priority");
     t.insert(&[1], None, &none(), 5, 0).unwrap();
     t.insert(&[2], None, &none(), 1, 0).unwrap();
-    t.match_prefix(&[2], &none());
+    t.match_prefix(&[2], &none()).unwrap();
     assert_eq!(
         t.evict(1).unwrap(),
         vec![2],
@@ -266,7 +269,7 @@ proptest! {
                     }
                 }
                 Op::Match { seq, len, ns } => {
-                    let m = t.match_prefix(&sequence(seq, len), &nss[ns as usize]);
+                    let m = t.match_prefix(&sequence(seq, len), &nss[ns as usize]).unwrap();
                     prop_assert_eq!(m.length % page, 0);
                     prop_assert_eq!(t.path_indices(m.node).unwrap().len(), m.length);
                     if m.node != t.root() {
@@ -331,7 +334,8 @@ fn namespaces_are_dropped_with_their_last_node_and_on_reset() {
     for i in 0..100u32 {
         let ns = Namespace::new(None, Some(&format!("salt{i}")));
         t.insert(&[i, i + 1], None, &ns, 0, 0).unwrap();
-        t.match_prefix(&[i], &Namespace::new(Some("unseen"), None));
+        t.match_prefix(&[i], &Namespace::new(Some("unseen"), None))
+            .unwrap();
     }
     assert_eq!(t.num_namespaces(), 101, "100 salts and no namespace");
     t.evict(150).unwrap();
@@ -359,8 +363,8 @@ fn namespaces_are_dropped_with_their_last_node_and_on_reset() {
     assert_eq!(t.num_namespaces(), 1);
     let other = Namespace::new(Some("other"), None);
     t.insert(&[1, 2, 3], None, &other, 0, 0).unwrap();
-    assert_eq!(t.match_prefix(&[1, 2, 3], &ns).length, 0);
-    assert_eq!(t.match_prefix(&[1, 2, 3], &other).length, 3);
+    assert_eq!(t.match_prefix(&[1, 2, 3], &ns).unwrap().length, 0);
+    assert_eq!(t.match_prefix(&[1, 2, 3], &other).unwrap().length, 3);
     t.reset();
     assert_eq!(t.num_namespaces(), 1);
     t.check_invariants().unwrap();

@@ -347,7 +347,8 @@ impl RadixCache {
                         .with(py, |t| t.match_prefix(key.as_slice(), &ns))?
                 }
             }
-        };
+        }
+        .py_err()?;
         Ok(MatchResult {
             length: m.length,
             node_ref: m.node,

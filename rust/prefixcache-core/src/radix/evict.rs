@@ -286,7 +286,7 @@ mod tests {
                     let values = [i64::from(i), -1, 1 << 40, 5];
                     t.insert(&key, Some(&values), &ns, 0, 0).expect("insert");
                     if i % 5 == 0 {
-                        t.match_prefix(&key[..2], &ns);
+                        t.match_prefix(&key[..2], &ns).unwrap();
                     }
                 }
                 t.check_invariants().expect("invariants");

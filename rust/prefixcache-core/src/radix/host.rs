@@ -873,7 +873,7 @@ mod tests {
         assert_eq!(t.host_size(), 5);
         assert_eq!(t.evict(2).expect("evict"), vec![13, 14]);
         t.check_invariants().expect("invariants");
-        let m = t.match_prefix(&[1, 2, 3, 4, 5], &ns);
+        let m = t.match_prefix(&[1, 2, 3, 4, 5], &ns).unwrap();
         assert_eq!((m.length, m.host_length), (3, 2));
         t.check_invariants().expect("invariants");
         assert_eq!(t.load_back(m.host_node, Some(&[20, 21])).expect("load"), 2);
@@ -914,12 +914,12 @@ mod tests {
                 t.check_invariants().expect("invariants");
                 assert!(freed <= 6, "{policy:?}");
             }
-            let top = t.match_prefix(&[1, 2], &ns).node;
+            let top = t.match_prefix(&[1, 2], &ns).unwrap().node;
             let slot = t.resolve(top).expect("live");
             assert!(t.listed(slot));
             assert_eq!(t.heap_side.len(), 1);
             // A touch re-sorts it (through the side table).
-            t.match_prefix(&[1, 2], &ns);
+            t.match_prefix(&[1, 2], &ns).unwrap();
             t.check_invariants().expect("invariants");
             // Reviving a child takes the node out of the heap (a device child).
             t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
@@ -966,7 +966,7 @@ mod tests {
         t.check_invariants().expect("invariants");
         // Demote [3, 4] and [7], load [3, 4] back with fresh values: the copy stays.
         assert_eq!(t.evict(3).expect("evict").len(), 3);
-        let m = t.match_prefix(&[1, 2, 3, 4], &ns);
+        let m = t.match_prefix(&[1, 2, 3, 4], &ns).unwrap();
         assert_eq!(t.load_back(m.host_node, Some(&[30, 31])).expect("load"), 2);
         assert_eq!(t.take_host_events(false), (vec![], vec![]));
         t.check_invariants().expect("invariants");
@@ -1063,7 +1063,7 @@ mod tests {
         let mut t = tree(8, WritePolicy::WriteBack);
         t.insert(&[1, 2, 3], None, &ns, 0, 0).expect("insert");
         t.evict(3).expect("evict");
-        let m = t.match_prefix(&[1, 2, 3], &ns);
+        let m = t.match_prefix(&[1, 2, 3], &ns).unwrap();
         let before = (t.dump(), t.host_dump(), t.host_size());
         assert!(t.load_back(m.host_node, Some(&[1])).is_err());
         assert_eq!((t.dump(), t.host_dump(), t.host_size()), before);

@@ -572,8 +572,8 @@ mod tests {
                             }
                         }
                         4..=6 => {
-                            let x = a.match_prefix(&key, ns);
-                            let y = b.match_prefix(&key, ns);
+                            let x = a.match_prefix(&key, ns).unwrap();
+                            let y = b.match_prefix(&key, ns).unwrap();
                             assert_eq!(x.length, y.length);
                             assert!(same(x.node, y.node), "{policy:?} {page} {step} {x:?} {y:?}");
                         }
@@ -669,7 +669,7 @@ mod tests {
             }
             assert!(fresh.iter().any(|h| h.serial > u64::from(u32::MAX)));
             // Touching the old node: its last access is recent again, its creation old.
-            t.match_prefix(&[1, 2], &ns);
+            t.match_prefix(&[1, 2], &ns).unwrap();
             let info = t.node_info(old).expect("info");
             assert_eq!(info.last_access_time, t.clock());
             assert_eq!(info.creation_time, old_info.creation_time);

@@ -146,8 +146,8 @@ impl Span {
         Some((std::ptr::with_exposed_provenance_mut(addr), words))
     }
 
-    /// A heap span owning the buffer at `ptr` (`n` tokens, allocated from `System` with
-    /// the layout of its word count).
+    /// A heap span owning the buffer at `ptr` (`n` tokens, allocated by `alloc_words`
+    /// with the layout of its word count).
     fn into_heap(ptr: *mut u32, n: usize, wide: bool) -> Span {
         let addr = ptr.expose_provenance() as u64;
         let n = n as u64;
@@ -158,15 +158,8 @@ impl Span {
     }
 
     /// Lays out `key` and the index words written by `fill` (given the `n` or `2n` words
-    /// after the tokens). `fallible`: a failed allocation is an `OutOfMemory` error
-    /// instead of an abort (for sizes a caller chose; a split only re-packs memory that
-    /// is already held).
-    fn layout(
-        key: &[u32],
-        wide: bool,
-        fallible: bool,
-        fill: impl FnOnce(&mut [u32]),
-    ) -> Result<Span> {
+    /// after the tokens). A failed allocation is an `OutOfMemory` error.
+    fn layout(key: &[u32], wide: bool, fill: impl FnOnce(&mut [u32])) -> Result<Span> {
         let n = key.len();
         let total = words(n, wide)
             .ok_or_else(|| Error::out_of_memory("a radix node", "capacity overflow"))?;
@@ -183,9 +176,6 @@ impl Span {
         let l = Layout::array::<u32>(total).map_err(|_| oom("capacity overflow"))?;
         let ptr = alloc_words(l);
         if ptr.is_null() {
-            if !fallible {
-                std::alloc::handle_alloc_error(l);
-            }
             return Err(oom("memory allocation failed"));
         }
         // SAFETY: `ptr` is a fresh, exclusively owned buffer of `total` u32 (n <= total):
@@ -220,12 +210,12 @@ impl Span {
     pub(crate) fn from_values(key: &[u32], values: &[i64]) -> Result<Span> {
         debug_assert_eq!(key.len(), values.len());
         let wide = !all_narrow(values);
-        Span::layout(key, wide, true, |dst| Span::write_values(dst, values, wide))
+        Span::layout(key, wide, |dst| Span::write_values(dst, values, wide))
     }
 
     /// `key` whose KV indices are the tokens themselves.
     pub(crate) fn from_tokens(key: &[u32]) -> Result<Span> {
-        Span::layout(key, false, true, |dst| dst.copy_from_slice(key))
+        Span::layout(key, false, |dst| dst.copy_from_slice(key))
     }
 
     /// The words, the token count and the width.
@@ -295,37 +285,35 @@ impl Span {
     }
 
     /// The first `p` tokens and the rest (0 < p < len), each in exact-size storage and
-    /// narrow again where its own indices allow. The halves carry no owner's bits.
-    pub(crate) fn split_at(&self, p: usize) -> (Span, Span) {
+    /// narrow again where its own indices allow. The halves carry no owner's bits. Both
+    /// are allocated while this span still holds its buffer: when either allocation fails
+    /// the error is returned (and a half already made is freed), this span unchanged.
+    pub(crate) fn split_at(&self, p: usize) -> Result<(Span, Span)> {
         let (buf, n, wide) = self.parts();
         let halves = if wide {
             let values = self.values();
             let (head_values, tail_values) = values.split_at(p);
             let head_wide = !all_narrow(head_values);
             let tail_wide = !all_narrow(tail_values);
-            let head = Span::layout(&buf[..p], head_wide, false, |dst| {
+            let head = Span::layout(&buf[..p], head_wide, |dst| {
                 Span::write_values(dst, head_values, head_wide)
             });
-            let tail = Span::layout(&buf[p..n], tail_wide, false, |dst| {
+            let tail = Span::layout(&buf[p..n], tail_wide, |dst| {
                 Span::write_values(dst, tail_values, tail_wide)
             });
             (head, tail)
         } else {
             let vals = &buf[n..2 * n];
-            let head = Span::layout(&buf[..p], false, false, |dst| {
+            let head = Span::layout(&buf[..p], false, |dst| {
                 dst.copy_from_slice(&vals[..p]);
             });
-            let tail = Span::layout(&buf[p..n], false, false, |dst| {
+            let tail = Span::layout(&buf[p..n], false, |dst| {
                 dst.copy_from_slice(&vals[p..]);
             });
             (head, tail)
         };
-        match halves {
-            (Ok(h), Ok(t)) => (h, t),
-            // Unreachable: both halves are shorter than this span, so their word counts
-            // cannot overflow, and an infallible reservation aborts rather than failing.
-            _ => (Span::default(), Span::default()),
-        }
+        let (head, tail) = halves;
+        Ok((head?, tail?))
     }
 }
 
@@ -357,14 +345,14 @@ mod tests {
             assert_eq!(s.len(), key.len());
             assert_eq!(s.values(), values);
             for p in 1..values.len() {
-                let (h, t) = s.split_at(p);
+                let (h, t) = s.split_at(p).unwrap();
                 assert_eq!(h.key(), &key[..p]);
                 assert_eq!(t.key(), &key[p..]);
                 assert_eq!(h.values(), &values[..p]);
                 assert_eq!(t.values(), &values[p..]);
                 assert_eq!((h.meta(), t.meta()), (0, 0));
             }
-            let (_, t) = s.split_at(values.len().max(2) / 2);
+            let (_, t) = s.split_at(values.len().max(2) / 2).unwrap();
             let mut r = Span::default();
             r.set_meta(12345);
             r.replace(t);
@@ -390,7 +378,7 @@ mod tests {
             assert_eq!(s.is_wide(), wide, "{:?}", &values[..2]);
             assert_eq!(s.values(), values);
             let p = values.len() - 1;
-            let (h, t) = s.split_at(p);
+            let (h, t) = s.split_at(p).unwrap();
             assert_eq!(
                 h.is_wide(),
                 !values[..p].iter().all(|v| (0..=edge).contains(v))

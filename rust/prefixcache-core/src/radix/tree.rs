@@ -417,18 +417,20 @@ impl RadixTree {
         self.drop_unused_namespace(ns);
     }
 
-    /// Splits `child` after `p` tokens: a new node takes the first `p` tokens and becomes
-    /// the child's parent. The original node keeps the tail (so its handles stay valid).
-    fn split(&mut self, child: u32, p: usize, now: u64) -> u32 {
+    /// Splits `child` after `p` tokens (0 < p < its length): a new node takes the first
+    /// `p` tokens and becomes the child's parent. The original node keeps the tail (so its
+    /// handles stay valid). When the halves' memory cannot be allocated, an `OutOfMemory`
+    /// error and no change.
+    fn split(&mut self, child: u32, p: usize, now: u64) -> Result<u32> {
+        // Both halves get exact-size buffers: a split must not leave the head holding the
+        // whole original capacity (memory per cached token is a target).
+        let (head, tail) = self.nodes[child as usize].span.split_at(p)?;
         let serial = self.take_serial();
         let ns = self.ns(child);
         let from = self.stamps(child);
         let priority = self.priority(child);
         let c = &mut self.nodes[child as usize];
         let parent = c.parent;
-        // Both halves get exact-size buffers: a split must not leave the head holding the
-        // whole original capacity (memory per cached token is a target).
-        let (head, tail) = c.span.split_at(p);
         c.span.replace(tail);
         let first_tail = c.span.key()[0];
         let mut new = Node::new(parent);
@@ -452,7 +454,7 @@ impl RadixTree {
                 .children
                 .replace(ck, child, new_slot, &mut self.indexes);
         debug_assert!(replaced, "split: child not filed under its parent");
-        new_slot
+        Ok(new_slot)
     }
 
     /// Sets the last access time of `node`, keeping the evictable set in order.
@@ -470,8 +472,10 @@ impl RadixTree {
         }
     }
 
-    /// Longest cached prefix of `key` in namespace `ns` (SEMANTICS.md 1.3). May split a node.
-    pub fn match_prefix(&mut self, key: &[u32], ns: &Namespace) -> MatchOutcome {
+    /// Longest cached prefix of `key` in namespace `ns` (SEMANTICS.md 1.3). May split a
+    /// node; an `OutOfMemory` error when the split's memory cannot be allocated (the nodes
+    /// walked before it keep their new access time).
+    pub fn match_prefix(&mut self, key: &[u32], ns: &Namespace) -> Result<MatchOutcome> {
         let now = self.tick();
         let key = &key[..self.aligned(key.len())];
         let root = self.root();
@@ -482,11 +486,11 @@ impl RadixTree {
             host_node: root,
         };
         if key.is_empty() {
-            return nothing;
+            return Ok(nothing);
         }
         self.set_last_access(ROOT, now);
         let Some(ns) = self.namespace_id(ns) else {
-            return nothing;
+            return Ok(nothing);
         };
         let mut node = ROOT;
         let mut matched = 0;
@@ -503,21 +507,27 @@ impl RadixTree {
             self.touch(child, now);
             let c = &self.nodes[child as usize];
             let p = self.aligned(common_prefix_len(c.span.key(), rest));
+            if p == 0 {
+                // find_child matched the first page, so only a key rewritten during the
+                // call (a caller's array read in place, written by another thread) gets
+                // here: stop rather than split off nothing.
+                break;
+            }
             matched += p;
             if p < c.span.len() {
-                node = self.split(child, p, now);
+                node = self.split(child, p, now)?;
                 break;
             }
             node = child;
             rest = &rest[p..];
         }
         let (dev_node, dev_len) = device.unwrap_or((node, matched));
-        MatchOutcome {
+        Ok(MatchOutcome {
             length: dev_len,
             node: self.handle(dev_node),
             host_length: matched - dev_len,
             host_node: self.handle(node),
-        }
+        })
     }
 
     /// Inserts `key` with KV indices `value` (default: the tokens themselves) in namespace
@@ -576,7 +586,7 @@ impl RadixTree {
                 if listed {
                     self.relist(child);
                 }
-                self.split(child, p, now)
+                self.split(child, p, now)?
             } else {
                 child
             };
