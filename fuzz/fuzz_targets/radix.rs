@@ -261,7 +261,7 @@ fuzz_target!(|input: Input| {
                 let (code, ns) = namespace(ns);
                 let key = tokens(&key, input.alphabet);
                 let expect = st.longest(code, &key);
-                let out = st.tree.match_prefix(&key, &ns);
+                let out = st.tree.match_prefix(&key, &ns).expect("match_prefix");
                 assert_eq!(out.length, expect, "match length");
                 assert_eq!(st.tree.path_len(out.node).expect("path_len"), expect);
                 assert_eq!(
