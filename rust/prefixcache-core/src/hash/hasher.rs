@@ -263,7 +263,7 @@ impl BlockHasher {
         BlockHash { len: 32, bytes }
     }
 
-    #[inline]
+    #[inline(always)]
     fn hash_uncached(
         &self,
         scratch: &mut Buffers,

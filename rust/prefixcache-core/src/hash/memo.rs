@@ -14,6 +14,11 @@
 //! A new entry replaces one that was not hit since it was recorded: blocks hashed once
 //! (a request's own suffix) replace each other, while the blocks that requests share
 //! stay.
+//!
+//! A miss costs ~20 ns over plain SHA-256. When few blocks recur (a trace whose sharing
+//! spans more than the table holds), hits earn less than misses cost: the table then
+//! serves only a fixed sample of the blocks (one in 16, chosen by the parent digest)
+//! until the sample's hits show that blocks recur again.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -26,6 +31,20 @@ pub(crate) const MAX_TOKENS: usize = 16;
 pub(crate) const DEFAULT_SETS: usize = 512;
 
 const WAYS: usize = 8;
+
+/// Credit a hit earns and a miss costs: a hit saves ~100 ns of SHA-256, a miss costs
+/// ~20 ns, so the table pays while more than one lookup in five hits.
+const HIT_CREDIT: i32 = 4;
+const MISS_COST: i32 = 1;
+/// Bounds of the credit: how much history the decision weighs.
+const CREDIT_MAX: i32 = 256;
+const CREDIT_MIN: i32 = -64;
+/// The credit of a new table: its first 64 misses are looked up and recorded.
+const CREDIT_START: i32 = 64;
+/// While the credit is negative, only blocks whose parent digest's last byte is 0 mod
+/// this are looked up (and recorded): one in 16, the same blocks each time, so blocks
+/// that recur are still found and bring the table back.
+const SAMPLE: u8 = 16;
 
 /// One recorded hash: 128 bytes, two cache lines.
 #[derive(Clone, Copy)]
@@ -139,6 +158,8 @@ pub(crate) struct HashMemo {
     n_sets: usize,
     /// Set once an allocation of the table failed: hash without it from then on.
     unavailable: bool,
+    /// Hits earn credit, misses spend it; below zero most blocks skip the table.
+    credit: i32,
     /// Tests: every key gets the tag 0 (that of an empty way), so only the full compare
     /// and the valid bits tell keys apart.
     #[cfg(test)]
@@ -159,6 +180,7 @@ impl HashMemo {
             entries: Vec::new(),
             n_sets: n_sets.max(1).next_power_of_two(),
             unavailable: false,
+            credit: CREDIT_START,
             #[cfg(test)]
             same_tags: false,
         }
@@ -166,7 +188,8 @@ impl HashMemo {
 
     /// The digest of `(parent, tokens)` in the encoding `cbor`: from the table when it
     /// holds the key, else `compute()`, which is then recorded. Blocks longer than
-    /// [`MAX_TOKENS`] are not recorded.
+    /// [`MAX_TOKENS`] are not recorded; while recent lookups hit too rarely to pay for
+    /// themselves, only a sample of the blocks goes through the table.
     #[inline]
     pub(crate) fn digest(
         &mut self,
@@ -175,7 +198,8 @@ impl HashMemo {
         tokens: &[u32],
         compute: impl FnOnce() -> [u8; 32],
     ) -> [u8; 32] {
-        if tokens.len() > MAX_TOKENS || !self.ready() {
+        let sampled = parent[31] % SAMPLE == 0;
+        if tokens.len() > MAX_TOKENS || (self.credit < 0 && !sampled) || !self.ready() {
             return compute();
         }
         let tag = key_hash(cbor, parent, tokens);
@@ -187,8 +211,10 @@ impl HashMemo {
         let ways = &mut self.entries[set * WAYS..(set + 1) * WAYS];
         if let Some(w) = head.find(ways, tag, cbor, parent, tokens) {
             head.referenced |= 1 << w;
+            self.credit = (self.credit + HIT_CREDIT).min(CREDIT_MAX);
             return ways[w].digest;
         }
+        self.credit = (self.credit - MISS_COST).max(CREDIT_MIN);
         let digest = compute();
         let w = head.victim(tag);
         head.record(w, tag, cbor, tokens.len());
@@ -329,6 +355,42 @@ mod tests {
         let hot: Vec<_> = computed.iter().filter(|&&(_, t)| t < 2).collect();
         assert!(hot.iter().all(|&&(round, _)| round < 10), "{computed:?}");
         assert_eq!(computed.len(), hot.len() + (WAYS - 1) * 20);
+    }
+
+    #[test]
+    fn when_keys_do_not_recur_only_a_sample_goes_through_the_table() {
+        let mut m = HashMemo::with_sets(64);
+        let parent = |i: u32, sampled: bool| {
+            let mut p = [0u8; 32];
+            p[..4].copy_from_slice(&i.to_le_bytes());
+            p[31] = if sampled { 0 } else { 1 };
+            p
+        };
+        let computed = std::cell::Cell::new(0);
+        let get = |m: &mut HashMemo, p: [u8; 32], t: u32| {
+            m.digest(false, &p, &[t], || {
+                computed.set(computed.get() + 1);
+                fake_digest(false, &p, &[t])
+            })
+        };
+        // Keys seen once: the credit runs out and unsampled keys stop being recorded.
+        for i in 0..1000 {
+            get(&mut m, parent(i, false), i);
+        }
+        let valid = |m: &HashMemo| m.heads.iter().map(|h| h.valid.count_ones()).sum::<u32>();
+        let recorded = valid(&m);
+        assert!(recorded < 100, "{recorded}");
+        get(&mut m, parent(5000, false), 0);
+        assert_eq!(valid(&m), recorded);
+        // A sampled key that recurs earns the credit back; then every key is served.
+        for _ in 0..40 {
+            get(&mut m, parent(7, true), 7);
+        }
+        let before = computed.get();
+        for _ in 0..3 {
+            get(&mut m, parent(6000, false), 1);
+        }
+        assert_eq!(computed.get() - before, 1);
     }
 
     #[test]
