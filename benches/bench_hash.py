@@ -3,10 +3,11 @@ tokens, token ids uniform below 151,936 as Qwen's vocabulary), for every algorit
 core (``BlockHasher.hash_blocks``) vs the plain-Python reference (pickle/cbor2 + hashlib/
 xxhash), side by side. ``ns_per_block`` in extra_info is the best pass time / 2048.
 
-The core hashes a prompt it has not seen in each pass (every block computed); a third
-group hashes the same prompt again, the blocks coming from the thread's table of recent
-SHA-256 hashes. Another group hashes blocks carrying extra keys (LoRA + cache salt + two
-multimodal items), which take the general encoder instead of the fast path.
+The core hashes a prompt it has not seen in each pass (every block computed);
+``test_hash_blocks_again`` hashes the same prompt each pass, its blocks coming from the
+thread's table of recent SHA-256 hashes. A second group hashes blocks carrying extra keys
+(LoRA + cache salt + two multimodal items), which take the general encoder instead of the
+fast path.
 """
 
 from __future__ import annotations

@@ -137,9 +137,10 @@ def test_prompts_sharing_prefixes_hash_as_the_reference(
     pieces: list[list[int]], prompts: list[list[int]], block_size: int
 ) -> None:
     """Prompts built from a few shared pieces, each hashed three times with both SHA-256
-    encodings, from the default parent and from a given one: the blocks they share are
-    served from the thread's table of recent SHA-256 hashes from the second or third time
-    on, and every chain still equals the reference."""
+    encodings, from the default parent and from a given one: repeated blocks are served
+    from the thread's table of recent SHA-256 hashes (all of them, or a fixed sample
+    while the table's recent lookups hit rarely), and every chain still equals the
+    reference."""
     for algo in ("sha256", "sha256_cbor"):
         hasher = BlockHasher(block_size, algo, "x")
         parent = ref.hash_blocks("sha256", 1, [7], None, seed="p")[0]  # one parent, both encodings
