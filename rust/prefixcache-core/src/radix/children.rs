@@ -10,6 +10,8 @@
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use crate::{Error, Result};
+
 /// Children of a large index kept in a linear vector up to this many; a hash map beyond.
 const INLINE_MAX: usize = 8;
 
@@ -55,8 +57,18 @@ pub(crate) struct Indexes {
 }
 
 impl Indexes {
-    fn add(&mut self, ix: Index) -> u32 {
-        match self.free.pop() {
+    /// Files a new index; without memory an `OutOfMemory` error (and `ix` dropped).
+    fn try_add(&mut self, ix: Index) -> Result<u32> {
+        if self.free.is_empty() {
+            let oom = |e| Error::out_of_memory("a radix child index", e);
+            self.v.try_reserve(1).map_err(oom)?;
+            // Taking an index back files its id without allocating.
+            let want = self.v.len() + 1;
+            self.free
+                .try_reserve(want.saturating_sub(self.free.len()))
+                .map_err(oom)?;
+        }
+        Ok(match self.free.pop() {
             Some(id) => {
                 self.v[id as usize] = ix;
                 id
@@ -65,7 +77,7 @@ impl Indexes {
                 self.v.push(ix);
                 (self.v.len() - 1) as u32
             }
-        }
+        })
     }
 
     fn take(&mut self, id: u32) -> Index {
@@ -135,23 +147,40 @@ impl Index {
             .chain(mapped.iter().copied())
     }
 
-    fn insert(&mut self, key: u64, child: u32) {
+    /// Files `child` under `key`; without memory an `OutOfMemory` error and no change.
+    fn try_insert(&mut self, key: u64, child: u32) -> Result<()> {
+        let oom = |e: &dyn std::fmt::Display| Error::out_of_memory("a radix child index", e);
         match self {
-            Index::Inline(v) if v.len() < INLINE_MAX => v.push((key, child)),
+            Index::Inline(v) if v.len() < INLINE_MAX => {
+                v.try_reserve(1).map_err(|e| oom(&e))?;
+                v.push((key, child));
+            }
             Index::Inline(v) => {
                 let mut map: FxHashMap<u64, SmallVec<[u32; 1]>> = FxHashMap::default();
-                for &(k, c) in v.iter() {
-                    map.entry(k).or_default().push(c);
+                map.try_reserve(v.len() + 1).map_err(|e| oom(&e))?;
+                for &(k, c) in v.iter().chain([(key, child)].iter()) {
+                    let bucket = map.entry(k).or_default();
+                    bucket.try_reserve(1).map_err(|e| oom(&e))?;
+                    bucket.push(c);
                 }
-                map.entry(key).or_default().push(child);
                 let len = v.len() + 1;
                 *self = Index::Map { map, len };
             }
             Index::Map { map, len } => {
-                map.entry(key).or_default().push(child);
+                match map.get_mut(&key) {
+                    Some(bucket) => {
+                        bucket.try_reserve(1).map_err(|e| oom(&e))?;
+                        bucket.push(child);
+                    }
+                    None => {
+                        map.try_reserve(1).map_err(|e| oom(&e))?;
+                        map.insert(key, SmallVec::from_buf([child]));
+                    }
+                }
                 *len += 1;
             }
         }
+        Ok(())
     }
 
     fn remove(&mut self, key: u64, child: u32) -> bool {
@@ -290,30 +319,41 @@ impl Children {
     /// Files `child` under `key`; `key_of` gives the child key of an existing child (read
     /// when a small index grows into a large one). The node must not be in the evictable
     /// heap (a node with children never is).
-    pub(crate) fn insert(
+    /// Files `child` under `key`; `key_of` gives the keys of the children already held.
+    /// Without memory an `OutOfMemory` error and no change.
+    pub(crate) fn try_insert(
         &mut self,
         key: u64,
         child: u32,
         ixs: &mut Indexes,
         key_of: impl Fn(u32) -> u64,
-    ) {
+    ) -> Result<()> {
         debug_assert!(child != 0);
         if let Some(id) = self.many() {
-            ixs.v[id as usize].insert(key, child);
-            return;
+            return ixs.v[id as usize].try_insert(key, child);
         }
         let n = self.few().len();
         if n == 0 {
-            debug_assert_eq!(self.w[2], UNLISTED, "a listed leaf gains a child");
-            self.w = [child, 0, 0];
+            self.insert_first(child);
         } else if n < FEW_MAX {
             self.w[n] = child;
         } else {
-            let mut v: Vec<(u64, u32)> = self.w.iter().map(|&c| (key_of(c), c)).collect();
+            let mut v: Vec<(u64, u32)> = Vec::new();
+            v.try_reserve_exact(FEW_MAX + 1)
+                .map_err(|e| Error::out_of_memory("a radix child index", e))?;
+            v.extend(self.w.iter().map(|&c| (key_of(c), c)));
             v.push((key, child));
-            let id = ixs.add(Index::Inline(v));
+            let id = ixs.try_add(Index::Inline(v))?;
             self.w = [0, id + 1, 0];
         }
+        Ok(())
+    }
+
+    /// Files the first child of a childless node (never allocates).
+    pub(crate) fn insert_first(&mut self, child: u32) {
+        debug_assert!(child != 0 && self.is_empty());
+        debug_assert_eq!(self.w[2], UNLISTED, "a listed leaf gains a child");
+        self.w = [child, 0, 0];
     }
 
     /// Removes `child` (filed under `key`); returns whether it was there.
@@ -394,7 +434,7 @@ mod tests {
         assert_eq!(c.heap_pos(), UNLISTED);
         let key_of = |i: u32| child_key(0, i % 15);
         for i in 1..=20u32 {
-            c.insert(key_of(i), i, &mut ixs, key_of);
+            c.try_insert(key_of(i), i, &mut ixs, key_of).unwrap();
         }
         assert_eq!(c.len(&ixs), 20);
         assert_eq!(c.heap_pos(), UNLISTED);
@@ -429,7 +469,7 @@ mod tests {
         let mut c = Children::default();
         let key_of = |i: u32| child_key(i - 9, 7);
         for i in 10..14 {
-            c.insert(key_of(i), i, &mut ixs, key_of);
+            c.try_insert(key_of(i), i, &mut ixs, key_of).unwrap();
         }
         let got = |ns| c.candidates(child_key(ns, 7), &ixs).collect::<Vec<_>>();
         assert_eq!(got(1), vec![10]);
@@ -442,7 +482,7 @@ mod tests {
         let mut ixs = Indexes::default();
         let mut c = Children::default();
         for i in [5u32, 6, 7] {
-            c.insert(child_key(0, i), i, &mut ixs, |_| 0);
+            c.try_insert(child_key(0, i), i, &mut ixs, |_| 0).unwrap();
         }
         assert!(c.remove(child_key(0, 5), 5, &mut ixs));
         let mut ids = c.ids(&ixs);

@@ -12,7 +12,7 @@
 //! position to the words when the last child goes.
 
 use super::children::{child_key, UNLISTED};
-use super::node::shrink;
+use super::node::{shrink, shrink_vec};
 use super::span::Span;
 use super::tree::{RadixTree, ROOT};
 use crate::{Error, Result};
@@ -150,7 +150,10 @@ impl RadixTree {
         }
         // Memory follows the cached content: give back what a large set held.
         if self.evictable.capacity() > 64 && self.evictable.len() * 4 < self.evictable.capacity() {
-            self.evictable.shrink_to(self.evictable.len() * 2);
+            // Room for one more stays: an eviction relists the parent of each leaf it
+            // takes, an insert the node it unlisted, without allocating.
+            let cap = (self.evictable.len() * 2).max(4);
+            shrink_vec(&mut self.evictable, cap);
         }
         slot
     }
@@ -187,7 +190,10 @@ impl RadixTree {
         let expected = usize::try_from(target)
             .unwrap_or(usize::MAX)
             .min(self.evictable_size);
-        let mut freed: Vec<i64> = Vec::with_capacity(expected);
+        let mut freed: Vec<i64> = Vec::new();
+        freed
+            .try_reserve_exact(expected)
+            .map_err(|e| Error::out_of_memory("the evicted KV indices", e))?;
         self.evict_into(target, &mut freed);
         Ok(freed)
     }
@@ -208,7 +214,11 @@ impl RadixTree {
             return;
         }
         while (freed.count() as u64) < target {
-            if self.evictable.is_empty() {
+            let Some(&next) = self.evictable.first() else {
+                break;
+            };
+            if !freed.make_room(self.nodes[next as usize].span.len()) {
+                // The list of freed indices cannot grow: what was evicted is returned.
                 break;
             }
             let slot = self.remove_at(0);
@@ -234,6 +244,8 @@ fn evict_target(num_tokens: i64) -> Result<u64> {
 /// Where an eviction puts what it frees: the KV indices ([`Vec<i64>`]) or only their
 /// number ([`FreedCount`]).
 pub(crate) trait FreedSink {
+    /// Room for `n` more tokens; false when it cannot be allocated.
+    fn make_room(&mut self, n: usize) -> bool;
     /// Takes the device KV of an evicted node.
     fn take(&mut self, span: &Span);
     /// Tokens taken so far.
@@ -241,6 +253,11 @@ pub(crate) trait FreedSink {
 }
 
 impl FreedSink for Vec<i64> {
+    #[inline]
+    fn make_room(&mut self, n: usize) -> bool {
+        self.try_reserve(n).is_ok()
+    }
+
     #[inline]
     fn take(&mut self, span: &Span) {
         span.extend_values(self);
@@ -256,6 +273,11 @@ impl FreedSink for Vec<i64> {
 pub(crate) struct FreedCount(pub(crate) usize);
 
 impl FreedSink for FreedCount {
+    #[inline]
+    fn make_room(&mut self, _: usize) -> bool {
+        true
+    }
+
     #[inline]
     fn take(&mut self, span: &Span) {
         self.0 += span.len();

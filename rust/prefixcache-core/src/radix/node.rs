@@ -23,6 +23,7 @@ use super::children::Children;
 use super::policy::PolicyKey;
 use super::span::{Span, META_BITS};
 use super::tree::{RadixTree, NO_PARENT, ROOT};
+use crate::{Error, Result};
 
 /// Meta bit: the stamps live in [`Sides::wide`].
 const WIDE: u32 = 1;
@@ -144,7 +145,28 @@ impl Sides {
 /// Memory follows content: a table that emptied out gives back its buckets.
 pub(crate) fn shrink<V>(m: &mut FxHashMap<u32, V>) {
     if m.capacity() > 64 && m.len() * 4 < m.capacity() {
-        m.shrink_to(m.len() * 2);
+        shrink_map(m, m.len() * 2);
+    }
+}
+
+/// Moves `m` into a table for `cap` entries (at least its length), rather than
+/// `shrink_to`, which aborts when its new table cannot be allocated: without memory the
+/// table keeps its size.
+pub(crate) fn shrink_map<K: std::hash::Hash + Eq, V>(m: &mut FxHashMap<K, V>, cap: usize) {
+    let mut smaller = FxHashMap::default();
+    if smaller.try_reserve(cap.max(m.len())).is_ok() {
+        smaller.extend(m.drain());
+        *m = smaller;
+    }
+}
+
+/// Shrinks `v` to `cap` (at least its length) when a smaller buffer can be allocated, by
+/// copying (a `Vec`'s own `shrink_to` aborts when its reallocation fails).
+pub(crate) fn shrink_vec<T: Copy>(v: &mut Vec<T>, cap: usize) {
+    let mut smaller = Vec::new();
+    if smaller.try_reserve_exact(cap.max(v.len())).is_ok() {
+        smaller.extend_from_slice(v);
+        *v = smaller;
     }
 }
 
@@ -202,6 +224,40 @@ impl RadixTree {
             creation: time_base + u64::from(n.creation),
             hits: u64::from(n.hits),
         }
+    }
+
+    /// Room in the side tables for one node more, as [`RadixTree::set_stamps`],
+    /// [`RadixTree::set_priority`] and [`RadixTree::set_ns`] would store it.
+    pub(crate) fn reserve_sides(&mut self, st: &Stamps, priority: i64, ns: u32) -> Result<()> {
+        let oom = |e| Error::out_of_memory("a radix node's side tables", e);
+        let (tb, sb, max) = (
+            self.sides.time_base,
+            self.sides.serial_base,
+            self.sides.narrow_max,
+        );
+        let fits = |v: u64, base: u64| v.checked_sub(base).is_some_and(|o| o <= max);
+        let narrow = fits(st.serial, sb)
+            && fits(st.last_access, tb)
+            && fits(st.creation, tb)
+            && st.hits <= max;
+        if !narrow {
+            self.sides.wide.try_reserve(1).map_err(oom)?;
+        }
+        if priority != 0 {
+            self.sides.priority.try_reserve(1).map_err(oom)?;
+        }
+        if ns >= self.sides.ns_side_from {
+            self.sides.ns.try_reserve(1).map_err(oom)?;
+        }
+        Ok(())
+    }
+
+    /// Room in the priority table for `n` more nodes.
+    pub(crate) fn reserve_priorities(&mut self, n: usize) -> Result<()> {
+        self.sides
+            .priority
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("a radix node's priority", e))
     }
 
     /// The node's serial, times and hit count.
@@ -302,6 +358,12 @@ impl RadixTree {
     #[inline(never)]
     fn side_priority(&self, slot: u32) -> i64 {
         self.sides.priority.get(&slot).copied().unwrap_or(0)
+    }
+
+    /// Whether the node's priority is in the side table (a raise then allocates nothing).
+    #[inline]
+    pub(crate) fn has_side_priority(&self, slot: u32) -> bool {
+        self.meta(slot) & PRIO != 0
     }
 
     /// `priority = max(priority, p)`.

@@ -32,7 +32,28 @@ impl<T> Slab<T> {
         self.len
     }
 
-    /// Appends `value` (the slot is the previous length).
+    /// Makes room for one more node, so that the next [`Slab::push`] allocates nothing.
+    pub(crate) fn try_reserve_one(&mut self) -> Result<(), std::collections::TryReserveError> {
+        let only = self.chunks.len() == 1;
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < c.capacity().min(CHUNK) => Ok(()),
+            // The first chunk doubles like a Vec, up to CHUNK nodes.
+            Some(c) if only && c.len() < CHUNK => {
+                c.try_reserve_exact(c.len().clamp(4, CHUNK - c.len()))
+            }
+            _ => {
+                // A chunk is allocated whole, once (the first one small).
+                let mut c = Vec::new();
+                c.try_reserve_exact(if self.chunks.is_empty() { 4 } else { CHUNK })?;
+                self.chunks.try_reserve(1)?;
+                self.chunks.push(c);
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends `value` (the slot is the previous length). Allocates when there is no room
+    /// (see [`Slab::try_reserve_one`]).
     pub(crate) fn push(&mut self, value: T) {
         match self.chunks.last_mut() {
             Some(c) if c.len() < CHUNK => c.push(value),

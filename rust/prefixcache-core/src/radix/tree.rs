@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::children::{child_key, Indexes};
 use super::host::HostTier;
-use super::node::{Node, Sides, Stamps};
+use super::node::{shrink_map, Node, Sides, Stamps};
 use super::policy::EvictionPolicy;
 use super::slab::Slab;
 use super::span::Span;
@@ -46,6 +46,22 @@ impl Namespace {
             extra_key: extra_key.map(str::to_owned),
             cache_salt: cache_salt.filter(|s| !s.is_empty()).map(str::to_owned),
         }
+    }
+
+    /// A copy, or an `OutOfMemory` error when its strings cannot be allocated.
+    fn try_clone(&self) -> Result<Self> {
+        let copy = |s: &Option<String>| -> Result<Option<String>> {
+            let Some(s) = s else { return Ok(None) };
+            let mut c = String::new();
+            c.try_reserve_exact(s.len())
+                .map_err(|e| Error::out_of_memory("a namespace", e))?;
+            c.push_str(s);
+            Ok(Some(c))
+        };
+        Ok(Namespace {
+            extra_key: copy(&self.extra_key)?,
+            cache_salt: copy(&self.cache_salt)?,
+        })
     }
 
     fn sort_key(&self) -> (bool, &str, bool, &str) {
@@ -297,22 +313,34 @@ impl RadixTree {
 
     /// The id of `ns`, interning it (with no node yet) when new. An insert that ends up
     /// creating no node in it drops it again ([`RadixTree::drop_unused_namespace`]).
-    fn intern_namespace(&mut self, ns: &Namespace) -> u32 {
+    /// Allocates everything first: without memory, an `OutOfMemory` error and no change.
+    fn intern_namespace(&mut self, ns: &Namespace) -> Result<u32> {
         if let Some(id) = self.namespace_ids.get(ns) {
-            return *id;
+            return Ok(*id);
+        }
+        let oom = |e| Error::out_of_memory("a namespace", e);
+        let (a, b) = (ns.try_clone()?, ns.try_clone()?);
+        self.namespace_ids.try_reserve(1).map_err(oom)?;
+        if self.free_namespaces.is_empty() {
+            self.namespaces.try_reserve(1).map_err(oom)?;
+            // Dropping a namespace files its id without allocating.
+            let want = self.namespaces.len() + 1;
+            self.free_namespaces
+                .try_reserve(want.saturating_sub(self.free_namespaces.len()))
+                .map_err(oom)?;
         }
         let id = match self.free_namespaces.pop() {
             Some(id) => {
-                self.namespaces[id as usize] = (ns.clone(), 0);
+                self.namespaces[id as usize] = (a, 0);
                 id
             }
             None => {
-                self.namespaces.push((ns.clone(), 0));
+                self.namespaces.push((a, 0));
                 (self.namespaces.len() - 1) as u32
             }
         };
-        self.namespace_ids.insert(ns.clone(), id);
-        id
+        self.namespace_ids.insert(b, id);
+        Ok(id)
     }
 
     /// Forgets namespace `id` when no node is in it (never namespace 0, no namespace).
@@ -324,7 +352,7 @@ impl RadixTree {
         self.namespace_ids.remove(&ns);
         self.free_namespaces.push(id);
         if self.namespace_ids.len() * 4 < self.namespace_ids.capacity() {
-            self.namespace_ids.shrink_to_fit();
+            shrink_map(&mut self.namespace_ids, 0);
         }
     }
 
@@ -375,7 +403,19 @@ impl RadixTree {
         child_key(self.ns(slot), n.span.key().first().copied().unwrap_or(0))
     }
 
-    /// Places `node` in a slot with its namespace and stamps.
+    /// Makes room for a node with these stamps, priority and namespace, so that
+    /// [`RadixTree::alloc`] and the setters after it allocate nothing: without memory an
+    /// `OutOfMemory` error, and nothing the tree holds changes.
+    fn reserve_node(&mut self, stamps: &Stamps, priority: i64, ns: u32) -> Result<()> {
+        let oom = |e| Error::out_of_memory("a radix node", e);
+        if self.free_slots.is_empty() {
+            self.nodes.try_reserve_one().map_err(oom)?;
+        }
+        self.reserve_sides(stamps, priority, ns)
+    }
+
+    /// Places `node` in a slot with its namespace and stamps (after
+    /// [`RadixTree::reserve_node`], without allocating).
     fn alloc(&mut self, node: Node, ns: u32, stamps: Stamps) -> u32 {
         self.num_nodes += 1;
         if let Some(e) = self.namespaces.get_mut(ns as usize) {
@@ -408,7 +448,11 @@ impl RadixTree {
         n.parent = NO_PARENT;
         n.span = Span::default();
         n.children.clear(&mut self.indexes);
-        self.free_slots.push(slot);
+        // Without memory to file it, the cleared slot is left unused (until a reset)
+        // rather than aborting an eviction.
+        if self.free_slots.try_reserve(1).is_ok() {
+            self.free_slots.push(slot);
+        }
         self.num_nodes -= 1;
         self.host_on_release(slot);
         if let Some(e) = self.namespaces.get_mut(ns as usize) {
@@ -422,29 +466,29 @@ impl RadixTree {
     /// handles stay valid). When the halves' memory cannot be allocated, an `OutOfMemory`
     /// error and no change.
     fn split(&mut self, child: u32, p: usize, now: u64) -> Result<u32> {
+        let ns = self.ns(child);
+        let from = self.stamps(child);
+        let priority = self.priority(child);
+        let stamps = Stamps {
+            serial: self.next_serial,
+            last_access: now,
+            ..from
+        };
+        self.reserve_node(&stamps, priority, ns)?;
         // Both halves get exact-size buffers: a split must not leave the head holding the
         // whole original capacity (memory per cached token is a target).
         let (head, tail) = self.nodes[child as usize].span.split_at(p)?;
         let serial = self.take_serial();
-        let ns = self.ns(child);
-        let from = self.stamps(child);
-        let priority = self.priority(child);
+        debug_assert_eq!(serial, stamps.serial);
         let c = &mut self.nodes[child as usize];
         let parent = c.parent;
         c.span.replace(tail);
-        let first_tail = c.span.key()[0];
         let mut new = Node::new(parent);
         new.lock_ref = c.lock_ref;
         let ck = child_key(ns, head.key()[0]);
         new.span = head;
         // The new node has no child yet: no key to read.
-        new.children
-            .insert(child_key(ns, first_tail), child, &mut self.indexes, |_| 0);
-        let stamps = Stamps {
-            serial,
-            last_access: now,
-            ..from
-        };
+        new.children.insert_first(child);
         let new_slot = self.alloc(new, ns, stamps);
         self.set_priority(new_slot, priority);
         self.host_on_split(child, new_slot, p);
@@ -559,11 +603,15 @@ impl RadixTree {
                 node: self.root(),
             });
         }
-        let ns = self.intern_namespace(ns);
+        let ns = self.intern_namespace(ns)?;
         let mut node = ROOT;
         let mut total = 0;
         let mut rest = key;
         let counts_hits = self.counts_hits();
+        // Without a host tier the path's hits and priorities change only once the call
+        // can no longer fail (`path_done`); before that, an allocation that fails leaves
+        // what the tree caches as it was (a split keeps it; access times may advance).
+        let deferred = self.host.is_none();
         // Host tier: the device part of the path, and the nodes to back up afterwards.
         let mut device_prefix: Option<usize> = None;
         let mut backups: Vec<u32> = Vec::new();
@@ -590,10 +638,12 @@ impl RadixTree {
             } else {
                 child
             };
-            self.raise_priority(node, priority);
             let counted = total > inserted_len && counts_hits;
-            if counted {
-                self.add_hit(node);
+            if !deferred {
+                self.raise_priority(node, priority);
+                if counted {
+                    self.add_hit(node);
+                }
             }
             if listed && node == child {
                 self.relist(child);
@@ -625,10 +675,23 @@ impl RadixTree {
                 }
             }
         }
+        let path_end = node;
+        if deferred && priority > 0 {
+            // Room for the priorities the path's nodes take (`path_done`).
+            let raised = self.count_path(node, |t, n| !t.has_side_priority(n));
+            if let Err(e) = self.reserve_priorities(raised) {
+                self.drop_unused_namespace(ns);
+                return Err(e);
+            }
+        }
         if !rest.is_empty() {
             let offset = key.len() - rest.len();
-            // Allocate before the leaf exists: on failure the tree is as it was, but for
-            // the splits and stamps of the matched prefix (as after a match_prefix).
+            // Allocate before the leaf exists: on failure the tree caches what it did
+            // (as after a match_prefix: splits and access times on the matched prefix).
+            if let Err(e) = self.reserve_leaf(ns, priority, now) {
+                self.drop_unused_namespace(ns);
+                return Err(e);
+            }
             let span = match value {
                 Some(v) => Span::from_values(rest, &v[offset..key.len()]),
                 None => Span::from_tokens(rest),
@@ -650,16 +713,25 @@ impl RadixTree {
             let ck = child_key(ns, rest[0]);
             let slot = self.alloc(leaf, ns, stamps);
             self.set_priority(slot, priority);
-            if self.listed(node) {
+            let listed = self.listed(node);
+            if listed {
                 self.unlist(node);
             }
             // Taken out (the node is unlisted, so its heap position is not lost) so that
             // the existing children's keys can be read while it grows.
             let mut children = std::mem::take(&mut self.nodes[node as usize].children);
             let mut indexes = std::mem::take(&mut self.indexes);
-            children.insert(ck, slot, &mut indexes, |c| self.child_key_of(c));
+            let filed = children.try_insert(ck, slot, &mut indexes, |c| self.child_key_of(c));
             self.indexes = indexes;
             self.nodes[node as usize].children = children;
+            if let Err(e) = filed {
+                // The leaf goes again; the parent is as it was (it was not listed: a
+                // listed node has no child, and a first child allocates nothing).
+                debug_assert!(!listed, "a first child failed to allocate");
+                self.release(slot);
+                self.drop_unused_namespace(ns);
+                return Err(e);
+            }
             self.host_on_device_child(node);
             self.evictable_size += rest.len();
             self.relist(slot);
@@ -667,6 +739,9 @@ impl RadixTree {
                 backups.push(slot);
             }
             node = slot;
+        }
+        if deferred {
+            self.path_done(path_end, total, inserted_len, priority, counts_hits);
         }
         self.drop_unused_namespace(ns);
         for slot in backups {
@@ -680,6 +755,63 @@ impl RadixTree {
 
     /// Locks the path from `node` up to the root (SEMANTICS.md 1.7). Returns the change of
     /// the evictable size (<= 0).
+    /// Nodes from `node` up to the root (excluded) for which `f` holds.
+    fn count_path(&self, mut node: u32, f: impl Fn(&Self, u32) -> bool) -> usize {
+        let mut n = 0;
+        while node != ROOT {
+            n += usize::from(f(self, node));
+            node = self.nodes[node as usize].parent;
+        }
+        n
+    }
+
+    /// Room for an insert's new leaf: its slot, its side-table entries and its place in
+    /// the evictable set (its span and its place in the parent's child index are
+    /// allocated by the fallible calls that make them).
+    fn reserve_leaf(&mut self, ns: u32, priority: i64, now: u64) -> Result<()> {
+        self.reserve_node(&Stamps::new(self.next_serial, now, now), priority, ns)?;
+        self.evictable
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("the evictable set", e))
+    }
+
+    /// The hits and priorities of an insert's path, from `node` (whose path holds
+    /// `total` tokens) up to the root: each node through which more than `inserted_len`
+    /// tokens are inserted takes a hit (when the policy counts them), and every node's
+    /// priority is raised to `priority`. The priority table has room
+    /// ([`RadixTree::insert`] reserved it), so nothing allocates.
+    fn path_done(
+        &mut self,
+        mut node: u32,
+        mut total: usize,
+        inserted_len: usize,
+        priority: i64,
+        counts_hits: bool,
+    ) {
+        while node != ROOT {
+            let counted = counts_hits && total > inserted_len;
+            let raised = priority > self.priority(node);
+            if counted || raised {
+                let listed = self.listed(node);
+                if listed {
+                    self.unlist(node);
+                }
+                if raised {
+                    self.set_priority(node, priority);
+                }
+                if counted {
+                    self.add_hit(node);
+                }
+                if listed {
+                    self.relist(node);
+                }
+            }
+            let n = &self.nodes[node as usize];
+            total -= n.span.len();
+            node = n.parent;
+        }
+    }
+
     pub fn inc_lock_ref(&mut self, node: NodeRef) -> Result<i64> {
         let start = self.resolve(node)?;
         let mut cur = start;
@@ -740,6 +872,7 @@ impl RadixTree {
             }
         }
         let mut cur = start;
+        let mut freed = 0;
         while cur != ROOT {
             let n = &self.nodes[cur as usize];
             if n.lock_ref == 0 {
@@ -747,8 +880,13 @@ impl RadixTree {
                     "dec_lock_ref would make a lock count negative: the node is not locked".into(),
                 ));
             }
+            freed += usize::from(n.lock_ref == 1);
             cur = n.parent;
         }
+        // Room in the evictable set for the nodes this unlocks.
+        self.evictable
+            .try_reserve(freed)
+            .map_err(|e| Error::out_of_memory("the evictable set", e))?;
         let mut cur = start;
         let mut delta = 0i64;
         while cur != ROOT {
