@@ -37,6 +37,16 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// A copy of `items` in a new vector; `OutOfMemory` (naming `what`) when it cannot be
+/// allocated.
+pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(items.len())
+        .map_err(|e| Error::out_of_memory(what, e))?;
+    v.extend_from_slice(items);
+    Ok(v)
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -6,6 +6,7 @@
 //! offloading tier behind it (`crate::offload`).
 
 use crate::hash::{BlockHash, KeyValue};
+use crate::Error;
 
 /// The storage medium vLLM reports for its device block pool.
 pub const MEDIUM_GPU: &str = "GPU";
@@ -95,14 +96,40 @@ pub fn coalesce_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
 
 /// The inverse of [`coalesce_removals`]: every `BlockRemoved` with several hashes becomes
 /// one event per hash, in order (vLLM's shape).
-pub fn split_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
-    let multi = events
+/// Allocates everything it needs before it takes `events` apart: an `OutOfMemory` error
+/// gives them back unchanged.
+pub fn split_removals(
+    events: Vec<KvEvent>,
+) -> std::result::Result<Vec<KvEvent>, (Vec<KvEvent>, Error)> {
+    let split: usize = events
         .iter()
-        .any(|e| matches!(e, KvEvent::BlockRemoved { block_hashes, .. } if block_hashes.len() > 1));
-    if !multi {
-        return events;
+        .map(|e| match e {
+            KvEvent::BlockRemoved { block_hashes, .. } if block_hashes.len() > 1 => {
+                block_hashes.len()
+            }
+            _ => 0,
+        })
+        .sum();
+    if split == 0 {
+        return Ok(events);
     }
-    let mut out = Vec::with_capacity(events.len());
+    let oom = |e| Error::out_of_memory("the KV events", e);
+    let mut out = Vec::new();
+    if let Err(e) = out.try_reserve_exact(events.len() + split) {
+        return Err((events, oom(e)));
+    }
+    // One single-hash list per split-off removal, allocated up front.
+    let mut singles: Vec<Vec<BlockHash>> = Vec::new();
+    if let Err(e) = singles.try_reserve_exact(split) {
+        return Err((events, oom(e)));
+    }
+    for _ in 0..split {
+        let mut v = Vec::new();
+        if let Err(e) = v.try_reserve_exact(1) {
+            return Err((events, oom(e)));
+        }
+        singles.push(v);
+    }
     for ev in events {
         match ev {
             KvEvent::BlockRemoved {
@@ -110,16 +137,20 @@ pub fn split_removals(events: Vec<KvEvent>) -> Vec<KvEvent> {
                 group_idx,
                 medium,
             } if block_hashes.len() > 1 => {
-                out.extend(block_hashes.into_iter().map(|h| KvEvent::BlockRemoved {
-                    block_hashes: vec![h],
-                    group_idx,
-                    medium,
-                }));
+                for h in block_hashes {
+                    let mut one = singles.pop().unwrap_or_default();
+                    one.push(h);
+                    out.push(KvEvent::BlockRemoved {
+                        block_hashes: one,
+                        group_idx,
+                        medium,
+                    });
+                }
             }
             other => out.push(other),
         }
     }
-    out
+    Ok(out)
 }
 
 /// vLLM's `to_event_extra_keys` for one block's tagged keys.
@@ -185,7 +216,7 @@ mod coalesce_tests {
         ];
         let merged = coalesce_removals(single.clone());
         assert_eq!(merged.len(), 4);
-        assert_eq!(split_removals(merged), single);
-        assert_eq!(split_removals(single.clone()), single);
+        assert_eq!(split_removals(merged).unwrap(), single);
+        assert_eq!(split_removals(single.clone()).unwrap(), single);
     }
 }

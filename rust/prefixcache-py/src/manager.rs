@@ -483,12 +483,13 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyList>> {
         let (events, window) = self.inner.with(py, |m| {
             let evs = if compact {
-                m.take_events_merged()
+                Ok(m.take_events_merged())
             } else {
                 m.take_events()
             };
             (evs, m.sliding_window())
         })?;
+        let events = events.py_err()?;
         let spec = match window {
             None => ("full_attention", None),
             Some(w) => ("sliding_window", Some(w)),

@@ -409,7 +409,7 @@ impl PyBlockPool {
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = self.inner.with(py, |p| p.take_events())?;
+        let events = self.inner.with(py, |p| p.take_events())?.py_err()?;
         events_to_py(py, events, self.fmt, None, false)
     }
 

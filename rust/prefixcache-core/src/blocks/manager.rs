@@ -19,11 +19,11 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::error::{Error, Result};
+use crate::error::{try_copy, Error, Result};
 use crate::events::KvEvent;
 use crate::hash::{BlockHash, BlockHasher, KeyValue};
 
-use super::pool::{BlockPool, StoreInfo, NULL_BLOCK};
+use super::pool::{BlockPool, StoreInfo, StorePlan, NULL_BLOCK};
 
 /// Request ids are plain integers.
 pub type RequestId = u64;
@@ -187,7 +187,7 @@ impl KVCacheManager {
         self.pool.usage()
     }
 
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
+    pub fn take_events(&mut self) -> Result<Vec<KvEvent>> {
         self.pool.take_events()
     }
 
@@ -246,7 +246,7 @@ impl KVCacheManager {
         opts: RequestOptions,
     ) -> Result<()> {
         self.check_new(id, prompt)?;
-        self.insert_request(id, prompt.to_vec(), opts)
+        self.insert_request(id, try_copy(prompt, "a prompt")?, opts)
     }
 
     /// [`add_request`](Self::add_request) taking the prompt's buffer (no copy).
@@ -296,12 +296,20 @@ impl KVCacheManager {
         tokens: Vec<u32>,
         opts: RequestOptions,
     ) -> Result<()> {
+        self.reserve_request()?;
         let mut req = Self::new_request(tokens, opts);
         if self.pool.enable_caching() {
             req.block_hashes = self.hash_from(&req, 0, None)?;
         }
         self.requests.insert(id, req);
         Ok(())
+    }
+
+    /// Room in the request table for one more request.
+    fn reserve_request(&mut self) -> Result<()> {
+        self.requests
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("the request table", e))
     }
 
     /// [`add_request`](Self::add_request) + [`get_computed_blocks`](Self::get_computed_blocks)
@@ -320,7 +328,8 @@ impl KVCacheManager {
         // get_computed_blocks: hits capped at `num_tokens - 1` tokens (the prompt is not
         // empty: checked by the caller).
         let max_blocks = req.tokens.len().saturating_sub(1) / bs;
-        let mut lookup = self.pool.streaming_lookup(0, max_blocks);
+        self.reserve_request()?;
+        let mut lookup = self.pool.streaming_lookup(0, max_blocks)?;
         req.block_hashes = self.hasher.hash_blocks_with(
             &req.tokens,
             None,
@@ -353,6 +362,15 @@ impl KVCacheManager {
     /// them happens at the next `allocate_slots`, as in vLLM.
     pub fn append_tokens(&mut self, id: RequestId, tokens: &[u32]) -> Result<()> {
         let caching = self.pool.enable_caching();
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+        let oom = |e| Error::out_of_memory("the request's tokens", e);
+        req.tokens.try_reserve(tokens.len()).map_err(oom)?;
+        if caching {
+            let full = (req.tokens.len() + tokens.len()) / self.block_size;
+            req.block_hashes
+                .try_reserve(full.saturating_sub(req.block_hashes.len()))
+                .map_err(oom)?;
+        }
         let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
         let old_len = req.tokens.len();
         req.tokens.extend_from_slice(tokens);
@@ -542,11 +560,23 @@ impl KVCacheManager {
 
         let n_skipped_blocks = self.num_skipped_tokens(total_computed) / bs;
         let caching = self.pool.enable_caching();
-        let pool = &mut self.pool;
-        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
         // vLLM adopts the hit only when it is not its shared empty sentinel and the request
         // is not already tracked in `num_cached_block`.
-        if !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none() {
+        let adopt = !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none();
+        let computed = num_tokens_main.min(num_tokens);
+        // Everything this call allocates, before it changes anything: without memory an
+        // `OutOfMemory` error and no change.
+        let plan = self.reserve_allocation(
+            id,
+            adopt,
+            n_skipped_blocks,
+            new_computed_blocks,
+            need_slots,
+            computed,
+        )?;
+        let pool = &mut self.pool;
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+        if adopt {
             let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
             for &b in rest {
                 if b != NULL_BLOCK {
@@ -571,21 +601,77 @@ impl KVCacheManager {
                     pool.prefetch_keys(first, 0);
                 }
             }
-            // Cannot fail: the capacity was checked above.
+            // Cannot fail: the free blocks were counted and the memory reserved above.
+            new_blocks = plan.new_blocks;
             pool.get_new_blocks_into(required - req.blocks.len(), &mut new_blocks)?;
             req.blocks.extend_from_slice(&new_blocks);
         }
-        let computed = num_tokens_main.min(num_tokens);
         req.num_computed_tokens = computed;
         req.admitted = true;
         if caching {
-            cache_blocks(pool, req, computed, bs)?;
+            if let Some(store) = plan.store {
+                cache_blocks(pool, req, store, computed, bs);
+            }
             if first_admission {
                 self.stats
                     .record(num_tokens, num_new_computed_tokens, preempted);
             }
         }
         Ok(Some(new_blocks))
+    }
+
+    /// What [`allocate_slots`](Self::allocate_slots) allocates for request `id` (its
+    /// block list's room, the new blocks' list and storage, the caching of its full
+    /// blocks), before it changes anything.
+    fn reserve_allocation(
+        &mut self,
+        id: RequestId,
+        adopt: bool,
+        n_skipped_blocks: usize,
+        hits: &[u32],
+        need_slots: usize,
+        computed: usize,
+    ) -> Result<SlotPlan> {
+        let bs = self.block_size;
+        let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
+        let oom = |e| Error::out_of_memory("the request's blocks", e);
+        let (held, num_cached) = if adopt {
+            let rest = hits.len() - n_skipped_blocks.min(hits.len());
+            let held = req.blocks.len() + n_skipped_blocks + rest;
+            (held, held)
+        } else {
+            (req.blocks.len(), req.num_cached_blocks.unwrap_or(0))
+        };
+        let required = need_slots.div_ceil(bs);
+        let n_new = required.saturating_sub(held);
+        req.blocks
+            .try_reserve(held.max(required) - req.blocks.len())
+            .map_err(oom)?;
+        let mut new_blocks = Vec::new();
+        new_blocks.try_reserve_exact(n_new).map_err(oom)?;
+        let num_full = computed.min(req.block_hashes.len() * bs) / bs;
+        let store = if self.pool.enable_caching() && num_cached < num_full {
+            let hashes = &req.block_hashes[num_cached.saturating_sub(1)..num_full];
+            let hash_len = self.pool.hash_len_after(hashes)?;
+            let max_id = (self.pool.materialized() as usize + n_new).saturating_sub(1);
+            let plan = self.pool.plan_store(
+                hash_len,
+                num_full - num_cached,
+                u32::try_from(max_id).unwrap_or(u32::MAX),
+                num_full - num_cached,
+                Some(&req.tokens[num_cached * bs..num_full * bs]),
+                req.opts.lora_name.as_deref(),
+            )?;
+            Some(plan)
+        } else {
+            None
+        };
+        self.pool.reserve_new_blocks(n_new)?;
+        // The new blocks' removals and the stored blocks: two events at most.
+        self.pool.reserve_events(2)?;
+        // Freeing the request later allocates nothing.
+        self.pool.reserve_frees(held.max(required))?;
+        Ok(SlotPlan { new_blocks, store })
     }
 
     fn release(&mut self, req: &mut Request) {
@@ -639,7 +725,12 @@ impl KVCacheManager {
         opts: RequestOptions,
         num_lookahead_tokens: usize,
     ) -> Result<Option<Admission>> {
-        self.admit_owned(id, prompt.to_vec(), opts, num_lookahead_tokens)
+        self.admit_owned(
+            id,
+            try_copy(prompt, "a prompt")?,
+            opts,
+            num_lookahead_tokens,
+        )
     }
 
     /// [`admit`](Self::admit) taking the prompt's buffer (no copy).
@@ -664,11 +755,24 @@ impl KVCacheManager {
                 }
             }
         };
+        // Room for the admission's list of blocks (at most the slots asked for, or the hit).
+        let most = n
+            .saturating_add(num_lookahead_tokens)
+            .div_ceil(self.block_size)
+            .max(hit_blocks.len());
+        let mut block_ids = Vec::new();
+        if let Err(e) = block_ids.try_reserve_exact(most) {
+            self.requests.remove(&id);
+            return Err(Error::out_of_memory("the admission's blocks", e));
+        }
         match self.allocate_slots(id, n - hit, hit, &hit_blocks, num_lookahead_tokens) {
-            Ok(Some(_)) => Ok(Some(Admission {
-                num_hit_tokens: hit,
-                block_ids: self.req(id)?.blocks.clone(),
-            })),
+            Ok(Some(_)) => {
+                block_ids.extend_from_slice(&self.req(id)?.blocks);
+                Ok(Some(Admission {
+                    num_hit_tokens: hit,
+                    block_ids,
+                }))
+            }
             Ok(None) => {
                 self.requests.remove(&id);
                 Ok(None)
@@ -685,11 +789,26 @@ impl KVCacheManager {
     /// free the request. Returns false when the pool was too short to take the output
     /// (then nothing was cached for it), true otherwise. The request is freed either way.
     pub fn finish(&mut self, id: RequestId, output: &[u32]) -> Result<bool> {
-        self.req(id)?;
         let mut ok = true;
         if !output.is_empty() {
+            let (n_tokens, n_hashes) = {
+                let r = self.req(id)?;
+                (r.tokens.len(), r.block_hashes.len())
+            };
             self.append_tokens(id, output)?;
-            ok = self.allocate_slots(id, output.len(), 0, &[], 0)?.is_some();
+            match self.allocate_slots(id, output.len(), 0, &[], 0) {
+                Ok(got) => ok = got.is_some(),
+                Err(e) => {
+                    // Without memory the request stays as it was, running.
+                    if let Some(r) = self.requests.get_mut(&id) {
+                        r.tokens.truncate(n_tokens);
+                        r.block_hashes.truncate(n_hashes);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            self.req(id)?;
         }
         self.free(id)?;
         Ok(ok)
@@ -915,16 +1034,26 @@ impl KVCacheManager {
 
 /// vLLM's `cache_blocks` for one group: cache the request's blocks that are full within
 /// its first `num_tokens` tokens and have a hash.
+/// What [`KVCacheManager::allocate_slots`] allocated before changing anything.
+struct SlotPlan {
+    new_blocks: Vec<u32>,
+    store: Option<StorePlan>,
+}
+
+/// Caches the request's full blocks past those it has cached, in what `plan` allocated
+/// (a request's blocks past those it has cached are in range, referenced, uncached and
+/// distinct by construction).
 fn cache_blocks(
     pool: &mut BlockPool,
     req: &mut Request,
+    plan: StorePlan,
     num_tokens: usize,
     bs: usize,
-) -> Result<()> {
+) {
     let num_cached = req.num_cached_blocks.unwrap_or(0);
     let num_full = num_tokens.min(req.block_hashes.len() * bs) / bs;
     if num_cached >= num_full {
-        return Ok(());
+        return;
     }
     let info = StoreInfo {
         token_ids: Some(&req.tokens),
@@ -933,17 +1062,16 @@ fn cache_blocks(
         block_extra_keys: &req.opts.block_extra_keys,
         default_extra_keys: req.opts.default_extra_keys.as_deref(),
     };
-    pool.cache_owned_blocks(
-        &req.blocks,
+    pool.commit_store(
+        plan,
+        &req.blocks[num_cached..num_full],
         &req.block_hashes,
         num_cached,
-        num_full,
         bs,
         0,
-        info,
-    )?;
+        &info,
+    );
     req.num_cached_blocks = Some(num_full);
-    Ok(())
 }
 
 #[cfg(test)]

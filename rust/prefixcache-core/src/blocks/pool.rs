@@ -17,6 +17,7 @@
 //! 24 bytes per block id up to the highest cached one for the hash bytes past the 8 in
 //! the block. Growth is reserved fallibly before anything changes.
 
+use crate::error::try_copy;
 use crate::error::{Error, Result};
 use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
@@ -93,8 +94,23 @@ pub struct BlockPool {
     enable_caching: bool,
     events_enabled: bool,
     events: Vec<KvEvent>,
+    /// Room for the hashes of the next new `BlockRemoved` event, reserved before a call
+    /// that may evict (see [`BlockPool::reserve_removals`]).
+    removal_spare: Vec<BlockHash>,
     /// Reused buffer of `free_owned`.
     scratch: Vec<u32>,
+}
+
+/// What caching a run of blocks allocates, allocated before anything changes
+/// ([`BlockPool::plan_store`]): the `BlockStored` event's lists, with room for every
+/// block of the run.
+#[derive(Debug, Default)]
+pub(crate) struct StorePlan {
+    stored: Vec<BlockHash>,
+    event_keys: Vec<Option<Vec<KeyValue>>>,
+    token_ids: Vec<u32>,
+    lora_name: Option<String>,
+    hash_len: Option<usize>,
 }
 
 /// Hint the CPU to load `block` into the cache (no effect on results).
@@ -208,6 +224,7 @@ impl BlockPool {
             enable_caching,
             events_enabled: enable_kv_cache_events,
             events: Vec::new(),
+            removal_spare: Vec::new(),
             scratch: Vec::new(),
         };
         pool.reserve_through(NULL_BLOCK)?;
@@ -233,6 +250,48 @@ impl BlockPool {
                 .map_err(|e| Error::out_of_memory("the block pool", e))?;
         }
         Ok(())
+    }
+
+    /// Room for taking `n` blocks off the free queue: their storage, and the hashes
+    /// their evictions add to the events (the last event's list, or a new event's, when
+    /// the removals do not change group more than once).
+    pub(crate) fn reserve_new_blocks(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let fresh = self.free.materialized();
+        self.reserve_through(fresh.saturating_add((n - 1) as u32))?;
+        if self.events_enabled && self.enable_caching {
+            let oom = |e| Error::out_of_memory("the event list", e);
+            self.events.try_reserve(1).map_err(oom)?;
+            if let Some(KvEvent::BlockRemoved { block_hashes, .. }) = self.events.last_mut() {
+                block_hashes.try_reserve(n).map_err(oom)?;
+            }
+            self.removal_spare.try_reserve(n).map_err(oom)?;
+        }
+        Ok(())
+    }
+
+    /// Room for `n` more events (none when events are off).
+    pub(crate) fn reserve_events(&mut self, n: usize) -> Result<()> {
+        if !self.events_enabled {
+            return Ok(());
+        }
+        self.events
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("the event list", e))
+    }
+
+    /// Room for freeing `n` blocks in one call without allocating.
+    pub(crate) fn reserve_frees(&mut self, n: usize) -> Result<()> {
+        self.scratch
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("the blocks to free", e))
+    }
+
+    /// Blocks that have storage (the free queue's fresh run starts here).
+    pub(crate) fn materialized(&self) -> u32 {
+        self.free.materialized()
     }
 
     /// Gives storage to the blocks the free queue just took out of its fresh run
@@ -380,17 +439,21 @@ impl BlockPool {
 
     /// A prefix lookup fed one hash at a time, for a caller that computes the hashes as
     /// it goes (see [`StreamingLookup`]): at most `limit` hashes are looked up.
-    pub(crate) fn streaming_lookup(&self, group: u32, limit: usize) -> StreamingLookup<'_> {
-        StreamingLookup {
+    /// An `OutOfMemory` error when room for `limit` hits cannot be allocated.
+    pub(crate) fn streaming_lookup(&self, group: u32, limit: usize) -> Result<StreamingLookup<'_>> {
+        let mut hits = Vec::new();
+        hits.try_reserve_exact(limit)
+            .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
+        Ok(StreamingLookup {
             pool: self,
             pf: self.cached.prefetcher(),
             group,
             left: limit,
             older: None,
             newer: None,
-            hits: Vec::with_capacity(limit),
+            hits,
             hitting: true,
-        }
+        })
     }
 
     /// The blocks of the longest run of `hashes` cached under `group`, from the first
@@ -431,10 +494,8 @@ impl BlockPool {
         }
         out.try_reserve(n)
             .map_err(|e| Error::out_of_memory("the block ids", e))?;
+        self.reserve_new_blocks(n)?;
         let fresh = self.free.materialized();
-        if n > 0 {
-            self.reserve_through(fresh.saturating_add((n - 1) as u32))?;
-        }
         // Three passes over the popped ids (same result as one block at a time: popping
         // touches only the queue, evicting only the table and the blocks' keys). Keyed
         // blocks are scattered over the pool, so the eviction pass prefetches the block a
@@ -488,11 +549,16 @@ impl BlockPool {
                     group_idx,
                     medium: Medium::Gpu,
                 }) if *group_idx == key.group => block_hashes.push(key.hash),
-                _ => self.events.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![key.hash],
-                    group_idx: key.group,
-                    medium: Medium::Gpu,
-                }),
+                _ => {
+                    // The list reserved for it (`reserve_new_blocks`).
+                    let mut block_hashes = std::mem::take(&mut self.removal_spare);
+                    block_hashes.push(key.hash);
+                    self.events.push(KvEvent::BlockRemoved {
+                        block_hashes,
+                        group_idx: key.group,
+                        medium: Medium::Gpu,
+                    });
+                }
             }
         }
         if !self.cached.remove(&mut self.blocks, id) {
@@ -555,6 +621,7 @@ impl BlockPool {
     /// tail. Freeing a block that has no reference left (a double free) or the null block
     /// is an error.
     pub fn free_blocks(&mut self, ids: &[u32]) -> Result<()> {
+        self.reserve_frees(ids.len())?;
         // Validate: decrement, undoing everything on the first failure.
         for (i, &id) in ids.iter().enumerate() {
             let err = if (id as usize) >= self.num_blocks {
@@ -622,6 +689,7 @@ impl BlockPool {
     /// referenced; null blocks are skipped, as vLLM does), so no validation pass. One
     /// pass: a block reaching zero with a hash joins the tail at once; those without are
     /// collected and put at the head in the given order (vLLM's `prepend_n`).
+    /// Allocates nothing when [`BlockPool::reserve_frees`] made room for the ids.
     pub(crate) fn free_owned(&mut self, ids: impl Iterator<Item = u32>) {
         let mut first = std::mem::take(&mut self.scratch);
         first.clear();
@@ -670,33 +738,6 @@ impl BlockPool {
             group,
             info,
             true,
-        )
-    }
-
-    /// [`cache_full_blocks`](Self::cache_full_blocks) for the manager's own blocks: a
-    /// request's blocks past those it has cached are in range, referenced, uncached and
-    /// distinct by construction, so they are not checked one by one (that check read
-    /// each block's free-queue links: a cache miss per block).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn cache_owned_blocks(
-        &mut self,
-        block_ids: &[u32],
-        block_hashes: &[BlockHash],
-        num_cached: usize,
-        num_full: usize,
-        block_size: usize,
-        group: u32,
-        info: StoreInfo<'_>,
-    ) -> Result<()> {
-        self.cache_blocks_checked(
-            block_ids,
-            block_hashes,
-            num_cached,
-            num_full,
-            block_size,
-            group,
-            info,
-            false,
         )
     }
 
@@ -751,22 +792,11 @@ impl BlockPool {
                 )));
             }
         }
-        let hash_len = block_hashes
-            .get(num_cached.saturating_sub(1)..num_full)
-            .unwrap_or(&[])
-            .iter()
-            .try_fold(self.hash_len, |len, h| {
-                if h.is_empty() {
-                    return Err(Error::InvalidArgument("block hash is empty".into()));
-                }
-                match len {
-                    Some(n) if n != h.len() => Err(Error::InvalidArgument(format!(
-                        "block hash has {} bytes but this pool holds {n}-byte hashes",
-                        h.len()
-                    ))),
-                    _ => Ok(Some(h.len())),
-                }
-            })?;
+        let hash_len = self.hash_len_after(
+            block_hashes
+                .get(num_cached.saturating_sub(1)..num_full)
+                .unwrap_or(&[]),
+        )?;
         let new = &block_ids[num_cached..num_full];
         if check_blocks {
             self.check_blocks_to_cache(new)?;
@@ -775,6 +805,58 @@ impl BlockPool {
         }
         let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
         let max_id = new.iter().copied().max().unwrap_or(NULL_BLOCK);
+        let plan = self.plan_store(
+            hash_len,
+            new_keys,
+            max_id,
+            num_full - num_cached,
+            info.token_ids
+                .map(|t| &t[num_cached * block_size..num_full * block_size]),
+            info.lora_name,
+        )?;
+        self.commit_store(
+            plan,
+            new,
+            block_hashes,
+            num_cached,
+            block_size,
+            group,
+            &info,
+        );
+        Ok(())
+    }
+
+    /// The hash length a run of hashes leaves the pool with (its first hash fixes it),
+    /// or why they cannot be cached.
+    pub(crate) fn hash_len_after(&self, hashes: &[BlockHash]) -> Result<Option<usize>> {
+        hashes.iter().try_fold(self.hash_len, |len, h| {
+            if h.is_empty() {
+                return Err(Error::InvalidArgument("block hash is empty".into()));
+            }
+            match len {
+                Some(n) if n != h.len() => Err(Error::InvalidArgument(format!(
+                    "block hash has {} bytes but this pool holds {n}-byte hashes",
+                    h.len()
+                ))),
+                _ => Ok(Some(h.len())),
+            }
+        })
+    }
+
+    /// Everything caching up to `blocks` blocks (`new_keys` of them with a key, on ids up
+    /// to `max_id`) allocates: the table's room, the event list's, the event's lists
+    /// (`tokens`, `lora_name`). An `OutOfMemory` error, and no change, when any of it
+    /// cannot be had; [`BlockPool::commit_store`] then allocates nothing.
+    pub(crate) fn plan_store(
+        &mut self,
+        hash_len: Option<usize>,
+        new_keys: usize,
+        max_id: u32,
+        blocks: usize,
+        tokens: Option<&[u32]>,
+        lora_name: Option<&str>,
+    ) -> Result<StorePlan> {
+        let max_id = max_id.min(self.num_blocks as u32 - 1);
         self.cached
             .reserve_for(
                 &self.blocks,
@@ -784,15 +866,50 @@ impl BlockPool {
                 self.num_blocks,
             )
             .map_err(|e| Error::out_of_memory("the prefix-cache table", e))?;
+        let mut plan = StorePlan {
+            hash_len,
+            ..StorePlan::default()
+        };
         if self.events_enabled {
-            self.events
-                .try_reserve(1)
-                .map_err(|e| Error::out_of_memory("the event list", e))?;
+            let oom = |e| Error::out_of_memory("the event list", e);
+            self.events.try_reserve(1).map_err(oom)?;
+            plan.stored.try_reserve_exact(blocks).map_err(oom)?;
+            plan.event_keys.try_reserve_exact(blocks).map_err(oom)?;
+            if let Some(t) = tokens {
+                plan.token_ids = try_copy(t, "the event's tokens")?;
+            }
+            if let Some(name) = lora_name {
+                let mut n = String::new();
+                n.try_reserve_exact(name.len()).map_err(oom)?;
+                n.push_str(name);
+                plan.lora_name = Some(n);
+            }
         }
-        self.hash_len = hash_len;
+        Ok(plan)
+    }
 
-        let mut stored = Vec::new();
-        let mut event_keys = Vec::new();
+    /// Caches `new` (blocks `num_cached..` of their request) under their hashes and emits
+    /// one `BlockStored`, in what `plan` allocated (extra keys, when the blocks have any,
+    /// are copied into the event here).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn commit_store(
+        &mut self,
+        plan: StorePlan,
+        new: &[u32],
+        block_hashes: &[BlockHash],
+        num_cached: usize,
+        block_size: usize,
+        group: u32,
+        info: &StoreInfo<'_>,
+    ) {
+        let StorePlan {
+            mut stored,
+            mut event_keys,
+            token_ids,
+            lora_name,
+            hash_len,
+        } = plan;
+        self.hash_len = hash_len;
         const AHEAD: usize = 4;
         let pf = self.cached.prefetcher();
         for (i, &id) in new.iter().enumerate() {
@@ -806,7 +923,7 @@ impl BlockPool {
                 event_keys.push(info.extra_keys(num_cached + i).map(untag_extra_keys));
             }
             let hash = &block_hashes[num_cached + i];
-            // Checked above: the block has no key yet.
+            // Checked by the caller: the block has no key yet.
             self.num_cached += 1;
             self.cached.insert(&mut self.blocks, id, hash, group);
             if self.events_enabled {
@@ -815,23 +932,18 @@ impl BlockPool {
         }
         if self.events_enabled {
             let parent_block_hash = num_cached.checked_sub(1).map(|p| block_hashes[p]);
-            let token_ids = info
-                .token_ids
-                .map(|t| t[num_cached * block_size..num_full * block_size].to_vec())
-                .unwrap_or_default();
             self.events.push(KvEvent::BlockStored {
                 block_hashes: stored,
                 parent_block_hash,
                 token_ids,
                 block_size: block_size as u32,
                 lora_id: info.lora_id,
-                lora_name: info.lora_name.map(str::to_owned),
+                lora_name,
                 group_idx: group,
                 extra_keys: (!event_keys.is_empty()).then_some(event_keys),
                 medium: Medium::Gpu,
             });
         }
-        Ok(())
     }
 
     /// The checks of [`cache_full_blocks`](Self::cache_full_blocks) on each block to cache:
@@ -905,8 +1017,15 @@ impl BlockPool {
 
     /// The events emitted since the last call, as vLLM emits them: one `BlockRemoved`
     /// per removed hash (always empty when events are disabled).
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        split_removals(std::mem::take(&mut self.events))
+    /// Without memory for them, an `OutOfMemory` error and the events stay.
+    pub fn take_events(&mut self) -> Result<Vec<KvEvent>> {
+        match split_removals(std::mem::take(&mut self.events)) {
+            Ok(events) => Ok(events),
+            Err((events, e)) => {
+                self.events = events;
+                Err(e)
+            }
+        }
     }
 
     /// The same events with every run of consecutive removals of one group in one
@@ -1042,13 +1161,13 @@ mod tests {
         p.free_blocks(&[3, 2, 1]).unwrap();
         assert_eq!(p.free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
         p.check_invariants().unwrap();
-        let ev = p.take_events();
+        let ev = p.take_events().unwrap();
         assert_eq!(ev.len(), 1);
         // Reusing 3..7 first, then 2 evicts hash 2.
         let got = p.get_new_blocks(6).unwrap();
         assert_eq!(got, vec![3, 4, 5, 6, 7, 2]);
         assert_eq!(
-            p.take_events(),
+            p.take_events().unwrap(),
             vec![KvEvent::BlockRemoved {
                 block_hashes: vec![h(2)],
                 group_idx: 0,
@@ -1190,7 +1309,7 @@ mod tests {
                 assert_eq!(p.get_cached_block(h, &[3]).unwrap(), Some(vec![*id]));
                 assert_eq!(p.get_cached_block(h, &[0]).unwrap(), None);
             }
-            let ev = p.take_events();
+            let ev = p.take_events().unwrap();
             assert!(
                 matches!(&ev[..], [KvEvent::BlockStored { block_hashes, .. }]
                 if block_hashes == &hashes)
@@ -1200,6 +1319,7 @@ mod tests {
             p.get_new_blocks(15).unwrap();
             let removed: Vec<BlockHash> = p
                 .take_events()
+                .unwrap()
                 .into_iter()
                 .filter_map(|e| match e {
                     KvEvent::BlockRemoved { block_hashes, .. } => Some(block_hashes),
@@ -1241,7 +1361,7 @@ mod tests {
             assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), Some(vec![ia2]));
             assert_eq!(p.get_cached_block(&b, &[0]).unwrap(), None);
             p.check_invariants().unwrap();
-            let removed: Vec<KvEvent> = p.take_events().into_iter().skip(3).collect();
+            let removed: Vec<KvEvent> = p.take_events().unwrap().into_iter().skip(3).collect();
             assert_eq!(
                 removed,
                 [a, b]

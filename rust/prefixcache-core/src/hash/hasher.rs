@@ -150,6 +150,19 @@ impl Buffers {
         }
     }
 
+    /// [`Buffers::reserve_fast`], fallibly: an `OutOfMemory` error when the room cannot
+    /// be allocated (the buffers are then as they were).
+    fn try_reserve_fast(&mut self, bound: usize) -> Result<()> {
+        let n = sha256::padded_blocks(bound);
+        if self.blocks.len() < n {
+            self.blocks
+                .try_reserve(n - self.blocks.len())
+                .map_err(|e| Error::out_of_memory("the hash buffers", e))?;
+            self.blocks.resize(n, [0u8; 64]);
+        }
+        Ok(())
+    }
+
     /// Make room for a fast-path stream whose writer touches up to `bound` bytes.
     fn reserve_fast(&mut self, bound: usize) {
         let n = sha256::padded_blocks(bound);
@@ -228,6 +241,27 @@ impl BlockHasher {
                 self.algo.digest_len()
             ))),
         }
+    }
+
+    /// Room in this thread's buffers and in a vector for the hashes of `n` blocks (whose
+    /// first parent is `parent_len` bytes long) without extra keys, so that hashing them
+    /// allocates nothing more: an `OutOfMemory` error when it cannot be had.
+    fn reserve_for_blocks(
+        &self,
+        buf: &mut Scratch,
+        parent_len: usize,
+        n: usize,
+    ) -> Result<Vec<BlockHash>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(n)
+            .map_err(|e| Error::out_of_memory("the block hashes", e))?;
+        if n > 0 {
+            let parent_len = parent_len.max(self.algo.digest_len());
+            if let Some(bound) = self.fast_bound(parent_len, self.block_size) {
+                buf.bufs.try_reserve_fast(bound)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Whether `(parent, tokens, None)` takes the allocation-free fast path.
@@ -356,16 +390,17 @@ impl BlockHasher {
         mut visit: impl FnMut(usize, &BlockHash),
     ) -> Result<Vec<BlockHash>> {
         let mut parent = self.check_parent(parent)?;
-        let mut out = Vec::with_capacity(tokens.len() / self.block_size);
         SCRATCH.with_borrow_mut(|buf| {
+            let n = tokens.len() / self.block_size;
+            let mut out = self.reserve_for_blocks(buf, parent.as_bytes().len(), n)?;
             for (i, block) in tokens.chunks_exact(self.block_size).enumerate() {
                 parent = self.hash_unchecked(buf, &parent, block, extra(i));
                 visit(i, &parent);
                 out.push(parent);
             }
             buf.bufs.trim();
-        });
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// The chained hashes of the full blocks of `tokens` (a partial tail is not hashed),
@@ -394,8 +429,8 @@ impl BlockHasher {
             }
         }
         let mut parent = self.check_parent(parent)?;
-        let mut out = Vec::with_capacity(n_full);
         SCRATCH.with_borrow_mut(|buf| {
+            let mut out = self.reserve_for_blocks(buf, parent.as_bytes().len(), n_full)?;
             for (i, block) in tokens.chunks_exact(self.block_size).enumerate() {
                 let extra = extra_keys
                     .and_then(|ek| ek.get(i))
@@ -404,8 +439,8 @@ impl BlockHasher {
                 out.push(parent);
             }
             buf.bufs.trim();
-        });
-        Ok(out)
+            Ok(out)
+        })
     }
 }
 

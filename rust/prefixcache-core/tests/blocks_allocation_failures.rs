@@ -1,0 +1,259 @@
+//! Every allocation a block-pool call makes may fail, and none may abort the process: for
+//! each call of a scenario (admissions that hit and miss, outputs that fill blocks,
+//! decode steps, frees, preemptions, evictions, with KV events on), the k-th allocation of
+//! the call is refused, for every k until the call makes no more. A refused call returns
+//! `OutOfMemory` and leaves the manager as it was (requests, blocks, free queue, cached
+//! hashes, events, counters; for `extend`, whose items apply in turn, the items before
+//! the failing one stay applied); after it, the same call with memory does what it does
+//! on a manager that never saw the failure.
+//!
+//! Its own test binary: the global allocator here counts the allocations of the thread
+//! that arms it and refuses one.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use prefixcache_core::blocks::{KVCacheManager, RequestOptions};
+use prefixcache_core::events::KvEvent;
+use prefixcache_core::hash::{BlockHasher, HashAlgo};
+use prefixcache_core::Error;
+
+thread_local! {
+    /// Allocations (and reallocations) this thread may still make before one fails: the
+    /// one made when it is 0 fails, and the counter disarms (later ones, such as the error
+    /// message's, succeed). `usize::MAX`: not armed.
+    static LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// Whether an allocation was refused since the thread armed the counter.
+    static REFUSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One allocation more; false when it must fail.
+fn allowed() -> bool {
+    LEFT.with(|left| match left.get() {
+        usize::MAX => true,
+        0 => {
+            left.set(usize::MAX);
+            REFUSED.with(|r| r.set(true));
+            false
+        }
+        n => {
+            left.set(n - 1);
+            true
+        }
+    })
+}
+
+fn arm(k: usize) {
+    REFUSED.with(|r| r.set(false));
+    LEFT.with(|left| left.set(k));
+}
+
+/// Disarms; true when an allocation was refused.
+fn disarm() -> bool {
+    LEFT.with(|left| left.set(usize::MAX));
+    REFUSED.with(|r| r.get())
+}
+
+struct Counting;
+
+// SAFETY: every call is forwarded unchanged to `System`, or answered with null (the
+// documented way to report a failed allocation, shrinking reallocations included), which
+// callers must handle. The thread-locals are const-initialised `Cell`s without
+// destructors: reading them never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if !allowed() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's contract for `l` is `System.alloc`'s.
+        unsafe { System.alloc(l) }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `System` with the layout `l` (nothing else allocates).
+        unsafe { System.dealloc(p, l) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
+        if !allowed() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `p` came from `System` with the layout `l`; the caller's contract for
+        // `new_size` is `System.realloc`'s.
+        unsafe { System.realloc(p, l, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit(u64, Vec<u32>),
+    Finish(u64, Vec<u32>),
+    Extend(Vec<(u64, usize)>, Vec<u32>),
+    Free(u64),
+    Preempt(u64),
+    EvictBlocks(Vec<u32>),
+    TakeEvents,
+}
+
+/// What a call returned, comparable across managers.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Admitted(Option<(usize, Vec<u32>)>),
+    Finished(bool),
+    Extended(Vec<u64>, usize),
+    Done,
+    Events(Vec<KvEvent>),
+}
+
+const IDS: u64 = 8;
+
+/// Everything a caller can observe of a manager (events by a copy, which takes them).
+fn state(m: &KVCacheManager) -> String {
+    let pool = m.pool();
+    let blocks: Vec<_> = (0..pool.num_blocks() as u32)
+        .map(|b| (pool.ref_cnt(b).ok(), pool.block_key(b).ok().flatten()))
+        .collect();
+    let requests: Vec<_> = (0..IDS)
+        .map(|id| {
+            (
+                m.block_ids(id).ok().map(<[u32]>::to_vec),
+                m.num_tokens(id).ok(),
+                m.num_computed_tokens(id).ok(),
+            )
+        })
+        .collect();
+    let events = m.clone().take_events().expect("events");
+    format!(
+        "{:?} {blocks:?} {requests:?} {:?} {events:?} {} {} {}",
+        pool.free_block_ids(),
+        m.stats(),
+        pool.num_evicted_blocks(),
+        pool.num_cached_blocks(),
+        m.num_requests()
+    )
+}
+
+fn run(m: &mut KVCacheManager, op: &Op) -> Result<Outcome, Error> {
+    match op {
+        Op::Admit(id, prompt) => m
+            .admit(*id, prompt, RequestOptions::default(), 4)
+            .map(|a| Outcome::Admitted(a.map(|a| (a.num_hit_tokens, a.block_ids)))),
+        Op::Finish(id, out) => m.finish(*id, out).map(Outcome::Finished),
+        Op::Extend(items, tokens) => m
+            .extend(items, tokens)
+            .map(|(e, n)| Outcome::Extended(e, n)),
+        Op::Free(id) => m.free(*id).map(|()| Outcome::Done),
+        Op::Preempt(id) => m.preempt(*id).map(|()| Outcome::Done),
+        Op::EvictBlocks(ids) => m.evict_blocks(ids).map(|()| Outcome::Done),
+        Op::TakeEvents => m.take_events().map(Outcome::Events),
+    }
+}
+
+fn scenario() -> Vec<Op> {
+    let system: Vec<u32> = (0..40).collect();
+    let prompt = |tail: u32, n: u32| -> Vec<u32> {
+        let mut p = system.clone();
+        p.extend((0..n).map(|j| tail * 1000 + j));
+        p
+    };
+    vec![
+        Op::Admit(0, prompt(1, 9)),
+        Op::Admit(1, prompt(2, 20)),
+        Op::Extend(vec![(0, 3), (1, 5)], (500..508).collect()),
+        Op::Finish(0, (600..612).collect()),
+        Op::TakeEvents,
+        Op::Admit(2, prompt(1, 9)),
+        Op::Preempt(1),
+        Op::Admit(3, prompt(3, 30)),
+        Op::EvictBlocks(vec![3, 4, 5]),
+        Op::Finish(2, (700..720).collect()),
+        Op::Free(1),
+        Op::Admit(7, prompt(2, 20)),
+        Op::Free(3),
+        Op::Admit(4, prompt(4, 60)),
+        Op::Admit(5, prompt(1, 25)),
+        Op::Finish(7, (800..830).collect()),
+        Op::Finish(4, vec![1, 2, 3]),
+        Op::TakeEvents,
+        Op::Admit(6, (0..100).collect()),
+        Op::Finish(5, (900..905).collect()),
+        Op::Free(6),
+    ]
+}
+
+fn fresh(ops: &[Op]) -> KVCacheManager {
+    let hasher = BlockHasher::new(HashAlgo::Sha256, 4, "seed").expect("hasher");
+    let mut m = KVCacheManager::new(48, hasher, true, None, true).expect("manager");
+    for op in ops {
+        run(&mut m, op).expect("scenario call with memory");
+    }
+    m
+}
+
+#[test]
+fn no_refused_allocation_aborts_a_block_pool_call() {
+    let ops = scenario();
+    let mut refusals = 0;
+    for (j, op) in ops.iter().enumerate() {
+        let mut clean = fresh(&ops[..j]);
+        let expected = run(&mut clean, op).expect("call with memory");
+        let expected_state = state(&clean);
+        for k in 0.. {
+            let mut m = fresh(&ops[..j]);
+            let before = state(&m);
+            arm(k);
+            let got = run(&mut m, op);
+            let refused = disarm();
+            m.check_invariants()
+                .unwrap_or_else(|e| panic!("call {j} ({op:?}), allocation {k} refused: {e}"));
+            if !refused {
+                assert_eq!(got.as_ref().ok(), Some(&expected), "call {j}");
+                assert_eq!(state(&m), expected_state, "call {j}");
+                break;
+            }
+            refusals += 1;
+            match got {
+                Err(Error::OutOfMemory(_)) if matches!(op, Op::Extend(..)) => {
+                    // Items apply in turn: the one that failed changed nothing, those
+                    // before it stay applied. The rest of the call, with memory, ends
+                    // where the whole call does.
+                    let Op::Extend(items, tokens) = op else {
+                        unreachable!()
+                    };
+                    let now = state(&m);
+                    let after = |p: usize| {
+                        let mut part = fresh(&ops[..j]);
+                        let n: usize = items[..p].iter().map(|i| i.1).sum();
+                        part.extend(&items[..p], &tokens[..n]).expect("with memory");
+                        state(&part)
+                    };
+                    let applied = (0..items.len())
+                        .find(|&p| {
+                            if p == 0 {
+                                now == before
+                            } else {
+                                after(p) == now
+                            }
+                        })
+                        .unwrap_or_else(|| panic!("call {j}, allocation {k}: {now}"));
+                    let n: usize = items[..applied].iter().map(|i| i.1).sum();
+                    m.extend(&items[applied..], &tokens[n..])
+                        .expect("the rest, with memory");
+                    assert_eq!(state(&m), expected_state, "call {j} after refusal {k}");
+                }
+                Err(Error::OutOfMemory(_)) => {
+                    assert_eq!(state(&m), before, "call {j} ({op:?}), allocation {k}");
+                    let again = run(&mut m, op).expect("the call again, with memory");
+                    assert_eq!(again, expected, "call {j} ({op:?}) after refusal {k}");
+                    assert_eq!(state(&m), expected_state, "call {j} after refusal {k}");
+                }
+                other => panic!("call {j} ({op:?}), allocation {k} refused: {other:?}"),
+            }
+        }
+    }
+    eprintln!("REFUSALS {refusals}");
+    assert!(refusals >= 50, "{refusals} refusals");
+}
