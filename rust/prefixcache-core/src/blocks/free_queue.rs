@@ -40,8 +40,10 @@ pub struct FreeQueue {
 impl FreeQueue {
     /// A queue holding every block `0..n` in id order, allocating nothing per block.
     /// `n` must be below `u32::MAX - 3`.
-    pub fn new(n: u32) -> Self {
+    /// An `AllocError` when its first links cannot be allocated.
+    pub fn new(n: u32) -> Result<Self, AllocError> {
         let mut links = SysVec::new();
+        links.try_reserve_exact(SLOT0 as usize)?;
         links.resize(SLOT0 as usize, [NOT_LINKED; 2]);
         let mut q = FreeQueue {
             links,
@@ -57,7 +59,7 @@ impl FreeQueue {
             q.links[FRESH as usize][N] = TAIL;
             q.links[TAIL as usize][P] = FRESH;
         }
-        q
+        Ok(q)
     }
 
     /// Number of block ids the queue can hold.
@@ -268,7 +270,7 @@ mod tests {
     fn hits_on_never_used_ids_keep_the_order_of_a_full_queue() {
         use std::collections::VecDeque;
         for n in [1u32, 2, 5, 40] {
-            let mut q = FreeQueue::new(n);
+            let mut q = FreeQueue::new(n).unwrap();
             let mut model: VecDeque<u32> = (0..n).collect();
             let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ u64::from(n);
             for _ in 0..3000 {
@@ -308,15 +310,15 @@ mod tests {
 
     #[test]
     fn starts_in_id_order() {
-        let q = FreeQueue::new(5);
+        let q = FreeQueue::new(5).unwrap();
         assert_eq!(ids(&q), vec![0, 1, 2, 3, 4]);
         assert_eq!(q.len(), 5);
-        assert_eq!(FreeQueue::new(0).pop_front(), None);
+        assert_eq!(FreeQueue::new(0).unwrap().pop_front(), None);
     }
 
     #[test]
     fn pop_remove_push() {
-        let mut q = FreeQueue::new(6);
+        let mut q = FreeQueue::new(6).unwrap();
         assert_eq!(q.pop_front(), Some(0));
         assert!(q.remove(3));
         assert!(!q.remove(3));
@@ -337,7 +339,7 @@ mod tests {
     #[test]
     fn matches_a_vecdeque_model() {
         use std::collections::VecDeque;
-        let mut q = FreeQueue::new(16);
+        let mut q = FreeQueue::new(16).unwrap();
         let mut model: VecDeque<u32> = (0..16).collect();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..5000 {

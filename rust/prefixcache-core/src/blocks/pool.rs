@@ -216,7 +216,8 @@ impl BlockPool {
         let mut pool = BlockPool {
             num_blocks,
             blocks: SysVec::new(),
-            free: FreeQueue::new(num_blocks as u32),
+            free: FreeQueue::new(num_blocks as u32)
+                .map_err(|e| Error::out_of_memory("the block pool", e))?,
             cached: HashTable32::new(),
             evictions: 0,
             num_cached: 0,
