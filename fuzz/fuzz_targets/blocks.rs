@@ -261,7 +261,7 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
                 "failed pool op changed the state: {e:?}"
             );
             assert!(
-                pool.take_events().is_empty(),
+                pool.take_events().expect("take_events").is_empty(),
                 "failed pool op emitted events"
             );
         }
@@ -459,7 +459,7 @@ fn run_manager(
                 "failed manager op changed the stats: {e:?}"
             );
             assert!(
-                m.take_events().is_empty(),
+                m.take_events().expect("take_events").is_empty(),
                 "failed manager op emitted events"
             );
         }
