@@ -228,7 +228,7 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
             }
             PoolOp::Reset => {
                 let all_free = refs.iter().all(|&r| r == 0);
-                assert_eq!(pool.reset_prefix_cache(), all_free, "reset_prefix_cache");
+                assert_eq!(pool.reset_prefix_cache().expect("reset_prefix_cache"), all_free, "reset_prefix_cache");
                 if all_free {
                     assert_eq!(pool.num_cached_keys(), 0);
                 }
@@ -393,7 +393,7 @@ fn run_manager(
             MgrOp::Free { id } => m.free(u64::from(id) % IDS),
             MgrOp::Preempt { id } => m.preempt(u64::from(id) % IDS),
             MgrOp::Reset => {
-                m.reset_prefix_cache();
+                m.reset_prefix_cache().expect("reset_prefix_cache");
                 Ok(())
             }
             MgrOp::Evict { ids } => {

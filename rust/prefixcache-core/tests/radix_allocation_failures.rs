@@ -337,8 +337,45 @@ fn fresh(page: usize, ops: &[Op]) -> RadixTree {
     t
 }
 
-fn refuse_each_allocation_of_each_call(page: usize) {
-    let ops = scenario(page);
+/// Small scenarios at the capacity edges of the side tables: the priority table full
+/// when an insert raises a path, and when it updates a priority already there; a new
+/// namespace whose first node cannot be filed under a root with three children.
+fn edges(which: usize) -> Vec<Op> {
+    let none = Namespace::new(None, None);
+    let ins = |key: &[u32], priority: i64, ns: &Namespace| Op::Insert {
+        key: key.to_vec(),
+        values: false,
+        ns: ns.clone(),
+        priority,
+    };
+    match which {
+        // The root's priority and two more fill the table (3 of 4 buckets).
+        0 => vec![
+            ins(&[1], 0, &none),
+            ins(&[1, 2], 0, &none),
+            ins(&[1, 2, 3], 5, &none),
+        ],
+        1 => vec![
+            ins(&[7], 1, &none),
+            ins(&[7, 8], 1, &none),
+            ins(&[7, 8], 5, &none),
+        ],
+        _ => vec![
+            ins(&[1], 0, &none),
+            ins(&[2], 0, &none),
+            ins(&[3], 0, &none),
+            ins(&[4], 0, &Namespace::new(Some("x"), None)),
+            Op::Match {
+                key: vec![1],
+                ns: none,
+            },
+        ],
+    }
+}
+
+/// Refuses each allocation of each call of `ops` in turn; `least`: how many refusals
+/// the scenario must see (its calls do allocate).
+fn refuse_each_allocation_of_each_call(page: usize, ops: &[Op], least: usize) {
     let mut refusals = 0;
     for (j, op) in ops.iter().enumerate() {
         let values = values_of(op);
@@ -362,6 +399,12 @@ fn refuse_each_allocation_of_each_call(page: usize) {
             match got {
                 Err(Error::OutOfMemory(_)) => {
                     assert_eq!(content(&t), before, "call {j} ({op:?}), allocation {k}");
+                    // The namespaces too (`check_invariants` checks their tables).
+                    assert_eq!(
+                        t.num_namespaces(),
+                        fresh(page, &ops[..j]).num_namespaces(),
+                        "call {j} ({op:?}), allocation {k}"
+                    );
                     let again = run(&mut t, op, values).expect("the call again, with memory");
                     assert_eq!(again, expected, "call {j} ({op:?}) after refusal {k}");
                     assert_eq!(content(&t), expected_content, "call {j} after refusal {k}");
@@ -392,15 +435,22 @@ fn refuse_each_allocation_of_each_call(page: usize) {
     }
     // The scenario's calls allocate (new nodes, splits, child tables, namespaces,
     // priorities, freed lists): each of those allocations was refused once.
-    assert!(refusals >= 50, "{refusals} refusals");
+    assert!(refusals >= least, "{refusals} refusals");
 }
 
 #[test]
 fn no_refused_allocation_aborts_a_radix_call_page_1() {
-    refuse_each_allocation_of_each_call(1);
+    refuse_each_allocation_of_each_call(1, &scenario(1), 50);
 }
 
 #[test]
 fn no_refused_allocation_aborts_a_radix_call_page_4() {
-    refuse_each_allocation_of_each_call(4);
+    refuse_each_allocation_of_each_call(4, &scenario(4), 50);
+}
+
+#[test]
+fn no_refused_allocation_aborts_a_radix_call_at_table_edges() {
+    for which in 0..3 {
+        refuse_each_allocation_of_each_call(1, &edges(which), 1);
+    }
 }

@@ -462,7 +462,9 @@ impl PyKVCacheManager {
 
     /// O(num_blocks): runs with the GIL released.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
-        self.inner.with_gil_released(py, |m| m.reset_prefix_cache())
+        self.inner
+            .with_gil_released(py, |m| m.reset_prefix_cache())?
+            .py_err()
     }
 
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -405,7 +405,9 @@ impl PyBlockPool {
 
     /// O(num_blocks): runs with the GIL released.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
-        self.inner.with_gil_released(py, |p| p.reset_prefix_cache())
+        self.inner
+            .with_gil_released(py, |p| p.reset_prefix_cache())?
+            .py_err()
     }
 
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

@@ -371,6 +371,8 @@ impl KVCacheManager {
                 .try_reserve(full.saturating_sub(req.block_hashes.len()))
                 .map_err(oom)?;
         }
+        // Taken out and put back: room first (see `preempt`).
+        self.reserve_request()?;
         let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
         let old_len = req.tokens.len();
         req.tokens.extend_from_slice(tokens);
@@ -693,6 +695,10 @@ impl KVCacheManager {
     /// tokens and count the preemption; its tokens and hashes stay, and its next admission
     /// is counted in the `preempted_*` stats.
     pub fn preempt(&mut self, id: RequestId) -> Result<()> {
+        self.req(id)?;
+        // Taking the entry out and putting it back can need a new table (a removal may
+        // leave a tombstone): room first.
+        self.reserve_request()?;
         let mut req = self.requests.remove(&id).ok_or_else(|| unknown(id))?;
         self.release(&mut req);
         req.num_computed_tokens = 0;
@@ -702,12 +708,12 @@ impl KVCacheManager {
     }
 
     /// Reset the prefix cache (only when no request holds blocks); marks the stats.
-    pub fn reset_prefix_cache(&mut self) -> bool {
-        if !self.pool.reset_prefix_cache() {
-            return false;
+    pub fn reset_prefix_cache(&mut self) -> Result<bool> {
+        if !self.pool.reset_prefix_cache()? {
+            return Ok(false);
         }
         self.stats.reset = true;
-        true
+        Ok(true)
     }
 
     /// Evict these blocks' hashes from the prefix cache.

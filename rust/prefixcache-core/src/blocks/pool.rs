@@ -95,7 +95,7 @@ pub struct BlockPool {
     events_enabled: bool,
     events: Vec<KvEvent>,
     /// Room for the hashes of the next new `BlockRemoved` event, reserved before a call
-    /// that may evict (see [`BlockPool::reserve_removals`]).
+    /// that may evict (see [`BlockPool::reserve_new_blocks`]).
     removal_spare: Vec<BlockHash>,
     /// Reused buffer of `free_owned`.
     scratch: Vec<u32>,
@@ -262,15 +262,25 @@ impl BlockPool {
         }
         let fresh = self.free.materialized();
         self.reserve_through(fresh.saturating_add((n - 1) as u32))?;
-        if self.events_enabled && self.enable_caching {
-            let oom = |e| Error::out_of_memory("the event list", e);
-            self.events.try_reserve(1).map_err(oom)?;
-            if let Some(KvEvent::BlockRemoved { block_hashes, .. }) = self.events.last_mut() {
-                block_hashes.try_reserve(n).map_err(oom)?;
-            }
-            self.removal_spare.try_reserve(n).map_err(oom)?;
+        if self.enable_caching {
+            self.reserve_removals(n)?;
         }
         Ok(())
+    }
+
+    /// Room for the `BlockRemoved` hashes of up to `n` evictions: the last event's list,
+    /// or a new event and its list (when the removals do not change group more than
+    /// once).
+    fn reserve_removals(&mut self, n: usize) -> Result<()> {
+        if !self.events_enabled || n == 0 {
+            return Ok(());
+        }
+        let oom = |e| Error::out_of_memory("the event list", e);
+        self.events.try_reserve(1).map_err(oom)?;
+        if let Some(KvEvent::BlockRemoved { block_hashes, .. }) = self.events.last_mut() {
+            block_hashes.try_reserve(n).map_err(oom)?;
+        }
+        self.removal_spare.try_reserve(n).map_err(oom)
     }
 
     /// Room for `n` more events (none when events are off).
@@ -992,6 +1002,7 @@ impl BlockPool {
         for &id in ids {
             self.check_id(id)?;
         }
+        self.reserve_removals(ids.len())?;
         for &id in ids {
             self.evict_hash(id);
         }
@@ -999,11 +1010,13 @@ impl BlockPool {
     }
 
     /// Forget every cached hash; only possible when no block but the null block is in use.
-    /// Returns whether it happened (emits `AllBlocksCleared` when it did).
-    pub fn reset_prefix_cache(&mut self) -> bool {
+    /// Returns whether it happened (emits `AllBlocksCleared` when it did); without memory
+    /// for the event, an `OutOfMemory` error and nothing forgotten.
+    pub fn reset_prefix_cache(&mut self) -> Result<bool> {
         if self.free.len() != self.num_blocks - 1 {
-            return false;
+            return Ok(false);
         }
+        self.reserve_events(1)?;
         self.cached.clear();
         self.num_cached = 0;
         for b in self.blocks.iter_mut() {
@@ -1013,7 +1026,7 @@ impl BlockPool {
         if self.events_enabled {
             self.events.push(KvEvent::AllBlocksCleared);
         }
-        true
+        Ok(true)
     }
 
     /// The events emitted since the last call, as vLLM emits them: one `BlockRemoved`
@@ -1208,9 +1221,9 @@ mod tests {
             .cache_full_blocks(&ids, &[h(1), h(2)], 0, 2, 4, 0, StoreInfo::default())
             .is_err());
         assert_eq!(p.block_key(2).unwrap(), None);
-        assert!(!p.reset_prefix_cache());
+        assert!(!p.reset_prefix_cache().unwrap());
         p.free_blocks(&ids).unwrap();
-        assert!(p.reset_prefix_cache());
+        assert!(p.reset_prefix_cache().unwrap());
         assert_eq!(p.num_cached_keys(), 0);
         p.check_invariants().unwrap();
     }
@@ -1440,7 +1453,7 @@ mod tests {
         let (a, b) = (split_hash(32, 1, 1), split_hash(32, 1, 2));
         let ia = cache_one(&mut p, a, 0);
         p.free_blocks(&[ia]).unwrap();
-        assert!(p.reset_prefix_cache());
+        assert!(p.reset_prefix_cache().unwrap());
         assert_eq!(p.block_key(ia).unwrap(), None);
         assert_eq!(p.get_cached_block(&a, &[0]).unwrap(), None);
         // Reuse the highest ids first so the side array regrows past them.

@@ -1,7 +1,7 @@
 //! A full consistency check of the tree, for tests and fuzzing (O(size of the tree)).
 
 use super::children::{child_key, UNLISTED};
-use super::tree::{RadixTree, NO_PARENT, ROOT};
+use super::tree::{Namespace, RadixTree, NO_PARENT, ROOT};
 
 impl RadixTree {
     /// Checks every structural invariant; returns a description of the first violation.
@@ -139,6 +139,37 @@ impl RadixTree {
                 self.evictable_size, self.protected_size
             ));
         }
+        self.check_namespace_invariants()?;
         self.check_host_invariants()
+    }
+
+    /// Every interned namespace maps to its own entry, every other entry is free (once),
+    /// and "no namespace" is always interned as id 0.
+    fn check_namespace_invariants(&self) -> Result<(), String> {
+        if self.namespace_ids.get(&Namespace::default()) != Some(&0) {
+            return Err("\"no namespace\" is not interned as id 0".into());
+        }
+        for (ns, &id) in &self.namespace_ids {
+            if self.namespaces.get(id as usize).map(|e| &e.0) != Some(ns) {
+                return Err(format!("namespace id {id} does not hold {ns:?}"));
+            }
+        }
+        let mut free = self.free_namespaces.clone();
+        free.sort_unstable();
+        free.dedup();
+        if free.len() != self.free_namespaces.len()
+            || free
+                .iter()
+                .any(|&id| id == 0 || id as usize >= self.namespaces.len())
+            || self.namespace_ids.len() + free.len() != self.namespaces.len()
+        {
+            return Err(format!(
+                "{} namespaces interned and {} free ids ({free:?}) for {} entries",
+                self.namespace_ids.len(),
+                self.free_namespaces.len(),
+                self.namespaces.len()
+            ));
+        }
+        Ok(())
     }
 }

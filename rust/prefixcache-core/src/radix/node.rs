@@ -252,6 +252,20 @@ impl RadixTree {
         Ok(())
     }
 
+    /// Whether one more hit moves the node's stamps to the wide table.
+    pub(crate) fn hit_widens(&self, slot: u32) -> bool {
+        let n = &self.nodes[slot as usize];
+        n.span.meta() & WIDE == 0 && u64::from(n.hits) >= self.sides.narrow_max
+    }
+
+    /// Room in the wide-stamp table for `n` more nodes.
+    pub(crate) fn reserve_wide(&mut self, n: usize) -> Result<()> {
+        self.sides
+            .wide
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("a radix node's stamps", e))
+    }
+
     /// Room in the priority table for `n` more nodes.
     pub(crate) fn reserve_priorities(&mut self, n: usize) -> Result<()> {
         self.sides
@@ -290,7 +304,13 @@ impl RadixTree {
         } else {
             (n.serial, n.last_access, n.creation, n.hits) = (0, 0, 0, 0);
             n.span.set_meta(meta | WIDE);
-            self.sides.wide.insert(slot, st);
+            // In place when the node is wide already (as for priorities).
+            match self.sides.wide.get_mut(&slot) {
+                Some(w) => *w = st,
+                None => {
+                    self.sides.wide.insert(slot, st);
+                }
+            }
         }
     }
 
@@ -392,6 +412,10 @@ impl RadixTree {
                 self.sides.priority.remove(&slot);
                 shrink(&mut self.sides.priority);
             }
+        } else if let Some(v) = self.sides.priority.get_mut(&slot) {
+            // In place: `insert` makes room for a new key before it looks for this one,
+            // which can allocate when the table is full.
+            *v = p;
         } else {
             span.set_meta(meta | PRIO);
             self.sides.priority.insert(slot, p);

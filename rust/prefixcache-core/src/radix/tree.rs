@@ -155,9 +155,9 @@ pub struct RadixTree {
     /// dropped with its last node (id 0, no namespace, is permanent), so memory follows
     /// what is cached, not every namespace ever seen.
     pub(crate) namespaces: Vec<(Namespace, usize)>,
-    namespace_ids: FxHashMap<Namespace, u32>,
+    pub(crate) namespace_ids: FxHashMap<Namespace, u32>,
     /// Ids of dropped namespaces, reused first.
-    free_namespaces: Vec<u32>,
+    pub(crate) free_namespaces: Vec<u32>,
     /// The HiCache host tier, if any (host.rs).
     pub(crate) host: Option<Box<HostTier>>,
 }
@@ -676,10 +676,23 @@ impl RadixTree {
             }
         }
         let path_end = node;
-        if deferred && priority > 0 {
-            // Room for the priorities the path's nodes take (`path_done`).
-            let raised = self.count_path(node, |t, n| !t.has_side_priority(n));
-            if let Err(e) = self.reserve_priorities(raised) {
+        if deferred {
+            // Room for what the path's nodes take in the side tables (`path_done`): new
+            // priorities, and stamps that one more hit widens; a `try_reserve` counts from
+            // the table's length, so the new leaf's entry is counted here too.
+            let leaf = usize::from(!rest.is_empty());
+            let mut room = Ok(());
+            if priority > 0 {
+                let raised = self.count_path(node, |t, n| !t.has_side_priority(n));
+                room = self.reserve_priorities(raised + leaf);
+            }
+            if counts_hits && room.is_ok() {
+                let widened = self.count_path(node, |t, n| t.hit_widens(n));
+                if widened > 0 {
+                    room = self.reserve_wide(widened + leaf);
+                }
+            }
+            if let Err(e) = room {
                 self.drop_unused_namespace(ns);
                 return Err(e);
             }
@@ -728,8 +741,8 @@ impl RadixTree {
                 // The leaf goes again; the parent is as it was (it was not listed: a
                 // listed node has no child, and a first child allocates nothing).
                 debug_assert!(!listed, "a first child failed to allocate");
+                // Releasing the leaf also drops the namespace if it has no other node.
                 self.release(slot);
-                self.drop_unused_namespace(ns);
                 return Err(e);
             }
             self.host_on_device_child(node);
