@@ -7,6 +7,8 @@
 //! are kept in the node by slot alone (their keys are read off the children); beyond, a
 //! vector of (key, slot) in the tree's [`Indexes`], and beyond [`INLINE_MAX`] a hash map.
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -167,14 +169,16 @@ impl Index {
                 *self = Index::Map { map, len };
             }
             Index::Map { map, len } => {
-                match map.get_mut(&key) {
-                    Some(bucket) => {
+                // Room first: the entry below then allocates nothing for a new key.
+                map.try_reserve(1).map_err(|e| oom(&e))?;
+                match map.entry(key) {
+                    Entry::Occupied(mut bucket) => {
+                        let bucket = bucket.get_mut();
                         bucket.try_reserve(1).map_err(|e| oom(&e))?;
                         bucket.push(child);
                     }
-                    None => {
-                        map.try_reserve(1).map_err(|e| oom(&e))?;
-                        map.insert(key, SmallVec::from_buf([child]));
+                    Entry::Vacant(slot) => {
+                        slot.insert(SmallVec::from_buf([child]));
                     }
                 }
                 *len += 1;

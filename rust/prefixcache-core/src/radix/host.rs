@@ -433,7 +433,7 @@ impl RadixTree {
     }
 
     /// A device child was added under `parent` (a new leaf).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn host_on_device_child(&mut self, parent: u32) {
         if let Some(h) = self.host.as_mut() {
             h.slot_mut(parent).device_children += 1;
@@ -574,7 +574,7 @@ impl RadixTree {
 
     /// Insert's write-through rule for a node whose hit count was just counted (SGLang
     /// `_inc_hit_count_and_check`): back it up once the count reaches the threshold.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wants_backup(&self, slot: u32) -> bool {
         match &self.host {
             None => false,

@@ -197,7 +197,7 @@ impl RadixTree {
         )
     }
 
-    #[inline]
+    #[inline(always)]
     fn meta(&self, slot: u32) -> u32 {
         self.nodes[slot as usize].span.meta()
     }
@@ -250,6 +250,13 @@ impl RadixTree {
             self.sides.ns.try_reserve(1).map_err(oom)?;
         }
         Ok(())
+    }
+
+    /// Whether any node's hit count can have reached the narrow limit: a node takes at
+    /// most one hit per insert, and every insert ticks the clock.
+    #[inline]
+    pub(crate) fn hits_may_widen(&self) -> bool {
+        self.clock >= self.sides.narrow_max
     }
 
     /// Whether one more hit moves the node's stamps to the wide table.

@@ -245,6 +245,7 @@ impl RadixTree {
         self.id = NEXT_TREE_ID.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[inline(always)]
     fn take_serial(&mut self) -> u64 {
         let s = self.next_serial;
         self.rebase_if_needed(self.clock, s);
@@ -686,7 +687,7 @@ impl RadixTree {
                 let raised = self.count_path(node, |t, n| !t.has_side_priority(n));
                 room = self.reserve_priorities(raised + leaf);
             }
-            if counts_hits && room.is_ok() {
+            if counts_hits && room.is_ok() && self.hits_may_widen() {
                 let widened = self.count_path(node, |t, n| t.hit_widens(n));
                 if widened > 0 {
                     room = self.reserve_wide(widened + leaf);
