@@ -8,83 +8,14 @@
 //! instead frees fewer tokens and returns exactly those (its list of freed indices could
 //! not grow), or does all it should (a freed slot could not be filed for reuse).
 //!
-//! Its own test binary: the global allocator here counts the allocations of the thread
-//! that arms it and refuses one.
+//! Its own test binary, whose global allocator counts the allocations of the thread that
+//! arms it and refuses one (`refusing_allocator`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod refusing_allocator;
 
 use prefixcache_core::radix::{EvictionPolicy, Namespace, NodeDump, RadixTree};
 use prefixcache_core::Error;
-
-thread_local! {
-    /// Allocations (and reallocations) this thread may still make before one fails: the
-    /// one made when it is 0 fails, and the counter disarms (later ones, such as the error
-    /// message's, succeed). `usize::MAX`: not armed.
-    static LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
-    /// Whether an allocation was refused since the thread armed the counter.
-    static REFUSED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// One allocation more; false when it must fail.
-fn allowed() -> bool {
-    LEFT.with(|left| match left.get() {
-        usize::MAX => true,
-        0 => {
-            left.set(usize::MAX);
-            REFUSED.with(|r| r.set(true));
-            false
-        }
-        n => {
-            left.set(n - 1);
-            true
-        }
-    })
-}
-
-fn arm(k: usize) {
-    REFUSED.with(|r| r.set(false));
-    LEFT.with(|left| left.set(k));
-}
-
-/// Disarms; true when an allocation was refused.
-fn disarm() -> bool {
-    LEFT.with(|left| left.set(usize::MAX));
-    REFUSED.with(|r| r.get())
-}
-
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to `System`, or answered with null (the
-// documented way to report a failed allocation, shrinking reallocations included), which
-// callers must handle. The thread-locals are const-initialised `Cell`s without
-// destructors: reading them never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if !allowed() {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller's contract for `l` is `System.alloc`'s.
-        unsafe { System.alloc(l) }
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: `p` came from `System` with the layout `l` (nothing else allocates).
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        if !allowed() {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: `p` came from `System` with the layout `l`; the caller's contract for
-        // `new_size` is `System.realloc`'s.
-        unsafe { System.realloc(p, l, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+use refusing_allocator::{arm, disarm, paused};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -186,10 +117,7 @@ fn run(t: &mut RadixTree, op: &Op, values: Option<&[i64]>) -> Result<Outcome, Er
             .map(|o| Outcome::Len(o.prefix_len)),
         Op::Match { key, ns } => t.match_prefix(key, ns).map(|m| Outcome::Len(m.length)),
         Op::Lock { key, ns } | Op::Unlock { key, ns } => {
-            let disarmed = LEFT.with(|l| l.replace(usize::MAX));
-            let node = t.match_prefix(key, ns).map(|m| m.node);
-            LEFT.with(|l| l.set(disarmed));
-            let node = node?;
+            let node = paused(|| t.match_prefix(key, ns).map(|m| m.node))?;
             if matches!(op, Op::Lock { .. }) {
                 t.inc_lock_ref(node).map(Outcome::Lock)
             } else {
