@@ -134,9 +134,25 @@ fn full_table(which: usize) -> Vec<Op> {
     ops
 }
 
-fn fresh(num_blocks: usize, ops: &[Op]) -> KVCacheManager {
+/// A sliding window of 8 tokens (2 blocks): each step past it releases the blocks it
+/// leaves behind, also when the pool then turns out short.
+fn window() -> Vec<Op> {
+    vec![
+        Op::Admit(0, (0..22).collect()),
+        Op::Extend(vec![(0, 3)], vec![50, 51, 52]),
+        Op::Admit(1, (0..30).collect()),
+        Op::Extend(vec![(0, 9), (1, 2)], (60..71).collect()),
+        Op::Finish(1, (80..86).collect()),
+        Op::TakeEvents,
+        Op::Preempt(0),
+        Op::Admit(2, (100..140).collect()),
+        Op::Free(2),
+    ]
+}
+
+fn fresh_with(num_blocks: usize, window: Option<usize>, ops: &[Op]) -> KVCacheManager {
     let hasher = BlockHasher::new(HashAlgo::Sha256, 4, "seed").expect("hasher");
-    let mut m = KVCacheManager::new(num_blocks, hasher, true, None, true).expect("manager");
+    let mut m = KVCacheManager::new(num_blocks, hasher, true, window, true).expect("manager");
     for op in ops {
         run(&mut m, op).expect("scenario call with memory");
     }
@@ -158,13 +174,22 @@ fn no_refused_allocation_aborts_a_block_pool_call_on_a_full_table() {
 /// Refuses each allocation of each call of `ops` on a manager of `num_blocks` blocks in
 /// turn; `least`: how many refusals the scenario must see (its calls do allocate).
 fn refuse_each_allocation_of_each_call(num_blocks: usize, ops: &[Op], least: usize) {
+    refuse_each_allocation_with(num_blocks, None, ops, least);
+}
+
+#[test]
+fn no_refused_allocation_aborts_a_block_pool_call_with_a_sliding_window() {
+    refuse_each_allocation_with(24, Some(8), &window(), 20);
+}
+
+fn refuse_each_allocation_with(num_blocks: usize, window: Option<usize>, ops: &[Op], least: usize) {
     let mut refusals = 0;
     for (j, op) in ops.iter().enumerate() {
-        let mut clean = fresh(num_blocks, &ops[..j]);
+        let mut clean = fresh_with(num_blocks, window, &ops[..j]);
         let expected = run(&mut clean, op).expect("call with memory");
         let expected_state = state(&clean);
         for k in 0.. {
-            let mut m = fresh(num_blocks, &ops[..j]);
+            let mut m = fresh_with(num_blocks, window, &ops[..j]);
             let before = state(&m);
             arm(k);
             let got = run(&mut m, op);
@@ -187,7 +212,7 @@ fn refuse_each_allocation_of_each_call(num_blocks: usize, ops: &[Op], least: usi
                     };
                     let now = state(&m);
                     let after = |p: usize| {
-                        let mut part = fresh(num_blocks, &ops[..j]);
+                        let mut part = fresh_with(num_blocks, window, &ops[..j]);
                         let n: usize = items[..p].iter().map(|i| i.1).sum();
                         part.extend(&items[..p], &tokens[..n]).expect("with memory");
                         state(&part)

@@ -410,10 +410,13 @@ impl KVCacheManager {
         let max_blocks = (max_len / bs).min(req.block_hashes.len());
         let hashes = &req.block_hashes[..max_blocks];
         let blocks = match self.sliding_window {
-            None => self.pool.lookup_prefix(hashes, 0),
+            None => self.pool.lookup_prefix(hashes, 0)?,
             Some(w) => {
                 let need = (w - 1).div_ceil(bs);
-                let mut out = vec![NULL_BLOCK; max_blocks];
+                let mut out = Vec::new();
+                out.try_reserve_exact(max_blocks)
+                    .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
+                out.resize(max_blocks, NULL_BLOCK);
                 let mut run = 0usize;
                 let mut found = false;
                 for i in (0..max_blocks).rev() {
@@ -443,25 +446,42 @@ impl KVCacheManager {
     /// Free the blocks before the attention window (vLLM's `remove_skipped_blocks`):
     /// from the last skipped block backwards until a null block, each replaced by null.
     fn remove_skipped_blocks(&mut self, id: RequestId, num_computed_tokens: usize) {
-        let skipped_tokens = self.num_skipped_tokens(num_computed_tokens);
-        if skipped_tokens == 0 {
+        let Some(range) = self.skipped_range(id, num_computed_tokens) else {
             return;
-        }
+        };
         let Some(req) = self.requests.get_mut(&id) else {
             return;
         };
+        // Freed last first (the pool's room to free them was reserved with the request's
+        // blocks), then replaced by null.
+        self.pool
+            .free_owned(req.blocks[range.clone()].iter().rev().copied());
+        req.blocks[range].fill(NULL_BLOCK);
+    }
+
+    /// The request's blocks that [`remove_skipped_blocks`](Self::remove_skipped_blocks)
+    /// would release: from the last block before the window back to the first null one.
+    fn skipped_blocks(&self, id: RequestId, num_computed_tokens: usize) -> Option<&[u32]> {
+        let range = self.skipped_range(id, num_computed_tokens)?;
+        self.requests.get(&id).map(|r| &r.blocks[range])
+    }
+
+    fn skipped_range(
+        &self,
+        id: RequestId,
+        num_computed_tokens: usize,
+    ) -> Option<std::ops::Range<usize>> {
+        let skipped_tokens = self.num_skipped_tokens(num_computed_tokens);
+        if skipped_tokens == 0 {
+            return None;
+        }
+        let req = self.requests.get(&id)?;
         let last = (skipped_tokens / self.block_size).min(req.blocks.len());
-        let mut freed = Vec::new();
-        for i in (0..last).rev() {
-            if req.blocks[i] == NULL_BLOCK {
-                break;
-            }
-            freed.push(req.blocks[i]);
-            req.blocks[i] = NULL_BLOCK;
-        }
-        if !freed.is_empty() {
-            self.pool.free_owned(freed.into_iter());
-        }
+        let first = req.blocks[..last]
+            .iter()
+            .rposition(|&b| b == NULL_BLOCK)
+            .map_or(0, |i| i + 1);
+        Some(first..last)
     }
 
     /// vLLM's `get_num_blocks_to_allocate` for one group.
@@ -552,20 +572,27 @@ impl KVCacheManager {
         let num_tokens = req.tokens.len();
         let preempted = req.num_preemptions > 0;
 
-        self.remove_skipped_blocks(id, total_computed);
-        let req = self.req(id)?;
-        let n_alloc =
-            self.num_blocks_to_allocate(req, need_slots, new_computed_blocks, total_computed);
-        if n_alloc > self.pool.num_free_blocks() {
-            return Ok(None);
-        }
-
         let n_skipped_blocks = self.num_skipped_tokens(total_computed) / bs;
         let caching = self.pool.enable_caching();
         // vLLM adopts the hit only when it is not its shared empty sentinel and the request
         // is not already tracked in `num_cached_block`.
         let adopt = !new_computed_blocks.is_empty() && req.num_cached_blocks.is_none();
         let computed = num_tokens_main.min(num_tokens);
+        // The blocks a sliding window left behind are released first (even when the pool
+        // then turns out short, as in vLLM); that changes none of what the count of blocks
+        // to allocate depends on, only the free count, by the released blocks that reach
+        // no reference.
+        let n_alloc =
+            self.num_blocks_to_allocate(req, need_slots, new_computed_blocks, total_computed);
+        let freed = self.skipped_blocks(id, total_computed).map_or(0, |run| {
+            run.iter()
+                .filter(|&&b| self.pool.ref_cnt(b).is_ok_and(|r| r == 1))
+                .count()
+        });
+        if n_alloc > self.pool.num_free_blocks() + freed {
+            self.remove_skipped_blocks(id, total_computed);
+            return Ok(None);
+        }
         // Everything this call allocates, before it changes anything: without memory an
         // `OutOfMemory` error and no change.
         let plan = self.reserve_allocation(
@@ -576,6 +603,8 @@ impl KVCacheManager {
             need_slots,
             computed,
         )?;
+        self.remove_skipped_blocks(id, total_computed);
+        debug_assert!(n_alloc <= self.pool.num_free_blocks());
         let pool = &mut self.pool;
         let req = self.requests.get_mut(&id).ok_or_else(|| unknown(id))?;
         if adopt {

@@ -470,9 +470,11 @@ impl BlockPool {
     /// The blocks of the longest run of `hashes` cached under `group`, from the first
     /// (each the first block of its key): [`lookup`](Self::lookup) until the first miss,
     /// with the table slots of the hashes a few places ahead prefetched.
-    pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], group: u32) -> Vec<u32> {
+    pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], group: u32) -> Result<Vec<u32>> {
         const AHEAD: usize = 4;
-        let mut out = Vec::with_capacity(hashes.len());
+        let mut out = Vec::new();
+        out.try_reserve_exact(hashes.len())
+            .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
         let pf = self.cached.prefetcher();
         for (i, h) in hashes.iter().enumerate() {
             if let (Some(pf), Some(next)) = (&pf, hashes.get(i + AHEAD)) {
@@ -483,7 +485,7 @@ impl BlockPool {
                 None => break,
             }
         }
-        out
+        Ok(out)
     }
 
     /// Take `n` blocks from the head of the free queue (evicting their cached hashes),
