@@ -47,6 +47,15 @@ pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// [`try_copy`] for a string.
+pub(crate) fn try_copy_str(s: &str, what: &str) -> Result<String> {
+    let mut c = String::new();
+    c.try_reserve_exact(s.len())
+        .map_err(|e| Error::out_of_memory(what, e))?;
+    c.push_str(s);
+    Ok(c)
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

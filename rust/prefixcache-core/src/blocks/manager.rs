@@ -824,27 +824,13 @@ impl KVCacheManager {
     /// free the request. Returns false when the pool was too short to take the output
     /// (then nothing was cached for it), true otherwise. The request is freed either way.
     pub fn finish(&mut self, id: RequestId, output: &[u32]) -> Result<bool> {
-        let mut ok = true;
-        if !output.is_empty() {
-            let (n_tokens, n_hashes) = {
-                let r = self.req(id)?;
-                (r.tokens.len(), r.block_hashes.len())
-            };
-            self.append_tokens(id, output)?;
-            match self.allocate_slots(id, output.len(), 0, &[], 0) {
-                Ok(got) => ok = got.is_some(),
-                Err(e) => {
-                    // Without memory the request stays as it was, running.
-                    if let Some(r) = self.requests.get_mut(&id) {
-                        r.tokens.truncate(n_tokens);
-                        r.block_hashes.truncate(n_hashes);
-                    }
-                    return Err(e);
-                }
-            }
-        } else {
+        // On an error (no memory) the request stays as it was, running.
+        let ok = if output.is_empty() {
             self.req(id)?;
-        }
+            true
+        } else {
+            self.extend_one(id, output)?
+        };
         self.free(id)?;
         Ok(ok)
     }
@@ -1067,17 +1053,16 @@ impl KVCacheManager {
     }
 }
 
-/// vLLM's `cache_blocks` for one group: cache the request's blocks that are full within
-/// its first `num_tokens` tokens and have a hash.
 /// What [`KVCacheManager::allocate_slots`] allocated before changing anything.
 struct SlotPlan {
     new_blocks: Vec<u32>,
     store: Option<StorePlan>,
 }
 
-/// Caches the request's full blocks past those it has cached, in what `plan` allocated
-/// (a request's blocks past those it has cached are in range, referenced, uncached and
-/// distinct by construction).
+/// vLLM's `cache_blocks` for one group: caches the request's blocks that are full within
+/// its first `num_tokens` tokens and have a hash, past those it has cached, in what
+/// `plan` allocated (those blocks are in range, referenced, uncached and distinct by
+/// construction).
 fn cache_blocks(
     pool: &mut BlockPool,
     req: &mut Request,

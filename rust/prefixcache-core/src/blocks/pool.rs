@@ -17,7 +17,7 @@
 //! 24 bytes per block id up to the highest cached one for the hash bytes past the 8 in
 //! the block. Growth is reserved fallibly before anything changes.
 
-use crate::error::try_copy;
+use crate::error::{try_copy, try_copy_str};
 use crate::error::{Error, Result};
 use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
@@ -742,40 +742,6 @@ impl BlockPool {
         group: u32,
         info: StoreInfo<'_>,
     ) -> Result<()> {
-        self.cache_blocks_checked(
-            block_ids,
-            block_hashes,
-            num_cached,
-            num_full,
-            block_size,
-            group,
-            info,
-            true,
-        )
-    }
-
-    /// Prefetches the table slots of these keys (no effect on results): a caller that
-    /// will cache them after other work gives the loads time to land.
-    pub(crate) fn prefetch_keys(&self, hashes: &[BlockHash], group: u32) {
-        if let Some(pf) = self.cached.prefetcher() {
-            for h in hashes {
-                pf.key(key_hash(h.as_bytes(), group));
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn cache_blocks_checked(
-        &mut self,
-        block_ids: &[u32],
-        block_hashes: &[BlockHash],
-        num_cached: usize,
-        num_full: usize,
-        block_size: usize,
-        group: u32,
-        info: StoreInfo<'_>,
-        check_blocks: bool,
-    ) -> Result<()> {
         if num_cached >= num_full {
             return Ok(());
         }
@@ -811,11 +777,7 @@ impl BlockPool {
                 .unwrap_or(&[]),
         )?;
         let new = &block_ids[num_cached..num_full];
-        if check_blocks {
-            self.check_blocks_to_cache(new)?;
-        } else {
-            debug_assert!(self.check_blocks_to_cache(new).is_ok());
-        }
+        self.check_blocks_to_cache(new)?;
         let new_keys = new.iter().filter(|&&id| id != NULL_BLOCK).count();
         let max_id = new.iter().copied().max().unwrap_or(NULL_BLOCK);
         let plan = self.plan_store(
@@ -837,6 +799,16 @@ impl BlockPool {
             &info,
         );
         Ok(())
+    }
+
+    /// Prefetches the table slots of these keys (no effect on results): a caller that
+    /// will cache them after other work gives the loads time to land.
+    pub(crate) fn prefetch_keys(&self, hashes: &[BlockHash], group: u32) {
+        if let Some(pf) = self.cached.prefetcher() {
+            for h in hashes {
+                pf.key(key_hash(h.as_bytes(), group));
+            }
+        }
     }
 
     /// The hash length a run of hashes leaves the pool with (its first hash fixes it),
@@ -892,10 +864,7 @@ impl BlockPool {
                 plan.token_ids = try_copy(t, "the event's tokens")?;
             }
             if let Some(name) = lora_name {
-                let mut n = String::new();
-                n.try_reserve_exact(name.len()).map_err(oom)?;
-                n.push_str(name);
-                plan.lora_name = Some(n);
+                plan.lora_name = Some(try_copy_str(name, "the event's LoRA name")?);
             }
         }
         Ok(plan)

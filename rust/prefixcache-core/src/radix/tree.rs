@@ -17,6 +17,7 @@ use super::node::{shrink_map, Node, Sides, Stamps};
 use super::policy::EvictionPolicy;
 use super::slab::Slab;
 use super::span::Span;
+use crate::error::try_copy_str;
 use crate::{Error, Result};
 
 pub(crate) const ROOT: u32 = 0;
@@ -50,13 +51,10 @@ impl Namespace {
 
     /// A copy, or an `OutOfMemory` error when its strings cannot be allocated.
     fn try_clone(&self) -> Result<Self> {
-        let copy = |s: &Option<String>| -> Result<Option<String>> {
-            let Some(s) = s else { return Ok(None) };
-            let mut c = String::new();
-            c.try_reserve_exact(s.len())
-                .map_err(|e| Error::out_of_memory("a namespace", e))?;
-            c.push_str(s);
-            Ok(Some(c))
+        let copy = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| try_copy_str(s, "a namespace"))
+                .transpose()
         };
         Ok(Namespace {
             extra_key: copy(&self.extra_key)?,
