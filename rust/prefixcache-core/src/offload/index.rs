@@ -294,9 +294,12 @@ mod tests {
             let at = |e: (char, usize)| log.iter().position(|&x| x == e);
             for i in 0..n {
                 assert!(at(('f', i)) < at(('n', i)) && at(('n', i)) < at(('b', i)));
-                // Ahead, but not all at once: item i's first stage comes after the body
-                // of the item FAR before it.
+                // Ahead, but not all at once: item i's first stage comes before the body
+                // of the item FAR before it, and after the body of the one before that.
                 if i >= FAR {
+                    assert!(at(('f', i)) < at(('b', i - FAR)));
+                }
+                if i > FAR {
                     assert!(at(('f', i)) > at(('b', i - FAR - 1)));
                 }
             }
