@@ -39,7 +39,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// A copy of `items` in a new vector; `OutOfMemory` (naming `what`) when it cannot be
 /// allocated.
-pub(crate) fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
+pub fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(items.len())
         .map_err(|e| Error::out_of_memory(what, e))?;

@@ -1,6 +1,7 @@
 //! `CpuOffloadManager`: vLLM 0.33's CPU offloading tier (prefixcache_core::offload).
 //! Argument and error mapping only.
 
+use prefixcache_core::error::try_copy;
 use prefixcache_core::hash::BlockHash;
 use prefixcache_core::offload::{
     to_kv_events, CachePolicy, CpuOffloadManager, OffloadEvent, PrepareStoreOutput,
@@ -191,7 +192,7 @@ impl PyCpuOffloadManager {
 
     fn on_new_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
-        self.inner.with(py, |m| m.on_new_request(rid))
+        self.inner.with(py, |m| m.on_new_request(rid))?.py_err()
     }
 
     fn set_offload_key_positions(
@@ -239,8 +240,12 @@ impl PyCpuOffloadManager {
         let (hashes, bs) = mgr
             .inner
             .with(py, |m| {
-                m.block_hashes(rid)
-                    .map(|h| (h.to_vec(), m.block_size() as u64))
+                m.block_hashes(rid).and_then(|h| {
+                    Ok((
+                        try_copy(h, "the request's block hashes")?,
+                        m.block_size() as u64,
+                    ))
+                })
             })?
             .py_err()?;
         self.inner
@@ -336,7 +341,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.touch(rid, &ks))
+        self.inner.with(py, |m| m.touch(rid, &ks))?.py_err()
     }
 
     fn complete_load(
@@ -375,12 +380,16 @@ impl PyCpuOffloadManager {
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.complete_store(rid, &ks, success))
+        self.inner
+            .with(py, |m| m.complete_store(rid, &ks, success))?
+            .py_err()
     }
 
     fn on_request_finished(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
-        self.inner.with(py, |m| m.on_request_finished(rid))
+        self.inner
+            .with(py, |m| m.on_request_finished(rid))?
+            .py_err()
     }
 
     fn reset_cache(&self, py: Python<'_>) -> PyResult<()> {
@@ -388,7 +397,7 @@ impl PyCpuOffloadManager {
     }
 
     fn take_events(&self, py: Python<'_>) -> PyResult<Vec<PyOffloadingEvent>> {
-        let evs = self.inner.with(py, |m| m.take_events())?;
+        let evs = self.inner.with(py, |m| m.take_events())?.py_err()?;
         Ok(evs
             .into_iter()
             .map(|inner| PyOffloadingEvent { inner })
@@ -407,7 +416,7 @@ impl PyCpuOffloadManager {
         #[pyo3(from_py_with = convert::compact)] compact: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let fmt = HashFormat::parse(&event_hash_format)?;
-        let evs = self.inner.with(py, |m| m.take_events())?;
+        let evs = self.inner.with(py, |m| m.take_events())?.py_err()?;
         events_to_py(py, to_kv_events(&evs), fmt, None, compact)
     }
 

@@ -46,8 +46,11 @@ impl Arc {
         }
     }
 
-    /// Room for `n` more ghost keys.
+    /// Room for `n` more ghost keys, and for `n` victims.
     pub fn try_reserve(&mut self, n: usize) -> crate::Result<()> {
+        self.victims
+            .try_reserve(n.saturating_sub(self.victims.len()))
+            .map_err(|e| crate::Error::out_of_memory("the ARC's victims", e))?;
         self.ghosts.try_reserve(n)
     }
 
@@ -243,6 +246,14 @@ impl Arc {
                 self.ghosts.pop_front_of(o);
             }
         }
+    }
+
+    /// The state as text: the target, T1 and T2's ends (their order is in the slots'
+    /// links) and the ghost lists, oldest first.
+    pub(crate) fn dump(&self) -> String {
+        let b1: Vec<_> = self.ghosts.keys_of(B1).collect();
+        let b2: Vec<_> = self.ghosts.keys_of(B2).collect();
+        format!("{} {:?} {:?} {b1:?} {b2:?}", self.target, self.t1, self.t2)
     }
 
     pub fn clear(&mut self) {

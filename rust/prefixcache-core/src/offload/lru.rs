@@ -135,6 +135,19 @@ impl Lru {
         true
     }
 
+    /// Room for a new request group (a sentinel and its map entry), and for filing every
+    /// sentinel as free, so that no rank change allocates. Called before a call changes
+    /// anything; nothing changes on failure.
+    pub fn try_reserve_group(&mut self) -> crate::Result<()> {
+        let oom = |e| crate::Error::out_of_memory("the LRU's request groups", e);
+        self.sents.try_reserve(1).map_err(oom)?;
+        let all = self.sents.len() + 1;
+        self.free_sents
+            .try_reserve(all.saturating_sub(self.free_sents.len()))
+            .map_err(oom)?;
+        self.groups.try_reserve(1).map_err(oom)
+    }
+
     /// The request's rank, drawn from the counter on its first use (a new group at the
     /// tail).
     pub fn request_rank(&mut self, slots: &mut [Slot], lru_rank: &mut Option<u64>) -> u64 {
@@ -485,8 +498,7 @@ impl Lru {
         *self = Lru::default();
     }
 
-    /// Tests: the state but for `per_chunk`.
-    #[cfg(test)]
+    /// The state but for `per_chunk`, as text.
     pub(crate) fn dump(&self) -> String {
         let mut groups: Vec<_> = self.groups.iter().collect();
         groups.sort();

@@ -78,8 +78,11 @@ impl RequestState {
         self.infos
             .try_reserve(n)
             .map_err(|e| Error::out_of_memory("request keys", e))?;
+        // Each entry is seen at most once: room for all of them, so that `record` never
+        // allocates.
+        let entries = self.infos.len().saturating_add(n);
         self.seen
-            .try_reserve(n)
+            .try_reserve(entries.saturating_sub(self.seen.len()))
             .map_err(|e| Error::out_of_memory("request keys", e))?;
         let infos = &self.infos;
         self.index
@@ -295,6 +298,27 @@ struct Scratch {
     finished: Vec<Finished>,
     /// `complete_store` of a range: (key, slot) of the stored keys.
     stored: Vec<(BlockHash, u32)>,
+    /// `on_request_finished`: (position, first access, entry), to sort the accesses by
+    /// position as a stable sort would, without a merge buffer.
+    sorted: Vec<(u64, u32, u32)>,
+    /// With events: the key lists of the next removal and completion events, allocated
+    /// before a call changes anything.
+    ev_removed: Vec<BlockHash>,
+    ev_done: Vec<BlockHash>,
+}
+
+/// Capacity for at least `n` items in the reused buffer `v` (cleared before use).
+fn room<T>(v: &mut Vec<T>, n: usize) -> Result<()> {
+    v.try_reserve(n.saturating_sub(v.len()))
+        .map_err(|e| Error::out_of_memory("the offload tier's buffers", e))
+}
+
+/// A new vector with room for `n` items.
+fn vec_for<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| Error::out_of_memory(what, e))?;
+    Ok(v)
 }
 
 #[derive(Debug, Clone)]
@@ -374,15 +398,45 @@ impl CpuOffloadManager {
         }
     }
 
-    /// Tests: the whole state, to compare two managers.
-    #[cfg(test)]
-    pub(crate) fn state_dump(&self) -> String {
+    /// The whole state as text, for tests that compare two managers: the stored chunks
+    /// (slots, links), the policy's order, the free ids, the counters, the tracker, the
+    /// request contexts and the events. Reserved room is not part of it.
+    pub fn state_dump(&self) -> String {
         let slots: Vec<_> = self.table.live().collect();
         let policy = match &self.policy {
             Policy::Lru(l) => l.dump(),
-            Policy::Arc(a) => format!("{a:?}"),
+            Policy::Arc(a) => a.dump(),
         };
-        format!("{slots:?} {policy} {:?}", self.free_ids)
+        let tracker: Option<Vec<_>> = self
+            .counts
+            .as_ref()
+            .map(|c| c.keys_of(0).map(|k| (k, c.get(k))).collect());
+        let mut requests: Vec<_> = self.requests.iter().collect();
+        requests.sort_by_key(|&(rid, _)| *rid);
+        let requests: Vec<_> = requests
+            .into_iter()
+            .map(|(rid, st)| {
+                let infos: Vec<_> = st
+                    .infos
+                    .iter()
+                    .map(|i| (i.key, i.flags, i.hint, i.position))
+                    .collect();
+                format!(
+                    "{rid}: {infos:?} {:?} {:?} {:?}",
+                    st.seen, st.order, st.lru_rank
+                )
+            })
+            .collect();
+        format!(
+            "{slots:?} {policy} {:?} {} {} {} {} {} {tracker:?} {requests:?} {:?}",
+            self.free_ids,
+            self.allocated,
+            self.num_idle,
+            self.num_pending,
+            self.num_stored_total,
+            self.num_evicted_total,
+            self.events
+        )
     }
 
     // -- counters ----------------------------------------------------------------------
@@ -427,11 +481,60 @@ impl CpuOffloadManager {
     }
 
     // -- request contexts -------------------------------------------------------------
-    pub fn on_new_request(&mut self, rid: u64) {
-        let spare = &mut self.spare;
-        self.requests
-            .entry(rid)
-            .or_insert_with(|| spare.pop().unwrap_or_default());
+    pub fn on_new_request(&mut self, rid: u64) -> Result<()> {
+        if !self.requests.contains_key(&rid) {
+            self.reserve_requests()?;
+            let st = self.spare.pop().unwrap_or_default();
+            self.requests.insert(rid, st);
+        }
+        Ok(())
+    }
+
+    /// Room for one more request context, and for keeping a dropped one's buffers.
+    fn reserve_requests(&mut self) -> Result<()> {
+        let oom = |e| Error::out_of_memory("the offload tier's requests", e);
+        self.requests.try_reserve(1).map_err(oom)?;
+        self.spare
+            .try_reserve(SPARE_REQUESTS.saturating_sub(self.spare.len()))
+            .map_err(oom)
+    }
+
+    /// Room for a call over `n` keys, reserved before the call changes anything: the
+    /// request table (a context taken out and put back, or a new one), the call's
+    /// buffers, the request's LRU group, the chunk ids it may free and its events.
+    fn reserve_call(&mut self, n: usize) -> Result<()> {
+        self.reserve_requests()?;
+        let sc = &mut *self.scratch;
+        room(&mut sc.keys, n)?;
+        room(&mut sc.to_store, n)?;
+        room(&mut sc.offered, n)?;
+        room(&mut sc.ready, n)?;
+        room(&mut sc.missed, n)?;
+        room(&mut sc.offers, n)?;
+        room(&mut sc.ids, n)?;
+        room(&mut sc.evicted, n)?;
+        room(&mut sc.picked, n)?;
+        room(&mut sc.hashes, n)?;
+        room(&mut sc.arc_picked, n)?;
+        room(&mut sc.ranked, n)?;
+        room(&mut sc.found, n)?;
+        room(&mut sc.finished, n)?;
+        room(&mut sc.stored, n)?;
+        room(&mut sc.sorted, n)?;
+        if let Some(ev) = &mut self.events {
+            // At most a removal and a completion event a call.
+            ev.try_reserve(2)
+                .map_err(|e| Error::out_of_memory("the offload tier's events", e))?;
+            room(&mut sc.ev_removed, n)?;
+            room(&mut sc.ev_done, n)?;
+        }
+        self.free_ids
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
+        if let Policy::Lru(l) = &mut self.policy {
+            l.try_reserve_group()?;
+        }
+        Ok(())
     }
 
     /// Keeps a dropped request's buffers for the next request.
@@ -443,18 +546,24 @@ impl CpuOffloadManager {
     }
 
     /// Runs `f` on the request's state (created when new), taken out of the table
-    /// meanwhile so that `f` can use the rest of the manager.
+    /// meanwhile so that `f` can use the rest of the manager. A new state is kept only
+    /// when `f` succeeds (`f` changes nothing when it fails). The table was reserved
+    /// (`reserve_requests`).
     fn with_request<T>(
         &mut self,
         rid: u64,
-        f: impl FnOnce(&mut Self, &mut RequestState) -> T,
-    ) -> T {
-        let mut st = match self.requests.remove(&rid) {
-            Some(st) => st,
-            None => self.spare.pop().unwrap_or_default(),
+        f: impl FnOnce(&mut Self, &mut RequestState) -> Result<T>,
+    ) -> Result<T> {
+        let (mut st, known) = match self.requests.remove(&rid) {
+            Some(st) => (st, true),
+            None => (self.spare.pop().unwrap_or_default(), false),
         };
         let out = f(self, &mut st);
-        self.requests.insert(rid, st);
+        if known || out.is_ok() {
+            self.requests.insert(rid, st);
+        } else {
+            self.recycle(st);
+        }
         out
     }
 
@@ -472,6 +581,7 @@ impl CpuOffloadManager {
                 end_tokens.len()
             )));
         }
+        self.reserve_requests()?;
         self.with_request(rid, |_, st| {
             st.try_reserve(keys.len())?;
             for (k, &p) in keys.iter().zip(end_tokens) {
@@ -491,14 +601,15 @@ impl CpuOffloadManager {
         keys: &[BlockHash],
         tokens_per_key: u64,
     ) -> Result<()> {
+        self.reserve_requests()?;
         self.with_request(rid, |_, st| {
             st.try_reserve(keys.len())?;
+            if st.order.capacity() < keys.len() {
+                // Allocated aside: the old order stays if this fails.
+                st.order = vec_for(keys.len(), "request keys")?;
+            }
             let mut order = std::mem::take(&mut st.order);
             order.clear();
-            if let Err(e) = order.try_reserve_exact(keys.len()) {
-                st.order = order;
-                return Err(Error::out_of_memory("request keys", e));
-            }
             for (i, k) in (1..=keys.len() as u64).zip(keys) {
                 let e = st.entry(k);
                 st.infos[e as usize].position = i.saturating_mul(tokens_per_key);
@@ -540,20 +651,27 @@ impl CpuOffloadManager {
         out
     }
 
-    /// The call's keys (entries added to the request as needed), with their slots.
-    fn call_keys(&self, st: &mut RequestState, keys: &[BlockHash]) -> Result<Vec<CallKey>> {
+    /// The call's keys (entries added to the request as needed), with their slots, in
+    /// the reused buffer (`reserve_call`; to be handed back).
+    fn call_keys(&mut self, st: &mut RequestState, keys: &[BlockHash]) -> Result<Vec<CallKey>> {
         st.try_reserve(keys.len())?;
-        let mut out: Vec<CallKey> = keys
-            .iter()
-            .map(|k| CallKey {
-                key: *k,
-                hash: hash_of(k),
-                ent: st.entry(k),
-                slot: NIL,
-            })
-            .collect();
+        let mut out = std::mem::take(&mut self.scratch.keys);
+        out.clear();
+        out.extend(keys.iter().map(|k| CallKey {
+            key: *k,
+            hash: hash_of(k),
+            ent: st.entry(k),
+            slot: NIL,
+        }));
         self.resolve(st, &mut out);
         Ok(out)
+    }
+
+    /// How many keys the request's range `start..stop` names.
+    fn range_len(&self, rid: u64, start: usize, stop: usize) -> usize {
+        self.requests
+            .get(&rid)
+            .map_or(0, |st| st.range(start, stop).len())
     }
 
     /// Finds the keys' slots: the request's hint when it still holds, else a lookup.
@@ -624,20 +742,34 @@ impl CpuOffloadManager {
     /// `on_request_finished`: the policy sees the request's accesses in prefix order
     /// (by position when every key has one, else first-access order); the request's
     /// context is dropped.
-    pub fn on_request_finished(&mut self, rid: u64) {
-        let Some(mut st) = self.requests.remove(&rid) else {
-            return;
+    pub fn on_request_finished(&mut self, rid: u64) -> Result<()> {
+        let Some(n) = self.requests.get(&rid).map(|st| st.seen.len()) else {
+            return Ok(());
         };
-        self.finish_request(&mut st);
-        self.recycle(st);
+        self.reserve_call(n)?;
+        if let Some(mut st) = self.requests.remove(&rid) {
+            self.finish_request(&mut st);
+            self.recycle(st);
+        }
+        Ok(())
     }
 
     /// The body of `on_request_finished`.
     fn finish_request(&mut self, st: &mut RequestState) {
         let mut ordered = std::mem::take(&mut st.seen);
-        if ordered.iter().all(|&e| st.position_at(e).is_some()) {
-            // A stable sort by position, as Python's sort.
-            ordered.sort_by_key(|&e| st.infos[e as usize].position);
+        let position = |e: u32| st.infos[e as usize].position;
+        if ordered.iter().all(|&e| st.position_at(e).is_some())
+            && !ordered.windows(2).all(|w| position(w[0]) <= position(w[1]))
+        {
+            // A stable sort by position, as Python's sort: by (position, first access),
+            // in place.
+            let mut sorted = std::mem::take(&mut self.scratch.sorted);
+            sorted.clear();
+            sorted.extend((0..).zip(&ordered).map(|(i, &e)| (position(e), i, e)));
+            sorted.sort_unstable();
+            ordered.clear();
+            ordered.extend(sorted.iter().map(|&(_, _, e)| e));
+            self.scratch.sorted = sorted;
         }
         // The stored keys' (entry, slot), their slots fetched a few keys ahead.
         let table = &self.table;
@@ -771,32 +903,37 @@ impl CpuOffloadManager {
 
     pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
         self.check_loadable(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))))?;
-        let mut ids: Vec<u64> = Vec::new();
-        ids.try_reserve_exact(keys.len())
-            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
+        let mut ids: Vec<u64> = vec_for(keys.len(), "chunk ids")?;
+        self.reserve_call(keys.len())?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
             ids.extend(ks.iter().map(|c| u64::from(c.slot)));
             m.load(st, &ks);
+            m.scratch.keys = ks;
             Ok(ids)
         })
     }
 
     /// `prepare_load` of the request's keys `start..stop`; returns how many were pinned.
     pub fn prepare_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<usize> {
+        self.reserve_call(self.range_len(rid, start, stop))?;
         let ks = self.range_keys(rid, start, stop);
-        let out = self.check_loadable(ks.iter().map(|c| (c.key, c.slot)));
+        let mut out = self.check_loadable(ks.iter().map(|c| (c.key, c.slot)));
         if out.is_ok() {
-            self.with_request(rid, |m, st| m.load(st, &ks));
+            out = self.with_request(rid, |m, st| {
+                m.load(st, &ks);
+                Ok(())
+            });
         }
         let n = ks.len();
         self.scratch.keys = ks;
         out.map(|()| n)
     }
 
-    pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) {
+    pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
         match &mut self.policy {
             Policy::Lru(l) => {
+                l.try_reserve_group()?;
                 for k in keys.iter().rev() {
                     if let Some(id) = self.table.find(k) {
                         l.fresh(&mut self.table.slots, id);
@@ -805,6 +942,7 @@ impl CpuOffloadManager {
             }
             Policy::Arc(a) => a.touch(&mut self.table, keys),
         }
+        Ok(())
     }
 
     /// Releases one load of each key (a key listed n times, n loads); nothing changes
@@ -841,15 +979,15 @@ impl CpuOffloadManager {
     }
 
     pub fn complete_load(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
-        let ks: Vec<(BlockHash, u32)> = keys
-            .iter()
-            .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
-            .collect();
-        self.unload(ks.into_iter())
+        let mut ks: Vec<(BlockHash, u32)> = vec_for(keys.len(), "the loaded keys")?;
+        ks.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
+        self.unload(ks.iter().copied())
     }
 
     /// `complete_load` of the request's keys `start..stop`.
     pub fn complete_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<()> {
+        let n = self.range_len(rid, start, stop);
+        room(&mut self.scratch.keys, n)?;
         let ks = self.range_keys(rid, start, stop);
         let out = self.unload(ks.iter().map(|c| (c.key, c.slot)));
         self.scratch.keys = ks;
@@ -937,19 +1075,29 @@ impl CpuOffloadManager {
             ));
         }
         drop(distinct);
-        self.reserve_store(keys.len())?;
+        let n = keys.len();
+        self.reserve_call(n)?;
+        self.reserve_store(n)?;
+        // The output's lists: at most one entry per key each.
+        let mut keys_to_store = vec_for(n, "the stored keys")?;
+        let mut chunk_ids = vec_for(n, "chunk ids")?;
+        let mut evicted_keys = vec_for(n, "the evicted keys")?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
             let to_store = m.store(st, &ks);
+            m.scratch.keys = ks;
             let sc = &mut m.scratch;
-            let out = to_store.as_ref().map(|to_store| PrepareStoreOutput {
-                keys_to_store: to_store.iter().map(|c| c.key).collect(),
-                chunk_ids: sc.ids.clone(),
-                evicted_keys: sc.evicted.clone(),
+            let out = to_store.map(|to_store| {
+                keys_to_store.extend(to_store.iter().map(|c| c.key));
+                chunk_ids.extend_from_slice(&sc.ids);
+                evicted_keys.extend_from_slice(&sc.evicted);
+                sc.to_store = to_store;
+                PrepareStoreOutput {
+                    keys_to_store,
+                    chunk_ids,
+                    evicted_keys,
+                }
             });
-            if let Some(t) = to_store {
-                sc.to_store = t;
-            }
             Ok(out)
         })
     }
@@ -964,6 +1112,7 @@ impl CpuOffloadManager {
         stop: usize,
         complete: bool,
     ) -> Result<Option<(usize, usize)>> {
+        self.reserve_call(self.range_len(rid, start, stop))?;
         let ks = self.range_keys(rid, start, stop);
         let out = self.store_range(rid, &ks, complete);
         self.scratch.keys = ks;
@@ -1159,8 +1308,12 @@ impl CpuOffloadManager {
             self.num_evicted_total += evicted.len() as u64;
             if !evicted.is_empty() {
                 if let Some(ev) = &mut self.events {
+                    // Its list was allocated by `reserve_call`.
+                    let mut keys = std::mem::take(&mut self.scratch.ev_removed);
+                    keys.clear();
+                    keys.extend_from_slice(&evicted);
                     ev.push(OffloadEvent {
-                        keys: evicted.clone(),
+                        keys,
                         removed: true,
                         metadata_only: false,
                     });
@@ -1216,18 +1369,20 @@ impl CpuOffloadManager {
 
     /// vLLM's `complete_store`: the keys still being stored become loadable (success) or
     /// are dropped and their chunks released (failure).
-    pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) {
-        let found: Vec<(BlockHash, u32)> = keys
-            .iter()
-            .map(|k| (*k, self.table.find(k).unwrap_or(NIL)))
-            .collect();
+    pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) -> Result<()> {
+        let mut found: Vec<(BlockHash, u32)> = vec_for(keys.len(), "the stored keys")?;
+        self.reserve_call(keys.len())?;
+        found.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
         self.complete_slots(&found, success);
+        Ok(())
     }
 
     /// `complete_store` of keys whose slots are known (NIL: not stored).
     fn complete_slots(&mut self, keys: &[(BlockHash, u32)], success: bool) {
-        // The keys completed, for the event (only with events on).
-        let mut done = Vec::new();
+        // The keys completed, for the event (only with events on; its list was allocated
+        // by `reserve_call`).
+        let mut done = std::mem::take(&mut self.scratch.ev_done);
+        done.clear();
         let events = self.events.is_some();
         for &(k, id) in keys {
             let Some(s) = self.table.slots.get_mut(id as usize) else {
@@ -1252,14 +1407,13 @@ impl CpuOffloadManager {
                 done.push(k);
             }
         }
-        if !done.is_empty() {
-            if let Some(ev) = &mut self.events {
-                ev.push(OffloadEvent {
-                    keys: done,
-                    removed: !success,
-                    metadata_only: !success,
-                });
-            }
+        match &mut self.events {
+            Some(ev) if !done.is_empty() => ev.push(OffloadEvent {
+                keys: done,
+                removed: !success,
+                metadata_only: !success,
+            }),
+            _ => self.scratch.ev_done = done,
         }
     }
 
@@ -1282,12 +1436,12 @@ impl CpuOffloadManager {
 
     /// The events since the last call, in order. A failed store's release lists only
     /// the keys not stored again since (vLLM's take_events).
-    pub fn take_events(&mut self) -> Vec<OffloadEvent> {
+    pub fn take_events(&mut self) -> Result<Vec<OffloadEvent>> {
         let Some(evs) = self.events.as_mut() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
+        let mut out = vec_for(evs.len(), "the offload tier's events")?;
         let evs = std::mem::take(evs);
-        let mut out = Vec::with_capacity(evs.len());
         for mut e in evs {
             if e.metadata_only {
                 e.keys.retain(|k| !self.table.contains(k));
@@ -1297,7 +1451,7 @@ impl CpuOffloadManager {
             }
             out.push(e);
         }
-        out
+        Ok(out)
     }
 
     pub fn check_invariants(&self) -> std::result::Result<(), String> {

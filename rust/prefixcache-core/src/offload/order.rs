@@ -148,10 +148,14 @@ impl<V> Ordered<V> {
                 "more than 2^32 - 1 keys",
             ));
         }
+        let oom = |e| Error::out_of_memory("the offload tier's key table", e);
         let new = n.saturating_sub(self.free.len());
-        self.entries
-            .try_reserve(new)
-            .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
+        self.entries.try_reserve(new).map_err(oom)?;
+        // Room to file every entry as free: a removal never allocates.
+        let all = self.entries.len().saturating_add(new);
+        self.free
+            .try_reserve(all.saturating_sub(self.free.len()))
+            .map_err(oom)?;
         self.index.try_reserve(n)
     }
 

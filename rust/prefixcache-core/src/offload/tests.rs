@@ -17,7 +17,8 @@ fn store(m: &mut CpuOffloadManager, rid: u64, keys: &[u8]) -> Option<PrepareStor
         .prepare_store(rid, &ks(keys))
         .unwrap_or_else(|e| panic!("{e}"));
     if let Some(o) = &out {
-        m.complete_store(rid, &o.keys_to_store, true);
+        m.complete_store(rid, &o.keys_to_store, true)
+            .expect("memory");
     }
     m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
     out
@@ -28,13 +29,13 @@ fn lru_fresh_ids_first_then_lifo_and_oldest_evicted() {
     let mut m = CpuOffloadManager::new(3, CachePolicy::Lru, 1, 64, true).unwrap();
     let out = store(&mut m, 0, &[1, 2, 3]).unwrap();
     assert_eq!(out.chunk_ids, vec![0, 1, 2]);
-    m.on_request_finished(0);
+    m.on_request_finished(0).expect("memory");
     // Request 1 evicts two chunks: with no positions, finishing ranked 3 < 2 < 1 oldest
     // (tail first), so 3 and 2 go.
     let out = store(&mut m, 1, &[4, 5]).unwrap();
     assert_eq!(out.evicted_keys, ks(&[3, 2]));
     assert_eq!(out.chunk_ids, vec![1, 2]);
-    let ev = m.take_events();
+    let ev = m.take_events().expect("events");
     assert_eq!(ev.len(), 3);
     assert!(!ev[0].removed && ev[1].removed && !ev[2].removed);
 }
@@ -58,7 +59,8 @@ fn lookup_prefix_pending_defers() {
     let out = m.prepare_store(0, &ks(&[1, 2])).unwrap().unwrap();
     assert_eq!(m.lookup(&k(1)), LookupResult::HitPending);
     assert_eq!(m.lookup_prefix(&ks(&[1, 2, 3])), None);
-    m.complete_store(0, &out.keys_to_store, true);
+    m.complete_store(0, &out.keys_to_store, true)
+        .expect("memory");
     assert_eq!(m.lookup_prefix(&ks(&[1, 2, 3])), Some(2));
     assert!(m.prepare_load(0, &ks(&[3])).is_err());
 }
@@ -79,10 +81,10 @@ fn threshold_stores_on_the_kth_offer_and_tracker_is_bounded() {
 fn arc_reuse_promotes_to_t2_and_t1_goes_first() {
     let mut m = CpuOffloadManager::new(2, CachePolicy::Arc, 1, 64, false).unwrap();
     store(&mut m, 0, &[1, 2]);
-    m.on_request_finished(0);
+    m.on_request_finished(0).expect("memory");
     m.prepare_load(1, &ks(&[1])).unwrap();
     m.complete_load(1, &ks(&[1])).unwrap();
-    m.on_request_finished(1); // 1 reused: T2
+    m.on_request_finished(1).expect("memory"); // 1 reused: T2
     let out = store(&mut m, 2, &[3]).unwrap();
     assert_eq!(out.evicted_keys, ks(&[2]));
 }
@@ -91,10 +93,11 @@ fn arc_reuse_promotes_to_t2_and_t1_goes_first() {
 fn failed_store_releases_quietly() {
     let mut m = CpuOffloadManager::new(2, CachePolicy::Lru, 1, 64, true).unwrap();
     let out = m.prepare_store(0, &ks(&[1])).unwrap().unwrap();
-    m.complete_store(0, &out.keys_to_store, false);
+    m.complete_store(0, &out.keys_to_store, false)
+        .expect("memory");
     m.check_invariants().unwrap();
     assert_eq!(m.lookup(&k(1)), LookupResult::Miss);
-    let ev = m.take_events();
+    let ev = m.take_events().expect("events");
     assert_eq!(ev.len(), 1);
     assert!(ev[0].metadata_only);
     assert!(to_kv_events(&ev).is_empty());
@@ -106,11 +109,11 @@ fn a_finished_requests_state_serves_the_next_request_empty() {
     // Request 0's state (keys, positions, access flags, LRU rank) is recycled for
     // request 1: nothing of it may show through.
     let mut m = CpuOffloadManager::new(4, CachePolicy::Lru, 1, 64, false).unwrap();
-    m.on_new_request(0);
+    m.on_new_request(0).expect("memory");
     m.set_request_keys(0, &ks(&[1, 2, 3]), 16).unwrap();
     assert_eq!(m.prepare_store_range(0, 0, 3, true).unwrap(), Some((3, 0)));
-    m.on_request_finished(0);
-    m.on_new_request(1);
+    m.on_request_finished(0).expect("memory");
+    m.on_new_request(1).expect("memory");
     assert!(m.request_keys(1, 0, 10).is_empty());
     assert_eq!(m.prepare_store_range(1, 0, 3, true).unwrap(), Some((0, 0)));
     m.set_request_keys(1, &ks(&[3, 4]), 16).unwrap();
@@ -118,7 +121,7 @@ fn a_finished_requests_state_serves_the_next_request_empty() {
     // Key 3 is stored, key 4 new: one stored, room for it without eviction.
     let out = m.prepare_store_range(1, 0, 2, true).unwrap();
     assert_eq!(out, Some((1, 0)));
-    m.on_request_finished(1);
+    m.on_request_finished(1).expect("memory");
     m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.num_stored(), 4);
 }
@@ -163,7 +166,7 @@ fn lru_runs_equal_chunk_by_chunk_rank_changes() {
                 let gpu_hit = rnd(keys.len() as u64 / 2 + 1) as usize;
                 let mut next_store = 0;
                 for m in [&mut fast, &mut slow] {
-                    m.on_new_request(rid);
+                    m.on_new_request(rid).expect("memory");
                     m.set_request_keys(rid, &keys, 16).unwrap();
                 }
                 let hit = fast.lookup_prefix_range(rid, gpu_hit, keys.len());
@@ -190,16 +193,19 @@ fn lru_runs_equal_chunk_by_chunk_rank_changes() {
                     // Some keys named explicitly, last first (a reversed access order).
                     let ks = fast.request_keys(r, 0, n);
                     let ks: Vec<BlockHash> = ks.into_iter().rev().take(3).collect();
-                    fast.touch(r, &ks);
-                    slow.touch(r, &ks);
+                    fast.touch(r, &ks).expect("memory");
+                    slow.touch(r, &ks).expect("memory");
                 }
             } else {
                 let i = rnd(running.len() as u64) as usize;
                 let (r, ..) = running.swap_remove(i);
-                fast.on_request_finished(r);
-                slow.on_request_finished(r);
+                fast.on_request_finished(r).expect("memory");
+                slow.on_request_finished(r).expect("memory");
             }
-            assert_eq!(fast.take_events(), slow.take_events());
+            assert_eq!(
+                fast.take_events().expect("events"),
+                slow.take_events().expect("events")
+            );
             fast.check_invariants().unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(fast.state_dump(), slow.state_dump());
         }

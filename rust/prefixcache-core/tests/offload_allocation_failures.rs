@@ -1,0 +1,240 @@
+//! Every allocation a CPU offloading tier call makes may fail, and none may abort the
+//! process: for each call of a scenario (request keys and positions, lookups that load,
+//! stores that evict, completions that succeed and fail, touches, finished requests,
+//! events, a reset), under LRU, ARC and a store threshold, the k-th allocation of the
+//! call is refused, for every k until the call makes no more. A refused call returns
+//! `OutOfMemory` and leaves the tier as it was (chunks, policy order, tracker, request
+//! contexts, events, counters); after it, the same call with memory does what it does
+//! on a tier that never saw the failure.
+//!
+//! Its own test binary, whose global allocator counts the allocations of the thread that
+//! arms it and refuses one (`refusing_allocator`).
+
+mod refusing_allocator;
+
+use prefixcache_core::hash::BlockHash;
+use prefixcache_core::offload::{CachePolicy, CpuOffloadManager, OffloadEvent, PrepareStoreOutput};
+use prefixcache_core::Error;
+use refusing_allocator::{arm, disarm, paused};
+
+#[derive(Clone, Debug)]
+enum Op {
+    NewRequest(u64),
+    SetKeys(u64, Vec<u64>),
+    SetPositions(u64, Vec<u64>, Vec<u64>),
+    PrepareLoad(u64, Vec<u64>),
+    PrepareLoadRange(u64, usize, usize),
+    CompleteLoad(u64, Vec<u64>),
+    CompleteLoadRange(u64, usize, usize),
+    PrepareStore(u64, Vec<u64>),
+    PrepareStoreRange(u64, usize, usize, bool),
+    CompleteStore(u64, Vec<u64>, bool),
+    Touch(u64, Vec<u64>),
+    Finished(u64),
+    TakeEvents,
+    Reset,
+}
+
+fn key(x: u64) -> BlockHash {
+    BlockHash::from_bytes(&x.to_le_bytes()).expect("8 bytes")
+}
+
+fn keys(xs: &[u64]) -> Vec<BlockHash> {
+    xs.iter().map(|&x| key(x)).collect()
+}
+
+/// What a call returned (built without allocating: the allocator may be armed).
+#[derive(Debug)]
+#[allow(dead_code)] // Read through Debug only.
+enum Got {
+    Done,
+    Ids(Vec<u64>),
+    Count(usize),
+    Range(Option<(usize, usize)>),
+    Store(Option<PrepareStoreOutput>),
+    Events(Vec<OffloadEvent>),
+}
+
+/// Runs `op`; what it returned as text (comparable across tiers).
+fn run(m: &mut CpuOffloadManager, op: &Op) -> Result<String, Error> {
+    // The keys are built before the call, with the allocator paused.
+    let ks = paused(|| match op {
+        Op::SetKeys(_, k)
+        | Op::SetPositions(_, k, _)
+        | Op::PrepareLoad(_, k)
+        | Op::CompleteLoad(_, k)
+        | Op::PrepareStore(_, k)
+        | Op::CompleteStore(_, k, _)
+        | Op::Touch(_, k) => keys(k),
+        _ => Vec::new(),
+    });
+    let done = |()| Got::Done;
+    let got = match op {
+        Op::NewRequest(r) => m.on_new_request(*r).map(done),
+        Op::SetKeys(r, _) => m.set_request_keys(*r, &ks, 16).map(done),
+        Op::SetPositions(r, _, p) => m.set_offload_key_positions(*r, &ks, p).map(done),
+        Op::PrepareLoad(r, _) => m.prepare_load(*r, &ks).map(Got::Ids),
+        Op::PrepareLoadRange(r, a, b) => m.prepare_load_range(*r, *a, *b).map(Got::Count),
+        Op::CompleteLoad(r, _) => m.complete_load(*r, &ks).map(done),
+        Op::CompleteLoadRange(r, a, b) => m.complete_load_range(*r, *a, *b).map(done),
+        Op::PrepareStore(r, _) => m.prepare_store(*r, &ks).map(Got::Store),
+        Op::PrepareStoreRange(r, a, b, c) => m.prepare_store_range(*r, *a, *b, *c).map(Got::Range),
+        Op::CompleteStore(r, _, ok) => m.complete_store(*r, &ks, *ok).map(done),
+        Op::Touch(r, _) => m.touch(*r, &ks).map(done),
+        Op::Finished(r) => m.on_request_finished(*r).map(done),
+        Op::TakeEvents => m.take_events().map(Got::Events),
+        Op::Reset => {
+            m.reset_cache();
+            Ok(Got::Done)
+        }
+    };
+    paused(|| got.map(|g| format!("{g:?}")))
+}
+
+/// Two requests over a tier of 6 chunks: loads, stores that evict (one while a load
+/// pins chunks), completions that succeed and fail, touches, finishes, a reset.
+fn scenario() -> Vec<Op> {
+    vec![
+        Op::NewRequest(0),
+        Op::SetKeys(0, vec![1, 2, 3, 4]),
+        Op::PrepareStoreRange(0, 0, 4, true),
+        Op::Finished(0),
+        Op::NewRequest(1),
+        Op::SetKeys(1, vec![1, 2, 3, 10, 11, 12]),
+        Op::PrepareLoadRange(1, 0, 3),
+        Op::PrepareStoreRange(1, 3, 6, false),
+        Op::CompleteStore(1, vec![10, 11, 12], true),
+        Op::CompleteLoadRange(1, 0, 3),
+        Op::Touch(1, vec![2, 10, 99]),
+        Op::TakeEvents,
+        Op::SetPositions(2, vec![20, 21], vec![16, 32]),
+        Op::PrepareStore(2, vec![20, 21, 1]),
+        Op::CompleteStore(2, vec![20, 21], false),
+        Op::PrepareLoad(1, vec![1, 2]),
+        Op::CompleteLoad(1, vec![1, 2]),
+        Op::Finished(1),
+        Op::PrepareStore(3, vec![30, 31, 32, 33]),
+        Op::CompleteStore(3, vec![30, 31, 32, 33], true),
+        Op::Finished(2),
+        Op::SetKeys(4, vec![30, 31, 40, 41, 42]),
+        Op::PrepareLoadRange(4, 0, 2),
+        Op::PrepareStoreRange(4, 2, 5, true),
+        Op::Finished(3),
+        Op::TakeEvents,
+        Op::Reset,
+        Op::PrepareStoreRange(4, 0, 5, true),
+        Op::Finished(4),
+        // Accessed out of block order: the finish sorts the accesses by position.
+        Op::SetKeys(5, vec![40, 41, 42, 43]),
+        Op::PrepareStoreRange(5, 2, 4, true),
+        Op::PrepareStoreRange(5, 0, 2, true),
+        Op::Finished(5),
+    ]
+}
+
+/// Offers counted by a tracker of 3 keys (store threshold 2): keys stored at their
+/// second offer, the oldest tracked keys dropped for new ones.
+fn offers() -> Vec<Op> {
+    vec![
+        Op::SetKeys(0, vec![1, 2, 3, 4]),
+        Op::PrepareStoreRange(0, 0, 4, true),
+        Op::PrepareStoreRange(0, 0, 4, true),
+        Op::Finished(0),
+        Op::SetKeys(1, vec![1, 2, 5, 6]),
+        Op::PrepareStoreRange(1, 0, 4, true),
+        Op::PrepareStore(2, vec![7, 8]),
+        Op::PrepareStore(2, vec![7, 8, 5]),
+        Op::CompleteStore(2, vec![7, 8, 5], true),
+        Op::Finished(1),
+        Op::Finished(2),
+        Op::TakeEvents,
+    ]
+}
+
+/// A request table filled to where a new context needs a larger one, and calls on a
+/// context taken out of the full table and put back.
+fn full_table() -> Vec<Op> {
+    let mut ops: Vec<Op> = (0..14u64)
+        .flat_map(|r| {
+            [
+                Op::SetKeys(r, vec![100 + r]),
+                Op::PrepareStoreRange(r, 0, 1, true),
+            ]
+        })
+        .collect();
+    ops.extend([
+        Op::PrepareStoreRange(3, 0, 1, true),
+        Op::NewRequest(14),
+        Op::SetKeys(15, vec![200, 201]),
+        Op::Finished(5),
+    ]);
+    ops
+}
+
+fn fresh(policy: CachePolicy, threshold: u32, ops: &[Op]) -> CpuOffloadManager {
+    let mut m = CpuOffloadManager::new(6, policy, threshold, 3, true).expect("tier");
+    for op in ops {
+        run(&mut m, op).expect("scenario call with memory");
+    }
+    m
+}
+
+/// Refuses each allocation of each call of `ops` in turn; `least`: how many refusals
+/// the scenario must see (its calls do allocate).
+fn refuse_each_allocation(policy: CachePolicy, threshold: u32, ops: &[Op], least: usize) {
+    let mut refusals = 0;
+    for (j, op) in ops.iter().enumerate() {
+        let mut clean = fresh(policy, threshold, &ops[..j]);
+        let expected = run(&mut clean, op).expect("call with memory");
+        let expected_state = clean.state_dump();
+        for k in 0.. {
+            let mut m = fresh(policy, threshold, &ops[..j]);
+            let before = m.state_dump();
+            arm(k);
+            let got = run(&mut m, op);
+            let refused = disarm();
+            m.check_invariants()
+                .unwrap_or_else(|e| panic!("call {j} ({op:?}), allocation {k} refused: {e}"));
+            match got {
+                // Not refused, or refused where the tier has a way around it (the chunk
+                // table's slots taken whole at the first store, else grown by doubling).
+                Ok(got) => {
+                    assert_eq!(got, expected, "call {j} ({op:?}), allocation {k}");
+                    assert_eq!(m.state_dump(), expected_state, "call {j}, allocation {k}");
+                    if !refused {
+                        break;
+                    }
+                }
+                Err(Error::OutOfMemory(_)) if refused => {
+                    refusals += 1;
+                    assert_eq!(m.state_dump(), before, "call {j} ({op:?}), allocation {k}");
+                    let again = run(&mut m, op).expect("the call again, with memory");
+                    assert_eq!(again, expected, "call {j} ({op:?}) after refusal {k}");
+                    assert_eq!(m.state_dump(), expected_state, "call {j} after refusal {k}");
+                }
+                Err(e) => panic!("call {j} ({op:?}), allocation {k} refused: {e:?}"),
+            }
+        }
+    }
+    assert!(refusals >= least, "{refusals} refusals");
+}
+
+#[test]
+fn no_refused_allocation_aborts_an_lru_tier_call() {
+    refuse_each_allocation(CachePolicy::Lru, 1, &scenario(), 80);
+}
+
+#[test]
+fn no_refused_allocation_aborts_an_arc_tier_call() {
+    refuse_each_allocation(CachePolicy::Arc, 1, &scenario(), 80);
+}
+
+#[test]
+fn no_refused_allocation_aborts_a_tier_call_with_a_store_threshold() {
+    refuse_each_allocation(CachePolicy::Lru, 2, &offers(), 40);
+}
+
+#[test]
+fn no_refused_allocation_aborts_a_tier_call_on_a_full_request_table() {
+    refuse_each_allocation(CachePolicy::Lru, 1, &full_table(), 14);
+}
