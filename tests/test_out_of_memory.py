@@ -1,6 +1,7 @@
-"""Sizes a user controls never abort the process: under a 3 GB address-space limit, huge
-pools are created cheaply (memory follows the blocks in use) or raise MemoryError, and
-the object stays usable. Each case runs in a subprocess (the limit is per process)."""
+"""Sizes a user controls never abort the process: under a 3 GB address-space limit (or a
+tighter one), huge pools are created cheaply (memory follows the blocks in use) or raise
+MemoryError, and the object stays usable. Each case runs in a subprocess (the limit is
+per process)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,24 @@ CASES = {
         assert oom(lambda: m.allocate_slots(1, 16 * 300_000_000))
         assert m.allocate_slots(1, 100) is not None
         m.check_invariants()
+    """,
+    "CpuOffloadManager": """
+        n = 2_000_000
+        keys = [i.to_bytes(8, "little") for i in range(n)]
+        tier = pc.CpuOffloadManager(n, enable_events=True)
+        tier.set_request_keys(1, keys, 16)
+        with open("/proc/self/status") as f:
+            vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), hard))  # 32 bytes a key
+        assert oom(lambda: tier.prepare_store_range(1, 0, n, True))
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        assert tier.num_stored == 0 and tier.num_stored_total == 0 and tier.take_events() == []
+        tier.check_invariants()
+        assert tier.prepare_store_range(1, 0, 1000, True) == (1000, 0)
+        assert tier.lookup_prefix(keys[:1001]) == 1000
+        tier.on_request_finished(1)
+        tier.check_invariants()
     """,
     "BlockTrie": """
         assert oom(lambda: pc.BlockTrie(10**8, 4))

@@ -80,7 +80,10 @@ fn run(m: &mut CpuOffloadManager, op: &Op) -> Result<String, Error> {
         Op::PrepareStore(r, _) => m.prepare_store(*r, &ks).map(Got::Store),
         Op::PrepareStoreRange(r, a, b, c) => m.prepare_store_range(*r, *a, *b, *c).map(Got::Range),
         Op::CompleteStore(r, _, ok) => m.complete_store(*r, &ks, *ok).map(done),
-        Op::Touch(r, _) => m.touch(*r, &ks).map(done),
+        Op::Touch(r, _) => {
+            m.touch(*r, &ks);
+            Ok(Got::Done)
+        }
         Op::Finished(r) => m.on_request_finished(*r).map(done),
         Op::TakeEvents => m.take_events().map(Got::Events),
         Op::Reset => {
@@ -104,7 +107,8 @@ fn scenario() -> Vec<Op> {
         Op::PrepareLoadRange(1, 0, 3),
         Op::PrepareStoreRange(1, 3, 6, false),
         Op::CompleteStore(1, vec![10, 11, 12], true),
-        Op::CompleteLoadRange(1, 0, 3),
+        Op::PrepareLoadRange(1, 3, 6),
+        Op::CompleteLoadRange(1, 0, 6),
         Op::Touch(1, vec![2, 10, 99]),
         Op::TakeEvents,
         Op::SetPositions(2, vec![20, 21], vec![16, 32]),
@@ -114,6 +118,7 @@ fn scenario() -> Vec<Op> {
         Op::CompleteLoad(1, vec![1, 2]),
         Op::Finished(1),
         Op::PrepareStore(3, vec![30, 31, 32, 33]),
+        Op::TakeEvents,
         Op::CompleteStore(3, vec![30, 31, 32, 33], true),
         Op::Finished(2),
         Op::SetKeys(4, vec![30, 31, 40, 41, 42]),
@@ -151,23 +156,28 @@ fn offers() -> Vec<Op> {
     ]
 }
 
-/// A request table filled to where a new context needs a larger one, and calls on a
-/// context taken out of the full table and put back.
-fn full_table() -> Vec<Op> {
-    let mut ops: Vec<Op> = (0..14u64)
-        .flat_map(|r| {
-            [
-                Op::SetKeys(r, vec![100 + r]),
-                Op::PrepareStoreRange(r, 0, 1, true),
-            ]
-        })
-        .collect();
-    ops.extend([
-        Op::PrepareStoreRange(3, 0, 1, true),
-        Op::NewRequest(14),
-        Op::SetKeys(15, vec![200, 201]),
-        Op::Finished(5),
-    ]);
+/// A request table filled to where a new context needs a larger one (14 contexts fill a
+/// table of 16 places, the last one added without growing it), then a call that meets
+/// it full: a new request's store (0), load (1), key positions (2) or context (3, then
+/// calls on a context taken out and put back).
+fn full_table(which: usize) -> Vec<Op> {
+    let mut ops = vec![
+        Op::SetKeys(100, vec![113]),
+        Op::PrepareStoreRange(100, 0, 1, true),
+        Op::Finished(100),
+    ];
+    ops.extend((0..14u64).map(|r| Op::SetKeys(r, vec![200 + r])));
+    match which {
+        0 => ops.push(Op::PrepareStore(14, vec![300])),
+        1 => ops.push(Op::PrepareLoad(14, vec![113])),
+        2 => ops.push(Op::SetPositions(14, vec![400], vec![16])),
+        _ => ops.extend([
+            Op::PrepareStoreRange(3, 0, 1, true),
+            Op::NewRequest(14),
+            Op::SetKeys(15, vec![500, 501]),
+            Op::Finished(5),
+        ]),
+    }
     ops
 }
 
@@ -176,7 +186,9 @@ fn fresh(policy: CachePolicy, threshold: u32, ops: &[Op]) -> CpuOffloadManager {
     for op in ops {
         run(&mut m, op).expect("scenario call with memory");
     }
-    m
+    // A copy: its lists have no room beyond what they hold, so every call below must
+    // reserve what it uses.
+    m.clone()
 }
 
 /// Refuses each allocation of each call of `ops` in turn; `least`: how many refusals
@@ -236,5 +248,7 @@ fn no_refused_allocation_aborts_a_tier_call_with_a_store_threshold() {
 
 #[test]
 fn no_refused_allocation_aborts_a_tier_call_on_a_full_request_table() {
-    refuse_each_allocation(CachePolicy::Lru, 1, &full_table(), 14);
+    for which in 0..4 {
+        refuse_each_allocation(CachePolicy::Lru, 1, &full_table(which), 14);
+    }
 }

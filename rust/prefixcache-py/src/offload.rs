@@ -341,7 +341,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.touch(rid, &ks))?.py_err()
+        self.inner.with(py, |m| m.touch(rid, &ks))
     }
 
     fn complete_load(

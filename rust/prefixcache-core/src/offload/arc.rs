@@ -46,7 +46,7 @@ impl Arc {
         }
     }
 
-    /// Room for `n` more ghost keys, and for `n` victims.
+    /// Room for `n` victims, and for their keys in the ghost lists.
     pub fn try_reserve(&mut self, n: usize) -> crate::Result<()> {
         self.victims
             .try_reserve(n.saturating_sub(self.victims.len()))

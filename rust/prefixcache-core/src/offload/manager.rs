@@ -492,49 +492,100 @@ impl CpuOffloadManager {
 
     /// Room for one more request context, and for keeping a dropped one's buffers.
     fn reserve_requests(&mut self) -> Result<()> {
-        let oom = |e| Error::out_of_memory("the offload tier's requests", e);
-        self.requests.try_reserve(1).map_err(oom)?;
-        self.spare
-            .try_reserve(SPARE_REQUESTS.saturating_sub(self.spare.len()))
-            .map_err(oom)
+        self.requests
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("the offload tier's requests", e))?;
+        self.reserve_spare()
     }
 
-    /// Room for a call over `n` keys, reserved before the call changes anything: the
-    /// request table (a context taken out and put back, or a new one), the call's
-    /// buffers, the request's LRU group, the chunk ids it may free and its events.
-    fn reserve_call(&mut self, n: usize) -> Result<()> {
+    /// Room for keeping dropped requests' buffers (`recycle`).
+    fn reserve_spare(&mut self) -> Result<()> {
+        self.spare
+            .try_reserve(SPARE_REQUESTS.saturating_sub(self.spare.len()))
+            .map_err(|e| Error::out_of_memory("the offload tier's requests", e))
+    }
+
+    /// Room for a call that accesses `n` keys of request `rid`, reserved before the call
+    /// changes anything: the request table (a context taken out and put back, or a new
+    /// one), the request's first-access order, the call's keys, the ranks they may raise
+    /// and the request's LRU group.
+    fn reserve_access(&mut self, rid: u64, n: usize) -> Result<()> {
         self.reserve_requests()?;
-        let sc = &mut *self.scratch;
-        room(&mut sc.keys, n)?;
-        room(&mut sc.to_store, n)?;
-        room(&mut sc.offered, n)?;
-        room(&mut sc.ready, n)?;
-        room(&mut sc.missed, n)?;
-        room(&mut sc.offers, n)?;
-        room(&mut sc.ids, n)?;
-        room(&mut sc.evicted, n)?;
-        room(&mut sc.picked, n)?;
-        room(&mut sc.hashes, n)?;
-        room(&mut sc.arc_picked, n)?;
-        room(&mut sc.ranked, n)?;
-        room(&mut sc.found, n)?;
-        room(&mut sc.finished, n)?;
-        room(&mut sc.stored, n)?;
-        room(&mut sc.sorted, n)?;
-        if let Some(ev) = &mut self.events {
-            // At most a removal and a completion event a call.
-            ev.try_reserve(2)
-                .map_err(|e| Error::out_of_memory("the offload tier's events", e))?;
-            room(&mut sc.ev_removed, n)?;
-            room(&mut sc.ev_done, n)?;
+        if let Some(st) = self.requests.get_mut(&rid) {
+            st.try_reserve(0)?;
         }
-        self.free_ids
-            .try_reserve(n)
-            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
+        room(&mut self.scratch.keys, n)?;
+        room(&mut self.scratch.ranked, n)?;
         if let Policy::Lru(l) = &mut self.policy {
             l.try_reserve_group()?;
         }
         Ok(())
+    }
+
+    /// Room for completing `n` stores: the chunk ids a failed one frees, a completion
+    /// event and its key list. (A chunk that leaves the LRU order never drops its
+    /// request's group: a group is dropped when its request finishes, empty, since the
+    /// finish gives every chunk the request ranked a fresh rank.)
+    fn reserve_completion(&mut self, n: usize) -> Result<()> {
+        self.free_ids
+            .try_reserve(n)
+            .map_err(|e| Error::out_of_memory("chunk ids", e))?;
+        if let Some(ev) = &mut self.events {
+            ev.try_reserve(1)
+                .map_err(|e| Error::out_of_memory("the offload tier's events", e))?;
+            room(&mut self.scratch.ev_done, n)?;
+        }
+        Ok(())
+    }
+
+    /// Room for a store offering `n` keys (with `complete`, completed at once), besides
+    /// `reserve_access` and `reserve_store`: its working lists, the chunk ids it frees
+    /// and its events (a removal and a completion) with their key lists.
+    fn reserve_store_call(&mut self, rid: u64, n: usize, complete: bool) -> Result<()> {
+        self.reserve_access(rid, n)?;
+        self.reserve_completion(n)?;
+        let evicts = self.max_evictions(n);
+        let sc = &mut *self.scratch;
+        for v in [&mut sc.to_store, &mut sc.offered] {
+            room(v, n)?;
+        }
+        room(&mut sc.ready, n)?;
+        room(&mut sc.missed, n)?;
+        room(&mut sc.ids, n)?;
+        room(&mut sc.evicted, evicts)?;
+        room(&mut sc.picked, evicts)?;
+        room(&mut sc.hashes, evicts)?;
+        if self.counts.is_some() {
+            room(&mut sc.offers, n)?;
+        }
+        if matches!(self.policy, Policy::Arc(_)) {
+            room(&mut sc.arc_picked, evicts)?;
+        }
+        if complete {
+            room(&mut sc.stored, n)?;
+        }
+        if let Some(ev) = &mut self.events {
+            ev.try_reserve(2)
+                .map_err(|e| Error::out_of_memory("the offload tier's events", e))?;
+            room(&mut sc.ev_removed, evicts)?;
+        }
+        Ok(())
+    }
+
+    /// Room for finishing a request that saw `n` keys: its stored keys' slots, their new
+    /// order and (LRU) its group dropped.
+    fn reserve_finish(&mut self, n: usize) -> Result<()> {
+        self.reserve_spare()?;
+        let sc = &mut *self.scratch;
+        room(&mut sc.found, n)?;
+        room(&mut sc.sorted, n)?;
+        match &mut self.policy {
+            Policy::Lru(l) => {
+                room(&mut sc.picked, n)?;
+                l.try_reserve_group()
+            }
+            Policy::Arc(_) => room(&mut sc.finished, n),
+        }
     }
 
     /// Keeps a dropped request's buffers for the next request.
@@ -652,7 +703,7 @@ impl CpuOffloadManager {
     }
 
     /// The call's keys (entries added to the request as needed), with their slots, in
-    /// the reused buffer (`reserve_call`; to be handed back).
+    /// the reused buffer (`reserve_access`; to be handed back).
     fn call_keys(&mut self, st: &mut RequestState, keys: &[BlockHash]) -> Result<Vec<CallKey>> {
         st.try_reserve(keys.len())?;
         let mut out = std::mem::take(&mut self.scratch.keys);
@@ -746,7 +797,7 @@ impl CpuOffloadManager {
         let Some(n) = self.requests.get(&rid).map(|st| st.seen.len()) else {
             return Ok(());
         };
-        self.reserve_call(n)?;
+        self.reserve_finish(n)?;
         if let Some(mut st) = self.requests.remove(&rid) {
             self.finish_request(&mut st);
             self.recycle(st);
@@ -904,7 +955,7 @@ impl CpuOffloadManager {
     pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
         self.check_loadable(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))))?;
         let mut ids: Vec<u64> = vec_for(keys.len(), "chunk ids")?;
-        self.reserve_call(keys.len())?;
+        self.reserve_access(rid, keys.len())?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
             ids.extend(ks.iter().map(|c| u64::from(c.slot)));
@@ -916,7 +967,7 @@ impl CpuOffloadManager {
 
     /// `prepare_load` of the request's keys `start..stop`; returns how many were pinned.
     pub fn prepare_load_range(&mut self, rid: u64, start: usize, stop: usize) -> Result<usize> {
-        self.reserve_call(self.range_len(rid, start, stop))?;
+        self.reserve_access(rid, self.range_len(rid, start, stop))?;
         let ks = self.range_keys(rid, start, stop);
         let mut out = self.check_loadable(ks.iter().map(|c| (c.key, c.slot)));
         if out.is_ok() {
@@ -930,10 +981,11 @@ impl CpuOffloadManager {
         out.map(|()| n)
     }
 
-    pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
+    /// Allocates nothing: chunks move to fresh ranks (no request group is dropped, see
+    /// `reserve_completion`), or between ARC's lists.
+    pub fn touch(&mut self, _rid: u64, keys: &[BlockHash]) {
         match &mut self.policy {
             Policy::Lru(l) => {
-                l.try_reserve_group()?;
                 for k in keys.iter().rev() {
                     if let Some(id) = self.table.find(k) {
                         l.fresh(&mut self.table.slots, id);
@@ -942,7 +994,6 @@ impl CpuOffloadManager {
             }
             Policy::Arc(a) => a.touch(&mut self.table, keys),
         }
-        Ok(())
     }
 
     /// Releases one load of each key (a key listed n times, n loads); nothing changes
@@ -1036,8 +1087,15 @@ impl CpuOffloadManager {
         out
     }
 
+    /// How many chunks a store of `n` keys may evict: as many as it stores beyond the
+    /// free ones.
+    fn max_evictions(&self, n: usize) -> usize {
+        n.saturating_sub(usize::try_from(self.num_free_chunks()).unwrap_or(usize::MAX))
+    }
+
     /// Room for a store of `n` keys: chunk table, ghost lists, tracker, chunk ids.
     fn reserve_store(&mut self, n: usize) -> Result<()> {
+        let evicts = self.max_evictions(n);
         let fresh = (n as u64).min(self.num_chunks - self.allocated);
         if self.allocated.saturating_add(fresh) > MAX_SLOTS {
             return Err(Error::out_of_memory(
@@ -1049,7 +1107,7 @@ impl CpuOffloadManager {
         self.table
             .try_reserve(n, usize::try_from(fresh).unwrap_or(usize::MAX), max_slots)?;
         if let Policy::Arc(a) = &mut self.policy {
-            a.try_reserve(n)?;
+            a.try_reserve(evicts)?;
         }
         if let Some(c) = &mut self.counts {
             c.try_reserve(n)?;
@@ -1076,7 +1134,7 @@ impl CpuOffloadManager {
         }
         drop(distinct);
         let n = keys.len();
-        self.reserve_call(n)?;
+        self.reserve_store_call(rid, n, false)?;
         self.reserve_store(n)?;
         // The output's lists: at most one entry per key each.
         let mut keys_to_store = vec_for(n, "the stored keys")?;
@@ -1112,7 +1170,7 @@ impl CpuOffloadManager {
         stop: usize,
         complete: bool,
     ) -> Result<Option<(usize, usize)>> {
-        self.reserve_call(self.range_len(rid, start, stop))?;
+        self.reserve_store_call(rid, self.range_len(rid, start, stop), complete)?;
         let ks = self.range_keys(rid, start, stop);
         let out = self.store_range(rid, &ks, complete);
         self.scratch.keys = ks;
@@ -1308,7 +1366,7 @@ impl CpuOffloadManager {
             self.num_evicted_total += evicted.len() as u64;
             if !evicted.is_empty() {
                 if let Some(ev) = &mut self.events {
-                    // Its list was allocated by `reserve_call`.
+                    // Its list was allocated by `reserve_store_call`.
                     let mut keys = std::mem::take(&mut self.scratch.ev_removed);
                     keys.clear();
                     keys.extend_from_slice(&evicted);
@@ -1371,7 +1429,7 @@ impl CpuOffloadManager {
     /// are dropped and their chunks released (failure).
     pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) -> Result<()> {
         let mut found: Vec<(BlockHash, u32)> = vec_for(keys.len(), "the stored keys")?;
-        self.reserve_call(keys.len())?;
+        self.reserve_completion(keys.len())?;
         found.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
         self.complete_slots(&found, success);
         Ok(())
@@ -1380,7 +1438,7 @@ impl CpuOffloadManager {
     /// `complete_store` of keys whose slots are known (NIL: not stored).
     fn complete_slots(&mut self, keys: &[(BlockHash, u32)], success: bool) {
         // The keys completed, for the event (only with events on; its list was allocated
-        // by `reserve_call`).
+        // by `reserve_completion`).
         let mut done = std::mem::take(&mut self.scratch.ev_done);
         done.clear();
         let events = self.events.is_some();

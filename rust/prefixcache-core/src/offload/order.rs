@@ -64,7 +64,10 @@ const EMPTY: Ends = Ends {
 pub struct Ordered<V> {
     index: SlotIndex,
     entries: Vec<Entry<V>>,
-    free: Vec<u32>,
+    /// Freed entries, newest first, linked through their `next` (reused first; a
+    /// release never allocates).
+    free_head: u32,
+    num_free: usize,
     ends: [Ends; 2],
 }
 
@@ -79,7 +82,8 @@ impl<V> Ordered<V> {
         Ordered {
             index: SlotIndex::default(),
             entries: Vec::new(),
-            free: Vec::new(),
+            free_head: NIL,
+            num_free: 0,
             ends: [EMPTY; 2],
         }
     }
@@ -148,14 +152,10 @@ impl<V> Ordered<V> {
                 "more than 2^32 - 1 keys",
             ));
         }
-        let oom = |e| Error::out_of_memory("the offload tier's key table", e);
-        let new = n.saturating_sub(self.free.len());
-        self.entries.try_reserve(new).map_err(oom)?;
-        // Room to file every entry as free: a removal never allocates.
-        let all = self.entries.len().saturating_add(new);
-        self.free
-            .try_reserve(all.saturating_sub(self.free.len()))
-            .map_err(oom)?;
+        let new = n.saturating_sub(self.num_free);
+        self.entries
+            .try_reserve(new)
+            .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
         self.index.try_reserve(n)
     }
 
@@ -218,14 +218,16 @@ impl<V> Ordered<V> {
             order: FREE,
             value: v,
         };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.entries[i as usize] = e;
-                i
-            }
-            None => {
+        let i = match self.free_head {
+            NIL => {
                 self.entries.push(e);
                 (self.entries.len() - 1) as u32
+            }
+            i => {
+                self.free_head = self.entries[i as usize].next;
+                self.num_free -= 1;
+                self.entries[i as usize] = e;
+                i
             }
         };
         self.link_back(i, o);
@@ -274,7 +276,9 @@ impl<V> Ordered<V> {
     fn drop_entry(&mut self, i: u32, h: u64) {
         self.index.remove(h, i);
         self.entries[i as usize].order = FREE;
-        self.free.push(i);
+        self.entries[i as usize].next = self.free_head;
+        self.free_head = i;
+        self.num_free += 1;
     }
 
     /// Removes `k`; returns the order that held it.
@@ -333,13 +337,28 @@ impl<V> Ordered<V> {
     pub fn clear(&mut self) {
         self.index.clear();
         self.entries.clear();
-        self.free.clear();
+        self.free_head = NIL;
+        self.num_free = 0;
         self.ends = [EMPTY; 2];
     }
 
     /// The table and the orders agree (for `check_invariants`).
     pub fn consistent(&self) -> bool {
-        let live = self.entries.len() - self.free.len();
+        let mut free = 0usize;
+        let mut at = self.free_head;
+        while at != NIL {
+            match self.entries.get(at as usize) {
+                Some(e) if e.order == FREE && free < self.entries.len() => {
+                    free += 1;
+                    at = e.next;
+                }
+                _ => return false,
+            }
+        }
+        if free != self.num_free {
+            return false;
+        }
+        let live = self.entries.len() - free;
         if !self.index.consistent()
             || self.index.len() != live
             || self.ends[0].len + self.ends[1].len != live
