@@ -156,6 +156,22 @@ fn offers() -> Vec<Op> {
     ]
 }
 
+/// Five requests of four new keys each through 6 chunks: evictions past the ghost lists'
+/// capacity (ARC trims them).
+fn churn() -> Vec<Op> {
+    (0..5u64)
+        .flat_map(|r| {
+            let keys = (0..4).map(|i| 10 * r + i + 1).collect();
+            [
+                Op::SetKeys(r, keys),
+                Op::PrepareStoreRange(r, 0, 4, true),
+                Op::Finished(r),
+            ]
+        })
+        .chain([Op::TakeEvents])
+        .collect()
+}
+
 /// A request table filled to where a new context needs a larger one (14 contexts fill a
 /// table of 16 places, the last one added without growing it), then a call that meets
 /// it full: a new request's store (0), load (1), key positions (2) or context (3, then
@@ -181,10 +197,19 @@ fn full_table(which: usize) -> Vec<Op> {
     ops
 }
 
-fn fresh(policy: CachePolicy, threshold: u32, ops: &[Op]) -> CpuOffloadManager {
-    let mut m = CpuOffloadManager::new(6, policy, threshold, 3, true).expect("tier");
+/// A tier's settings: chunks, policy, store threshold, tracker size, events.
+#[derive(Clone, Copy, Debug)]
+struct Tier(u64, CachePolicy, u32, usize, bool);
+
+const LRU: Tier = Tier(6, CachePolicy::Lru, 1, 3, true);
+const ARC: Tier = Tier(6, CachePolicy::Arc, 1, 3, true);
+
+/// A tier of `t` after `ops` (those that fail with memory fail the same way each time).
+fn fresh(t: Tier, ops: &[Op]) -> CpuOffloadManager {
+    let Tier(chunks, policy, threshold, tracker, events) = t;
+    let mut m = CpuOffloadManager::new(chunks, policy, threshold, tracker, events).expect("tier");
     for op in ops {
-        run(&mut m, op).expect("scenario call with memory");
+        let _ = run(&mut m, op);
     }
     // A copy: its lists have no room beyond what they hold, so every call below must
     // reserve what it uses.
@@ -192,15 +217,30 @@ fn fresh(policy: CachePolicy, threshold: u32, ops: &[Op]) -> CpuOffloadManager {
 }
 
 /// Refuses each allocation of each call of `ops` in turn; `least`: how many refusals
-/// the scenario must see (its calls do allocate).
-fn refuse_each_allocation(policy: CachePolicy, threshold: u32, ops: &[Op], least: usize) {
+/// the scenario must see (its calls do allocate). Every call must succeed with memory.
+fn refuse_each_allocation(t: Tier, ops: &[Op], least: usize) {
+    for (j, op) in ops.iter().enumerate() {
+        let mut clean = fresh(t, &ops[..j]);
+        run(&mut clean, op).unwrap_or_else(|e| panic!("call {j} ({op:?}) with memory: {e:?}"));
+    }
+    let refusals = refuse_each_allocation_of(t, ops);
+    assert!(refusals >= least, "{refusals} refusals");
+}
+
+/// Refuses each allocation of each call of `ops` that succeeds with memory, in turn;
+/// returns how many refusals the calls saw. (A call that fails with memory, such as a
+/// load of a key not stored, is not refused anything: its error's message is allocated
+/// as it is made.)
+fn refuse_each_allocation_of(t: Tier, ops: &[Op]) -> usize {
     let mut refusals = 0;
     for (j, op) in ops.iter().enumerate() {
-        let mut clean = fresh(policy, threshold, &ops[..j]);
-        let expected = run(&mut clean, op).expect("call with memory");
+        let mut clean = fresh(t, &ops[..j]);
+        let Ok(expected) = run(&mut clean, op) else {
+            continue;
+        };
         let expected_state = clean.state_dump();
         for k in 0.. {
-            let mut m = fresh(policy, threshold, &ops[..j]);
+            let mut m = fresh(t, &ops[..j]);
             let before = m.state_dump();
             arm(k);
             let got = run(&mut m, op);
@@ -228,27 +268,104 @@ fn refuse_each_allocation(policy: CachePolicy, threshold: u32, ops: &[Op], least
             }
         }
     }
-    assert!(refusals >= least, "{refusals} refusals");
+    refusals
 }
 
 #[test]
 fn no_refused_allocation_aborts_an_lru_tier_call() {
-    refuse_each_allocation(CachePolicy::Lru, 1, &scenario(), 80);
+    refuse_each_allocation(LRU, &scenario(), 80);
+    refuse_each_allocation(LRU, &churn(), 20);
 }
 
 #[test]
 fn no_refused_allocation_aborts_an_arc_tier_call() {
-    refuse_each_allocation(CachePolicy::Arc, 1, &scenario(), 80);
+    refuse_each_allocation(ARC, &scenario(), 80);
+    refuse_each_allocation(ARC, &churn(), 20);
 }
 
 #[test]
 fn no_refused_allocation_aborts_a_tier_call_with_a_store_threshold() {
-    refuse_each_allocation(CachePolicy::Lru, 2, &offers(), 40);
+    refuse_each_allocation(Tier(6, CachePolicy::Lru, 2, 3, true), &offers(), 40);
 }
 
 #[test]
 fn no_refused_allocation_aborts_a_tier_call_on_a_full_request_table() {
     for which in 0..4 {
-        refuse_each_allocation(CachePolicy::Lru, 1, &full_table(which), 14);
+        refuse_each_allocation(LRU, &full_table(which), 14);
     }
+}
+
+/// A xorshift generator (the test needs no more).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    fn keys(&mut self, universe: u64, distinct: bool) -> Vec<u64> {
+        let mut v: Vec<u64> = Vec::new();
+        for _ in 0..1 + self.below(8) {
+            let k = 1 + self.below(universe);
+            if !distinct || !v.contains(&k) {
+                v.push(k);
+            }
+        }
+        v
+    }
+}
+
+/// `len` calls on four requests over a few keys, any kind of call with any arguments
+/// (some fail with memory: loads of keys not stored, repeated keys in a store).
+fn random_calls(r: &mut Rng, len: usize) -> Vec<Op> {
+    let universe = 4 + r.below(20);
+    (0..len)
+        .map(|_| {
+            let rid = r.below(4);
+            let a = r.below(6) as usize;
+            let b = a + r.below(8) as usize;
+            match r.below(15) {
+                0 => Op::NewRequest(rid),
+                1 | 2 => Op::SetKeys(rid, r.keys(universe, false)),
+                3 => {
+                    let k = r.keys(universe, false);
+                    let p = k.iter().map(|_| 16 * (1 + r.below(10))).collect();
+                    Op::SetPositions(rid, k, p)
+                }
+                4 => Op::PrepareLoad(rid, r.keys(universe, false)),
+                5 => Op::PrepareLoadRange(rid, a, b),
+                6 => Op::CompleteLoad(rid, r.keys(universe, false)),
+                7 => Op::CompleteLoadRange(rid, a, b),
+                8 => Op::PrepareStore(rid, r.keys(universe, true)),
+                9 | 10 => Op::PrepareStoreRange(rid, a, b, r.below(2) == 0),
+                11 => Op::CompleteStore(rid, r.keys(universe, false), r.below(3) != 0),
+                12 => Op::Touch(rid, r.keys(universe, false)),
+                13 => Op::Finished(rid),
+                _ if r.below(6) == 0 => Op::Reset,
+                _ => Op::TakeEvents,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn no_refused_allocation_aborts_random_tier_calls() {
+    let mut refusals = 0;
+    for seed in 1..=600u64 {
+        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let policy = [CachePolicy::Lru, CachePolicy::Arc][r.below(2) as usize];
+        let t = Tier(
+            1 + r.below(8),
+            policy,
+            1 + r.below(3) as u32,
+            1 + r.below(6) as usize,
+            r.below(4) != 0,
+        );
+        let ops = random_calls(&mut r, 40);
+        refusals += refuse_each_allocation_of(t, &ops);
+    }
+    assert!(refusals >= 50_000, "{refusals} refusals");
 }

@@ -313,6 +313,20 @@ fn room<T>(v: &mut Vec<T>, n: usize) -> Result<()> {
         .map_err(|e| Error::out_of_memory("the offload tier's buffers", e))
 }
 
+/// An event's key list: `buf`'s keys in a list of their size when one can be allocated
+/// (`buf`, emptied, keeps its room for the next call), else `buf` itself (the next call
+/// reserves another). Cannot fail: `buf` was reserved before the call changed anything.
+fn event_keys(buf: &mut Vec<BlockHash>) -> Vec<BlockHash> {
+    let mut exact = Vec::new();
+    if exact.try_reserve_exact(buf.len()).is_ok() {
+        exact.extend_from_slice(buf);
+        buf.clear();
+        exact
+    } else {
+        std::mem::take(buf)
+    }
+}
+
 /// A new vector with room for `n` items.
 fn vec_for<T>(n: usize, what: &str) -> Result<Vec<T>> {
     let mut v = Vec::new();
@@ -1366,12 +1380,12 @@ impl CpuOffloadManager {
             self.num_evicted_total += evicted.len() as u64;
             if !evicted.is_empty() {
                 if let Some(ev) = &mut self.events {
-                    // Its list was allocated by `reserve_store_call`.
-                    let mut keys = std::mem::take(&mut self.scratch.ev_removed);
-                    keys.clear();
-                    keys.extend_from_slice(&evicted);
+                    // Room reserved by `reserve_store_call`.
+                    let buf = &mut self.scratch.ev_removed;
+                    buf.clear();
+                    buf.extend_from_slice(&evicted);
                     ev.push(OffloadEvent {
-                        keys,
+                        keys: event_keys(buf),
                         removed: true,
                         metadata_only: false,
                     });
@@ -1465,14 +1479,14 @@ impl CpuOffloadManager {
                 done.push(k);
             }
         }
-        match &mut self.events {
-            Some(ev) if !done.is_empty() => ev.push(OffloadEvent {
-                keys: done,
+        if let Some(ev) = self.events.as_mut().filter(|_| !done.is_empty()) {
+            ev.push(OffloadEvent {
+                keys: event_keys(&mut done),
                 removed: !success,
                 metadata_only: !success,
-            }),
-            _ => self.scratch.ev_done = done,
+            });
         }
+        self.scratch.ev_done = done;
     }
 
     /// vLLM's `reset_cache`: every chunk dropped, ids restart at 0, request access state

@@ -213,3 +213,29 @@ fn lru_runs_equal_chunk_by_chunk_rank_changes() {
     }
     assert!(runs_seen > 0);
 }
+
+#[test]
+fn an_events_key_list_holds_no_more_room_than_its_keys() {
+    // A store of 2 keys into a full tier reserves its event lists for 2 keys (what it
+    // may evict and complete); one is stored already, so it evicts one and completes
+    // one: each event keeps a list of one.
+    let mut m = CpuOffloadManager::new(4, CachePolicy::Lru, 1, 64, true).unwrap();
+    m.set_request_keys(0, &ks(&[1, 2, 3, 4]), 16)
+        .expect("memory");
+    assert_eq!(
+        m.prepare_store_range(0, 0, 4, true).expect("memory"),
+        Some((4, 0))
+    );
+    m.on_request_finished(0).expect("memory");
+    m.take_events().expect("events");
+    m.set_request_keys(1, &ks(&[4, 5]), 16).expect("memory");
+    assert_eq!(
+        m.prepare_store_range(1, 0, 2, true).expect("memory"),
+        Some((1, 1))
+    );
+    let ev = m.take_events().expect("events");
+    assert_eq!(ev.len(), 2);
+    for e in &ev {
+        assert_eq!((e.keys.len(), e.keys.capacity()), (1, 1), "{e:?}");
+    }
+}
