@@ -313,10 +313,11 @@ fn room<T>(v: &mut Vec<T>, n: usize) -> Result<()> {
         .map_err(|e| Error::out_of_memory("the offload tier's buffers", e))
 }
 
-/// An event's key list: `buf`'s keys in a list of their size when one can be allocated
-/// (`buf`, emptied, keeps its room for the next call), else `buf` itself (the next call
-/// reserves another). Cannot fail: `buf` was reserved before the call changed anything.
-fn event_keys(buf: &mut Vec<BlockHash>) -> Vec<BlockHash> {
+/// `buf`'s items in a list of their size when one can be allocated (`buf`, emptied,
+/// keeps its room for the next call), else `buf` itself (taken: the next call reserves
+/// another). For lists handed out (events, results) from room reserved for a whole call;
+/// cannot fail.
+fn fitted<T: Copy>(buf: &mut Vec<T>) -> Vec<T> {
     let mut exact = Vec::new();
     if exact.try_reserve_exact(buf.len()).is_ok() {
         exact.extend_from_slice(buf);
@@ -1150,10 +1151,10 @@ impl CpuOffloadManager {
         let n = keys.len();
         self.reserve_store_call(rid, n, false)?;
         self.reserve_store(n)?;
-        // The output's lists: at most one entry per key each.
+        // The output's lists: at most one entry per key each, handed out at their size.
         let mut keys_to_store = vec_for(n, "the stored keys")?;
         let mut chunk_ids = vec_for(n, "chunk ids")?;
-        let mut evicted_keys = vec_for(n, "the evicted keys")?;
+        let mut evicted_keys = vec_for(self.max_evictions(n), "the evicted keys")?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
             let to_store = m.store(st, &ks);
@@ -1165,9 +1166,9 @@ impl CpuOffloadManager {
                 evicted_keys.extend_from_slice(&sc.evicted);
                 sc.to_store = to_store;
                 PrepareStoreOutput {
-                    keys_to_store,
-                    chunk_ids,
-                    evicted_keys,
+                    keys_to_store: fitted(&mut keys_to_store),
+                    chunk_ids: fitted(&mut chunk_ids),
+                    evicted_keys: fitted(&mut evicted_keys),
                 }
             });
             Ok(out)
@@ -1385,7 +1386,7 @@ impl CpuOffloadManager {
                     buf.clear();
                     buf.extend_from_slice(&evicted);
                     ev.push(OffloadEvent {
-                        keys: event_keys(buf),
+                        keys: fitted(buf),
                         removed: true,
                         metadata_only: false,
                     });
@@ -1481,7 +1482,7 @@ impl CpuOffloadManager {
         }
         if let Some(ev) = self.events.as_mut().filter(|_| !done.is_empty()) {
             ev.push(OffloadEvent {
-                keys: event_keys(&mut done),
+                keys: fitted(&mut done),
                 removed: !success,
                 metadata_only: !success,
             });

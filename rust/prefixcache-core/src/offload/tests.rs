@@ -215,7 +215,7 @@ fn lru_runs_equal_chunk_by_chunk_rank_changes() {
 }
 
 #[test]
-fn an_events_key_list_holds_no_more_room_than_its_keys() {
+fn handed_out_lists_hold_no_more_room_than_their_items() {
     // A store of 2 keys into a full tier reserves its event lists for 2 keys (what it
     // may evict and complete); one is stored already, so it evicts one and completes
     // one: each event keeps a list of one.
@@ -237,5 +237,15 @@ fn an_events_key_list_holds_no_more_room_than_its_keys() {
     assert_eq!(ev.len(), 2);
     for e in &ev {
         assert_eq!((e.keys.len(), e.keys.capacity()), (1, 1), "{e:?}");
+    }
+    // The same for the lists prepare_store returns.
+    let out = m.prepare_store(2, &ks(&[5, 6])).expect("memory");
+    let out = out.unwrap_or_else(|| panic!("room for 6"));
+    for (len, cap) in [
+        (out.keys_to_store.len(), out.keys_to_store.capacity()),
+        (out.chunk_ids.len(), out.chunk_ids.capacity()),
+        (out.evicted_keys.len(), out.evicted_keys.capacity()),
+    ] {
+        assert_eq!((len, cap), (1, 1), "{out:?}");
     }
 }
