@@ -143,7 +143,7 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
     let id = |b: u8| u32::from(b) % (n as u32 + 2);
     for op in ops.into_iter().take(300) {
         let before = pool_snapshot(&pool);
-        pool.take_events();
+        pool.take_events().expect("events with memory");
         let r: Result<(), Error> = match op {
             PoolOp::GetNew { n: k } => pool.get_new_blocks(usize::from(k % 8)).map(|ids| {
                 for &b in &ids {
@@ -228,7 +228,11 @@ fn run_pool(num_blocks: u8, caching: bool, ops: Vec<PoolOp>) {
             }
             PoolOp::Reset => {
                 let all_free = refs.iter().all(|&r| r == 0);
-                assert_eq!(pool.reset_prefix_cache().expect("reset_prefix_cache"), all_free, "reset_prefix_cache");
+                assert_eq!(
+                    pool.reset_prefix_cache().expect("reset_prefix_cache"),
+                    all_free,
+                    "reset_prefix_cache"
+                );
                 if all_free {
                     assert_eq!(pool.num_cached_keys(), 0);
                 }
@@ -325,7 +329,7 @@ fn run_manager(
     for op in ops.into_iter().take(200) {
         let before = mgr_snapshot(&m);
         let stats = m.stats();
-        m.take_events();
+        m.take_events().expect("events with memory");
         let mut short = false;
         let r: Result<(), Error> = match op {
             MgrOp::Add { id, prompt, salt } => {

@@ -37,12 +37,19 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// A new, empty vector with room for `n` items; `OutOfMemory` (naming `what`) when it
+/// cannot be allocated.
+pub(crate) fn try_vec<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| Error::out_of_memory(what, e))?;
+    Ok(v)
+}
+
 /// A copy of `items` in a new vector; `OutOfMemory` (naming `what`) when it cannot be
 /// allocated.
 pub fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(items.len())
-        .map_err(|e| Error::out_of_memory(what, e))?;
+    let mut v = try_vec(items.len(), what)?;
     v.extend_from_slice(items);
     Ok(v)
 }

@@ -1,7 +1,7 @@
 //! Traces that name their prompts by block ids (Mooncake's `hash_ids`): the tokens such
 //! a prompt stands for.
 
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 
 /// The first `len` tokens of the prompt made of blocks `ids`, block `b` standing for
 /// the tokens `b * tokens_per_id .. (b + 1) * tokens_per_id` (fewer when the blocks hold
@@ -22,9 +22,7 @@ pub fn expand_block_ids(ids: &[u32], tokens_per_id: u32, len: usize) -> Result<V
             "block id {b} at position {i}: its tokens exceed 2**32 - 1 at {tokens_per_id} tokens per id"
         )));
     }
-    let mut out = Vec::new();
-    out.try_reserve_exact(n)
-        .map_err(|e| Error::out_of_memory("the expanded prompt", e))?;
+    let mut out = try_vec(n, "the expanded prompt")?;
     for &b in used {
         let first = b * tokens_per_id; // cannot overflow: checked above
         let take = (n - out.len()).min(per) as u32;

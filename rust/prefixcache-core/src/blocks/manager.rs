@@ -19,7 +19,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::error::{try_copy, Error, Result};
+use crate::error::{try_copy, try_vec, Error, Result};
 use crate::events::KvEvent;
 use crate::hash::{BlockHash, BlockHasher, KeyValue};
 
@@ -413,9 +413,7 @@ impl KVCacheManager {
             None => self.pool.lookup_prefix(hashes, 0)?,
             Some(w) => {
                 let need = (w - 1).div_ceil(bs);
-                let mut out = Vec::new();
-                out.try_reserve_exact(max_blocks)
-                    .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
+                let mut out = try_vec(max_blocks, "the hit blocks")?;
                 out.resize(max_blocks, NULL_BLOCK);
                 let mut run = 0usize;
                 let mut found = false;

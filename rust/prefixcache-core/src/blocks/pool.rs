@@ -17,7 +17,7 @@
 //! 24 bytes per block id up to the highest cached one for the hash bytes past the 8 in
 //! the block. Growth is reserved fallibly before anything changes.
 
-use crate::error::{try_copy, try_copy_str};
+use crate::error::{try_copy, try_copy_str, try_vec};
 use crate::error::{Error, Result};
 use crate::events::{split_removals, untag_extra_keys, KvEvent, Medium};
 use crate::hash::{BlockHash, KeyValue};
@@ -452,9 +452,7 @@ impl BlockPool {
     /// it goes (see [`StreamingLookup`]): at most `limit` hashes are looked up.
     /// An `OutOfMemory` error when room for `limit` hits cannot be allocated.
     pub(crate) fn streaming_lookup(&self, group: u32, limit: usize) -> Result<StreamingLookup<'_>> {
-        let mut hits = Vec::new();
-        hits.try_reserve_exact(limit)
-            .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
+        let hits = try_vec(limit, "the hit blocks")?;
         Ok(StreamingLookup {
             pool: self,
             pf: self.cached.prefetcher(),
@@ -472,9 +470,7 @@ impl BlockPool {
     /// with the table slots of the hashes a few places ahead prefetched.
     pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], group: u32) -> Result<Vec<u32>> {
         const AHEAD: usize = 4;
-        let mut out = Vec::new();
-        out.try_reserve_exact(hashes.len())
-            .map_err(|e| Error::out_of_memory("the hit blocks", e))?;
+        let mut out = try_vec(hashes.len(), "the hit blocks")?;
         let pf = self.cached.prefetcher();
         for (i, h) in hashes.iter().enumerate() {
             if let (Some(pf), Some(next)) = (&pf, hashes.get(i + AHEAD)) {

@@ -9,7 +9,7 @@ use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 use super::memo::HashMemo;
 use super::value::KeyValue;
 use super::{cbor, pickle, sha256, BlockHash};
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 
 /// The seed vLLM hashes into `NONE_HASH` when `PYTHONHASHSEED` is unset (sha256 variants).
 pub const DEFAULT_SEED: &str = "vllm-none-hash";
@@ -252,9 +252,7 @@ impl BlockHasher {
         parent_len: usize,
         n: usize,
     ) -> Result<Vec<BlockHash>> {
-        let mut out = Vec::new();
-        out.try_reserve_exact(n)
-            .map_err(|e| Error::out_of_memory("the block hashes", e))?;
+        let out = try_vec(n, "the block hashes")?;
         if n > 0 {
             let parent_len = parent_len.max(self.algo.digest_len());
             if let Some(bound) = self.fast_bound(parent_len, self.block_size) {

@@ -10,7 +10,7 @@ use super::chunks::{ChunkTable, Slot, LIVE, MAX_SLOTS, NIL, PROTECTED};
 use super::index::pipelined;
 use super::lru::Lru;
 use super::order::{hash_of, Ordered};
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::hash::BlockHash;
 
@@ -326,14 +326,6 @@ fn fitted<T: Copy>(buf: &mut Vec<T>) -> Vec<T> {
     } else {
         std::mem::take(buf)
     }
-}
-
-/// A new vector with room for `n` items.
-fn vec_for<T>(n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|e| Error::out_of_memory(what, e))?;
-    Ok(v)
 }
 
 #[derive(Debug, Clone)]
@@ -672,7 +664,7 @@ impl CpuOffloadManager {
             st.try_reserve(keys.len())?;
             if st.order.capacity() < keys.len() {
                 // Allocated aside: the old order stays if this fails.
-                st.order = vec_for(keys.len(), "request keys")?;
+                st.order = try_vec(keys.len(), "request keys")?;
             }
             let mut order = std::mem::take(&mut st.order);
             order.clear();
@@ -969,7 +961,7 @@ impl CpuOffloadManager {
 
     pub fn prepare_load(&mut self, rid: u64, keys: &[BlockHash]) -> Result<Vec<u64>> {
         self.check_loadable(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))))?;
-        let mut ids: Vec<u64> = vec_for(keys.len(), "chunk ids")?;
+        let mut ids: Vec<u64> = try_vec(keys.len(), "chunk ids")?;
         self.reserve_access(rid, keys.len())?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
@@ -1045,7 +1037,7 @@ impl CpuOffloadManager {
     }
 
     pub fn complete_load(&mut self, _rid: u64, keys: &[BlockHash]) -> Result<()> {
-        let mut ks: Vec<(BlockHash, u32)> = vec_for(keys.len(), "the loaded keys")?;
+        let mut ks: Vec<(BlockHash, u32)> = try_vec(keys.len(), "the loaded keys")?;
         ks.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
         self.unload(ks.iter().copied())
     }
@@ -1152,9 +1144,9 @@ impl CpuOffloadManager {
         self.reserve_store_call(rid, n, false)?;
         self.reserve_store(n)?;
         // The output's lists: at most one entry per key each, handed out at their size.
-        let mut keys_to_store = vec_for(n, "the stored keys")?;
-        let mut chunk_ids = vec_for(n, "chunk ids")?;
-        let mut evicted_keys = vec_for(self.max_evictions(n), "the evicted keys")?;
+        let mut keys_to_store = try_vec(n, "the stored keys")?;
+        let mut chunk_ids = try_vec(n, "chunk ids")?;
+        let mut evicted_keys = try_vec(self.max_evictions(n), "the evicted keys")?;
         self.with_request(rid, |m, st| {
             let ks = m.call_keys(st, keys)?;
             let to_store = m.store(st, &ks);
@@ -1443,7 +1435,7 @@ impl CpuOffloadManager {
     /// vLLM's `complete_store`: the keys still being stored become loadable (success) or
     /// are dropped and their chunks released (failure).
     pub fn complete_store(&mut self, _rid: u64, keys: &[BlockHash], success: bool) -> Result<()> {
-        let mut found: Vec<(BlockHash, u32)> = vec_for(keys.len(), "the stored keys")?;
+        let mut found: Vec<(BlockHash, u32)> = try_vec(keys.len(), "the stored keys")?;
         self.reserve_completion(keys.len())?;
         found.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
         self.complete_slots(&found, success);
@@ -1513,7 +1505,7 @@ impl CpuOffloadManager {
         let Some(evs) = self.events.as_mut() else {
             return Ok(Vec::new());
         };
-        let mut out = vec_for(evs.len(), "the offload tier's events")?;
+        let mut out = try_vec(evs.len(), "the offload tier's events")?;
         let evs = std::mem::take(evs);
         for mut e in evs {
             if e.metadata_only {
