@@ -66,6 +66,26 @@ CASES = {
         tier.on_request_finished(1)
         tier.check_invariants()
     """,
+    "KvIndex": """
+        import numpy as np
+        n = 40_000_000  # a table past the allocator's reserved arena (1 GiB)
+        ix = pc.KvIndex()
+        stored = lambda hs: {"type": "BlockStored", "block_hashes": hs, "block_size": 16}
+        assert ix.apply("w", [stored([1, 2, 3])], seq=0) == "applied"
+        big = [stored(np.arange(10, 10 + n, dtype=np.uint64))]
+        with open("/proc/self/status") as f:
+            vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (100 << 20), hard))  # not the table
+        assert oom(lambda: ix.apply("w", big, seq=1))
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        ix.check_invariants()
+        st = ix.status("w")
+        # The worker's holdings were dropped; it expects the next batch.
+        assert (st["num_held"], st["errors"], st["next_seq"]) == (0, 1, 2), st
+        assert ix.apply("w", [stored([7, 8])], seq=2) == "applied"
+        assert ix.cached_hashes("w") == [7, 8] and ix.num_hashes == 2
+    """,
     "BlockTrie": """
         assert oom(lambda: pc.BlockTrie(10**8, 4))
         t = pc.BlockTrie(1000, 4)

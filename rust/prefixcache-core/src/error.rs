@@ -39,11 +39,41 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// A new, empty vector with room for `n` items; `OutOfMemory` (naming `what`) when it
 /// cannot be allocated.
-pub(crate) fn try_vec<T>(n: usize, what: &str) -> Result<Vec<T>> {
+pub fn try_vec<T>(n: usize, what: &str) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
         .map_err(|e| Error::out_of_memory(what, e))?;
     Ok(v)
+}
+
+/// A new vector of `n` copies of `v`; `OutOfMemory` (naming `what`) when it cannot be
+/// allocated.
+pub(crate) fn try_filled<T: Clone>(n: usize, v: T, what: &str) -> Result<Vec<T>> {
+    let mut out = try_vec(n, what)?;
+    out.resize(n, v);
+    Ok(out)
+}
+
+/// `v` in a new box; `OutOfMemory` (naming `what`) when it cannot be allocated.
+pub(crate) fn try_box<T>(v: T, what: &str) -> Result<Box<T>> {
+    let layout = std::alloc::Layout::new::<T>();
+    if layout.size() == 0 {
+        return Ok(Box::new(v)); // allocates nothing
+    }
+    // SAFETY: the layout has a nonzero size, as `alloc` requires.
+    let p = unsafe { std::alloc::alloc(layout) }.cast::<T>();
+    if p.is_null() {
+        return Err(Error::out_of_memory(what, "the allocator refused"));
+    }
+    // SAFETY: `p` is non-null, allocated by the global allocator with `T`'s layout (so
+    // aligned and large enough), and written here before anything reads it; a `Box` may
+    // own such a pointer (the `Box` documentation's memory layout section: a pointer from
+    // the global allocator with the type's layout converts into a box), and it is not
+    // used elsewhere.
+    unsafe {
+        p.write(v);
+        Ok(Box::from_raw(p))
+    }
 }
 
 /// A copy of `items` in a new vector; `OutOfMemory` (naming `what`) when it cannot be

@@ -13,6 +13,36 @@ use crate::convert::type_name;
 
 type Conv<T> = std::result::Result<T, String>;
 
+/// Why an event object could not be converted.
+#[derive(Debug)]
+pub enum ConvError {
+    /// Bad input; the message names the problem.
+    Bad(String),
+    /// What the input holds could not be allocated (raised as `MemoryError`, not
+    /// counted on the worker).
+    NoMemory(String),
+}
+
+impl From<String> for ConvError {
+    fn from(msg: String) -> Self {
+        ConvError::Bad(msg)
+    }
+}
+
+impl ConvError {
+    /// The same error with `prefix` before a bad input's message.
+    fn within(self, prefix: impl std::fmt::Display) -> Self {
+        match self {
+            ConvError::Bad(m) => ConvError::Bad(format!("{prefix}: {m}")),
+            e => e,
+        }
+    }
+}
+
+fn no_memory(what: &str, e: impl std::fmt::Display) -> ConvError {
+    ConvError::NoMemory(format!("cannot allocate memory for {what}: {e}"))
+}
+
 /// A field by name: a dict key or an attribute; `None` when absent or None.
 fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Conv<Option<Bound<'py, PyAny>>> {
     let v = if let Ok(d) = ev.cast::<PyDict>() {
@@ -53,36 +83,45 @@ pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
     ))
 }
 
-fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<Vec<u64>> {
+fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Result<Vec<u64>, ConvError> {
     // uint64 / int64 arrays in one copy (item by item they cost a Python call each). The
     // GIL is held and no Python code runs while the array is borrowed.
     if let Ok(a) = v.cast::<numpy::PyArray1<u64>>() {
         let a = a.try_readonly().map_err(|e| format!("{what}: {e}"))?;
-        return Ok(a.as_array().to_vec());
+        let a = a.as_array();
+        let mut out = room(a.len(), what)?;
+        out.extend(a.iter().copied());
+        return Ok(out);
     }
     if let Ok(a) = v.cast::<numpy::PyArray1<i64>>() {
         let a = a.try_readonly().map_err(|e| format!("{what}: {e}"))?;
-        return a
-            .as_array()
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| u64::try_from(x).map_err(|_| format!("{what}[{i}] = {x} is negative")))
-            .collect();
+        let a = a.as_array();
+        let mut out = room(a.len(), what)?;
+        for (i, &x) in a.iter().enumerate() {
+            out.push(u64::try_from(x).map_err(|_| format!("{what}[{i}] = {x} is negative"))?);
+        }
+        return Ok(out);
     }
     if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
-        return Err(format!(
-            "{what} must be a list of hashes, got {}",
-            type_name(v)
-        ));
+        return Err(format!("{what} must be a list of hashes, got {}", type_name(v)).into());
     }
     let it = v
         .try_iter()
         .map_err(|_| format!("{what} must be a list of hashes, got {}", type_name(v)))?;
-    let mut out = Vec::with_capacity(v.len().unwrap_or(0));
+    let mut out = room(v.len().unwrap_or(0), what)?;
     for h in it {
-        out.push(hash_key(&h.map_err(|e| e.to_string())?, form, what)?);
+        let h = hash_key(&h.map_err(|e| e.to_string())?, form, what)?;
+        out.try_reserve(1).map_err(|e| no_memory(what, e))?;
+        out.push(h);
     }
     Ok(out)
+}
+
+/// A new vector with room for `n` items.
+fn room<T>(n: usize, what: &str) -> Result<Vec<T>, ConvError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| no_memory(what, e))?;
+    Ok(v)
 }
 
 fn opt_int(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<i64>> {
@@ -145,13 +184,13 @@ fn event_tag(ev: &Bound<'_, PyAny>) -> Conv<String> {
 }
 
 /// One event object.
-pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
+pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Result<FleetEvent, ConvError> {
     let tag = event_tag(ev)?;
     match tag.as_str() {
         "BlockStored" => {
             let block_hashes = match field(ev, "block_hashes")? {
                 Some(v) => hash_list(&v, form, "block_hashes")?,
-                None => return Err("BlockStored without block_hashes".to_owned()),
+                None => return Err("BlockStored without block_hashes".to_owned().into()),
             };
             let parent_block_hash = match field(ev, "parent_block_hash")? {
                 Some(v) => Some(hash_key(&v, form, "parent_block_hash")?),
@@ -160,8 +199,8 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
             let block_size = match opt_int(field(ev, "block_size")?, "block_size")? {
                 // 0: vLLM's OffloadingConnector publishes hash-only placeholders.
                 Some(b) if (0..=i64::from(u32::MAX)).contains(&b) => b as u32,
-                Some(b) => return Err(format!("block_size must be in [0, 2**32), got {b}")),
-                None => return Err("BlockStored without block_size".to_owned()),
+                Some(b) => return Err(format!("block_size must be in [0, 2**32), got {b}").into()),
+                None => return Err("BlockStored without block_size".to_owned().into()),
             };
             if let Some(k) = field(ev, "extra_keys")? {
                 let n = k
@@ -171,7 +210,8 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
                     return Err(format!(
                         "extra_keys has {n} entries for {} blocks",
                         block_hashes.len()
-                    ));
+                    )
+                    .into());
                 }
             }
             Ok(FleetEvent::Stored(Stored {
@@ -188,7 +228,7 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
         "BlockRemoved" => Ok(FleetEvent::Removed {
             block_hashes: match field(ev, "block_hashes")? {
                 Some(v) => hash_list(&v, form, "block_hashes")?,
-                None => return Err("BlockRemoved without block_hashes".to_owned()),
+                None => return Err("BlockRemoved without block_hashes".to_owned().into()),
             },
             medium: opt_str(field(ev, "medium")?, "medium")?,
             group_idx: group(field(ev, "group_idx")?)?,
@@ -196,12 +236,13 @@ pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Conv<FleetEvent> {
         "AllBlocksCleared" => Ok(FleetEvent::Cleared),
         other => Err(format!(
             "unknown event type {other:?} (expected BlockStored, BlockRemoved or AllBlocksCleared)"
-        )),
+        )
+        .into()),
     }
 }
 
 /// A batch of event objects (any iterable), all or nothing.
-pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Conv<Vec<FleetEvent>> {
+pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Result<Vec<FleetEvent>, ConvError> {
     let it = objs.try_iter().map_err(|_| {
         format!(
             "events must be an iterable of events, got {}",
@@ -211,7 +252,9 @@ pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Conv<Vec<FleetEvent>> 
     let mut out = Vec::new();
     for (i, ev) in it.enumerate() {
         let ev = ev.map_err(|e| e.to_string())?;
-        out.push(event(&ev, form).map_err(|e| format!("event {i}: {e}"))?);
+        let ev = event(&ev, form).map_err(|e| e.within(format_args!("event {i}")))?;
+        out.try_reserve(1).map_err(|e| no_memory("the events", e))?;
+        out.push(ev);
     }
     Ok(out)
 }

@@ -4,6 +4,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use prefixcache_core::error::{try_copy, try_vec};
 use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex};
 use prefixcache_core::Error;
 use pyo3::prelude::*;
@@ -12,7 +13,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{self, type_name};
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
-use crate::fleet_events;
+use crate::fleet_events::{self, ConvError};
 use crate::fleet_match::PyFleetMatch;
 use crate::hasher::PyBlockHasher;
 use crate::shared::Shared;
@@ -63,13 +64,23 @@ fn frame_parts(frames: &Bound<'_, PyAny>) -> std::result::Result<Vec<PyBackedByt
     let it = frames
         .try_iter()
         .map_err(|_| format!("frames must be a list of bytes, got {}", type_name(frames)))?;
+    // A message has 3 frames: past them, only counted (a long iterable holds no more).
     let mut out = Vec::with_capacity(3);
+    let mut count = 0usize;
     for (i, f) in it.enumerate() {
         let f = f.map_err(|e| e.to_string())?;
-        out.push(
-            f.extract::<PyBackedBytes>()
-                .map_err(|_| format!("frame {i} must be bytes, got {}", type_name(&f)))?,
-        );
+        let f = f
+            .extract::<PyBackedBytes>()
+            .map_err(|_| format!("frame {i} must be bytes, got {}", type_name(&f)))?;
+        count += 1;
+        if out.len() < 3 {
+            out.push(f);
+        }
+    }
+    if count > 3 {
+        return Err(format!(
+            "a KV event message has 3 frames (topic, seq, payload), got {count}"
+        ));
     }
     Ok(out)
 }
@@ -77,18 +88,23 @@ fn frame_parts(frames: &Bound<'_, PyAny>) -> std::result::Result<Vec<PyBackedByt
 /// A request's block hashes: ints (list or uint64/int64 array) or digests of `hash_bytes`.
 fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
     if let Ok(a) = obj.cast::<PyArray1<u64>>() {
-        return Ok(a.readonly().as_array().to_vec());
+        let a = a.readonly();
+        let a = a.as_array();
+        let mut out = try_vec(a.len(), "the hashes").py_err()?;
+        out.extend(a.iter().copied());
+        return Ok(out);
     }
     if let Ok(a) = obj.cast::<PyArray1<i64>>() {
-        let v = a.readonly().as_array().to_vec();
-        return v
-            .into_iter()
-            .enumerate()
-            .map(|(i, x)| {
+        let a = a.readonly();
+        let a = a.as_array();
+        let mut out = try_vec(a.len(), "the hashes").py_err()?;
+        for (i, &x) in a.iter().enumerate() {
+            out.push(
                 u64::try_from(x)
-                    .map_err(|_| invalid_input(format!("hashes[{i}] = {x} is negative")))
-            })
-            .collect();
+                    .map_err(|_| invalid_input(format!("hashes[{i}] = {x} is negative")))?,
+            );
+        }
+        return Ok(out);
     }
     if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
         return Err(invalid_type(format!(
@@ -97,7 +113,7 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
         )));
     }
     if let Ok(list) = obj.cast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
+        let mut out = try_vec(list.len(), "the hashes").py_err()?;
         for (i, h) in list.iter().enumerate() {
             out.push(
                 fleet_events::hash_key(&h, form, "hashes")
@@ -117,13 +133,17 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
             type_name(obj)
         ))
     })?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    let mut out = try_vec(obj.len().unwrap_or(0), "the hashes").py_err()?;
     for (i, h) in it.enumerate() {
         let h = h?;
-        out.push(
-            fleet_events::hash_key(&h, form, "hashes")
-                .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
-        );
+        let h = fleet_events::hash_key(&h, form, "hashes")
+            .map_err(|e| invalid_input(format!("{e} (at position {i})")))?;
+        if out.len() == out.capacity() {
+            out.try_reserve(1)
+                .map_err(|e| Error::out_of_memory("the hashes", e))
+                .py_err()?;
+        }
+        out.push(h);
     }
     Ok(out)
 }
@@ -154,7 +174,9 @@ fn request_hashes(
                 hasher.hash_blocks(t, None, None)
             }
             .py_err()?;
-            Ok(digests.iter().map(|d| d.to_u64()).collect())
+            let mut out = try_vec(digests.len(), "the hashes").py_err()?;
+            out.extend(digests.iter().map(|d| d.to_u64()));
+            Ok(out)
         }
         _ => Err(invalid_input(
             "give either hashes, or tokens together with a hasher (BlockHasher)",
@@ -242,17 +264,20 @@ impl PyKvIndex {
     }
 
     fn workers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        self.inner.with(py, |ix| {
-            ix.workers().iter().map(|m| m.to_string()).collect()
-        })
+        self.inner
+            .with(py, |ix| {
+                ix.workers()
+                    .map(|w| w.iter().map(|m| m.to_string()).collect())
+            })?
+            .py_err()
     }
 
     #[pyo3(signature = (worker, now=None))]
     fn add_worker(&self, py: Python<'_>, worker: &str, now: Option<f64>) -> PyResult<()> {
         let now = now_or(now)?;
-        self.inner.with(py, |ix| {
-            ix.add_worker(worker, now);
-        })
+        self.inner
+            .with(py, |ix| ix.add_worker(worker, now).map(|_| ()))?
+            .py_err()
     }
 
     fn remove_worker(&self, py: Python<'_>, worker: &str) -> PyResult<()> {
@@ -288,10 +313,11 @@ impl PyKvIndex {
         self.inner
             .with(py, |ix| match converted {
                 Ok(evs) => ix.apply(worker, &evs, seq, now),
-                Err(msg) => {
+                Err(ConvError::Bad(msg)) => {
                     ix.record_error(worker, &msg, now);
                     Err(Error::InvalidEvent(msg))
                 }
+                Err(ConvError::NoMemory(msg)) => Err(Error::OutOfMemory(msg)),
             })?
             .py_err()
             .map(outcome)
@@ -321,7 +347,11 @@ impl PyKvIndex {
         };
         let size: usize = parts.iter().map(|p| p.len()).sum();
         let out = if size >= DETACH_MIN_PAYLOAD {
-            let owned: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+            // Copied, as the GIL is released while they are decoded.
+            let mut owned: Vec<Vec<u8>> = try_vec(parts.len(), "the frames").py_err()?;
+            for p in &parts {
+                owned.push(try_copy(p, "the frames").py_err()?);
+            }
             let worker = worker.to_owned();
             self.inner.with_gil_released(py, move |ix| {
                 let refs: Vec<&[u8]> = owned.iter().map(|p| p.as_slice()).collect();
@@ -440,12 +470,12 @@ impl PyKvIndex {
     #[pyo3(signature = (now=None))]
     fn prune_expired(&self, py: Python<'_>, now: Option<f64>) -> PyResult<Vec<String>> {
         let now = now_or(now)?;
-        self.inner.with(py, |ix| {
-            ix.prune_expired(now)
-                .iter()
-                .map(|n| n.to_string())
-                .collect()
-        })
+        self.inner
+            .with(py, |ix| {
+                ix.prune_expired(now)
+                    .map(|gone| gone.iter().map(|n| n.to_string()).collect())
+            })?
+            .py_err()
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
@@ -458,7 +488,7 @@ impl PyKvIndex {
         self.inner.with(py, |ix| {
             format!(
                 "KvIndex(workers={}, hashes={}, media={:?})",
-                ix.workers().len(),
+                ix.num_workers(),
                 ix.num_hashes(),
                 ix.media().iter().map(|m| m.to_string()).collect::<Vec<_>>()
             )
@@ -513,8 +543,12 @@ pub fn decode_kv_events<'py>(
     hash_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let form = hash_bytes.map_or(Ok(HashForm::default()), form_of)?;
-    let evs = fleet_events::events(events, form)
-        .map_err(|m| crate::errors::to_py(Error::InvalidEvent(m)))?;
+    let evs = fleet_events::events(events, form).map_err(|e| {
+        crate::errors::to_py(match e {
+            ConvError::Bad(m) => Error::InvalidEvent(m),
+            ConvError::NoMemory(m) => Error::OutOfMemory(m),
+        })
+    })?;
     ops_list(py, &evs)
 }
 

@@ -7,7 +7,9 @@
 
 use std::mem::ManuallyDrop;
 
-use smallvec::{smallvec, SmallVec};
+use smallvec::{smallvec, CollectionAllocErr, SmallVec};
+
+use crate::error::{try_box, Error, Result};
 
 /// Worker-slot bitset: inline for up to 64 slots.
 pub type Bits = SmallVec<[u64; 1]>;
@@ -73,11 +75,40 @@ impl Words<'_> {
     }
 }
 
+fn oom_small(e: CollectionAllocErr) -> Error {
+    Error::out_of_memory("the fleet index's holders", format!("{e:?}"))
+}
+
 fn word_bit(slot: u32) -> (usize, u32) {
     ((slot / 64) as usize, slot % 64)
 }
 
 impl More {
+    /// Room for one more holding on `medium` in word `w` of its bitset (`held`: the slot
+    /// holds the hash there already, so the holding is one more copy).
+    fn reserve_holding(&mut self, medium: u8, w: usize, held: bool) -> Result<()> {
+        if held {
+            self.copies
+                .try_reserve(1)
+                .map_err(|e| Error::out_of_memory("the fleet index's holders", e))?;
+            return Ok(());
+        }
+        match self.media.iter_mut().find(|(m, _)| *m == medium) {
+            Some((_, bits)) => bits
+                .try_reserve((w + 1).saturating_sub(bits.len()))
+                .map_err(oom_small),
+            None => {
+                self.media.try_reserve(1).map_err(oom_small)?;
+                let mut bits = Bits::new();
+                bits.try_reserve(w + 1).map_err(oom_small)?;
+                // Kept empty, so that `bits_mut` finds room; no holder has no bits, as
+                // `add` sets the slot's bit at once.
+                self.media.push((medium, bits));
+                Ok(())
+            }
+        }
+    }
+
     fn bits_mut(&mut self, medium: u8) -> &mut Bits {
         let i = match self.media.iter().position(|(m, _)| *m == medium) {
             Some(i) => i,
@@ -235,32 +266,6 @@ impl Holders {
             .is_some_and(|word| word & (1 << bit) != 0)
     }
 
-    /// Moves the inline words into the boxed record (before a holding they cannot
-    /// express).
-    fn promote(&mut self) -> &mut More {
-        let m0 = self.first & !M1_INLINE;
-        let m1 = self.m1_inline().unwrap_or(0);
-        if self.first & M1_INLINE != 0 {
-            self.clear_second();
-        }
-        self.first = 0;
-        // SAFETY: M1_INLINE is clear now, so `more` is the live field (see `m1_inline`).
-        let slot = unsafe { &mut *self.second.more };
-        slot.get_or_insert_with(|| {
-            let mut media: SmallVec<[(u8, Bits); 1]> = SmallVec::new();
-            if m0 != 0 {
-                media.push((0, smallvec![m0]));
-            }
-            if m1 != 0 {
-                media.push((1, smallvec![m1]));
-            }
-            Box::new(More {
-                media,
-                copies: Vec::new(),
-            })
-        })
-    }
-
     /// The inline words `(m0, m1)` that express `more`, if they can.
     fn inline_form(more: &More) -> Option<(u64, u64)> {
         if !more.copies.is_empty() {
@@ -290,26 +295,76 @@ impl Holders {
     }
 
     /// Adds one copy; returns true when `slot` did not hold the hash on `medium` before.
-    pub fn add(&mut self, medium: u8, slot: u32) -> bool {
+    /// What the holding needs (a boxed record, room in its lists) is allocated before
+    /// anything changes: on `Err` the holders are as they were.
+    pub fn try_add(&mut self, medium: u8, slot: u32) -> Result<bool> {
         if self.more().is_none() {
             let bit = 1u64 << (slot % 64);
             match medium {
                 0 if slot < M0_INLINE_SLOTS && self.first & bit == 0 => {
                     self.first |= bit;
-                    return true;
+                    return Ok(true);
                 }
                 1 if slot < 64 => {
                     let m1 = self.m1_inline().unwrap_or(0);
                     if m1 & bit == 0 {
                         self.set_m1(m1 | bit);
-                        return true;
+                        return Ok(true);
                     }
                 }
                 _ => {}
             }
         }
+        // Beyond the inline words: the boxed record, with room for the holding.
+        self.reserve_for(medium, slot)?;
+        Ok(self.add_boxed(medium, slot))
+    }
+
+    /// Room for one more holding of `slot` on `medium` in the boxed record (made, with
+    /// the inline words moved into it, when there is none), so that [`Holders::add`]
+    /// allocates nothing.
+    fn reserve_for(&mut self, medium: u8, slot: u32) -> Result<()> {
         let held = self.holds(medium, slot);
-        let more = self.promote();
+        let (w, _) = word_bit(slot);
+        if let Some(more) = self.more_mut() {
+            return more.reserve_holding(medium, w, held);
+        }
+        // The inline words moved into a boxed record, with room for the new holding.
+        let m0 = self.first & !M1_INLINE;
+        let m1 = self.m1_inline().unwrap_or(0);
+        let mut media: SmallVec<[(u8, Bits); 1]> = SmallVec::new();
+        media
+            .try_reserve(usize::from(m0 != 0) + usize::from(m1 != 0))
+            .map_err(oom_small)?;
+        if m0 != 0 {
+            media.push((0, smallvec![m0]));
+        }
+        if m1 != 0 {
+            media.push((1, smallvec![m1]));
+        }
+        let mut more = More {
+            media,
+            copies: Vec::new(),
+        };
+        more.reserve_holding(medium, w, held)?;
+        let boxed = try_box(more, "the fleet index's holders")?;
+        if self.first & M1_INLINE != 0 {
+            self.clear_second();
+        }
+        self.first = 0;
+        self.second = Second {
+            more: ManuallyDrop::new(Some(boxed)),
+        };
+        Ok(())
+    }
+
+    /// [`Holders::try_add`] beyond the inline words, once [`Holders::reserve_for`] made
+    /// the room: allocates nothing.
+    fn add_boxed(&mut self, medium: u8, slot: u32) -> bool {
+        let held = self.holds(medium, slot);
+        let Some(more) = self.more_mut() else {
+            return false; // unreachable: `reserve_for` made the record
+        };
         if held {
             match more
                 .copies
@@ -392,16 +447,18 @@ impl Holders {
             return;
         };
         let (w, bit) = word_bit(slot);
-        let held: SmallVec<[u8; 4]> = more
-            .media
-            .iter()
-            .filter(|(_, b)| b.get(w).is_some_and(|word| word & (1 << bit) != 0))
-            .map(|(m, _)| *m)
-            .collect();
-        for m in held {
-            more.clear_bit(m, slot);
-            on_pair(m);
+        // The media it holds the hash on, as bits (media ids are below 64): clearing
+        // allocates nothing, so that a worker can always be cleared.
+        let mut held = 0u64;
+        for (m, b) in &more.media {
+            if b.get(w).is_some_and(|word| word & (1 << bit) != 0) {
+                held |= 1 << (m % 64);
+            }
         }
+        for_each_bit(0, held, |m| {
+            more.clear_bit(m as u8, slot);
+            on_pair(m as u8);
+        });
         more.copies.retain(|c| c.1 != slot);
         self.demote();
     }
@@ -468,6 +525,12 @@ pub fn for_each_bit(w: usize, mut word: u64, mut f: impl FnMut(usize)) {
 mod tests {
     use super::*;
 
+    impl Holders {
+        fn add_ok(&mut self, medium: u8, slot: u32) -> bool {
+            self.try_add(medium, slot).unwrap_or_else(|e| panic!("{e}"))
+        }
+    }
+
     fn boxed(h: &Holders) -> bool {
         h.more().is_some()
     }
@@ -480,13 +543,13 @@ mod tests {
     #[test]
     fn copies_media_and_far_slots_box_and_unbox() {
         let mut h = Holders::default();
-        assert!(h.add(0, 3));
+        assert!(h.add_ok(0, 3));
         assert!(!boxed(&h));
-        assert!(!h.add(0, 3)); // a second copy boxes
+        assert!(!h.add_ok(0, 3)); // a second copy boxes
         assert_eq!(h.copies(0, 3), 2);
         assert_eq!(h.remove(0, 3), Removal::Copy);
         assert!(!boxed(&h) && h.holds(0, 3)); // back inline
-        assert!(h.add(2, 3) && h.add(0, 70)); // a third medium, a slot past 64
+        assert!(h.add_ok(2, 3) && h.add_ok(0, 70)); // a third medium, a slot past 64
         assert!(boxed(&h));
         assert_eq!(h.on(0).as_slice(), &[1 << 3, 1 << 6]);
         assert_eq!(h.remove(0, 70), Removal::Last);
@@ -494,8 +557,8 @@ mod tests {
         assert!(!boxed(&h) && h.holds(0, 3));
         assert_eq!(h.remove(3, 3), Removal::Unknown);
         let mut pairs = Vec::new();
-        h.add(1, 3);
-        h.add(2, 3);
+        h.add_ok(1, 3);
+        h.add_ok(2, 3);
         h.clear_slot(3, |m| pairs.push(m));
         pairs.sort_unstable();
         assert_eq!(pairs, vec![0, 1, 2]);
@@ -507,10 +570,10 @@ mod tests {
         let mut h = Holders::default();
         // Medium 0 on slots 0..63 and medium 1 on slots 0..64, one copy each: inline.
         for s in 0..63 {
-            assert!(h.add(0, s));
+            assert!(h.add_ok(0, s));
         }
         for s in 0..64 {
-            assert!(h.add(1, s));
+            assert!(h.add_ok(1, s));
         }
         assert!(!boxed(&h));
         assert_eq!(h.on(0).as_slice(), &[(1u64 << 63) - 1]);
@@ -518,7 +581,7 @@ mod tests {
         assert_eq!(h.media().count(), 2);
         // Slot 63 of medium 0 does not fit (its bit marks the inline medium 1): boxed,
         // with every holding kept.
-        assert!(h.add(0, 63));
+        assert!(h.add_ok(0, 63));
         assert!(boxed(&h));
         assert_eq!(h.on(0).as_slice(), &[u64::MAX]);
         assert_eq!(h.on(1).as_slice(), &[u64::MAX]);
@@ -542,9 +605,9 @@ mod tests {
     #[test]
     fn medium_one_alone_and_its_copies() {
         let mut h = Holders::default();
-        assert!(h.add(1, 5));
+        assert!(h.add_ok(1, 5));
         assert!(!boxed(&h) && !h.is_empty() && !h.holds(0, 5));
-        assert!(!h.add(1, 5)); // a second copy boxes
+        assert!(!h.add_ok(1, 5)); // a second copy boxes
         assert!(boxed(&h) && !h.needlessly_boxed());
         assert_eq!(h.copies(1, 5), 2);
         assert_eq!(h.remove(1, 5), Removal::Copy);
@@ -555,9 +618,9 @@ mod tests {
         assert!(h.is_empty());
         // Dropping a boxed and an inline entry frees what they own (Miri / leak checks).
         let mut b = Holders::default();
-        b.add(7, 1);
+        b.add_ok(7, 1);
         let mut i = Holders::default();
-        i.add(1, 1);
+        i.add_ok(1, 1);
         drop((b, i));
     }
 }

@@ -10,17 +10,15 @@
 //!   past the next expected number is not applied and marks the worker stale until the
 //!   missing batches arrive (a replay), since the events in between are unknown.
 
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use std::collections::hash_map::Entry;
-
 use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
 
 use super::event::{Batch, FleetEvent, HashForm, DEFAULT_MEDIUM};
 use super::holders::{for_each_bit, Holders, Removal, Words};
 use super::wire;
-use crate::error::{Error, Result};
+use crate::error::{try_copy, try_copy_str, try_filled, try_vec, Error, Result};
 
 /// Distinct media names an index accepts (GPU, CPU, disk tiers ... ); more is bad input.
 pub const MAX_MEDIA: usize = 64;
@@ -161,15 +159,26 @@ impl FleetMatch {
 
     /// The answer for the worker at position `i`.
     pub fn get(&self, i: usize) -> Option<WorkerMatch> {
+        self.try_get(i).ok().flatten()
+    }
+
+    /// [`FleetMatch::get`]; `OutOfMemory` when its per-medium list cannot be allocated.
+    pub fn try_get(&self, i: usize) -> Result<Option<WorkerMatch>> {
         let nm = self.media.len();
-        Some(WorkerMatch {
-            worker: self.workers.get(i)?.clone(),
+        let Some(worker) = self.workers.get(i) else {
+            return Ok(None);
+        };
+        Ok(Some(WorkerMatch {
+            worker: worker.clone(),
             blocks: self.blocks[i],
-            per_medium: self.per_medium[i * nm..(i + 1) * nm].to_vec(),
+            per_medium: try_copy(
+                &self.per_medium[i * nm..(i + 1) * nm],
+                "a fleet query's answer",
+            )?,
             score: self.score[i],
             stale: self.stale[i],
             expired: self.expired[i],
-        })
+        }))
     }
 
     pub fn len(&self) -> usize {
@@ -238,9 +247,16 @@ impl KvIndex {
         &self.media
     }
 
+    /// Workers known.
+    pub fn num_workers(&self) -> usize {
+        self.names.len()
+    }
+
     /// Worker names in slot order.
-    pub fn workers(&self) -> Vec<Arc<str>> {
-        self.names_snapshot.to_vec()
+    pub fn workers(&self) -> Result<Vec<Arc<str>>> {
+        let mut out = try_vec(self.names_snapshot.len(), "the worker names")?;
+        out.extend_from_slice(&self.names_snapshot);
+        Ok(out)
     }
 
     fn slot_of(&self, name: &str) -> Result<u32> {
@@ -266,10 +282,14 @@ impl KvIndex {
     }
 
     /// Adds a worker (no-op when known); returns its slot. `now` starts its TTL.
-    pub fn add_worker(&mut self, name: &str, now: f64) -> u32 {
+    pub fn add_worker(&mut self, name: &str, now: f64) -> Result<u32> {
         if let Some(&s) = self.names.get(name) {
-            return s;
+            return Ok(s);
         }
+        let oom = |e| Error::out_of_memory("the fleet index's workers", e);
+        self.slots.try_reserve(1).map_err(oom)?;
+        self.names.try_reserve(1).map_err(oom)?;
+        let snapshot = self.names_room(self.names.len() + 1)?;
         let name: Arc<str> = Arc::from(name);
         let w = Worker::new(name.clone(), now);
         let slot = match self.free_slots.pop() {
@@ -283,17 +303,28 @@ impl KvIndex {
             }
         };
         self.names.insert(name, slot);
-        self.refresh_names();
-        slot
+        self.refresh_names(snapshot);
+        Ok(slot)
     }
 
-    fn refresh_names(&mut self) {
-        let (names, slots): (Vec<Arc<str>>, Vec<u32>) = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(s, w)| w.as_ref().map(|w| (w.name.clone(), s as u32)))
-            .unzip();
+    /// Room for the name snapshots of `n` workers ([`KvIndex::refresh_names`]).
+    fn names_room(&self, n: usize) -> Result<(Vec<Arc<str>>, Vec<u32>)> {
+        Ok((
+            try_vec(n, "the fleet index's workers")?,
+            try_vec(n, "the fleet index's workers")?,
+        ))
+    }
+
+    /// Rebuilds the name snapshots in `room` (from [`KvIndex::names_room`], for as many
+    /// workers as there are now).
+    fn refresh_names(&mut self, room: (Vec<Arc<str>>, Vec<u32>)) {
+        let (mut names, mut slots) = room;
+        for (s, w) in self.slots.iter().enumerate() {
+            if let Some(w) = w {
+                names.push(w.name.clone());
+                slots.push(s as u32);
+            }
+        }
         self.names_snapshot = Arc::from(names);
         self.slots_snapshot = slots;
     }
@@ -301,11 +332,15 @@ impl KvIndex {
     /// Removes a worker and everything it holds.
     pub fn remove_worker(&mut self, name: &str) -> Result<()> {
         let slot = self.slot_of(name)?;
+        self.free_slots
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("the fleet index's workers", e))?;
+        let snapshot = self.names_room(self.names.len())?;
         self.clear_slot(slot);
         self.slots[slot as usize] = None;
         self.names.remove(name);
         self.free_slots.push(slot);
-        self.refresh_names();
+        self.refresh_names(snapshot);
         Ok(())
     }
 
@@ -349,23 +384,29 @@ impl KvIndex {
         let mut new: Vec<Arc<str>> = Vec::new();
         for m in events.iter().filter_map(FleetEvent::medium) {
             if self.medium_id(m).is_none() && !new.iter().any(|x| &**x == m) {
+                new.try_reserve(1)
+                    .map_err(|e| Error::out_of_memory("the fleet index's media", e))?;
                 new.push(Arc::from(m));
+                // Checked as each one comes, so that a batch naming many holds few.
+                if self.media.len() + new.len() > MAX_MEDIA {
+                    return Err(Error::InvalidEvent(format!(
+                        "more than {MAX_MEDIA} distinct media (new: {new:?})"
+                    )));
+                }
             }
-        }
-        if self.media.len() + new.len() > MAX_MEDIA {
-            return Err(Error::InvalidEvent(format!(
-                "more than {MAX_MEDIA} distinct media (new: {new:?})"
-            )));
         }
         Ok(new)
     }
 
     /// Records a rejected batch for `name` (adding the worker when new).
+    /// Without memory for a new worker or for the message, it records what it can.
     pub fn record_error(&mut self, name: &str, message: &str, now: f64) {
-        let slot = self.add_worker(name, now);
+        let Ok(slot) = self.add_worker(name, now) else {
+            return;
+        };
         let w = self.worker_mut(slot);
         w.errors += 1;
-        w.last_error = Some(message.to_owned());
+        w.last_error = try_copy_str(message, "an error message").ok();
     }
 
     /// Decodes `[topic, seq, payload]` and applies it. A bad message is counted on the
@@ -373,6 +414,8 @@ impl KvIndex {
     pub fn apply_frames(&mut self, name: &str, parts: &[&[u8]], now: f64) -> Result<ApplyOutcome> {
         match wire::decode_frames(parts, self.form) {
             Ok((seq, batch)) => self.apply_batch(name, &batch, Some(seq), now),
+            // Not the batch's fault: nothing is recorded.
+            Err(e @ Error::OutOfMemory(_)) => Err(e),
             Err(e) => {
                 self.record_error(name, &e.to_string(), now);
                 Err(e)
@@ -424,12 +467,24 @@ impl KvIndex {
         let ts_bits = ts.map(f64::to_bits);
         let new_media = match self.new_media(events) {
             Ok(m) => m,
+            Err(e @ Error::OutOfMemory(_)) => return Err(e),
             Err(e) => {
                 self.record_error(name, &e.to_string(), now);
                 return Err(e);
             }
         };
-        let slot = self.add_worker(name, now);
+        let slot = self.add_worker(name, now)?;
+        self.media
+            .try_reserve(new_media.len())
+            .map_err(|e| Error::out_of_memory("the fleet index's media", e))?;
+        let media_room = if new_media.is_empty() {
+            Vec::new()
+        } else {
+            try_vec(
+                self.media.len() + new_media.len(),
+                "the fleet index's media",
+            )?
+        };
         {
             let w = self.worker_mut(slot);
             w.last_seen = w.last_seen.max(now);
@@ -451,10 +506,15 @@ impl KvIndex {
         }
         if !new_media.is_empty() {
             self.media.extend(new_media);
-            self.media_snapshot = Arc::from(self.media.clone());
+            let mut snapshot = media_room;
+            snapshot.extend_from_slice(&self.media);
+            self.media_snapshot = Arc::from(snapshot);
         }
         for ev in events {
-            self.apply_event(slot, ev);
+            if let Err(e) = self.apply_event(slot, ev) {
+                self.drop_holdings(slot, seq);
+                return Err(e);
+            }
         }
         let w = self.worker_mut(slot);
         w.batches += 1;
@@ -474,34 +534,74 @@ impl KvIndex {
         Ok(ApplyOutcome::Applied)
     }
 
-    fn apply_event(&mut self, slot: u32, ev: &FleetEvent) {
+    /// A batch that ran out of memory as it was applied: the worker's holdings are
+    /// dropped (what the batch applied with them) and the batch counts as an error; the
+    /// worker expects the batch after it, as after [`KvIndex::reset_worker`]. Allocates
+    /// nothing but the message (left out when that fails too).
+    fn drop_holdings(&mut self, slot: u32, seq: Option<u64>) {
+        self.clear_slot(slot);
+        let w = self.worker_mut(slot);
+        if let Some(s) = seq {
+            w.next_seq = s.saturating_add(1);
+        }
+        w.max_seen = None;
+        w.first_ts = None;
+        w.errors += 1;
+        w.last_error = None; // frees the old message first
+        w.last_error = try_copy_str(
+            "out of memory while applying a batch: the worker's holdings were dropped",
+            "an error message",
+        )
+        .ok();
+    }
+
+    /// Applies one event; `OutOfMemory` when a holding cannot be recorded (the events
+    /// applied so far stay: the caller drops the worker's holdings).
+    fn apply_event(&mut self, slot: u32, ev: &FleetEvent) -> Result<()> {
         let medium = match ev.medium() {
             // Interned (`new_media`) before any event is applied.
             Some(m) => self.medium_id(m).unwrap_or(0),
             None => {
                 self.clear_slot(slot);
-                return;
+                return Ok(());
             }
         };
         let KvIndex { slots, blocks, .. } = self;
         let Some(Some(w)) = slots.get_mut(slot as usize) else {
-            return;
+            return Ok(());
         };
         let m = medium as usize;
         if w.held.len() <= m {
+            w.held
+                .try_reserve(m + 1 - w.held.len())
+                .map_err(|e| Error::out_of_memory("the fleet index's workers", e))?;
             w.held.resize(m + 1, 0);
         }
         let held = &mut w.held[m];
         match ev {
             FleetEvent::Stored(s) => {
-                blocks.reserve(s.block_hashes.len());
+                blocks
+                    .try_reserve(s.block_hashes.len())
+                    .map_err(|e| Error::out_of_memory("the fleet index's table", e))?;
                 for &h in &s.block_hashes {
-                    if blocks.entry(h).or_default().add(medium, slot) {
-                        *held += 1;
+                    match blocks.entry(h).or_default().try_add(medium, slot) {
+                        Ok(true) => *held += 1,
+                        Ok(false) => {}
+                        Err(e) => {
+                            // A hash new to the table lists no holder: not kept.
+                            if blocks.get(&h).is_some_and(Holders::is_empty) {
+                                blocks.remove(&h);
+                            }
+                            return Err(e);
+                        }
                     }
                 }
             }
             FleetEvent::Removed { block_hashes, .. } => {
+                // `entry` grows a full table even for an absent hash: room first.
+                blocks
+                    .try_reserve(block_hashes.len())
+                    .map_err(|e| Error::out_of_memory("the fleet index's table", e))?;
                 for &h in block_hashes {
                     let Entry::Occupied(mut e) = blocks.entry(h) else {
                         w.unknown_removals += 1;
@@ -521,6 +621,7 @@ impl KvIndex {
             }
             FleetEvent::Cleared => {}
         }
+        Ok(())
     }
 
     fn expired(&self, w: &Worker, now: f64) -> bool {
@@ -543,7 +644,10 @@ impl KvIndex {
             restarts: w.restarts,
             unknown_removals: w.unknown_removals,
             errors: w.errors,
-            last_error: w.last_error.clone(),
+            last_error: match &w.last_error {
+                Some(m) => Some(try_copy_str(m, "the worker's status")?),
+                None => None,
+            },
             dp_rank: w.dp_rank,
             num_held: w.held.iter().sum(),
         })
@@ -552,34 +656,64 @@ impl KvIndex {
     /// The hashes `name` holds (on `medium`, or on any medium), sorted.
     pub fn cached_hashes(&self, name: &str, medium: Option<&str>) -> Result<Vec<u64>> {
         let slot = self.slot_of(name)?;
-        let media: Vec<u8> = match medium {
-            Some(m) => self.medium_id(m).into_iter().collect(),
-            None => (0..self.media.len() as u8).collect(),
+        // The media asked about, as bits (ids are below 64).
+        let media: u64 = match medium {
+            Some(m) => self.medium_id(m).map_or(0, |id| 1 << id),
+            None => u64::MAX,
         };
-        let mut out: Vec<u64> = self
-            .blocks
-            .iter()
-            .filter(|(_, hs)| media.iter().any(|&m| hs.holds(m, slot)))
-            .map(|(&h, _)| h)
-            .collect();
+        let w = self.worker(slot);
+        let n = (0..w.held.len())
+            .filter(|&m| media & (1 << m) != 0)
+            .map(|m| w.held[m])
+            .sum();
+        let mut out = try_vec(n, "the worker's hashes")?;
+        out.extend(
+            self.blocks
+                .iter()
+                .filter(|(_, hs)| {
+                    hs.media()
+                        .any(|(m, _)| media & (1 << m) != 0 && hs.holds(m, slot))
+                })
+                .map(|(&h, _)| h),
+        );
         out.sort_unstable();
         Ok(out)
     }
 
     /// Workers silent for longer than the TTL, removed; returns their names.
-    pub fn prune_expired(&mut self, now: f64) -> Vec<Arc<str>> {
-        let gone: Vec<Arc<str>> = self
+    pub fn prune_expired(&mut self, now: f64) -> Result<Vec<Arc<str>>> {
+        let n = self
             .slots
             .iter()
             .flatten()
             .filter(|w| self.expired(w, now))
-            .map(|w| w.name.clone())
-            .collect();
+            .count();
+        let mut gone = try_vec(n, "the pruned workers' names")?;
+        gone.extend(
+            self.slots
+                .iter()
+                .flatten()
+                .filter(|w| self.expired(w, now))
+                .map(|w| w.name.clone()),
+        );
+        if gone.is_empty() {
+            return Ok(gone);
+        }
+        self.free_slots
+            .try_reserve(gone.len())
+            .map_err(|e| Error::out_of_memory("the fleet index's workers", e))?;
+        let snapshot = self.names_room(self.names.len() - gone.len())?;
         for n in &gone {
             // Listed just above, so known.
-            let _ = self.remove_worker(n);
+            let Some(slot) = self.names.remove(n) else {
+                continue;
+            };
+            self.clear_slot(slot);
+            self.slots[slot as usize] = None;
+            self.free_slots.push(slot);
         }
-        gone
+        self.refresh_names(snapshot);
+        Ok(gone)
     }
 
     /// Per-medium weights by medium id (1.0 for media not named).
@@ -587,7 +721,8 @@ impl KvIndex {
         let Some(ws) = weights else {
             return Ok(None);
         };
-        let mut table = vec![1.0; self.media.len()];
+        let mut table = try_vec(self.media.len(), "the medium weights")?;
+        table.resize(self.media.len(), 1.0);
         for (name, w) in ws {
             if !(w.is_finite() && *w >= 0.0) {
                 return Err(Error::InvalidArgument(format!(
@@ -614,7 +749,8 @@ impl KvIndex {
         let nslots = self.slots.len();
         let words = nslots.div_ceil(64);
         let nm = self.media.len();
-        let mut live = vec![0u64; words];
+        let what = "a fleet query's answer";
+        let mut live = try_filled(words, 0u64, what)?;
         for (s, w) in self.slots.iter().enumerate() {
             if w.is_some() {
                 live[s / 64] |= 1 << (s % 64);
@@ -622,15 +758,16 @@ impl KvIndex {
         }
         let live_count: usize = live.iter().map(|w| w.count_ones() as usize).sum();
         // Rows 0..nm: per medium; row nm: any medium.
-        let mut active: Vec<u64> = Vec::with_capacity((nm + 1) * words);
+        let mut active: Vec<u64> = try_vec((nm + 1) * words, what)?;
         for _ in 0..=nm {
             active.extend_from_slice(&live);
         }
-        let mut lens = vec![n; (nm + 1) * nslots];
-        let mut score = vec![0.0f64; if weights.is_some() { nslots } else { 0 }];
+        let mut lens = try_filled((nm + 1) * nslots, n, what)?;
+        let mut score = try_filled(if weights.is_some() { nslots } else { 0 }, 0.0f64, what)?;
         let mut remaining = live_count * (nm + 1);
-        let mut any_hold = vec![0u64; words];
-        let mut order: SmallVec<[(u8, f64); 4]> = SmallVec::new();
+        let mut any_hold = try_filled(words, 0u64, what)?;
+        // (medium, weight) of the media holding a block: at most one entry per medium.
+        let mut order: Vec<(u8, f64)> = try_vec(if weights.is_some() { nm } else { 0 }, what)?;
         for (i, h) in hashes.iter().enumerate() {
             if remaining == 0 {
                 break;
@@ -687,11 +824,11 @@ impl KvIndex {
             }
         }
         let nw = self.slots_snapshot.len();
-        let mut blocks = Vec::with_capacity(nw);
-        let mut per_medium = Vec::with_capacity(nw * nm);
-        let mut scores = Vec::with_capacity(nw);
-        let mut stale = Vec::with_capacity(nw);
-        let mut expired = Vec::with_capacity(nw);
+        let mut blocks = try_vec(nw, what)?;
+        let mut per_medium = try_vec(nw * nm, what)?;
+        let mut scores = try_vec(nw, what)?;
+        let mut stale = try_vec(nw, what)?;
+        let mut expired = try_vec(nw, what)?;
         for &slot in &self.slots_snapshot {
             let s = slot as usize;
             let b = lens[nm * nslots + s];
@@ -729,16 +866,80 @@ impl KvIndex {
         include_unhealthy: bool,
     ) -> Result<Vec<WorkerMatch>> {
         let m = self.longest_prefix(hashes, now, weights)?;
-        let mut order: Vec<usize> = (0..m.len())
-            .filter(|&i| include_unhealthy || !(m.stale[i] || m.expired[i]))
-            .collect();
-        // Stable sort keeps slot order among equals.
-        order.sort_by(|&a, &b| {
+        let what = "a fleet query's answer";
+        let mut order: Vec<usize> = try_vec(m.len(), what)?;
+        order.extend((0..m.len()).filter(|&i| include_unhealthy || !(m.stale[i] || m.expired[i])));
+        // Best first, slot order among equals; the `k` best picked first, then sorted
+        // (neither allocates).
+        let best_first = |&a: &usize, &b: &usize| {
             m.score[b]
                 .total_cmp(&m.score[a])
                 .then(m.blocks[b].cmp(&m.blocks[a]))
-        });
-        Ok(order.into_iter().take(k).filter_map(|i| m.get(i)).collect())
+                .then(a.cmp(&b))
+        };
+        if k < order.len() {
+            order.select_nth_unstable_by(k, best_first);
+            order.truncate(k);
+        }
+        order.sort_unstable_by(best_first);
+        let mut out = try_vec(order.len(), what)?;
+        for i in order {
+            if let Some(w) = m.try_get(i)? {
+                out.push(w);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Everything the index holds, canonically (tests compare it): media, workers with
+    /// their sequence state and counters, the shared name lists, free slots, and every
+    /// hash's holders by medium and its multi-copy counts, by hash.
+    pub fn state_dump(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "media {:?} {:?}", self.media, self.media_snapshot);
+        let _ = writeln!(
+            out,
+            "names {:?} {:?} free {:?}",
+            self.names_snapshot, self.slots_snapshot, self.free_slots
+        );
+        for (s, w) in self.slots.iter().enumerate() {
+            let Some(w) = w else { continue };
+            let _ = writeln!(
+                out,
+                "worker {s} {:?} next {} max {:?} first {:?} seen {} batches {} events {} \
+                 duplicates {} gaps {} restarts {} unknown {} errors {} last {:?} dp {:?} \
+                 held {:?}",
+                w.name,
+                w.next_seq,
+                w.max_seen,
+                w.first_ts,
+                w.last_seen,
+                w.batches,
+                w.block_events,
+                w.duplicates,
+                w.gaps,
+                w.restarts,
+                w.unknown_removals,
+                w.errors,
+                w.last_error,
+                w.dp_rank,
+                w.held,
+            );
+        }
+        let mut hashes: Vec<(&u64, &Holders)> = self.blocks.iter().collect();
+        hashes.sort_by_key(|(h, _)| **h);
+        for (h, hs) in hashes {
+            let mut media: Vec<(u8, Vec<u64>)> = hs
+                .media()
+                .map(|(m, w)| (m, w.as_slice().to_vec()))
+                .collect();
+            media.sort();
+            let mut copies = hs.multi_copies().to_vec();
+            copies.sort();
+            let _ = writeln!(out, "hash {h} {media:?} {copies:?}");
+        }
+        out
     }
 
     /// Full consistency check (tests): holders and per-worker copies agree exactly.

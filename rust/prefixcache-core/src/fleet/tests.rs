@@ -118,8 +118,8 @@ fn ttl_and_top_k() {
     assert_eq!(&*top[0].worker, "b");
     let top = ix.top_k(&[1, 2], 2, 1.0, None, false).unwrap();
     assert_eq!(&*top[0].worker, "a");
-    assert_eq!(ix.prune_expired(12.0).len(), 1);
-    assert_eq!(ix.workers().len(), 1);
+    assert_eq!(ix.prune_expired(12.0).expect("memory").len(), 1);
+    assert_eq!(ix.workers().expect("memory").len(), 1);
     ix.check_invariants().unwrap();
 }
 

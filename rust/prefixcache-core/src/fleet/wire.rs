@@ -6,9 +6,11 @@
 //! problem is an [`Error::InvalidEvent`] naming it. Unknown map keys are skipped
 //! (SGLang's `cache_salt`, `session_id`, later vLLM fields); known ones are type-checked.
 
+use std::borrow::Cow;
+
 use super::event::{Batch, FleetEvent, HashForm, Stored};
 use super::msgpack::{Int, Kind, ReadError, Reader};
-use crate::error::{Error, Result};
+use crate::error::{try_copy_str, try_vec, Error, Result};
 
 fn bad(msg: impl Into<String>) -> Error {
     Error::InvalidEvent(msg.into())
@@ -89,9 +91,12 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
             )))
         }
     };
-    let mut events = Vec::with_capacity(count);
+    let mut events = try_vec(count, "a KV event batch")?;
     for i in 0..count {
-        events.push(decode_event(&mut r, form).map_err(|e| bad(format!("event {i}: {e}")))?);
+        events.push(decode_event(&mut r, form).map_err(|e| match e {
+            Error::OutOfMemory(_) => e,
+            e => bad(format!("event {i}: {e}")),
+        })?);
     }
     let dp_rank = if n == 3 && !r.nil()? {
         match r.int()? {
@@ -153,7 +158,8 @@ const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
 fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
     let mut f = Fields::default();
-    let tag: String;
+    // Borrowed from the frame (copied only when not valid UTF-8, to name it).
+    let tag: Cow<'_, str>;
     if let Some(n) = r.map_len()? {
         let mut found = None;
         for _ in 0..n {
@@ -168,7 +174,7 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
             };
             if key == b"type" {
                 match r.str_bytes()? {
-                    Some(t) => found = Some(String::from_utf8_lossy(t).into_owned()),
+                    Some(t) => found = Some(String::from_utf8_lossy(t)),
                     None => {
                         return Err(bad(format!(
                             "\"type\" must be a str, got {}",
@@ -183,10 +189,10 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
         tag = found.ok_or_else(|| bad("event map has no \"type\" tag"))?;
     } else if let Some(n) = r.array_len()? {
         tag = match (n, r.str_bytes()?) {
-            (1.., Some(t)) => String::from_utf8_lossy(t).into_owned(),
+            (1.., Some(t)) => String::from_utf8_lossy(t),
             _ => return Err(bad("event array does not start with its type tag")),
         };
-        let names: &[&str] = match tag.as_str() {
+        let names: &[&str] = match &*tag {
             "BlockStored" => &STORED_FIELDS,
             "BlockRemoved" => &REMOVED_FIELDS,
             _ => &[],
@@ -203,7 +209,7 @@ fn decode_event(r: &mut Reader<'_>, form: HashForm) -> Result<FleetEvent> {
             r.kind()?.name()
         )));
     }
-    match tag.as_str() {
+    match &*tag {
         "BlockStored" => {
             let block_hashes = f
                 .block_hashes
@@ -342,7 +348,7 @@ fn hashes(r: &mut Reader<'_>, what: &str, form: HashForm) -> Result<Vec<u64>> {
             )))
         }
     };
-    let mut out = Vec::with_capacity(n);
+    let mut out = try_vec(n, what)?;
     for _ in 0..n {
         out.push(hash(r, what, form)?);
     }
@@ -398,9 +404,10 @@ fn opt_str(r: &mut Reader<'_>, what: &str) -> Result<Option<String>> {
         return Ok(None);
     }
     match r.str_bytes()? {
-        Some(b) => std::str::from_utf8(b)
-            .map(|s| Some(s.to_owned()))
-            .map_err(|_| bad(format!("{what} is not valid UTF-8"))),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => Ok(Some(try_copy_str(s, what)?)),
+            Err(_) => Err(bad(format!("{what} is not valid UTF-8"))),
+        },
         None => Err(bad(format!(
             "{what} must be a str or nil, got {}",
             r.kind()?.name()
