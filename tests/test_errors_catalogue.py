@@ -222,6 +222,13 @@ class KvIndexWorld(World):
         )
 
 
+class SelfIndex:
+    """An object whose ``__index__`` returns itself, not an int."""
+
+    def __index__(self) -> Any:
+        return self
+
+
 def kv_frames(seq: int, events: Any, seq_bytes: int = 8) -> list[bytes]:
     import msgpack
 
@@ -1533,6 +1540,36 @@ CATALOGUE: list[Row] = [
         UnknownWorkerError,
         "unknown worker",
         lambda w: w.obj.status("zz"),
+    ),
+    kv(
+        "block hash as bool",
+        "apply(w, [BlockStored(block_hashes=[True])])",
+        InvalidEventError,
+        "a block hash must be an int or bytes, got bool",
+        lambda w: w.obj.apply(
+            "a", [{"type": "BlockStored", "block_hashes": [True], "block_size": 4}]
+        ),
+    ),
+    kv(
+        "query hash whose __index__ returns itself",
+        "longest_prefix([x])",
+        InvalidInputError,
+        "a block hash must be an int or bytes, got SelfIndex",
+        lambda w: w.obj.longest_prefix([SelfIndex()]),
+    ),
+    kv(
+        "worker name with a lone surrogate",
+        'add_worker("\\ud800")',
+        InvalidInputError,
+        "worker is not valid text",
+        lambda w: w.obj.add_worker("\ud800"),
+    ),
+    kv(
+        "medium weight named with a lone surrogate",
+        'longest_prefix([1], weights={"\\ud800": 1.0})',
+        InvalidInputError,
+        "weights: a medium name is not valid text",
+        lambda w: w.obj.longest_prefix([1], weights={"\ud800": 1.0}),
     ),
     # ---------------- trace readers ----------------
     trace("not JSON", '{"id": 1,\n', TraceFormatError, ":1: not valid JSON"),

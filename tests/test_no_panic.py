@@ -23,7 +23,18 @@ import pytest
 from prefixcache import _core
 from prefixcache.errors import PrefixCacheError
 
+
+class SelfIndex:
+    """``__index__`` returns the object itself, not an int."""
+
+    def __index__(self) -> Any:
+        return self
+
+
 HOSTILE: list[Any] = [
+    SelfIndex(),
+    [SelfIndex()],
+    "\ud800",
     2**64,
     2**63,
     2**63 - 1,

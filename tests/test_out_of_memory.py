@@ -86,6 +86,22 @@ CASES = {
         assert ix.apply("w", [stored([7, 8])], seq=2) == "applied"
         assert ix.cached_hashes("w") == [7, 8] and ix.num_hashes == 2
     """,
+    "KvIndex frames": """
+        import struct
+        # 10 MB claiming 10M events: memory follows the bytes, not the header's count.
+        n = 10_000_000
+        payload = b"\\x92\\x00\\xdd" + struct.pack(">I", n) + b"\\xc0" * n
+        with open("/proc/self/status") as f:
+            vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), 3 << 30))
+        ix = pc.KvIndex()
+        try:
+            ix.apply_frames("w", [b"", bytes(8), payload])
+        except pc.errors.InvalidEventError as e:
+            assert "an event must be a map or an array" in str(e), e
+        else:
+            raise AssertionError("accepted")
+    """,
     "BlockTrie": """
         assert oom(lambda: pc.BlockTrie(10**8, 4))
         t = pc.BlockTrie(1000, 4)

@@ -64,23 +64,32 @@ pub fn hash_key(h: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Conv<u64> {
     if let Ok(b) = h.cast::<PyBytes>() {
         return form.key(b.as_bytes(), what).map_err(|e| e.to_string());
     }
-    if h.is_instance_of::<PyInt>() && !h.is_instance_of::<PyBool>() {
-        return h.extract::<u64>().map_err(|_| {
+    let int = |v: &Bound<'_, PyAny>| {
+        v.extract::<u64>().map_err(|_| {
             format!(
                 "{what}: block hash {} is out of range (an int in [0, 2**64) or {} bytes)",
-                h.repr().map(|r| r.to_string()).unwrap_or_default(),
+                v.repr().map(|r| r.to_string()).unwrap_or_default(),
                 form.hash_bytes
             )
-        });
+        })
+    };
+    let not_a_hash = || {
+        format!(
+            "{what}: a block hash must be an int or bytes, got {}",
+            type_name(h)
+        )
+    };
+    if h.is_instance_of::<PyBool>() {
+        return Err(not_a_hash());
     }
-    // numpy integer scalars
-    if let Ok(v) = h.call_method0("__index__") {
-        return hash_key(&v, form, what);
+    if h.is_instance_of::<PyInt>() {
+        return int(h);
     }
-    Err(format!(
-        "{what}: a block hash must be an int or bytes, got {}",
-        type_name(h)
-    ))
+    // numpy integer scalars: `__index__` once, and only an int (not a bool) back.
+    match h.call_method0("__index__") {
+        Ok(v) if v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>() => int(&v),
+        _ => Err(not_a_hash()),
+    }
 }
 
 fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Result<Vec<u64>, ConvError> {

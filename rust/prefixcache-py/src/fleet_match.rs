@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::to_py;
+use crate::kv_index::{medium_arg, worker_arg};
 
 /// Each worker's longest held prefix of one request (in blocks), per medium and on any
 /// medium, its score and its health.
@@ -45,9 +46,13 @@ impl PyFleetMatch {
 
     /// Longest prefix `worker` holds: on `medium`, or with every block on some medium.
     #[pyo3(signature = (worker, medium=None))]
-    fn blocks(&self, worker: &str, medium: Option<&str>) -> PyResult<u32> {
-        let i = self.pos(worker)?;
-        Ok(match medium {
+    fn blocks(
+        &self,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = medium_arg)] medium: Option<String>,
+    ) -> PyResult<u32> {
+        let i = self.pos(&worker)?;
+        Ok(match medium.as_deref() {
             None => self.inner.blocks[i],
             Some(m) => match self.inner.media.iter().position(|x| &**x == m) {
                 Some(k) => self.inner.per_medium[i * self.inner.media.len() + k],
@@ -56,16 +61,16 @@ impl PyFleetMatch {
         })
     }
 
-    fn score(&self, worker: &str) -> PyResult<f64> {
-        Ok(self.inner.score[self.pos(worker)?])
+    fn score(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<f64> {
+        Ok(self.inner.score[self.pos(&worker)?])
     }
 
-    fn stale(&self, worker: &str) -> PyResult<bool> {
-        Ok(self.inner.stale[self.pos(worker)?])
+    fn stale(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<bool> {
+        Ok(self.inner.stale[self.pos(&worker)?])
     }
 
-    fn expired(&self, worker: &str) -> PyResult<bool> {
-        Ok(self.inner.expired[self.pos(worker)?])
+    fn expired(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<bool> {
+        Ok(self.inner.expired[self.pos(&worker)?])
     }
 
     /// `{worker: {"blocks", "media": {medium: blocks}, "score", "stale", "expired"}}`.

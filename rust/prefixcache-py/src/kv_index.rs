@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use prefixcache_core::error::{try_copy, try_vec};
-use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex};
+use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex, MAX_MEDIA};
 use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -47,6 +47,16 @@ fn form_of(hash_bytes: &Bound<'_, PyAny>) -> PyResult<HashForm> {
 /// A non-negative integer argument (sequence number, count); `InvalidInputError` below 0.
 fn non_negative(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     convert::int_in(obj, what, 0, convert::SIZE_MAX).map(|v| v as u64)
+}
+
+/// A worker name: a str that is valid text.
+pub(crate) fn worker_arg(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    convert::str_arg(obj, "worker")
+}
+
+/// A medium name, or None.
+pub(crate) fn medium_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    convert::opt_str(Some(obj), "medium")
 }
 
 fn opt_seq(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
@@ -196,12 +206,7 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
     })?;
     let mut out = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
-        let name: String = k.extract().map_err(|_| {
-            invalid_type(format!(
-                "weights: a medium name must be a str, got {}",
-                type_name(&k)
-            ))
-        })?;
+        let name = convert::str_arg(&k, "weights: a medium name")?;
         let x: f64 = v.extract().map_err(|_| {
             invalid_type(format!(
                 "weights[{name:?}] must be a number, got {}",
@@ -273,27 +278,38 @@ impl PyKvIndex {
     }
 
     #[pyo3(signature = (worker, now=None))]
-    fn add_worker(&self, py: Python<'_>, worker: &str, now: Option<f64>) -> PyResult<()> {
+    fn add_worker(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
+        now: Option<f64>,
+    ) -> PyResult<()> {
         let now = now_or(now)?;
         self.inner
-            .with(py, |ix| ix.add_worker(worker, now).map(|_| ()))?
+            .with(py, |ix| ix.add_worker(&worker, now).map(|_| ()))?
             .py_err()
     }
 
-    fn remove_worker(&self, py: Python<'_>, worker: &str) -> PyResult<()> {
-        self.inner.with(py, |ix| ix.remove_worker(worker))?.py_err()
+    fn remove_worker(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
+    ) -> PyResult<()> {
+        self.inner
+            .with(py, |ix| ix.remove_worker(&worker))?
+            .py_err()
     }
 
     #[pyo3(signature = (worker, next_seq=None))]
     fn reset_worker(
         &self,
         py: Python<'_>,
-        worker: &str,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
         next_seq: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let next_seq = opt_seq(next_seq)?.unwrap_or(0);
         self.inner
-            .with(py, |ix| ix.reset_worker(worker, next_seq))?
+            .with(py, |ix| ix.reset_worker(&worker, next_seq))?
             .py_err()
     }
 
@@ -302,7 +318,7 @@ impl PyKvIndex {
     fn apply(
         &self,
         py: Python<'_>,
-        worker: &str,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
         events: &Bound<'_, PyAny>,
         seq: Option<&Bound<'_, PyAny>>,
         now: Option<f64>,
@@ -312,9 +328,9 @@ impl PyKvIndex {
         let converted = fleet_events::events(events, self.form);
         self.inner
             .with(py, |ix| match converted {
-                Ok(evs) => ix.apply(worker, &evs, seq, now),
+                Ok(evs) => ix.apply(&worker, &evs, seq, now),
                 Err(ConvError::Bad(msg)) => {
-                    ix.record_error(worker, &msg, now);
+                    ix.record_error(&worker, &msg, now);
                     Err(Error::InvalidEvent(msg))
                 }
                 Err(ConvError::NoMemory(msg)) => Err(Error::OutOfMemory(msg)),
@@ -328,7 +344,7 @@ impl PyKvIndex {
     fn apply_frames(
         &self,
         py: Python<'_>,
-        worker: &str,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
         frames: &Bound<'_, PyAny>,
         now: Option<f64>,
     ) -> PyResult<&'static str> {
@@ -339,7 +355,7 @@ impl PyKvIndex {
                 return self
                     .inner
                     .with(py, |ix| {
-                        ix.record_error(worker, &msg, now);
+                        ix.record_error(&worker, &msg, now);
                         Err(Error::InvalidEvent(msg))
                     })?
                     .py_err();
@@ -352,7 +368,6 @@ impl PyKvIndex {
             for p in &parts {
                 owned.push(try_copy(p, "the frames").py_err()?);
             }
-            let worker = worker.to_owned();
             self.inner.with_gil_released(py, move |ix| {
                 let refs: Vec<&[u8]> = owned.iter().map(|p| p.as_slice()).collect();
                 ix.apply_frames(&worker, &refs, now)
@@ -360,7 +375,7 @@ impl PyKvIndex {
         } else {
             self.inner.with(py, |ix| {
                 let refs: Vec<&[u8]> = parts.iter().map(|p| &**p).collect();
-                ix.apply_frames(worker, &refs, now)
+                ix.apply_frames(&worker, &refs, now)
             })?
         };
         out.py_err().map(outcome)
@@ -428,11 +443,14 @@ impl PyKvIndex {
     fn status<'py>(
         &self,
         py: Python<'py>,
-        worker: &str,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
         now: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let now = now_or(now)?;
-        let s = self.inner.with(py, |ix| ix.status(worker, now))?.py_err()?;
+        let s = self
+            .inner
+            .with(py, |ix| ix.status(&worker, now))?
+            .py_err()?;
         let d = PyDict::new(py);
         d.set_item("worker", &*s.worker)?;
         d.set_item("next_seq", s.next_seq)?;
@@ -458,11 +476,11 @@ impl PyKvIndex {
     fn cached_hashes(
         &self,
         py: Python<'_>,
-        worker: &str,
-        medium: Option<&str>,
+        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = medium_arg)] medium: Option<String>,
     ) -> PyResult<Vec<u64>> {
         self.inner
-            .with(py, |ix| ix.cached_hashes(worker, medium))?
+            .with(py, |ix| ix.cached_hashes(&worker, medium.as_deref()))?
             .py_err()
     }
 
@@ -565,6 +583,20 @@ pub fn fleet_bitmap_walk(
     weights: Option<Vec<f64>>,
 ) -> PyResult<(Vec<u32>, Vec<u32>, Vec<f64>)> {
     let nm = usize::try_from(non_negative(num_media, "num_media")?).unwrap_or(usize::MAX);
+    if nm > MAX_MEDIA {
+        return Err(invalid_input(format!(
+            "num_media = {nm} is more than an index holds ({MAX_MEDIA})"
+        )));
+    }
+    if let Some(w) = weights
+        .iter()
+        .flatten()
+        .find(|w| !(w.is_finite() && **w >= 0.0))
+    {
+        return Err(invalid_input(format!(
+            "a medium weight must be a finite number >= 0, got {w}"
+        )));
+    }
     let slots = convert::u32_list(slots, "slots")?;
     if let Some(&s) = slots.iter().find(|&&s| s >= 1 << 20) {
         return Err(invalid_input(format!("slot {s} is out of range (< 2**20)")));

@@ -43,14 +43,19 @@ pub struct LabCache {
     inner: Shared<Core>,
 }
 
+/// The eviction rule's name: a str that is valid text.
+fn rule_arg(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    convert::str_arg(obj, "rule")
+}
+
 #[pymethods]
 impl LabCache {
     #[new]
-    #[pyo3(signature = (capacity, rule = "lru", admit_after = None, overcommit = false,
-                        protected = 0.8, depth_cost = 0.0, min_hit = 0.25))]
+    #[pyo3(signature = (capacity, rule = String::from("lru"), admit_after = None,
+                        overcommit = false, protected = 0.8, depth_cost = 0.0, min_hit = 0.25))]
     fn new(
         capacity: &Bound<'_, PyAny>,
-        rule: &str,
+        #[pyo3(from_py_with = rule_arg)] rule: String,
         admit_after: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::overcommit)] overcommit: bool,
         protected: f64,
@@ -63,7 +68,7 @@ impl LabCache {
                 .map_err(|_| invalid_input("admit_after must be below 2**32"))?,
             None => 1,
         };
-        let rule = Rule::parse(rule, protected, depth_cost, min_hit).py_err()?;
+        let rule = Rule::parse(&rule, protected, depth_cost, min_hit).py_err()?;
         let admission = if admit_after <= 1 {
             Admission::All
         } else {

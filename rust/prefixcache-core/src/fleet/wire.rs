@@ -91,12 +91,19 @@ pub fn decode_payload(payload: &[u8], form: HashForm) -> Result<Batch> {
             )))
         }
     };
-    let mut events = try_vec(count, "a KV event batch")?;
+    // No valid event takes fewer than 15 bytes (a removal of no hashes): room for what
+    // the bytes left can hold, not for what the header claims (an event is ~120 bytes
+    // decoded).
+    let mut events = try_vec(count.min(r.remaining() / 15), "a KV event batch")?;
     for i in 0..count {
-        events.push(decode_event(&mut r, form).map_err(|e| match e {
+        let ev = decode_event(&mut r, form).map_err(|e| match e {
             Error::OutOfMemory(_) => e,
             e => bad(format!("event {i}: {e}")),
-        })?);
+        })?;
+        events
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("a KV event batch", e))?;
+        events.push(ev);
     }
     let dp_rank = if n == 3 && !r.nil()? {
         match r.int()? {
