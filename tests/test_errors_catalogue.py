@@ -1592,6 +1592,12 @@ CATALOGUE: list[Row] = [
         ":1: field 'prompt'[0] = -1",
     ),
     trace(
+        "output beyond 2**31 - 1 tokens",
+        '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 100000000000000}\n',
+        TraceFormatError,
+        ":1: field 'output_len' must be <= 2,147,483,647",
+    ),
+    trace(
         "token 2**32",
         '{"id": 1, "arrival": 0, "prompt": [4294967296], "output_len": 1}\n',
         TraceFormatError,
@@ -1780,6 +1786,16 @@ CATALOGUE: list[Row] = [
         "a zero host bandwidth",
         ["replay", "workload:F", "--host-bandwidth", "0"],
         "expected a bandwidth in GB/s > 0",
+    ),
+    cmd(
+        "a router list naming no router",
+        ["replay", "workload:F", "--capacity", "16k", "--instances", "2", "--router", ","],
+        "--router ',' names no router",
+    ),
+    cmd(
+        "a block size beyond 2**20",
+        ["trace-stats", "workload:A", "--block-size", "9223372036854775807"],
+        "expected a block size of at most 2**20",
     ),
 ]
 

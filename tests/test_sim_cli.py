@@ -413,6 +413,29 @@ def test_outputs_past_2_31_tokens_replay(
     assert "3,221,225,472" in capsys.readouterr().out
 
 
+def test_running_out_of_memory_is_one_error_line(tmp_path: Path) -> None:
+    """A workload too large for the machine (here: the address space is limited) ends in
+    one ``error: out of memory`` line and exit status 1, from a worker process too."""
+    resource = pytest.importorskip("resource")
+    p = tmp_path / "huge.jsonl"
+    p.write_text('{"id": 1, "arrival": 0, "prompt": [1], "output_len": 2147483647}\n')
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    for jobs in ("1", "2"):
+        argv = [sys.executable, "-m", "prefixcache", "replay", str(p), "--model", "time"]
+        run = subprocess.run(
+            [*argv, "--quiet", "--jobs", jobs, "--policies", "radix,vllm-blocks"],
+            capture_output=True,
+            text=True,
+            preexec_fn=limit,
+        )
+        assert run.returncode == 1, run.stderr
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: out of memory"), run.stderr
+
+
 def test_compare_runs_without_matplotlib_and_plot_says_what_is_missing() -> None:
     """matplotlib is the `plot` extra: `pip install . && prefixcache compare` needs none."""
     code = (

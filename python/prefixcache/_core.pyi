@@ -1029,7 +1029,9 @@ class LabCache:
     def lookup(self, keys: _U64Array, hittable: int) -> int:
         """Cached leading blocks of ``keys`` (at most ``hittable``); changes nothing."""
     def acquire(self, rid: int, keys: _U64Array, hittable: int, total: int) -> int | None:
-        """Hit in blocks, or None (nothing changed) when the budget is short."""
+        """Hit in blocks, or None (nothing changed) when the budget is short. ``keys``
+        chain as ``lab_block_keys`` makes them: a cached key must be cached as the child
+        of the key before it (``InvalidInputError`` otherwise)."""
     def grow(self, rid: int, keys: _U64Array, total: int) -> bool:
         """Request ``rid`` now needs ``total`` blocks (its full ones keyed by ``keys``);
         False (nothing changed) when the budget is short."""

@@ -157,6 +157,14 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _block_size(text: str) -> int:
+    """A block size in tokens, 1 to 2**20 (a block larger than any prompt holds none)."""
+    v = _positive_int(text)
+    if v > 2**20:
+        raise argparse.ArgumentTypeError(f"expected a block size of at most 2**20, got {text!r}")
+    return v
+
+
 def _seed(text: str) -> int:
     try:
         v = int(text)
@@ -432,10 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace(t)
     t.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=_block_size,
         default=None,
         metavar="TOKENS",
-        help="block size of the block ceiling, >= 1 (default 512 Mooncake, 16 else)",
+        help="block size of the block ceiling, 1 to 2**20 (default 512 Mooncake, 16 else)",
     )
     t.add_argument("--json", metavar="PATH", help="write every number as JSON")
     t.add_argument("--csv", metavar="PATH", help="write the row as CSV")
@@ -967,6 +975,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             text += f" (see prefixcache {command + ' ' if command else ''}--help)"
         err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
         return 2
+    except MemoryError as e:
+        # A workload too large for this machine (in a worker too): one line, no output
+        # files, exit status 1 (the command line was fine).
+        text = f"out of memory: {_one_line(e)}"
+        err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         # Files are written only once everything ran: nothing partial was left behind.
         err.print(f"interrupted: {args.command} stopped, no output files written")

@@ -106,7 +106,10 @@ def fleet_policy(args: argparse.Namespace) -> str:
 
 
 def _routers(args: argparse.Namespace) -> list[str]:
-    return [r.strip() for r in args.router.split(",") if r.strip()]
+    names = [r.strip() for r in args.router.split(",") if r.strip()]
+    if not names:
+        raise InvalidInputError(f"--router {args.router!r} names no router")
+    return names
 
 
 def _run(
@@ -225,9 +228,10 @@ def fleet_replay_command(
     if len(args.instances) != 1:
         raise InvalidInputError("replay takes one --instances count; sweep takes a list")
     n = args.instances[0]
+    routers = _routers(args)
     sums = [
         _run(args, tr, n, r, args.capacity, err, ceiling=not args.no_ceiling and i == 0)
-        for i, r in enumerate(_routers(args))
+        for i, r in enumerate(routers)
     ]
     if len(sums) > 1 and sums[0].get("ceiling"):
         for s in sums[1:]:
@@ -251,11 +255,12 @@ def fleet_replay_command(
 def fleet_sweep_command(
     args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
 ) -> int:
+    routers = _routers(args)
     sums = [
         _run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
         for cap in args.capacities
         for n in args.instances
-        for j, r in enumerate(_routers(args))
+        for j, r in enumerate(routers)
     ]
     caps = ", ".join(f"{c:,}" for c in args.capacities)
     console.print(

@@ -160,7 +160,12 @@ class HashIdPrompt:
         return expand_hash_ids(self.flat[self.lo : self.hi], self.n)
 
 
-def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
+# The most output tokens one request may ask for: the simulators hold a request's output
+# tokens, and no KV budget holds more than this for one request.
+MAX_OUTPUT_LEN = 2**31 - 1
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:
     if key not in obj:
         raise ValueError(f"missing field {key!r}")
     v = obj[key]
@@ -168,6 +173,8 @@ def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
         raise ValueError(f"field {key!r} must be an integer, got {type(v).__name__}")
     if v < minimum:
         raise ValueError(f"field {key!r} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"field {key!r} must be <= {maximum:,}, got {v:,}")
     return v
 
 
@@ -316,7 +323,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
             obj = _object(line)
             ts = _number(obj, "timestamp")
             n_in = _int(obj, "input_length", 1)
-            n_out = _int(obj, "output_length", 0)
+            n_out = _int(obj, "output_length", 0, MAX_OUTPUT_LEN)
             if "hash_ids" not in obj or not isinstance(obj["hash_ids"], list):
                 raise ValueError("field 'hash_ids' must be a list of integers")
             hl = obj["hash_ids"]
@@ -415,7 +422,7 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
                 output: Any = _token_list(obj, "output", allow_empty=True)
                 n_out = len(output)
             else:
-                n_out = _int(obj, "output_len", 0)
+                n_out = _int(obj, "output_len", 0, MAX_OUTPUT_LEN)
                 output = None
         except ValueError as e:
             if not skip_bad_lines:

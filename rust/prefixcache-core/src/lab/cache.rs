@@ -157,6 +157,38 @@ impl LabCache {
         self.capacity as i64 - self.used as i64
     }
 
+    /// `total` more blocks in use stay countable (`num_free` is an i64).
+    fn check_total(&self, total: usize) -> Result<()> {
+        match self.used.checked_add(total) {
+            Some(u) if i64::try_from(u).is_ok() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "total {total} blocks on top of the {} in use overflow the count",
+                self.used
+            ))),
+        }
+    }
+
+    /// The keys' cached blocks chain as the keys do: each cached key's block is a child
+    /// of the block of the key before it (`parent` for the first), and no cached key
+    /// follows an uncached one. Keys that break it (not chained as `lab_block_keys`
+    /// makes them) would pin blocks whose ancestors then cannot be evicted.
+    fn check_chain(&self, keys: &[u64], mut parent: u32) -> Result<()> {
+        let mut gone = false;
+        for (i, k) in keys.iter().enumerate() {
+            match self.map.get(k) {
+                Some(&s) if !gone && self.blocks[s as usize].parent == parent => parent = s,
+                Some(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "key {k} (position {i}) is cached after another key than the one \
+                         before it: keys must chain as the cached blocks do"
+                    )))
+                }
+                None => gone = true,
+            }
+        }
+        Ok(())
+    }
+
     /// Cached blocks no request holds: all of them can be evicted (leaves first).
     pub fn num_evictable(&self) -> usize {
         self.cached
@@ -483,6 +515,9 @@ impl LabCache {
             )));
         }
         distinct(keys)?;
+        self.check_chain(keys, NONE)?;
+        let anon = total - keys.len();
+        self.check_total(total)?;
         let hit = self.lookup(keys, hittable);
         // Pin every present block first, so eviction cannot take them.
         let mut present: Vec<Option<u32>> = Vec::with_capacity(keys.len());
@@ -494,7 +529,6 @@ impl LabCache {
             present.push(s);
         }
         let absent = present.iter().filter(|p| p.is_none()).count();
-        let anon = total - keys.len();
         let need = absent + anon;
         if !self.overcommit {
             let free = self.capacity.saturating_sub(self.used);
@@ -571,6 +605,8 @@ impl LabCache {
                 "key {k} is already one of request {rid}'s blocks"
             )));
         }
+        self.check_chain(new_keys, h.blocks.last().copied().unwrap_or(NONE))?;
+        self.check_total(total)?;
         let old_anon = h.anon;
         let mut parent = h.blocks.last().copied().unwrap_or(NONE);
         let depth0 = h.blocks.len();
@@ -806,6 +842,33 @@ mod tests {
         assert!(c.acquire(0, &[1, 1], 2, 2).is_err());
         c.acquire(0, &[1, 2], 2, 2).unwrap();
         assert!(c.grow(0, &[2], 2).is_err());
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn keys_must_chain_as_the_cached_blocks_do() {
+        let mut c = cache(2, Rule::Lru);
+        c.acquire(0, &[1, 2], 2, 2).unwrap();
+        c.release(0).unwrap();
+        // 2 is cached under 1: a request starting at 2 would pin it with 1 unevictable.
+        assert!(c.acquire(1, &[2, 7], 2, 2).is_err());
+        assert!(c.acquire(1, &[5, 2], 2, 2).is_err());
+        assert_eq!((c.num_free(), c.num_evictable()), (0, 2));
+        c.check_invariants().unwrap();
+        c.acquire(1, &[1], 1, 1).unwrap();
+        assert!(c.grow(1, &[7, 2], 3).is_err());
+        assert!(c.grow(1, &[2], 2).unwrap());
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn totals_past_the_count_are_refused() {
+        let mut c = LabCache::new(10, Rule::Lru, Admission::All, true);
+        let max = i64::MAX as usize;
+        assert_eq!(c.acquire(0, &[], 0, max - 1).unwrap(), Some(0));
+        assert!(c.acquire(1, &[], 0, 2).is_err());
+        assert!(c.grow(0, &[], max).is_err());
+        assert_eq!(c.num_free(), 10 - (max as i64 - 1));
         c.check_invariants().unwrap();
     }
 
