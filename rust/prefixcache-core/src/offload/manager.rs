@@ -52,6 +52,9 @@ pub struct RequestState {
     /// The request's keys in block order (the connector's `offload_keys`), as entries,
     /// for the range calls.
     order: Vec<u32>,
+    /// `order` names each entry once (its keys all took new entries when it was set), so
+    /// a range of it needs no check for repeated keys.
+    distinct: bool,
     pub lru_rank: Option<u64>,
 }
 
@@ -141,6 +144,7 @@ impl RequestState {
         self.index.clear();
         self.seen.clear();
         self.order.clear();
+        self.distinct = false;
         self.lru_rank = None;
     }
 
@@ -276,11 +280,10 @@ const SPARE_REQUESTS: usize = 4;
 struct Scratch {
     /// The call's keys (`range_keys`, `call_keys`).
     keys: Vec<CallKey>,
-    /// `store`: the keys to store, the keys offered, the entries of the keys ready, the
-    /// first store misses (key, hash), the tracker's counts.
+    /// `store`: the keys to store, which keys of the call are offered, the first store
+    /// misses (key, hash), the tracker's counts.
     to_store: Vec<CallKey>,
-    offered: Vec<CallKey>,
-    ready: Vec<u32>,
+    offered: Vec<bool>,
     missed: Vec<(BlockHash, u64)>,
     offers: Vec<u32>,
     /// `store`'s result: the stored keys' chunk ids and the evicted keys.
@@ -296,8 +299,6 @@ struct Scratch {
     /// ARC what the request did with each.
     found: Vec<(u32, u32)>,
     finished: Vec<Finished>,
-    /// `complete_store` of a range: (key, slot) of the stored keys.
-    stored: Vec<(BlockHash, u32)>,
     /// `on_request_finished`: (position, first access, entry), to sort the accesses by
     /// position as a stable sort would, without a merge buffer.
     sorted: Vec<(u64, u32, u32)>,
@@ -548,15 +549,13 @@ impl CpuOffloadManager {
     /// Room for a store offering `n` keys (with `complete`, completed at once), besides
     /// `reserve_access` and `reserve_store`: its working lists, the chunk ids it frees
     /// and its events (a removal and a completion) with their key lists.
-    fn reserve_store_call(&mut self, rid: u64, n: usize, complete: bool) -> Result<()> {
+    fn reserve_store_call(&mut self, rid: u64, n: usize) -> Result<()> {
         self.reserve_access(rid, n)?;
         self.reserve_completion(n)?;
         let evicts = self.max_evictions(n);
         let sc = &mut *self.scratch;
-        for v in [&mut sc.to_store, &mut sc.offered] {
-            room(v, n)?;
-        }
-        room(&mut sc.ready, n)?;
+        room(&mut sc.to_store, n)?;
+        room(&mut sc.offered, n)?;
         room(&mut sc.missed, n)?;
         room(&mut sc.ids, n)?;
         room(&mut sc.evicted, evicts)?;
@@ -567,9 +566,6 @@ impl CpuOffloadManager {
         }
         if matches!(self.policy, Policy::Arc(_)) {
             room(&mut sc.arc_picked, evicts)?;
-        }
-        if complete {
-            room(&mut sc.stored, n)?;
         }
         if let Some(ev) = &mut self.events {
             ev.try_reserve(2)
@@ -668,11 +664,13 @@ impl CpuOffloadManager {
             }
             let mut order = std::mem::take(&mut st.order);
             order.clear();
+            let known = st.infos.len();
             for (i, k) in (1..=keys.len() as u64).zip(keys) {
                 let e = st.entry(k);
                 st.infos[e as usize].position = i.saturating_mul(tokens_per_key);
                 order.push(e);
             }
+            st.distinct = st.infos.len() - known == keys.len();
             st.order = order;
             Ok(())
         })
@@ -761,12 +759,17 @@ impl CpuOffloadManager {
     }
 
     /// `_record_request_cache_access`: `keys` accessed (with their slots, NIL when not
-    /// stored), the entries of `reused` reused (None: every key of `keys`).
-    fn record(&mut self, st: &mut RequestState, keys: &[CallKey], reused: Option<&[u32]>) {
+    /// stored) and reused; with `offered`, only the keys it marks, the stored ones of
+    /// them reused.
+    fn record(&mut self, st: &mut RequestState, keys: &[CallKey], offered: Option<&[bool]>) {
         let mut any = false;
         let mut ranked = std::mem::take(&mut self.scratch.ranked);
         ranked.clear();
-        for c in keys {
+        let is_offered = |i: usize| offered.is_none_or(|o| o[i]);
+        for (i, c) in keys.iter().enumerate() {
+            if !is_offered(i) {
+                continue;
+            }
             if c.slot != NIL {
                 st.infos[c.ent as usize].hint = c.slot;
             }
@@ -786,14 +789,15 @@ impl CpuOffloadManager {
             }
         }
         self.scratch.ranked = ranked;
-        let mut reuse = |e: u32| {
-            if !st.has(e, INSERTED) {
-                st.flag(e, REUSED);
+        for (i, c) in keys.iter().enumerate() {
+            // Of the offered keys, the stored ones are those ready to reuse.
+            let reused = match offered {
+                Some(o) => o[i] && c.slot != NIL,
+                None => true,
+            };
+            if reused && !st.has(c.ent, INSERTED) {
+                st.flag(c.ent, REUSED);
             }
-        };
-        match reused {
-            Some(ents) => ents.iter().for_each(|&e| reuse(e)),
-            None => keys.iter().for_each(|c| reuse(c.ent)),
         }
     }
 
@@ -1141,7 +1145,7 @@ impl CpuOffloadManager {
         }
         drop(distinct);
         let n = keys.len();
-        self.reserve_store_call(rid, n, false)?;
+        self.reserve_store_call(rid, n)?;
         self.reserve_store(n)?;
         // The output's lists: at most one entry per key each, handed out at their size.
         let mut keys_to_store = try_vec(n, "the stored keys")?;
@@ -1177,7 +1181,7 @@ impl CpuOffloadManager {
         stop: usize,
         complete: bool,
     ) -> Result<Option<(usize, usize)>> {
-        self.reserve_store_call(rid, self.range_len(rid, start, stop), complete)?;
+        self.reserve_store_call(rid, self.range_len(rid, start, stop))?;
         let ks = self.range_keys(rid, start, stop);
         let out = self.store_range(rid, &ks, complete);
         self.scratch.keys = ks;
@@ -1191,7 +1195,7 @@ impl CpuOffloadManager {
         ks: &[CallKey],
         complete: bool,
     ) -> Result<Option<(usize, usize)>> {
-        if let Some(st) = self.requests.get_mut(&rid) {
+        if let Some(st) = self.requests.get_mut(&rid).filter(|st| !st.distinct) {
             // Distinct entries are distinct keys.
             let mut dup = false;
             for c in ks {
@@ -1213,17 +1217,7 @@ impl CpuOffloadManager {
             };
             let out = (to_store.len(), m.scratch.evicted.len());
             if complete && !to_store.is_empty() {
-                // The chunk ids are the slots.
-                let mut stored = std::mem::take(&mut m.scratch.stored);
-                stored.clear();
-                stored.extend(
-                    to_store
-                        .iter()
-                        .zip(&m.scratch.ids)
-                        .map(|(c, &id)| (c.key, id as u32)),
-                );
-                m.complete_slots(&stored, true);
-                m.scratch.stored = stored;
+                m.complete_stored(&to_store);
             }
             m.scratch.to_store = to_store;
             Ok(Some(out))
@@ -1271,46 +1265,43 @@ impl CpuOffloadManager {
         let threshold = self.store_threshold;
         let sc = &mut *self.scratch;
         let mut to_store = std::mem::take(&mut sc.to_store);
-        let mut ready = std::mem::take(&mut sc.ready);
         let mut offered = std::mem::take(&mut sc.offered);
         let mut missed = std::mem::take(&mut sc.missed);
         to_store.clear();
-        ready.clear();
         offered.clear();
         missed.clear();
         sc.ids.clear();
         sc.evicted.clear();
         for (i, c) in keys.iter().enumerate() {
-            if c.slot == NIL {
+            let offer = if c.slot == NIL {
                 let admitted = offers.get(i).is_none_or(|&n| n >= threshold);
                 if admitted {
                     to_store.push(*c);
-                    offered.push(*c);
                 }
-            } else if self.table.slots[c.slot as usize].ref_cnt >= 0 {
-                ready.push(c.ent);
-                offered.push(*c);
-            }
+                admitted
+            } else {
+                self.table.slots[c.slot as usize].ref_cnt >= 0 // ready
+            };
+            offered.push(offer);
         }
         self.scratch.offers = offers;
-        // Last first, the order the policy visits them in.
-        missed.extend(
-            to_store
-                .iter()
-                .rev()
-                .filter(|c| st.flag(c.ent, STORE_MISSED))
-                .map(|c| (c.key, c.hash)),
-        );
-        // LRU's hook is a touch of absent keys: nothing moves.
-        if !missed.is_empty() {
-            if let Policy::Arc(a) = &mut self.policy {
+        // LRU's hook is a touch of absent keys: nothing moves, no first miss is needed.
+        if let Policy::Arc(a) = &mut self.policy {
+            // Last first, the order the policy visits them in.
+            missed.extend(
+                to_store
+                    .iter()
+                    .rev()
+                    .filter(|c| st.flag(c.ent, STORE_MISSED))
+                    .map(|c| (c.key, c.hash)),
+            );
+            if !missed.is_empty() {
                 a.on_store_miss(&mut missed);
             }
         }
         self.scratch.missed = missed;
-        self.record(st, &offered, Some(&ready));
+        self.record(st, keys, Some(&offered));
         self.scratch.offered = offered;
-        self.scratch.ready = ready;
         if to_store.is_empty() {
             return Some(to_store);
         }
@@ -1420,15 +1411,14 @@ impl CpuOffloadManager {
                     }
                     Policy::Arc(a) => a.insert(&mut table.slots, id, c.hash),
                 }
-                st.infos[c.ent as usize].hint = id;
+                let info = &mut st.infos[c.ent as usize];
+                info.hint = id;
+                info.flags |= INSERTED;
             },
         );
         self.scratch.ids = ids;
         self.num_pending += n;
         self.num_stored_total += n;
-        for c in &to_store {
-            st.flag(c.ent, INSERTED);
-        }
         Some(to_store)
     }
 
@@ -1440,6 +1430,32 @@ impl CpuOffloadManager {
         found.extend(keys.iter().map(|k| (*k, self.table.find(k).unwrap_or(NIL))));
         self.complete_slots(&found, success);
         Ok(())
+    }
+
+    /// `complete_store(success)` of the keys `store` just stored (their chunk ids in
+    /// `scratch.ids`, the slots): every one is still being stored, so each becomes
+    /// loadable as `complete_slots` would make it, without looking it up.
+    fn complete_stored(&mut self, stored: &[CallKey]) {
+        let events = self.events.is_some();
+        let mut done = std::mem::take(&mut self.scratch.ev_done);
+        done.clear();
+        for (c, &id) in stored.iter().zip(&self.scratch.ids) {
+            self.table.slots[id as usize].ref_cnt = 0;
+            if events {
+                done.push(c.key);
+            }
+        }
+        let n = stored.len() as u64;
+        self.num_pending -= n;
+        self.num_idle += n;
+        if let Some(ev) = self.events.as_mut() {
+            ev.push(OffloadEvent {
+                keys: fitted(&mut done),
+                removed: false,
+                metadata_only: false,
+            });
+        }
+        self.scratch.ev_done = done;
     }
 
     /// `complete_store` of keys whose slots are known (NIL: not stored).
