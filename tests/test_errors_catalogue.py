@@ -1592,10 +1592,10 @@ CATALOGUE: list[Row] = [
         ":1: field 'prompt'[0] = -1",
     ),
     trace(
-        "output beyond 2**31 - 1 tokens",
+        "output beyond 2**40 tokens",
         '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 100000000000000}\n',
         TraceFormatError,
-        ":1: field 'output_len' must be <= 2,147,483,647",
+        ":1: field 'output_len' must be <= 1,099,511,627,776",
     ),
     trace(
         "token 2**32",

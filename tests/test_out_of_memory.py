@@ -49,14 +49,16 @@ CASES = {
         m.check_invariants()
     """,
     "CpuOffloadManager": """
-        n = 2_000_000
+        # The store's lists and tables (~250 bytes a key) past the allocator's reserved
+        # arena (1 GiB), which the address-space limit does not see.
+        n = 5_000_000
         keys = [i.to_bytes(8, "little") for i in range(n)]
         tier = pc.CpuOffloadManager(n, enable_events=True)
         tier.set_request_keys(1, keys, 16)
         with open("/proc/self/status") as f:
             vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), hard))  # 32 bytes a key
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), hard))
         assert oom(lambda: tier.prepare_store_range(1, 0, n, True))
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         assert tier.num_stored == 0 and tier.num_stored_total == 0 and tier.take_events() == []
@@ -101,6 +103,27 @@ CASES = {
             assert "an event must be a map or an array" in str(e), e
         else:
             raise AssertionError("accepted")
+    """,
+    "KvIndex names": """
+        # Names and event strings of a caller's size are read in place or copied
+        # fallibly: a 1.5 GB str (past the allocator's 1 GiB reserved arena) aborts nothing.
+        ix = pc.KvIndex()
+        ix.add_worker("w")
+        big = "x" * (1500 << 20)
+        with open("/proc/self/status") as f:
+            vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (200 << 20), 3 << 30))
+        assert ix.cached_hashes("w", medium=big) == []
+        try:
+            ix.status(big)
+        except pc.errors.UnknownWorkerError as e:
+            assert len(str(e)) < 1000, len(str(e))
+        else:
+            raise AssertionError("a worker named big")
+        ev = {"type": "BlockStored", "block_hashes": [1], "block_size": 16, "lora_name": big}
+        assert oom(lambda: ix.apply("w", [ev]))
+        st = ix.status("w")
+        assert (st["errors"], st["num_held"], ix.num_hashes) == (0, 0, 0), st
     """,
     "BlockTrie": """
         assert oom(lambda: pc.BlockTrie(10**8, 4))

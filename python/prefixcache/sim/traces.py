@@ -160,9 +160,9 @@ class HashIdPrompt:
         return expand_hash_ids(self.flat[self.lo : self.hi], self.n)
 
 
-# The most output tokens one request may ask for: the simulators hold a request's output
-# tokens, and no KV budget holds more than this for one request.
-MAX_OUTPUT_LEN = 2**31 - 1
+# The most output tokens one request may ask for (2**40): a bound on what a trace can
+# claim, far past any KV budget; the simulators produce a request's output tokens lazily.
+MAX_OUTPUT_LEN = 2**40
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:

@@ -85,7 +85,7 @@ pub fn try_copy<T: Clone>(items: &[T], what: &str) -> Result<Vec<T>> {
 }
 
 /// [`try_copy`] for a string.
-pub(crate) fn try_copy_str(s: &str, what: &str) -> Result<String> {
+pub fn try_copy_str(s: &str, what: &str) -> Result<String> {
     let mut c = String::new();
     c.try_reserve_exact(s.len())
         .map_err(|e| Error::out_of_memory(what, e))?;

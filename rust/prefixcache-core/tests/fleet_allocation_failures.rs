@@ -5,8 +5,8 @@
 //! every k until the call makes no more. A refused call returns `OutOfMemory` and either
 //! leaves the index as it was (after which the same call with memory does what it does on
 //! an index that never saw the failure), or, for a batch that ran out of memory while it
-//! was being applied, drops what that worker holds and nothing else (as `reset_worker`
-//! would, to the batch after it).
+//! was being applied, drops what that worker holds and nothing else, its sequence moving
+//! past the batch as if it had applied.
 //!
 //! Registering a worker or a medium not seen before and removing workers rebuild the
 //! shared name lists (`Arc`), which cannot be allocated fallibly: those calls run with
@@ -396,12 +396,19 @@ fn refuse_each_allocation_of_each_call(ops: &[Op], least: usize, least_dropped: 
             let w = name(worker);
             let st = ix.status(&w, NOW).expect("status");
             let was = fresh(&ops[..j], &a).status(&w, NOW).expect("status");
+            // The sequence moved past the batch as if it had applied.
+            let applied = clean.status(&w, NOW).expect("status");
             let next = seq.map_or(was.next_seq, |s| s + 1);
             assert_eq!(st.num_held, 0, "call {j}, allocation {k}");
             assert_eq!(st.errors, was.errors + 1, "call {j}, allocation {k}");
             assert_eq!(st.batches, was.batches, "call {j}, allocation {k}");
+            let seq_state = |s: &WorkerStatus| (s.next_seq, s.max_seen_seq, s.stale);
+            assert_eq!(
+                seq_state(&st),
+                seq_state(&applied),
+                "call {j}, allocation {k}"
+            );
             assert_eq!(st.next_seq, next, "call {j}, allocation {k}");
-            assert!(!st.stale, "call {j}, allocation {k}");
             let mut reference = fresh(&ops[..=j], &a);
             reference.reset_worker(&w, next).expect("reset");
             ix.reset_worker(&w, next).expect("reset");
@@ -414,4 +421,50 @@ fn refuse_each_allocation_of_each_call(ops: &[Op], least: usize, least_dropped: 
     }
     assert!(refusals >= least, "{refusals} refusals");
     assert!(dropped >= least_dropped, "{dropped} batches dropped");
+}
+
+#[test]
+fn a_removal_allocates_nothing() {
+    // Whatever the table's fill (so also exactly full), removing held hashes makes no
+    // allocation: no removal can run out of memory.
+    for n in 1..=80u64 {
+        let mut ix = KvIndex::new(HashForm::default(), None).expect("index");
+        let all: Vec<u64> = (1..=n).collect();
+        ix.apply("w", &[stored(&all, "GPU")], None, 0.0)
+            .expect("store");
+        let events = [removed(&[1, n + 1], "GPU")];
+        arm(0);
+        let got = ix.apply("w", &events, None, 0.0);
+        let refused = disarm();
+        assert!(!refused, "{n} hashes: the removal allocated");
+        assert_eq!(got.ok(), Some(ApplyOutcome::Applied));
+        ix.check_invariants().expect("invariants");
+    }
+}
+
+#[test]
+fn a_replayed_batch_stays_a_duplicate_after_a_dropped_batch() {
+    let mut ix = KvIndex::new(HashForm::default(), None).expect("index");
+    let first = [stored(&[1, 2], "GPU")];
+    let big: Vec<u64> = (10..2000).collect();
+    let second = [stored(&big, "GPU")];
+    let third = [stored(&[5], "GPU")];
+    assert_eq!(
+        ix.apply_stamped("w", &first, Some(0), Some(1.0), 0.0).ok(),
+        Some(ApplyOutcome::Applied)
+    );
+    arm(0); // the table's room for the batch's hashes
+    let got = ix.apply_stamped("w", &second, Some(1), Some(1.0), 0.0);
+    assert!(disarm());
+    assert!(matches!(got, Err(Error::OutOfMemory(_))), "{got:?}");
+    assert_eq!(ix.status("w", NOW).expect("status").num_held, 0);
+    // A replay of batch 0 (same timestamp) is a duplicate, not a publisher restart, and
+    // the stream goes on.
+    let again = ix.apply_stamped("w", &first, Some(0), Some(1.0), 0.0);
+    assert_eq!(again.ok(), Some(ApplyOutcome::Duplicate));
+    let next = ix.apply_stamped("w", &third, Some(2), Some(1.0), 0.0);
+    assert_eq!(next.ok(), Some(ApplyOutcome::Applied));
+    let st = ix.status("w", NOW).expect("status");
+    assert_eq!((st.restarts, st.stale, st.next_seq), (0, false, 3));
+    assert_eq!(ix.cached_hashes("w", None).expect("hashes"), vec![5]);
 }

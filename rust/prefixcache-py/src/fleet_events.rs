@@ -5,8 +5,11 @@
 //! raises `InvalidEventError`); nothing is applied unless the whole batch converts.
 
 use numpy::PyArrayMethods;
+use prefixcache_core::error::try_copy_str;
 use prefixcache_core::fleet::{FleetEvent, HashForm, Stored};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
 
 use crate::convert::type_name;
@@ -43,10 +46,20 @@ fn no_memory(what: &str, e: impl std::fmt::Display) -> ConvError {
     ConvError::NoMemory(format!("cannot allocate memory for {what}: {e}"))
 }
 
+/// A Python error met while reading an event: `MemoryError` stays one, anything else is
+/// bad input.
+fn py_failure(py: Python<'_>, e: PyErr) -> ConvError {
+    if e.is_instance_of::<PyMemoryError>(py) {
+        ConvError::NoMemory(e.to_string())
+    } else {
+        ConvError::Bad(e.to_string())
+    }
+}
+
 /// A field by name: a dict key or an attribute; `None` when absent or None.
-fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Conv<Option<Bound<'py, PyAny>>> {
+fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Result<Option<Bound<'py, PyAny>>, ConvError> {
     let v = if let Ok(d) = ev.cast::<PyDict>() {
-        d.get_item(name).map_err(|e| e.to_string())?
+        d.get_item(name).map_err(|e| py_failure(ev.py(), e))?
     } else {
         ev.getattr(name).ok()
     };
@@ -119,7 +132,7 @@ fn hash_list(v: &Bound<'_, PyAny>, form: HashForm, what: &str) -> Result<Vec<u64
         .map_err(|_| format!("{what} must be a list of hashes, got {}", type_name(v)))?;
     let mut out = room(v.len().unwrap_or(0), what)?;
     for h in it {
-        let h = hash_key(&h.map_err(|e| e.to_string())?, form, what)?;
+        let h = hash_key(&h.map_err(|e| py_failure(v.py(), e))?, form, what)?;
         out.try_reserve(1).map_err(|e| no_memory(what, e))?;
         out.push(h);
     }
@@ -147,15 +160,17 @@ fn opt_int(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<i64>> {
     }
 }
 
-fn opt_str(v: Option<Bound<'_, PyAny>>, what: &str) -> Conv<Option<String>> {
+fn opt_str(v: Option<Bound<'_, PyAny>>, what: &str) -> Result<Option<String>, ConvError> {
     match v {
         None => Ok(None),
         Some(v) => match v.cast::<PyString>() {
-            Ok(s) => Ok(Some(s.to_str().map_err(|e| e.to_string())?.to_owned())),
-            Err(_) => Err(format!(
-                "{what} must be a str or None, got {}",
-                type_name(&v)
-            )),
+            Ok(s) => {
+                let text = s.to_str().map_err(|e| py_failure(v.py(), e))?;
+                try_copy_str(text, what)
+                    .map(Some)
+                    .map_err(|e| ConvError::NoMemory(e.to_string()))
+            }
+            Err(_) => Err(format!("{what} must be a str or None, got {}", type_name(&v)).into()),
         },
     }
 }
@@ -167,35 +182,38 @@ fn group(v: Option<Bound<'_, PyAny>>) -> Conv<u32> {
     }
 }
 
-fn token_count(v: Option<Bound<'_, PyAny>>) -> Conv<usize> {
+fn token_count(v: Option<Bound<'_, PyAny>>) -> Result<usize, ConvError> {
     match v {
         None => Ok(0),
         Some(v) => crate::convert::tokens(&v, "token_ids")
             .map(|t| t.len())
-            .map_err(|e| e.to_string()),
+            .map_err(|e| py_failure(v.py(), e)),
     }
 }
 
-fn event_tag(ev: &Bound<'_, PyAny>) -> Conv<String> {
-    if let Ok(d) = ev.cast::<PyDict>() {
-        return match d.get_item("type").map_err(|e| e.to_string())? {
-            Some(t) => match t.cast::<PyString>() {
-                Ok(s) => Ok(s.to_string()),
-                Err(_) => Err(format!("\"type\" must be a str, got {}", type_name(&t))),
-            },
-            None => Err("event dict has no \"type\" key".to_owned()),
-        };
-    }
-    ev.get_type()
-        .name()
-        .map(|n| n.to_string())
-        .map_err(|e| e.to_string())
+/// The event's type tag, read in place (a caller's str can be of any size).
+fn event_tag(ev: &Bound<'_, PyAny>) -> Result<PyBackedStr, ConvError> {
+    let py = ev.py();
+    let name = if let Ok(d) = ev.cast::<PyDict>() {
+        match d.get_item("type").map_err(|e| py_failure(py, e))? {
+            Some(t) => t.cast_into::<PyString>().map_err(|t| {
+                format!(
+                    "\"type\" must be a str, got {}",
+                    type_name(t.into_inner().as_any())
+                )
+            })?,
+            None => return Err("event dict has no \"type\" key".to_owned().into()),
+        }
+    } else {
+        ev.get_type().name().map_err(|e| py_failure(py, e))?
+    };
+    PyBackedStr::try_from(name).map_err(|e| py_failure(py, e))
 }
 
 /// One event object.
 pub fn event(ev: &Bound<'_, PyAny>, form: HashForm) -> Result<FleetEvent, ConvError> {
     let tag = event_tag(ev)?;
-    match tag.as_str() {
+    match &*tag {
         "BlockStored" => {
             let block_hashes = match field(ev, "block_hashes")? {
                 Some(v) => hash_list(&v, form, "block_hashes")?,
@@ -260,7 +278,7 @@ pub fn events(objs: &Bound<'_, PyAny>, form: HashForm) -> Result<Vec<FleetEvent>
     })?;
     let mut out = Vec::new();
     for (i, ev) in it.enumerate() {
-        let ev = ev.map_err(|e| e.to_string())?;
+        let ev = ev.map_err(|e| py_failure(objs.py(), e))?;
         let ev = event(&ev, form).map_err(|e| e.within(format_args!("event {i}")))?;
         out.try_reserve(1).map_err(|e| no_memory("the events", e))?;
         out.push(ev);

@@ -2,6 +2,7 @@
 
 use prefixcache_core::fleet::FleetMatch;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::PyDict;
 
 use crate::errors::to_py;
@@ -48,8 +49,8 @@ impl PyFleetMatch {
     #[pyo3(signature = (worker, medium=None))]
     fn blocks(
         &self,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
-        #[pyo3(from_py_with = medium_arg)] medium: Option<String>,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
+        #[pyo3(from_py_with = medium_arg)] medium: Option<PyBackedStr>,
     ) -> PyResult<u32> {
         let i = self.pos(&worker)?;
         Ok(match medium.as_deref() {
@@ -61,15 +62,15 @@ impl PyFleetMatch {
         })
     }
 
-    fn score(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<f64> {
+    fn score(&self, #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr) -> PyResult<f64> {
         Ok(self.inner.score[self.pos(&worker)?])
     }
 
-    fn stale(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<bool> {
+    fn stale(&self, #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr) -> PyResult<bool> {
         Ok(self.inner.stale[self.pos(&worker)?])
     }
 
-    fn expired(&self, #[pyo3(from_py_with = worker_arg)] worker: String) -> PyResult<bool> {
+    fn expired(&self, #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr) -> PyResult<bool> {
         Ok(self.inner.expired[self.pos(&worker)?])
     }
 

@@ -7,8 +7,9 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use prefixcache_core::error::{try_copy, try_vec};
 use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex, MAX_MEDIA};
 use prefixcache_core::Error;
+use pyo3::exceptions::PyUnicodeEncodeError;
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
+use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{self, type_name};
@@ -49,14 +50,33 @@ fn non_negative(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     convert::int_in(obj, what, 0, convert::SIZE_MAX).map(|v| v as u64)
 }
 
-/// A worker name: a str that is valid text.
-pub(crate) fn worker_arg(obj: &Bound<'_, PyAny>) -> PyResult<String> {
-    convert::str_arg(obj, "worker")
+/// A worker name: a str that is valid text, read in place (not copied: a name can be of
+/// any size).
+pub(crate) fn worker_arg(obj: &Bound<'_, PyAny>) -> PyResult<PyBackedStr> {
+    text_arg(obj, "worker")
 }
 
-/// A medium name, or None.
-pub(crate) fn medium_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-    convert::opt_str(Some(obj), "medium")
+/// A medium name, or None (read in place).
+pub(crate) fn medium_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<PyBackedStr>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    text_arg(obj, "medium").map(Some)
+}
+
+fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBackedStr> {
+    let s = obj
+        .cast::<PyString>()
+        .map_err(|_| invalid_type(format!("{what} must be a str, got {}", type_name(obj))))?;
+    PyBackedStr::try_from(s.clone()).map_err(|e| {
+        if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) {
+            invalid_input(format!(
+                "{what} is not valid text: it holds lone surrogates (cannot be UTF-8 encoded)"
+            ))
+        } else {
+            e // MemoryError, for the UTF-8 form Python keeps
+        }
+    })
 }
 
 fn opt_seq(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
@@ -281,7 +301,7 @@ impl PyKvIndex {
     fn add_worker(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         now: Option<f64>,
     ) -> PyResult<()> {
         let now = now_or(now)?;
@@ -293,7 +313,7 @@ impl PyKvIndex {
     fn remove_worker(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
     ) -> PyResult<()> {
         self.inner
             .with(py, |ix| ix.remove_worker(&worker))?
@@ -304,7 +324,7 @@ impl PyKvIndex {
     fn reset_worker(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         next_seq: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let next_seq = opt_seq(next_seq)?.unwrap_or(0);
@@ -318,7 +338,7 @@ impl PyKvIndex {
     fn apply(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         events: &Bound<'_, PyAny>,
         seq: Option<&Bound<'_, PyAny>>,
         now: Option<f64>,
@@ -344,7 +364,7 @@ impl PyKvIndex {
     fn apply_frames(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         frames: &Bound<'_, PyAny>,
         now: Option<f64>,
     ) -> PyResult<&'static str> {
@@ -443,7 +463,7 @@ impl PyKvIndex {
     fn status<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         now: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let now = now_or(now)?;
@@ -476,8 +496,8 @@ impl PyKvIndex {
     fn cached_hashes(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = worker_arg)] worker: String,
-        #[pyo3(from_py_with = medium_arg)] medium: Option<String>,
+        #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
+        #[pyo3(from_py_with = medium_arg)] medium: Option<PyBackedStr>,
     ) -> PyResult<Vec<u64>> {
         self.inner
             .with(py, |ix| ix.cached_hashes(&worker, medium.as_deref()))?

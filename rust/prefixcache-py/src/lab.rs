@@ -52,7 +52,9 @@ fn rule_arg(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 impl LabCache {
     #[new]
     #[pyo3(signature = (capacity, rule = String::from("lru"), admit_after = None,
-                        overcommit = false, protected = 0.8, depth_cost = 0.0, min_hit = 0.25))]
+                        overcommit = false, protected = 0.8, depth_cost = 0.0, min_hit = 0.25),
+           text_signature = "(capacity, rule='lru', admit_after=None, overcommit=False, \
+                             protected=0.8, depth_cost=0.0, min_hit=0.25)")]
     fn new(
         capacity: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = rule_arg)] rule: String,

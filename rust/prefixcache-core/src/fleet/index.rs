@@ -10,7 +10,6 @@
 //!   past the next expected number is not applied and marks the worker stale until the
 //!   missing batches arrive (a replay), since the events in between are unknown.
 
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -19,6 +18,15 @@ use super::event::{Batch, FleetEvent, HashForm, DEFAULT_MEDIUM};
 use super::holders::{for_each_bit, Holders, Removal, Words};
 use super::wire;
 use crate::error::{try_copy, try_copy_str, try_filled, try_vec, Error, Result};
+
+/// A name as a message shows it: at most its first 200 characters (a caller's name can
+/// be of any size).
+fn shown(name: &str) -> &str {
+    match name.char_indices().nth(200) {
+        Some((i, _)) => &name[..i],
+        None => name,
+    }
+}
 
 /// Distinct media names an index accepts (GPU, CPU, disk tiers ... ); more is bad input.
 pub const MAX_MEDIA: usize = 64;
@@ -117,6 +125,17 @@ impl Worker {
 
     fn stale(&self) -> bool {
         self.max_seen.is_some_and(|m| m >= self.next_seq)
+    }
+
+    /// Batch `seq` (its timestamp's bits `ts_bits`) is done: the next one is expected.
+    fn advance(&mut self, seq: u64, ts_bits: Option<u64>) {
+        if seq == 0 {
+            self.first_ts = ts_bits;
+        }
+        self.next_seq = seq.saturating_add(1);
+        if self.max_seen.is_some_and(|m| m < self.next_seq) {
+            self.max_seen = None;
+        }
     }
 }
 
@@ -263,7 +282,7 @@ impl KvIndex {
         self.names
             .get(name)
             .copied()
-            .ok_or_else(|| Error::UnknownWorker(format!("unknown worker {name:?}")))
+            .ok_or_else(|| Error::UnknownWorker(format!("unknown worker {:?}", shown(name))))
     }
 
     fn worker(&self, slot: u32) -> &Worker {
@@ -512,7 +531,7 @@ impl KvIndex {
         }
         for ev in events {
             if let Err(e) = self.apply_event(slot, ev) {
-                self.drop_holdings(slot, seq);
+                self.drop_holdings(slot, seq, ts_bits);
                 return Err(e);
             }
         }
@@ -523,29 +542,22 @@ impl KvIndex {
             .map(|e| e.num_block_events() as u64)
             .sum::<u64>();
         if let Some(s) = seq {
-            if s == 0 {
-                w.first_ts = ts_bits;
-            }
-            w.next_seq = s + 1;
-            if w.max_seen.is_some_and(|m| m < w.next_seq) {
-                w.max_seen = None;
-            }
+            w.advance(s, ts_bits);
         }
         Ok(ApplyOutcome::Applied)
     }
 
     /// A batch that ran out of memory as it was applied: the worker's holdings are
-    /// dropped (what the batch applied with them) and the batch counts as an error; the
-    /// worker expects the batch after it, as after [`KvIndex::reset_worker`]. Allocates
-    /// nothing but the message (left out when that fails too).
-    fn drop_holdings(&mut self, slot: u32, seq: Option<u64>) {
+    /// dropped (what the batch applied with them), the batch counts as an error, and the
+    /// worker's sequence moves past it as if it had applied (a replay of an earlier batch
+    /// stays a duplicate). Allocates nothing but the message (left out when that fails
+    /// too).
+    fn drop_holdings(&mut self, slot: u32, seq: Option<u64>, ts_bits: Option<u64>) {
         self.clear_slot(slot);
         let w = self.worker_mut(slot);
         if let Some(s) = seq {
-            w.next_seq = s.saturating_add(1);
+            w.advance(s, ts_bits);
         }
-        w.max_seen = None;
-        w.first_ts = None;
         w.errors += 1;
         w.last_error = None; // frees the old message first
         w.last_error = try_copy_str(
@@ -598,22 +610,20 @@ impl KvIndex {
                 }
             }
             FleetEvent::Removed { block_hashes, .. } => {
-                // `entry` grows a full table even for an absent hash: room first.
-                blocks
-                    .try_reserve(block_hashes.len())
-                    .map_err(|e| Error::out_of_memory("the fleet index's table", e))?;
                 for &h in block_hashes {
-                    let Entry::Occupied(mut e) = blocks.entry(h) else {
+                    // Not `entry`, which may grow a full table (allocate) for any hash:
+                    // a removal allocates nothing.
+                    let Some(hs) = blocks.get_mut(&h) else {
                         w.unknown_removals += 1;
                         continue;
                     };
-                    match e.get_mut().remove(medium, slot) {
+                    match hs.remove(medium, slot) {
                         Removal::Unknown => w.unknown_removals += 1,
                         Removal::Copy => {}
                         Removal::Last => {
                             *held -= 1;
-                            if e.get().is_empty() {
-                                e.remove();
+                            if hs.is_empty() {
+                                blocks.remove(&h);
                             }
                         }
                     }
