@@ -33,9 +33,10 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::{Arc, OnceLock};
 
-use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError};
+use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyUnicodeEncodeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyCapsule, PyDict, PyFrozenSet, PyInt, PyList, PyMemoryView,
@@ -1898,17 +1899,23 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A str argument as UTF-8; a str with lone surrogates raises `InvalidInputError`.
 pub fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
-    match obj.cast::<PyString>() {
-        Ok(s) => s.to_str().map(str::to_owned).map_err(|_| {
+    str_ref(obj, what).map(|s| s.to_string())
+}
+
+/// [`str_arg`] read in place, not copied (a caller's str can be of any size).
+pub fn str_ref(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBackedStr> {
+    let s = obj
+        .cast::<PyString>()
+        .map_err(|_| invalid_type(format!("{what} must be a str, got {}", type_name(obj))))?;
+    PyBackedStr::try_from(s.clone()).map_err(|e| {
+        if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) {
             invalid_input(format!(
                 "{what} is not valid text: it holds lone surrogates (cannot be UTF-8 encoded)"
             ))
-        }),
-        Err(_) => Err(invalid_type(format!(
-            "{what} must be a str, got {}",
-            type_name(obj)
-        ))),
-    }
+        } else {
+            e // MemoryError, for the UTF-8 form Python keeps
+        }
+    })
 }
 
 /// An optional str argument (None or str).

@@ -7,7 +7,6 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use prefixcache_core::error::{try_copy, try_vec};
 use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex, MAX_MEDIA};
 use prefixcache_core::Error;
-use pyo3::exceptions::PyUnicodeEncodeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -53,7 +52,7 @@ fn non_negative(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 /// A worker name: a str that is valid text, read in place (not copied: a name can be of
 /// any size).
 pub(crate) fn worker_arg(obj: &Bound<'_, PyAny>) -> PyResult<PyBackedStr> {
-    text_arg(obj, "worker")
+    convert::str_ref(obj, "worker")
 }
 
 /// A medium name, or None (read in place).
@@ -61,22 +60,7 @@ pub(crate) fn medium_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<PyBackedStr>
     if obj.is_none() {
         return Ok(None);
     }
-    text_arg(obj, "medium").map(Some)
-}
-
-fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBackedStr> {
-    let s = obj
-        .cast::<PyString>()
-        .map_err(|_| invalid_type(format!("{what} must be a str, got {}", type_name(obj))))?;
-    PyBackedStr::try_from(s.clone()).map_err(|e| {
-        if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) {
-            invalid_input(format!(
-                "{what} is not valid text: it holds lone surrogates (cannot be UTF-8 encoded)"
-            ))
-        } else {
-            e // MemoryError, for the UTF-8 form Python keeps
-        }
-    })
+    convert::str_ref(obj, "medium").map(Some)
 }
 
 fn opt_seq(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
