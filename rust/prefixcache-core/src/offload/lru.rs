@@ -372,6 +372,63 @@ impl Lru {
         self.link(slots, id, rank);
     }
 
+    /// `insert` of each of `items` (newly stored chunks, unlinked, with their positions)
+    /// in turn: a store. A store offers a request's keys in block order, so their ranks
+    /// `(r, -position)` fall one after another and each goes first in the request's
+    /// group: once one is linked first, the following ones that rank below it are
+    /// linked in front of it as one run, with the ranks, flags and links the chunk by
+    /// chunk inserts would give them.
+    pub fn insert_all(
+        &mut self,
+        slots: &mut [Slot],
+        items: &[(u32, Option<u64>)],
+        lru_rank: &mut Option<u64>,
+    ) {
+        let mut i = 0;
+        while i < items.len() {
+            let (id, pos) = items[i];
+            self.insert(slots, id, pos, lru_rank);
+            i += 1;
+            let (Some(pos), Some(r)) = (pos, *lru_rank) else {
+                continue;
+            };
+            let Some(&g) = self.groups.get(&r).filter(|_| self.runs()) else {
+                continue;
+            };
+            let sent_node = SENTINEL_BASE + g;
+            if self.sents[g as usize].next != id {
+                continue;
+            }
+            // items[i..i + n] each rank below the one before: each would go first.
+            let mut prev = neg(pos);
+            let mut n = 0;
+            while let Some(&(_, Some(p))) = items.get(i + n) {
+                if neg(p) >= prev {
+                    break;
+                }
+                prev = neg(p);
+                n += 1;
+            }
+            if n == 0 {
+                continue;
+            }
+            let mut ahead = id;
+            for &(next, p) in &items[i..i + n] {
+                let s = &mut slots[next as usize];
+                // Every one of them has a position (the scan above).
+                s.rank = (r, neg(p.unwrap_or_default()));
+                s.flags |= GROUPED;
+                s.next = ahead;
+                slots[ahead as usize].prev = next;
+                ahead = next;
+            }
+            slots[ahead as usize].prev = sent_node;
+            self.sents[g as usize].next = ahead;
+            self.list.len += n;
+            i += n;
+        }
+    }
+
     /// `on_request_access` for the keys a request sees first (stored ones, with their
     /// positions): each takes the request's rank at its position when that raises it.
     pub fn on_access(

@@ -295,6 +295,8 @@ struct Scratch {
     arc_picked: Vec<(u32, bool)>,
     /// `record`: (slot, position) of the keys whose LRU rank may rise.
     ranked: Vec<(u32, u64)>,
+    /// `store` (LRU): the stored chunks and their keys' positions, in store order.
+    linked: Vec<(u32, Option<u64>)>,
     /// `on_request_finished`: the request's stored keys as (entry, slot), and with
     /// ARC what the request did with each.
     found: Vec<(u32, u32)>,
@@ -558,6 +560,9 @@ impl CpuOffloadManager {
         room(&mut sc.offered, n)?;
         room(&mut sc.missed, n)?;
         room(&mut sc.ids, n)?;
+        if matches!(self.policy, Policy::Lru(_)) {
+            room(&mut sc.linked, n)?;
+        }
         room(&mut sc.evicted, evicts)?;
         room(&mut sc.picked, evicts)?;
         room(&mut sc.hashes, evicts)?;
@@ -1389,6 +1394,9 @@ impl CpuOffloadManager {
             }
         }
         let mut next_id = ids.iter();
+        // LRU: the stored chunks with their positions, linked after the loop, as a run.
+        let mut linked = std::mem::take(&mut self.scratch.linked);
+        linked.clear();
         pipelined(
             &mut (&mut self.table, &mut self.policy),
             &mut to_store,
@@ -1405,10 +1413,7 @@ impl CpuOffloadManager {
                 let id = id as u32;
                 table.insert(id, c.key, c.hash);
                 match policy {
-                    Policy::Lru(l) => {
-                        let pos = st.position_at(c.ent);
-                        l.insert(&mut table.slots, id, pos, &mut st.lru_rank);
-                    }
+                    Policy::Lru(_) => linked.push((id, st.position_at(c.ent))),
                     Policy::Arc(a) => a.insert(&mut table.slots, id, c.hash),
                 }
                 let info = &mut st.infos[c.ent as usize];
@@ -1416,6 +1421,10 @@ impl CpuOffloadManager {
                 info.flags |= INSERTED;
             },
         );
+        if let Policy::Lru(l) = &mut self.policy {
+            l.insert_all(&mut self.table.slots, &linked, &mut st.lru_rank);
+        }
+        self.scratch.linked = linked;
         self.scratch.ids = ids;
         self.num_pending += n;
         self.num_stored_total += n;
