@@ -369,6 +369,7 @@ def cmd(misuse: str, argv: list[str], fragment: str) -> Row:
 
 
 H32 = b"h" * 32
+TIER_RUN = ["replay", "workload:A", "--policies", "vllm-blocks", "--cpu-capacity", "1k"]
 
 CATALOGUE: list[Row] = [
     # ---------------- RadixCache ----------------
@@ -1682,11 +1683,51 @@ CATALOGUE: list[Row] = [
     cmd("zero max-running", ["compare", "--max-running", "0"], "--max-running"),
     cmd("negative block size", ["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
     cmd(
+        "capacity above the largest",
+        ["replay", "workload:A", "--capacity", "1e16"],
+        "at most 1e+15 tokens",
+    ),
+    cmd(
+        "capacity with a huge exponent",
+        ["replay", "workload:A", "--capacity", "1e999999999"],
+        "at most 1e+15 tokens",
+    ),
+    cmd(
+        "capacity beyond a block pool",
+        ["replay", "workload:A", "--capacity", "1e14", "--policies", "vllm-blocks"],
+        "more than a block pool holds",
+    ),
+    cmd(
+        "a capacity given twice",
+        ["sweep", "workload:A", "--capacities", "1k,1000"],
+        "(1000 tokens) is given twice",
+    ),
+    cmd(
+        "an empty capacity in a list",
+        ["sweep", "workload:A", "--capacities", "1k,,2k"],
+        "an empty item",
+    ),
+    cmd(
+        "an empty offload item",
+        [*TIER_RUN, "--offload", "lru,"],
+        "an empty item",
+    ),
+    cmd(
+        "policy given twice",
+        ["replay", "workload:A", "--policies", "radix,radix"],
+        "radix is given twice",
+    ),
+    cmd(
         "negative prefill cost",
         ["compare", "--prefill-ms-per-token", "-1000"],
-        "finite number of ms >= 0",
+        "number of ms in [0, 1e+09]",
     ),
-    cmd("NaN decode step", ["compare", "--decode-step-ms", "nan"], "finite number of ms"),
+    cmd("NaN decode step", ["compare", "--decode-step-ms", "nan"], "number of ms in"),
+    cmd(
+        "decode step that overflows the clock",
+        ["compare", "--decode-step-ms", "1e308"],
+        "number of ms in [0, 1e+09]",
+    ),
     cmd(
         "output directory missing", ["compare", "--json", "/nonexistent/out.json"], "does not exist"
     ),

@@ -44,6 +44,10 @@ def records(draw: st.DrawFn) -> RequestRecord:
     return rec
 
 
+def _refuse(literal: str) -> None:
+    raise AssertionError(f"{literal} is not JSON")
+
+
 def _general(recs: list[RequestRecord], host_tier: bool) -> list[str]:
     return [json.dumps(clean(r.to_dict(host_tier=host_tier))) for r in recs]
 
@@ -62,7 +66,8 @@ def test_record_lines_equal_the_general_encoder(
     got = record_lines(recs, host_tier=host_tier).lines
     assert got == _general(recs, host_tier)
     for line, r in zip(got, recs, strict=True):
-        assert list(json.loads(line)) == list(record_fields(host_tier))
+        # Strict JSON: no NaN or Infinity literals.
+        assert list(json.loads(line, parse_constant=_refuse)) == list(record_fields(host_tier))
         assert json.loads(line)["turn"] == r.turn
 
 

@@ -108,6 +108,36 @@ def test_fleet_index_sees_gpu_and_cpu_holders() -> None:
 def test_parse_offload() -> None:
     assert parse_offload(None) == ("lru", 1)
     assert parse_offload("arc:2") == ("arc", 2)
-    for bad in ("fifo", "lru:0", "lru:x", "arc:"):
+    assert parse_offload("lru:4294967295") == ("lru", 2**32 - 1)
+    for bad in ("fifo", "lru:0", "lru:x", "arc:", "lru:\u00b2", "lru:\u0661", "lru:4294967296"):
         with pytest.raises(prefixcache.InvalidInputError, match="offload"):
             parse_offload(bad)
+    with pytest.raises(prefixcache.InvalidInputError, match="less than one 16-token block"):
+        BlocksPolicy(1024, cpu_capacity=15)
+
+
+def test_lru_ties_fall_to_the_key_bytes_as_python_orders_them() -> None:
+    """Equal ranks (equal positions of one request) are ordered by key as Python orders
+    bytes, whatever their lengths: b"\x01\x01\x01" < b"\x04"."""
+    from prefixcache.reference.offload import CpuOffloadManager as Reference
+
+    for a, b in ((b"\x01" * 3, b"\x04"), (b"\x04", b"\x01" * 3), (b"\x01", b"\x01\x00")):
+        evicted = []
+        for cls in (CpuOffloadManager, Reference):
+            m = cls(2)
+            m.set_offload_key_positions(0, [a, b], [16, 16])
+            m.prepare_store(0, [a, b])
+            m.complete_store(0, [a, b])
+            evicted.append(m.prepare_store(1, [b"\x07"]).evicted_keys)
+        assert evicted[0] == evicted[1] == [min(a, b)]
+
+
+def test_end_tokens_past_int64_are_refused() -> None:
+    keys = [bytes([i]) * 8 for i in range(1, 5)]
+    m = CpuOffloadManager(3)
+    m.set_request_keys(0, keys[:3], 2**61)  # the last end token, 3 * 2**61, fits
+    with pytest.raises(prefixcache.InvalidInputError, match="must fit in int64"):
+        m.set_request_keys(1, keys, 2**62)  # 4 * 2**62 = 2**64: past 2**63 - 1
+    with pytest.raises(prefixcache.InvalidInputError, match="must fit in int64"):
+        m.set_request_keys(1, keys[:2], 2**62)  # 2**63
+    assert m.lookup_prefix_range(1, 0, 4) == 0  # request 1 got no keys

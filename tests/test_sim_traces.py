@@ -434,3 +434,18 @@ def test_hash_ids_expand_to_512_consecutive_tokens_each() -> None:
         expand_block_ids([-1], 512, 4)
     with pytest.raises(InvalidTypeError):
         expand_block_ids([1], 512, 4.0)
+
+
+def test_skipping_bad_lines_also_skips_them_when_telling_the_format(tmp_path: Path) -> None:
+    good = [mc(0, 10, 1, [0]), mc(5, 10, 1, [0])]
+    for bad in ('{"timestamp": 0,', '{"foo": 1}'):
+        p = tmp_path / "t.jsonl"
+        p.write_text(bad + "\n" + "".join(json.dumps(x) + "\n" for x in good))
+        with pytest.raises(TraceFormatError) as ei:
+            read_trace(p)
+        assert ei.value.line == 1
+        tr = read_trace(p, skip_bad_lines=True)
+        assert tr.format == "mooncake" and len(tr) == 2 and tr.skipped_lines == [1]
+    p.write_text('{"foo": 1}\n\n[1]\n')
+    with pytest.raises(TraceFormatError, match=r":1: no line is a request of either format"):
+        read_trace(p, skip_bad_lines=True)

@@ -25,6 +25,7 @@ from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, write_json
+from prefixcache.sim.output_files import check_writable
 from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
@@ -72,6 +73,9 @@ _CAPACITY_RE = re.compile(
     r"(?P<num>[0-9][0-9_]*(\.[0-9]*)?([e][+-]?[0-9]+)?|\.[0-9]+)"
     r"(?P<unit>[kmgt]i?)?(?P<bytes>i?b)?"
 )
+# The largest capacity taken (tokens), and the exponent bound that keeps parsing fast.
+MAX_CAPACITY = 10**15
+MAX_CAPACITY_DIGITS = 30
 CAPACITY_HELP = (
     "tokens: 3000000, 3e6, 3M or 1.5G (decimal: k=10^3, M=10^6, G=10^9, T=10^12) "
     "or 3Mi (binary: Ki=2^10, Mi=2^20, Gi=2^30, Ti=2^40)"
@@ -93,7 +97,20 @@ def parse_capacity(text: str) -> int:
         )
     unit = m.group("unit") or ""
     mult = _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
-    value = Fraction(m.group("num")) * mult
+    num = m.group("num")
+    # Bounded before the exact arithmetic, which builds 10**exponent.
+    exponent = int(num.partition("e")[2] or 0)
+    if not -MAX_CAPACITY_DIGITS <= exponent <= MAX_CAPACITY_DIGITS:
+        raise argparse.ArgumentTypeError(
+            f"bad capacity {text!r}: at most {MAX_CAPACITY:.0e} tokens"
+            if exponent > 0
+            else f"bad capacity {text!r}: {num} is not a whole number of tokens"
+        )
+    value = Fraction(num) * mult
+    if value > MAX_CAPACITY:
+        raise argparse.ArgumentTypeError(
+            f"bad capacity {text!r}: at most {MAX_CAPACITY:.0e} tokens"
+        )
     if value.denominator != 1:
         raise argparse.ArgumentTypeError(
             f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens"
@@ -113,11 +130,23 @@ def _cpu_capacity(text: str) -> int:
     return parse_capacity(text)
 
 
-def _cpu_capacities(text: str) -> list[int]:
-    caps = [_cpu_capacity(x) for x in text.split(",") if x.strip()]
-    if not caps:
-        raise argparse.ArgumentTypeError("give at least one host capacity, e.g. 0,1M,4M")
+def _capacity_list(text: str, parse: Callable[[str], int], what: str, example: str) -> list[int]:
+    """Comma-separated capacities: none empty, none twice (an empty item or a repeat is
+    a typo, and a grid with a repeated column is one)."""
+    items = text.split(",")
+    if not any(x.strip() for x in items):
+        raise argparse.ArgumentTypeError(f"give at least one {what}, e.g. {example}")
+    if not all(x.strip() for x in items):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
+    caps = [parse(x) for x in items]
+    for i, c in enumerate(caps):
+        if c in caps[:i]:
+            raise argparse.ArgumentTypeError(f"{items[i].strip()!r} ({c} tokens) is given twice")
     return caps
+
+
+def _cpu_capacities(text: str) -> list[int]:
+    return _capacity_list(text, _cpu_capacity, "host capacity", "0,1M,4M")
 
 
 def _gb_per_s(text: str) -> float:
@@ -141,10 +170,7 @@ def _jobs(text: str) -> int:
 
 
 def _capacities(text: str) -> list[int]:
-    caps = [parse_capacity(x) for x in text.split(",") if x.strip()]
-    if not caps:
-        raise argparse.ArgumentTypeError("give at least one capacity, e.g. 256k,1M")
-    return caps
+    return _capacity_list(text, parse_capacity, "capacity", "256k,1M")
 
 
 def _positive_int(text: str) -> int:
@@ -175,18 +201,27 @@ def _seed(text: str) -> int:
     return v
 
 
+# The largest cost-model figure taken (ms): larger ones overflow the simulated clock.
+MAX_MILLISECONDS = 1e9
+
+
 def _milliseconds(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
         v = math.nan
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of ms >= 0, got {text!r}")
+    if not 0 <= v <= MAX_MILLISECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of ms in [0, {MAX_MILLISECONDS:.0e}], got {text!r}"
+        )
     return v
 
 
 def _policies(values: Sequence[str]) -> list[str]:
     out = [p.strip() for v in values for p in v.split(",") if p.strip()]
+    for i, p in enumerate(out):
+        if p in out[:i]:
+            raise _UsageError(f"--policies: {p} is given twice")
     return out or list(POLICY_NAMES)
 
 
@@ -472,14 +507,10 @@ def _check_output(path: str | None, option: str) -> None:
     """Fail before the run, not after it, on a path that cannot be written."""
     if path is None:
         return
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise _UsageError(f"{option} {path}: is a directory")
-    if not parent.is_dir():
-        raise _UsageError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise _UsageError(f"{option} {path}: not writable")
+    try:
+        check_writable(path)
+    except OSError as e:
+        raise _UsageError(f"{option} {e}") from None
 
 
 def _check_plot(path: str | None) -> None:
@@ -538,9 +569,11 @@ def _kv_model(args: argparse.Namespace) -> KvModel:
 
 def _offload_map(text: str, policies: Sequence[str]) -> dict[str, str]:
     """--offload: one name for every policy, or POLICY=NAME pairs, comma separated."""
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
         raise _UsageError("--offload: give a tier policy name or POLICY=NAME pairs")
+    if not all(items):
+        raise _UsageError(f"--offload {text}: an empty item")
     if not any("=" in x for x in items):
         if len(items) > 1:
             raise _UsageError(f"--offload {text}: one name for every policy, or POLICY=NAME pairs")

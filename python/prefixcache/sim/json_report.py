@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prefixcache.sim.output_files import write_text
 from prefixcache.sim.requests import RequestRecord, record_fields
 
 __all__ = ["JsonLines", "clean", "json_text", "record_lines", "write_json"]
@@ -27,16 +28,17 @@ _PLAIN = frozenset({int, str, bool, type(None)})
 
 
 def clean(obj: Any) -> Any:
-    """JSON-safe: NaN -> None, numpy scalars -> Python."""
+    """JSON-safe: NaN and infinities -> None (JSON has no such numbers), numpy scalars ->
+    Python."""
     t = type(obj)
     if t in _PLAIN or t is JsonLines:
         return obj
     if t is float:
-        return None if math.isnan(obj) else obj
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):  # a record's values: plain, or floats (NaN when unset)
         return {
             k if type(k) is str else str(k): v
-            if (vt := type(v)) in _PLAIN or (vt is float and v == v)
+            if (vt := type(v)) in _PLAIN or (vt is float and v - v == 0)
             else clean(v)
             for k, v in obj.items()
         }
@@ -44,7 +46,7 @@ def clean(obj: Any) -> Any:
         return [v if type(v) in _PLAIN else clean(v) for v in obj]
     if isinstance(obj, np.generic):
         return clean(obj.item())
-    if isinstance(obj, float) and math.isnan(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
 
@@ -81,7 +83,8 @@ def json_text(obj: Any, indent: str = "") -> str:
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    Path(path).write_text(json_text(clean(data)) + "\n", encoding="utf-8")
+    """``data`` as JSON in ``path``, written whole (:func:`write_text`)."""
+    write_text(path, json_text(clean(data)) + "\n")
 
 
 # -- the per-request records ------------------------------------------------------------
@@ -95,12 +98,8 @@ def _value_text(v: Any) -> str:
 
 
 def _float_text(v: float) -> str:
-    # json.dumps: float.__repr__ for finite values, Infinity / -Infinity; clean: NaN -> null.
-    if v != v:
-        return "null"
-    if v in (math.inf, -math.inf):
-        return "Infinity" if v > 0 else "-Infinity"
-    return _FLOAT_REPR(v)
+    # json.dumps(clean(v)): float.__repr__ for finite values, null for NaN and infinities.
+    return _FLOAT_REPR(v) if v - v == 0 else "null"
 
 
 def _column_text(values: list[Any]) -> list[str]:

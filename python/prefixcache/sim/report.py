@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from prefixcache.sim.json_report import clean
+from prefixcache.sim.output_files import write_text
 from prefixcache.sim.replay import ProgressFactory
 
 __all__ = [
@@ -416,17 +418,19 @@ def write_grid_plot(
 
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Rows of flat dicts; the header is the union of keys in first-seen order."""
+    """Rows of flat dicts; the header is the union of keys in first-seen order. Written
+    whole (:func:`write_text`)."""
     keys: list[str] = []
     for r in rows:
         for k in r:
             if k not in keys:
                 keys.append(k)
-    with Path(path).open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: clean(v) for k, v in r.items()})
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: clean(v) for k, v in r.items()})
+    write_text(path, f.getvalue())
 
 
 @contextmanager

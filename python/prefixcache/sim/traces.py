@@ -456,20 +456,28 @@ def _number_turns(reqs: list[Request]) -> None:
             turns[r.session] = r.turn + 1
 
 
-def detect_format(path: str | Path) -> str:
-    """'mooncake' if the first non-blank line has 'hash_ids', 'tokens' if it has 'prompt'."""
+def detect_format(path: str | Path, *, skip_bad_lines: bool = False) -> str:
+    """'mooncake' if the first non-blank line has 'hash_ids', 'tokens' if it has 'prompt'
+    (``skip_bad_lines``: the first such line that is a JSON object with either)."""
     p = Path(path)
+    first: tuple[int, str] | None = None  # the first line skipped, and why
     for lineno, line in _lines(p):
         try:
             obj = _object(line)
         except ValueError as e:
-            raise TraceFormatError(str(p), lineno, str(e)) from None
-        if "hash_ids" in obj:
-            return "mooncake"
-        if "prompt" in obj:
-            return "tokens"
+            why = str(e)
+        else:
+            if "hash_ids" in obj:
+                return "mooncake"
+            if "prompt" in obj:
+                return "tokens"
+            why = "cannot tell the format: no 'hash_ids' (Mooncake) or 'prompt'"
+        if not skip_bad_lines:
+            raise TraceFormatError(str(p), lineno, why)
+        first = first or (lineno, why)
+    if first is not None:
         raise TraceFormatError(
-            str(p), lineno, "cannot tell the format: no 'hash_ids' (Mooncake) or 'prompt'"
+            str(p), first[0], f"no line is a request of either format; this one: {first[1]}"
         )
     raise InvalidInputError(f"{p}: the trace is empty")
 
@@ -477,7 +485,7 @@ def detect_format(path: str | Path) -> str:
 def read_trace(path: str | Path, *, fmt: str = "auto", skip_bad_lines: bool = False) -> Trace:
     """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'."""
     if fmt == "auto":
-        fmt = detect_format(path)
+        fmt = detect_format(path, skip_bad_lines=skip_bad_lines)
     if fmt == "mooncake":
         return read_mooncake(path, skip_bad_lines=skip_bad_lines)
     if fmt == "tokens":

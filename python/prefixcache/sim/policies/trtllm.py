@@ -125,24 +125,24 @@ class TrtllmPolicy:
         self.cpu_capacity = cpu_capacity
         self.host_blocks = cpu_capacity // tokens_per_block
         self.offload = offload if cpu_capacity > 0 else None
+        tier: dict[str, Any] = {}
         if self.host_blocks:
-            self.trie = trie_cls(
-                self.num_blocks,
-                tokens_per_block,
-                partial_reuse,
-                copy_on_partial_reuse,
-                host_blocks=self.host_blocks,
-                secondary_offload_min_priority=min_priority,
-                enable_events=publish_events,
-            )
-        else:
+            tier = {"host_blocks": self.host_blocks, "secondary_offload_min_priority": min_priority}
+        try:
             self.trie = trie_cls(
                 self.num_blocks,
                 tokens_per_block,
                 partial_reuse,
                 copy_on_partial_reuse,
                 enable_events=publish_events,
+                **tier,
             )
+        except InvalidInputError as e:
+            raise InvalidInputError(
+                f"{self.name}: a capacity of {capacity} tokens ({self.num_blocks} blocks of "
+                f"{tokens_per_block}) and a host capacity of {cpu_capacity} tokens do not "
+                f"fit a block trie ({e})"
+            ) from None
         # The trie's events in the router's keys (publish_events), else none recorded.
         self.events = TrieEventKeys(tokens_per_block) if publish_events else None
         self._host_hit: dict[RequestId, int] = {}  # host part of the last admit's hit, by request

@@ -25,10 +25,12 @@ def parse_offload(offload: str | None) -> tuple[str, int]:
     """The CPU tier's policy and store threshold from an offload name: "lru" (default)
     or "arc", optionally ":K" (a block is stored once offered K times), e.g. "arc:2"."""
     name, sep, k = (offload or "lru").partition(":")
-    if name not in ("lru", "arc") or (sep and not (k.isdigit() and int(k) >= 1)):
+    if name not in ("lru", "arc") or (
+        sep and not (k.isascii() and k.isdigit() and 1 <= int(k) < 2**32)
+    ):
         raise InvalidInputError(
-            f"offload must be lru or arc with an optional :K store threshold (K >= 1), "
-            f"got {offload!r}"
+            f"offload must be lru or arc with an optional :K store threshold "
+            f"(1 <= K < 2**32), got {offload!r}"
         )
     return name, int(k) if k else 1
 
@@ -134,13 +136,19 @@ class BlocksPolicy:
         self.block_size = block_size
         self.usable_blocks = capacity // block_size
         # vLLM's null block (block 0) comes on top of the usable blocks.
-        self.mgr = cls(
-            self.usable_blocks + 1,
-            block_size=block_size,
-            hash_algo=hash_algo,
-            enable_caching=True,
-            enable_kv_cache_events=self._use_events or publish_events,
-        )
+        try:
+            self.mgr = cls(
+                self.usable_blocks + 1,
+                block_size=block_size,
+                hash_algo=hash_algo,
+                enable_caching=True,
+                enable_kv_cache_events=self._use_events or publish_events,
+            )
+        except InvalidInputError as e:
+            raise InvalidInputError(
+                f"{self.name}: a capacity of {capacity} tokens is {self.usable_blocks} blocks "
+                f"of {block_size} tokens, more than a block pool holds ({e})"
+            ) from None
         # Per request (indexed by id): the tokens of KV taken at admission (prompt +
         # reserve), and 1 once its output is queued in the manager for its decode steps.
         self._reserved = np.zeros(0, dtype=np.int64)
@@ -159,6 +167,10 @@ class BlocksPolicy:
         self._host_hit: dict[int, int] = {}
         self._host_hit_tokens = 0
         self._peak_host = 0
+        if 0 < cpu_capacity < block_size:
+            raise InvalidInputError(
+                f"cpu_capacity {cpu_capacity} is less than one {block_size}-token block"
+            )
         if cpu_capacity > 0:
             import prefixcache
 
