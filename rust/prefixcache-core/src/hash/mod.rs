@@ -18,10 +18,24 @@ pub use value::{BigInt, KeyValue};
 
 /// A block hash: up to 32 bytes (SHA-256 = 32, XXH3-128 = 16, XXH3-64 = 8).
 /// `Copy`, comparable and hashable, so the block pool can key tables by it directly.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Ordered as Python orders `bytes` (byte by byte, a prefix first), which the offloading
+/// tier's LRU ties follow.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct BlockHash {
     len: u8,
     bytes: [u8; 32],
+}
+
+impl Ord for BlockHash {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl PartialOrd for BlockHash {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl BlockHash {

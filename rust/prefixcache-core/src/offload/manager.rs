@@ -653,13 +653,22 @@ impl CpuOffloadManager {
 
     /// The request's keys in block order, key `i` ending at token
     /// `(i + 1) * tokens_per_key` (what the connector's `update_offload_keys` records);
-    /// the `*_range` calls name slices of them.
+    /// the `*_range` calls name slices of them. The last end token must be below 2**63
+    /// (an int64, as `set_offload_key_positions` takes them).
     pub fn set_request_keys(
         &mut self,
         rid: u64,
         keys: &[BlockHash],
         tokens_per_key: u64,
     ) -> Result<()> {
+        let last = (keys.len() as u64).checked_mul(tokens_per_key);
+        if last.is_none_or(|t| t > i64::MAX as u64) {
+            return Err(Error::InvalidArgument(format!(
+                "{} keys of {tokens_per_key} tokens end past token 2**63 - 1: an end token \
+                 must fit in int64",
+                keys.len()
+            )));
+        }
         self.reserve_requests()?;
         self.with_request(rid, |_, st| {
             st.try_reserve(keys.len())?;
