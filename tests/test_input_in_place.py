@@ -176,6 +176,56 @@ def test_calls_with_hooks_read_their_arguments_in_order() -> None:
     assert list(t2.match_prefix([3, *list(range(1, 64))]).indices) == [-5] * 64
 
 
+def test_block_manager_calls_read_their_arguments_in_order() -> None:
+    """`KVCacheManager.admit` / `add_request` read the prompt before `num_lookahead_tokens`
+    and `lora_id`, and `allocate_slots` the block ids before `num_lookahead_tokens`: what a
+    later argument's hook changes is not seen."""
+    from prefixcache import KVCacheManager
+
+    for call in ("admit", "add_request"):
+        for hooked in ("num_lookahead_tokens", "lora_id"):
+            if call == "add_request" and hooked == "num_lookahead_tokens":
+                continue
+            arr = np.arange(16, dtype=np.int64)
+
+            class Rewrite:
+                def __index__(self, arr: np.ndarray = arr) -> int:
+                    arr[:] = 7
+                    return 0
+
+            m = KVCacheManager(num_blocks=100, block_size=4)
+            getattr(m, call)(1, arr, **{hooked: Rewrite()})
+            plain = KVCacheManager(num_blocks=100, block_size=4)
+            plain.add_request(1, list(range(16)), lora_id=0 if hooked == "lora_id" else None)
+            assert list(m.block_hashes(1)) == list(plain.block_hashes(1)), (call, hooked)
+
+    m = KVCacheManager(num_blocks=100, block_size=4)
+    m.admit(1, list(range(8)))
+    m.free(1)
+    m.add_request(2, list(range(8)))
+    blocks, hit = m.get_computed_blocks(2)
+    assert hit == 4  # one full block cached (the last token is always computed)
+    ids = np.array(blocks, dtype=np.int64)  # a copy the hook rewrites
+    expected = list(blocks)
+
+    class Clear:
+        def __index__(self) -> int:
+            ids[:] = 0
+            return 0
+
+    got = m.allocate_slots(2, 8 - hit, hit, ids, num_lookahead_tokens=Clear())
+    assert got is not None and list(m.block_ids(2))[: len(expected)] == expected
+
+
+def test_a_lookahead_beyond_the_pool_is_refused_not_reserved() -> None:
+    from prefixcache import KVCacheManager
+
+    m = KVCacheManager(num_blocks=10, block_size=4)
+    for n in (2**40, 2**62):
+        assert m.admit(1, [1, 2, 3], num_lookahead_tokens=n) is None
+    assert m.admit(1, [1, 2, 3], num_lookahead_tokens=4) is not None
+
+
 RESIZE_SCRIPT = textwrap.dedent("""
     import array
     import numpy as np

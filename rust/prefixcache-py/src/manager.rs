@@ -63,6 +63,12 @@ pub struct PyKVCacheManager {
 }
 
 /// Per-request block counts as an int64 array.
+/// `num_lookahead_tokens` (an int, 0 when not given), read where the method's argument
+/// order reaches it.
+fn lookahead_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    obj.map_or(Ok(0), convert::num_lookahead_tokens)
+}
+
 fn counts_array(py: Python<'_>, counts: Vec<u64>) -> Bound<'_, PyArray1<i64>> {
     let counts = counts
         .into_iter()
@@ -199,11 +205,14 @@ impl PyKVCacheManager {
         prompt_tokens: &Bound<'_, PyAny>,
         extra_keys: Option<&Bound<'_, PyAny>>,
         default_extra_keys: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
+        lora_id: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<()> {
         let request_id = rid(request_id)?;
+        // Converted in argument order: a later argument's `__index__` runs after the
+        // prompt was read, and what it changes in it is not seen.
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
+        let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).
@@ -236,7 +245,10 @@ impl PyKVCacheManager {
         Ok((ids_array(py, &blocks), hit))
     }
 
-    #[pyo3(signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = 0))]
+    #[pyo3(
+        signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = None),
+        text_signature = "(self, request_id, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, num_lookahead_tokens=0)"
+    )]
     fn allocate_slots<'py>(
         &self,
         py: Python<'py>,
@@ -244,15 +256,16 @@ impl PyKVCacheManager {
         #[pyo3(from_py_with = convert::num_new_tokens)] num_new_tokens: usize,
         #[pyo3(from_py_with = convert::num_new_computed_tokens)] num_new_computed_tokens: usize,
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
         let request_id = rid(request_id)?;
         let hit_blocks = match new_computed_blocks {
             Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
             _ => Vec::new(),
         };
+        // After the block ids (argument order): its `__index__` cannot change them.
+        let lookahead = lookahead_arg(num_lookahead_tokens)?;
         let (new, computed) = (num_new_tokens, num_new_computed_tokens);
-        let lookahead = num_lookahead_tokens;
         let blocks = new.saturating_add(lookahead) / self.block_size.max(1);
         let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
         let got = self
@@ -276,23 +289,29 @@ impl PyKVCacheManager {
 
     /// add_request + get_computed_blocks + allocate_slots(prompt remainder, lookahead):
     /// (hit tokens, the request's block ids), or None (request forgotten) when short.
-    #[pyo3(signature = (request_id, prompt_tokens, num_lookahead_tokens = 0, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None))]
+    #[pyo3(
+        signature = (request_id, prompt_tokens, num_lookahead_tokens = None, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None),
+        text_signature = "(self, request_id, prompt_tokens, num_lookahead_tokens=0, extra_keys=None, default_extra_keys=None, lora_id=None, lora_name=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn admit<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'py, PyAny>,
-        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
         extra_keys: Option<&Bound<'py, PyAny>>,
         default_extra_keys: Option<&Bound<'py, PyAny>>,
-        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
+        lora_id: Option<&Bound<'py, PyAny>>,
         #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
         let request_id = rid(request_id)?;
+        // Converted in argument order: a later argument's `__index__` runs after the
+        // prompt was read, and what it changes in it is not seen.
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
+        let lookahead = lookahead_arg(num_lookahead_tokens)?;
+        let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
-        let lookahead = num_lookahead_tokens;
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).
         let t = tokens.into_vec();

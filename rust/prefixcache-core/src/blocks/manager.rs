@@ -788,10 +788,12 @@ impl KVCacheManager {
                 }
             }
         };
-        // Room for the admission's list of blocks (at most the slots asked for, or the hit).
+        // Room for the admission's list of blocks (at most the slots asked for, or the hit;
+        // never more than the pool has: a larger request is refused, not reserved for).
         let most = n
             .saturating_add(num_lookahead_tokens)
             .div_ceil(self.block_size)
+            .min(self.pool.num_blocks())
             .max(hit_blocks.len());
         let mut block_ids = Vec::new();
         if let Err(e) = block_ids.try_reserve_exact(most) {
