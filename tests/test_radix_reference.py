@@ -5,6 +5,7 @@ tools/check_radix_against_sglang.py)."""
 from __future__ import annotations
 
 import array
+from typing import Any
 
 import numpy as np
 import pytest
@@ -244,3 +245,39 @@ def test_pretty_print_is_text() -> None:
     c.insert([1, 2, 4], extra_key="x")
     text = c.pretty_print()
     assert "#tokens: 6" in text and "[1, 2, 3]" in text
+
+
+def _chain(cache: Any, depth: int) -> None:
+    """A chain of ``depth`` nodes: one insert, then matches that split it from the end."""
+    key = np.arange(depth, dtype=np.uint32)
+    cache.insert(key)
+    for i in range(depth - 1, 0, -1):
+        cache.match_prefix(key[:i])
+
+
+def test_deep_trees_dump_and_print_without_recursion_in_linear_space() -> None:
+    """A chain deeper than Python's recursion limit: the reference dumps it (iteratively)
+    as the core does, and both print it in space linear in its nodes (past 32 levels the
+    depth is written, not drawn)."""
+    from prefixcache import RadixCache as Core
+
+    depth = 3000
+    ref, core = RadixCache(1, host_capacity=10_000), Core(1, host_capacity=10_000)
+    for c in (ref, core):
+        _chain(c, depth)
+    assert ref.dump() == core.dump()
+    assert ref.host_dump() == core.host_dump() and len(ref.host_values_dump()) == depth
+    for c in (ref, core):
+        text = c.pretty_print()
+        assert len(text) < 200 * depth
+        assert f"({depth}) " in text.splitlines()[-2 if c is ref else -1]
+
+
+def test_parent_as_the_core() -> None:
+    from prefixcache import RadixCache as Core
+
+    for c in (RadixCache(), Core()):
+        node = c.insert([1, 2, 3]).node
+        c.match_prefix([1, 2])
+        parent = c.parent(node)
+        assert parent is not None and c.parent(parent) == c.root and c.parent(c.root) is None

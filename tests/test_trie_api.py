@@ -194,3 +194,24 @@ def test_stats_count_partial_hits_and_copies() -> None:
     s = t.stats
     assert (s["partial_hits"], s["partial_tokens"], s["copies"], s["copied_tokens"]) == (1, 2, 1, 2)
     assert s["matched_tokens"] == 6 and s["reused_blocks"] == 1
+
+
+def test_the_clock_saturates_and_retention_still_expires() -> None:
+    """A claim ticks the clock; at 2**64 - 1 it stays there (as advance_clock does) rather
+    than wrapping to 0, where a retention expiry would never come."""
+    t = BlockTrie(4, 2)
+    t.advance_clock(2**63 - 1)
+    t.advance_clock(2**63 - 1)
+    t.claim(1, [1, 2, 3], priority=80, retention=5)
+    t.store(1, [1, 2, 3])
+    t.release(1)
+    t.claim(2, [7, 7, 7])
+    assert t.clock == 2**64 - 1
+    t.advance_clock(10)
+    assert t.dump()[0]["priority"] == 35
+
+
+def test_tokens_per_block_below_one_is_named() -> None:
+    for bad in (0, -2):
+        with pytest.raises(InvalidInputError, match=f"tokens_per_block must be >= 1, got {bad}"):
+            BlockTrie(4, tokens_per_block=bad)

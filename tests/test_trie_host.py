@@ -262,3 +262,24 @@ def test_without_a_host_tier_nothing_changes() -> None:
 def test_bad_host_tier_arguments(kwargs: dict[str, Any], exc: type, fragment: str) -> None:
     with pytest.raises(exc, match=re.escape(fragment)):
         BlockTrie(4, 2, **kwargs)
+
+
+def test_a_host_subtree_deeper_than_the_recursion_limit_leaves_with_its_root() -> None:
+    """A cached GPU block whose host descendants form a chain of 1500 blocks is evicted with
+    them: the reference walks that subtree without recursion and agrees with the core."""
+    depth = 1500
+    impls = [cls(depth + 3, 1, host_blocks=depth) for cls in (BlockTrie, RefTrie)]
+    for t in impls:
+        t.claim(1, [7, 7], priority=10)
+        t.complete(1)
+        t.store(1, [7, 7])
+        t.release(1)
+        chain = [7, *range(100, 100 + depth), 1]
+        t.claim(2, chain)
+        t.complete(2)
+        t.store(2, chain)
+        t.release(2)
+        t.claim(3, list(range(10_000, 10_000 + depth + 3)))
+    core, ref = impls
+    assert state(core) == state(ref) and host_state(core) == host_state(ref)
+    assert core.host_stats()["host_evicted_blocks"] == depth

@@ -50,6 +50,15 @@ Namespace = tuple[str | None, str | None]
 ChildKey = tuple[Namespace, tuple[int, ...]]
 
 
+PRETTY_MAX_INDENT = 32  # levels pretty_print draws before it writes the depth as a number
+
+
+def _indent(depth: int) -> str:
+    if depth <= PRETTY_MAX_INDENT:
+        return "  " * depth
+    return "  " * PRETTY_MAX_INDENT + f"({depth}) "
+
+
 class Node:
     """A tree node; the node object itself is the handle given to callers."""
 
@@ -540,15 +549,7 @@ class RadixCache:
         return (n.backed, n.evicted)
 
     def host_dump(self) -> list[tuple[bool, bool]]:
-        out: list[tuple[bool, bool]] = []
-
-        def visit(n: Node) -> None:
-            for c in self._sorted_children(n):
-                out.append((c.backed, c.evicted))
-                visit(c)
-
-        visit(self._root)
-        return out
+        return [(c.backed, c.evicted) for c, _ in self._preorder()]
 
     def _wants_backup(self, n: Node) -> bool:
         if not self._host_capacity or self._write == "write_back" or n.backed:
@@ -674,14 +675,18 @@ class RadixCache:
         return _array(stored), _array(dropped)
 
     def host_values_dump(self) -> list[npt.NDArray[np.int64]]:
-        out: list[npt.NDArray[np.int64]] = []
+        return [_array(c.host_value or ()) for c, _ in self._preorder()]
 
-        def visit(n: Node) -> None:
-            for c in self._sorted_children(n):
-                out.append(_array(c.host_value or ()))
-                visit(c)
-
-        visit(self._root)
+    def _preorder(self) -> list[tuple[Node, int]]:
+        """Every node but the root with its depth (the root's children: 1), in dump
+        order: depth first, children sorted. Iterative: a chain deeper than Python's
+        recursion limit is fine."""
+        out: list[tuple[Node, int]] = []
+        stack = [(c, 1) for c in reversed(self._sorted_children(self._root))]
+        while stack:
+            n, depth = stack.pop()
+            out.append((n, depth))
+            stack.extend((c, depth + 1) for c in reversed(self._sorted_children(n)))
         return out
 
     def load_back(self, node: Node, values: Any = None) -> int:
@@ -716,6 +721,10 @@ class RadixCache:
         path = self._path(self._check_handle(node))
         return _array([v for n in reversed(path) for v in n.value])
 
+    def parent(self, node: Node) -> Node | None:
+        """The parent of ``node`` (None for the root)."""
+        return self._check_handle(node).parent
+
     def node_info(self, node: Node) -> dict[str, Any]:
         n = self._check_handle(node)
         return {
@@ -744,28 +753,22 @@ class RadixCache:
         return sorted(n.children.values(), key=lambda c: (_namespace_sort_key(c.namespace), c.key))
 
     def dump(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-
-        def visit(n: Node, depth: int) -> None:
-            for c in self._sorted_children(n):
-                out.append(
-                    {
-                        "depth": depth,
-                        "key": list(c.key),
-                        "value": list(c.value),
-                        "lock_ref": c.lock_ref,
-                        "hit_count": c.hit_count,
-                        "priority": c.priority,
-                        "last_access_time": c.last_access_time,
-                        "creation_time": c.creation_time,
-                        "extra_key": c.extra_key,
-                        "cache_salt": c.cache_salt,
-                    }
-                )
-                visit(c, depth + 1)
-
-        visit(self._root, 1)  # the root has depth 0 and is not listed
-        return out
+        # The root has depth 0 and is not listed.
+        return [
+            {
+                "depth": depth,
+                "key": list(c.key),
+                "value": list(c.value),
+                "lock_ref": c.lock_ref,
+                "hit_count": c.hit_count,
+                "priority": c.priority,
+                "last_access_time": c.last_access_time,
+                "creation_time": c.creation_time,
+                "extra_key": c.extra_key,
+                "cache_salt": c.cache_salt,
+            }
+            for c, depth in self._preorder()
+        ]
 
     def pretty_print(self) -> str:
         lines = [
@@ -781,7 +784,7 @@ class RadixCache:
             key = r["key"][:10]
             more = "..." if len(r["key"]) > 10 else ""
             lines.append(
-                f"{'  ' * r['depth']}{len(r['key'])} {key}{more} r={r['lock_ref']} "
+                f"{_indent(r['depth'])}{len(r['key'])} {key}{more} r={r['lock_ref']} "
                 f"hits={r['hit_count']} prio={r['priority']}{ns}"
             )
         lines.append(

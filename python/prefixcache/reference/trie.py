@@ -490,13 +490,14 @@ class BlockTrie:
             return h
         # Post-order over the host subtree, children in id order.
         order: list[int] = []
-
-        def visit(b: int) -> None:
-            for c in sorted(self.blocks[b].children.values()):
-                visit(c)
-            order.append(b)
-
-        visit(v)
+        stack: list[tuple[int, bool]] = [(v, False)]
+        while stack:  # iterative: a host chain may be deeper than the recursion limit
+            b, done = stack.pop()
+            if done:
+                order.append(b)
+                continue
+            stack.append((b, True))
+            stack.extend((c, False) for c in sorted(self.blocks[b].children.values(), reverse=True))
         for b in order:
             key = self.blocks[b].key
             n = len(key[2]) if key is not None else 0

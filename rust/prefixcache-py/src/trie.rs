@@ -242,7 +242,7 @@ impl BlockTrie {
         #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
         let n = convert::size_arg(num_blocks, "num_blocks")?;
-        let tpb = convert::size_or(
+        let tpb = convert::positive_or(
             tokens_per_block,
             DEFAULT_TOKENS_PER_BLOCK,
             "tokens_per_block",

@@ -1033,6 +1033,9 @@ impl RadixTree {
     }
 
     /// A human-readable rendering of the tree.
+    /// The tree as text, one node per line indented by its depth (past
+    /// [`PRETTY_MAX_INDENT`] levels the depth is written instead, so that a deep chain
+    /// prints in space linear in its nodes).
     pub fn pretty(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
@@ -1055,7 +1058,7 @@ impl RadixTree {
             let _ = writeln!(
                 s,
                 "{}[{}{}] len={} lock={} hits={} prio={} t={}{}",
-                "  ".repeat(d.depth),
+                indent(d.depth),
                 head.join(" "),
                 more,
                 d.key.len(),
@@ -1067,6 +1070,18 @@ impl RadixTree {
             );
         }
         s
+    }
+}
+
+/// Levels of indentation `pretty` draws before it writes the depth as a number.
+pub const PRETTY_MAX_INDENT: usize = 32;
+
+/// `pretty`'s indentation of a node at `depth`.
+fn indent(depth: usize) -> String {
+    if depth <= PRETTY_MAX_INDENT {
+        "  ".repeat(depth)
+    } else {
+        format!("{}({depth}) ", "  ".repeat(PRETTY_MAX_INDENT))
     }
 }
 

@@ -76,7 +76,9 @@ impl BlockTrie {
         for span in p.mm {
             self.mm_hashes.acquire(&span.hash);
         }
-        self.clock += 1;
+        // Saturates at 2**64 - 1, as `advance_clock` does (a wrap to 0 would put every
+        // retention expiry out of reach).
+        self.clock = self.clock.saturating_add(1);
         self.refresh();
 
         // References first, so that no allocation below can evict a matched block.
