@@ -31,14 +31,23 @@ The host tier (``host_capacity > 0``, SEMANTICS.md 1.9) follows SGLang's HiCache
 from __future__ import annotations
 
 import itertools
-import operator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError, LockRefError, StaleHandleError
-from prefixcache.reference.int_args import INT64_MAX, INT64_MIN, token_list, value_list
+from prefixcache.reference.int_args import (
+    INT64_MIN,
+    SIZE_MAX,
+    flag_arg,
+    int_arg,
+    opt_str_arg,
+    size_arg,
+    str_arg,
+    token_list,
+    value_list,
+)
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -160,23 +169,16 @@ class InsertResult:
 
 
 def _namespace(extra_key: object, cache_salt: object) -> Namespace:
-    for name, v in (("extra_key", extra_key), ("cache_salt", cache_salt)):
-        if v is not None and not isinstance(v, str):
-            raise InvalidTypeError(f"{name} must be a str or None, got {type(v).__name__}")
-    return (extra_key, cache_salt or None)  # type: ignore[return-value]
+    return (opt_str_arg(extra_key, "extra_key"), opt_str_arg(cache_salt, "cache_salt") or None)
 
 
-def _int_arg(name: str, v: object, default: int) -> int:
-    """An int argument (None = default); clamped to the int64 range like the bindings."""
-    if v is None:
-        return default
-    if isinstance(v, bool):
-        raise InvalidTypeError(f"{name} must be an int, got bool")
-    try:
-        i = operator.index(v)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidTypeError(f"{name} must be an int, got {type(v).__name__}") from None
-    return min(max(i, INT64_MIN), INT64_MAX)
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _policy_name(s: str) -> str:
+    """The core's normalisation of a policy name: ASCII letters lowercased, nothing else
+    (str.lower would also map the Kelvin sign to k)."""
+    return s.translate(_ASCII_LOWER)
 
 
 def _array(xs: list[int] | tuple[int, ...]) -> npt.NDArray[np.int64]:
@@ -199,31 +201,24 @@ class RadixCache:
         write_policy: str = "write_through",
         host_events: bool = False,
     ) -> None:
-        page_size = _int_arg("page_size", page_size, 1)
-        if page_size < 1:
-            raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
-        if not isinstance(eviction_policy, str):
-            raise InvalidTypeError(
-                f"eviction_policy must be a str, got {type(eviction_policy).__name__}"
-            )
-        if eviction_policy.lower() not in POLICIES:
+        # In the core's order: the str and bool arguments are read first.
+        eviction_policy = str_arg(eviction_policy, "eviction_policy")
+        write_policy = str_arg(write_policy, "write_policy")
+        host_events = flag_arg(host_events, "host_events")
+        page_size = 1 if page_size is None else int_arg(page_size, "page_size", 1, SIZE_MAX)
+        policy = _policy_name(eviction_policy)
+        if policy not in POLICIES:
             raise InvalidInputError(
                 f'unknown eviction policy "{eviction_policy}": '
                 f"expected one of {', '.join(POLICIES)}"
             )
-        host_capacity = _int_arg("host_capacity", host_capacity, 0)
-        if host_capacity < 0:
-            raise InvalidInputError(f"host_capacity must be >= 0, got {host_capacity}")
-        if not isinstance(write_policy, str):
-            raise InvalidTypeError(f"write_policy must be a str, got {type(write_policy).__name__}")
-        write = write_policy.lower().replace("-", "_")
+        host_capacity = 0 if host_capacity is None else size_arg(host_capacity, "host_capacity")
+        write = _policy_name(write_policy).replace("-", "_")
         if write not in WRITE_POLICIES:
             raise InvalidInputError(
                 f'unknown write policy "{write_policy}": expected one of '
                 "write_through, write_through_selective, write_back"
             )
-        if not isinstance(host_events, bool):
-            raise InvalidTypeError(f"host_events must be a bool, got {type(host_events).__name__}")
         if host_events and not host_capacity:
             raise InvalidInputError("host_events needs a host tier (host_capacity > 0)")
         self._host_capacity = host_capacity
@@ -236,7 +231,7 @@ class RadixCache:
             ("stored_tokens", "host_evicted_tokens", "loaded_tokens", "peak_host_tokens"), 0
         )
         self._page_size = page_size
-        self._policy = eviction_policy.lower()
+        self._policy = policy
         self._clock = 0
         self._serials = itertools.count(0)
         self._generation = 0
@@ -289,9 +284,15 @@ class RadixCache:
             stack.extend(n.children.values())
         return out
 
-    def _check_handle(self, node: object) -> Node:
+    @staticmethod
+    def _handle(node: object) -> Node:
+        """A node argument, by type only (as the core reads it, before other arguments)."""
         if not isinstance(node, Node):
             raise InvalidTypeError(f"expected a RadixCache node handle, got {type(node).__name__}")
+        return node
+
+    def _check_handle(self, node: object) -> Node:
+        node = self._handle(node)
         if node.cache is not self:
             raise StaleHandleError("the node handle belongs to another RadixCache")
         if node.generation != self._generation:
@@ -337,8 +338,8 @@ class RadixCache:
     def match_prefix(
         self, tokens: Any, extra_key: str | None = None, cache_salt: str | None = None
     ) -> MatchResult:
-        toks = token_list(tokens)
         ns = _namespace(extra_key, cache_salt)
+        toks = token_list(tokens)
         key = tuple(toks[: self._aligned(len(toks))])
         self._clock += 1
         now = self._clock
@@ -379,18 +380,16 @@ class RadixCache:
         priority: int = 0,
         inserted_len: int = 0,
     ) -> InsertResult:
+        ns = _namespace(extra_key, cache_salt)
         toks = token_list(tokens)
         vals = toks if values is None else value_list(values)
+        priority = 0 if priority is None else int_arg(priority, "priority")
+        inserted_len = 0 if inserted_len is None else size_arg(inserted_len, "inserted_len")
         if len(vals) != len(toks):
             raise InvalidInputError(
                 f"values has length {len(vals)} but tokens has length {len(toks)}: "
                 "they must be equal"
             )
-        ns = _namespace(extra_key, cache_salt)
-        priority = _int_arg("priority", priority, 0)
-        inserted_len = _int_arg("inserted_len", inserted_len, 0)
-        if inserted_len < 0:
-            raise InvalidInputError(f"inserted_len must be >= 0, got {inserted_len}")
         n = self._aligned(len(toks))
         key, val = tuple(toks[:n]), tuple(vals[:n])
         self._clock += 1
@@ -505,9 +504,7 @@ class RadixCache:
         return n is not self._root and n.lock_ref == 0 and not n.children
 
     def evict(self, num_tokens: int) -> npt.NDArray[np.int64]:
-        num_tokens = _int_arg("num_tokens", num_tokens, 0)
-        if num_tokens < 0:
-            raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = size_arg(num_tokens, "num_tokens")
         if self._host_capacity:
             return _array(self._evict_with_host(num_tokens))
         candidates = [n for n in self._walk() if self._is_evictable_leaf(n)]
@@ -640,9 +637,7 @@ class RadixCache:
         return freed
 
     def evict_host(self, num_tokens: int) -> int:
-        num_tokens = _int_arg("num_tokens", num_tokens, 0)
-        if num_tokens < 0:
-            raise InvalidInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = size_arg(num_tokens, "num_tokens")
         freed = 0
         while freed < num_tokens:
             cands = [n for n in self._walk() if self._is_host_leaf(n)]
@@ -668,6 +663,7 @@ class RadixCache:
     def take_host_events(
         self, nonzero: bool = False
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        nonzero = flag_arg(nonzero, "nonzero")
         stored, dropped = self._host_stored, self._host_dropped
         self._host_stored, self._host_dropped = [], []
         if nonzero:
@@ -690,6 +686,8 @@ class RadixCache:
         return out
 
     def load_back(self, node: Node, values: Any = None) -> int:
+        self._handle(node)
+        vals = None if values is None else value_list(values)
         tail: list[Node] = []
         cur = self._check_handle(node)
         while cur is not self._root and cur.evicted:
@@ -698,7 +696,6 @@ class RadixCache:
             cur = cur.parent
         tail.reverse()
         total = sum(len(n.key) for n in tail)
-        vals = None if values is None else value_list(values)
         if vals is not None and len(vals) != total:
             raise InvalidInputError(
                 f"load_back: values has length {len(vals)} but the node has {total} "
