@@ -45,13 +45,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from prefixcache.errors import InvalidInputError, OutOfBlocksError, UnknownRequestError
+from prefixcache.errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    OutOfBlocksError,
+    UnknownRequestError,
+)
+from prefixcache.reference.int_args import (
+    SIZE_MAX,
+    flag_arg,
+    int_arg,
+    opt_int_arg,
+    opt_str_arg,
+    request_id_arg,
+    size_arg,
+    str_arg,
+    token_list,
+)
 from prefixcache.trie_events import TrieBlockMoved, TrieBlockRemoved, TrieBlockStored
 
 DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
+U32_MAX = 2**32 - 1
 DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY = 30
 STAT_NAMES = (
     "claims",
@@ -111,12 +126,6 @@ def chain_hash(parent: int | None, key: Key) -> int:
     for t in tokens:
         h = _fnv(h, t.to_bytes(4, "little"))
     return h
-
-
-def _tokens(obj: Any) -> list[int]:
-    if isinstance(obj, np.ndarray):
-        return [int(x) for x in obj.tolist()]
-    return [int(x) for x in obj]
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -181,14 +190,34 @@ class Lookup:
     num_host_tokens: int = 0
 
 
-def _mm_items(items: Any, n: int) -> list[tuple[bytes, int, int]]:
-    out = []
-    for i, (h, start, length) in enumerate(items or ()):
-        hb = h.encode() if isinstance(h, str) else bytes(h)
-        if length <= 0 or start < 0 or start + length > n:
-            raise InvalidInputError(f"mm_items[{i}] is empty or outside the prompt")
-        out.append((hb, int(start), int(length)))
+def _mm_items(items: Any) -> list[tuple[bytes, int, int]]:
+    """The mm_items argument as the core reads it: any iterable (not one: TypeError) of
+    (hash: bytes | str, start, length) tuples."""
+    out: list[tuple[bytes, int, int]] = []
+    for i, item in enumerate(() if items is None else items):
+        bad = f"mm_items[{i}] must be a (hash: bytes | str, start: int, length: int) tuple"
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise InvalidTypeError(bad)
+        h, start, length = item
+        if isinstance(h, bytes):
+            hb = bytes(h)
+        elif isinstance(h, str):
+            hb = str_arg(h, f"mm_items[{i}] hash").encode()
+        else:
+            raise InvalidTypeError(bad)
+        start = size_arg(start, f"mm_items[{i}] start")
+        out.append((hb, start, size_arg(length, f"mm_items[{i}] length")))
     return out
+
+
+def _check_mm_items(mm: list[tuple[bytes, int, int]], n: int) -> None:
+    for i, (_, start, length) in enumerate(mm):
+        if length == 0 or start + length > n:
+            raise InvalidInputError(f"mm_items[{i}] is empty or outside the prompt")
+
+
+def _lora_id(v: object) -> int | None:
+    return opt_int_arg(v, "lora_id", 0, SIZE_MAX)
 
 
 class BlockTrie:
@@ -204,20 +233,25 @@ class BlockTrie:
         secondary_offload_min_priority: int | None = None,
         enable_events: bool = True,
     ) -> None:
-        tpb = 64 if tokens_per_block is None else tokens_per_block
-        host = 0 if host_blocks is None else host_blocks
+        # In the core's order: the bool arguments are read first.
+        enable_partial_reuse = flag_arg(enable_partial_reuse, "enable_partial_reuse")
+        copy_on_partial_reuse = flag_arg(copy_on_partial_reuse, "copy_on_partial_reuse")
+        enable_events = flag_arg(enable_events, "enable_events")
+        num_blocks = size_arg(num_blocks, "num_blocks")
+        tpb = 64 if tokens_per_block is None else int_arg(tokens_per_block, "tokens_per_block", 1)
+        host = 0 if host_blocks is None else size_arg(host_blocks, "host_blocks")
         min_pr = (
             DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
             if secondary_offload_min_priority is None
-            else secondary_offload_min_priority
+            else int_arg(
+                secondary_offload_min_priority, "secondary_offload_min_priority", 0, MAX_PRIORITY
+            )
         )
-        if num_blocks < 1 or tpb < 1:
-            raise InvalidInputError("num_blocks and tokens_per_block must be >= 1")
-        if host < 0:
-            raise InvalidInputError(f"host_blocks must be >= 0, got {host}")
-        if not 0 <= min_pr <= MAX_PRIORITY:
+        if not 1 <= num_blocks < U32_MAX:
+            raise InvalidInputError(f"num_blocks must be in [1, 2**32 - 1), got {num_blocks}")
+        if num_blocks + host >= U32_MAX:  # block ids are u32 in the core
             raise InvalidInputError(
-                f"secondary_offload_min_priority must be in [0, {MAX_PRIORITY}], got {min_pr}"
+                f"num_blocks + host_blocks must be < 2**32 - 1, got {num_blocks} + {host}"
             )
         self.num_blocks = num_blocks
         self.host_blocks = host
@@ -276,6 +310,7 @@ class BlockTrie:
         return dict(self._stats)
 
     def take_events(self, compact: bool = False) -> list[Any]:
+        compact = flag_arg(compact, "compact")
         ev, self.events = self.events, []
         if compact:
             ev = [
@@ -289,7 +324,7 @@ class BlockTrie:
             self.events.append(event)
 
     def request_blocks(self, request_id: int) -> list[int]:
-        return list(self._request(request_id).blocks)
+        return list(self._request(request_id_arg(request_id)).blocks)
 
     def dump(self) -> list[dict[str, Any]]:
         out = []
@@ -403,8 +438,11 @@ class BlockTrie:
         cache_salt: str | None = None,
         mm_items: Any = None,
     ) -> Lookup:
-        toks = _tokens(tokens)
-        mm = _mm_items(mm_items, len(toks))
+        cache_salt = opt_str_arg(cache_salt, "cache_salt")
+        toks = token_list(tokens)
+        lora_id = _lora_id(lora_id)
+        mm = _mm_items(mm_items)
+        _check_mm_items(mm, len(toks))
         keys = self._keys(toks, (lora_id, cache_salt), mm)
         n_ctx = _ceil_div(len(toks), self.tokens_per_block)
         steps, matched, reused, hb, ht = self._plan(keys, n_ctx)
@@ -539,19 +577,25 @@ class BlockTrie:
         retention: int | None = None,
         reserve_tokens: int | None = None,
     ) -> Claim:
-        if priority is not None and not 0 <= priority <= MAX_PRIORITY:
-            raise InvalidInputError(f"priority must be in [0, {MAX_PRIORITY}], got {priority}")
+        # In the core's order: cache_salt is read first, then the rest in turn.
+        cache_salt = opt_str_arg(cache_salt, "cache_salt")
+        request_id = request_id_arg(request_id)
+        toks = token_list(tokens)
+        lora_id = _lora_id(lora_id)
+        mm = _mm_items(mm_items)
+        priority = opt_int_arg(priority, "priority", 0, MAX_PRIORITY)
+        retention = opt_int_arg(retention, "retention", 0, SIZE_MAX)
+        reserve = 0 if reserve_tokens is None else size_arg(reserve_tokens, "reserve_tokens")
         if request_id in self.requests:
             raise InvalidInputError(f"request {request_id} already holds blocks")
-        toks = _tokens(tokens)
         if not toks:
             raise InvalidInputError("tokens must not be empty")
-        mm = _mm_items(mm_items, len(toks))
+        _check_mm_items(mm, len(toks))
         tpb = self.tokens_per_block
         scope: Scope = (lora_id, cache_salt)
         keys = self._keys(toks, scope, mm)
         n_ctx = _ceil_div(len(toks), tpb)
-        n_total = _ceil_div(len(toks) + (reserve_tokens or 0), tpb)
+        n_total = _ceil_div(len(toks) + reserve, tpb)
         steps, matched, reused, host_blocks, host_tokens = self._plan(keys, n_ctx)
         fresh = n_total - n_ctx
         leaving = 0
@@ -617,13 +661,15 @@ class BlockTrie:
         return r
 
     def complete(self, request_id: int) -> int:
-        r = self._request(request_id)
+        r = self._request(request_id_arg(request_id))
         pins, r.pins = r.pins, []
         for b in pins:
             self._ref_dec(b)
         return len(pins)
 
     def extend(self, request_id: int, num_tokens: int) -> list[int]:
+        request_id = request_id_arg(request_id)
+        num_tokens = size_arg(num_tokens, "num_tokens")
         r = self._request(request_id)
         need = max(_ceil_div(num_tokens, self.tokens_per_block) - len(r.blocks), 0)
         if need > self.num_free_blocks:
@@ -639,8 +685,9 @@ class BlockTrie:
         self._children(parent)[key] = b
 
     def store(self, request_id: int, tokens: Any) -> int:
+        request_id = request_id_arg(request_id)
+        toks = token_list(tokens)
         r = self._request(request_id)
-        toks = _tokens(tokens)
         common = min(len(toks), len(r.tokens))
         if toks[:common] != r.tokens[:common]:
             raise InvalidInputError("tokens must agree with the tokens claimed or stored before")
@@ -686,6 +733,7 @@ class BlockTrie:
         return len(new)
 
     def release(self, request_id: int) -> None:
+        request_id = request_id_arg(request_id)
         r = self._request(request_id)
         del self.requests[request_id]
         for b in r.pins:
@@ -694,5 +742,6 @@ class BlockTrie:
             self._ref_dec(b)
 
     def advance_clock(self, ticks: int) -> None:
+        ticks = 0 if ticks is None else int_arg(ticks, "ticks", 0, SIZE_MAX)  # as the core
         self.clock += ticks
         self._refresh()
