@@ -53,6 +53,7 @@ from prefixcache.errors import (
 )
 from prefixcache.reference.int_args import (
     SIZE_MAX,
+    U64_MAX,
     flag_arg,
     int_arg,
     opt_int_arg,
@@ -466,7 +467,7 @@ class BlockTrie:
         if blk.ref_cnt == 0:
             blk.seq = self._next_seq()
             if blk.duration is not None and blk.priority != DEFAULT_PRIORITY:
-                blk.expiry = self.clock + blk.duration
+                blk.expiry = min(self.clock + blk.duration, U64_MAX)
 
     def _refresh(self) -> None:
         expired = sorted(
@@ -609,7 +610,7 @@ class BlockTrie:
         if fresh + leaving > self.num_free_blocks:
             raise OutOfBlocksError(f"cannot get {fresh} blocks")
 
-        self.clock += 1
+        self.clock = min(self.clock + 1, U64_MAX)  # saturates, as in the core
         self._refresh()
         pins = []
         for kind, b, _ in steps:
@@ -743,5 +744,5 @@ class BlockTrie:
 
     def advance_clock(self, ticks: int) -> None:
         ticks = 0 if ticks is None else int_arg(ticks, "ticks", 0, SIZE_MAX)  # as the core
-        self.clock += ticks
+        self.clock = min(self.clock + ticks, U64_MAX)  # saturates, as in the core
         self._refresh()
