@@ -1,0 +1,486 @@
+"""The plain-Python references follow the compiled core's argument contract
+(docs/ERRORS.md, rust/prefixcache-py/src/convert.rs): for every bad argument of
+RadixCache and BlockTrie, core and reference raise the same exception class and leave
+their state unchanged; the argument forms the core accepts (numpy scalars, None for a
+default) the reference accepts too, with the same result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefixcache import BlockTrie, RadixCache
+from prefixcache.reference.radix import RadixCache as RefRadix
+from prefixcache.reference.trie import BlockTrie as RefTrie
+
+Call = Callable[[Any, Any], object]
+
+
+def outcome(f: Callable[[], object]) -> tuple[str, type[BaseException] | None]:
+    try:
+        f()
+    except Exception as e:  # every class counts, the builtins included
+        return ("raised", type(e))
+    return ("ok", None)
+
+
+# ---- RadixCache ---------------------------------------------------------------------
+
+
+class RadixWorld:
+    """A cache with a host tier and handles in every state: host-only, locked, stale
+    (removed by a host eviction), from another cache."""
+
+    def __init__(self, cls: Any) -> None:
+        self.c = c = cls(1, "lru", host_capacity=16, host_events=True)
+        self.stale = c.insert([5, 6]).node
+        self.host_only = c.insert([1, 2, 3, 4]).node
+        self.locked = c.insert([7, 8]).node
+        c.inc_lock_ref(self.locked)
+        c.evict(100)  # [5, 6] and [1, 2, 3, 4] leave the device (host-only)
+        assert c.evict_host(2) == 2  # [5, 6] leaves host memory: its handle is stale
+        self.foreign = cls(1, "lru").insert([1]).node
+
+    def state(self) -> object:
+        c = self.c
+        return (
+            c.dump(),
+            c.host_dump(),
+            [v.tolist() for v in c.host_values_dump()],
+            c.clock,
+            c.evictable_size(),
+            c.protected_size(),
+            c.host_size(),
+            c.host_stats(),
+        )
+
+
+BIG = 2**64
+RADIX_CTOR_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("page_size zero", {"page_size": 0}),
+    ("page_size negative", {"page_size": -1}),
+    ("page_size float", {"page_size": 1.0}),
+    ("page_size bool", {"page_size": True}),
+    ("page_size 2**64", {"page_size": BIG}),
+    ("page_size str", {"page_size": "1"}),
+    ("eviction_policy unknown", {"eviction_policy": "xyz"}),
+    ("eviction_policy int", {"eviction_policy": 1}),
+    ("eviction_policy None", {"eviction_policy": None}),
+    ("eviction_policy surrogate", {"eviction_policy": "\ud800"}),
+    ("host_capacity negative", {"host_capacity": -1}),
+    ("host_capacity 2**63", {"host_capacity": 2**63}),
+    ("host_capacity 2**64", {"host_capacity": BIG}),
+    ("host_capacity float", {"host_capacity": 8.0}),
+    ("host_capacity bool", {"host_capacity": True}),
+    ("write_policy unknown", {"host_capacity": 8, "write_policy": "write_around"}),
+    ("write_policy int", {"host_capacity": 8, "write_policy": 1}),
+    ("write_policy None", {"host_capacity": 8, "write_policy": None}),
+    ("write_policy Kelvin sign", {"host_capacity": 8, "write_policy": "write_bac\u212a"}),
+    ("write_policy surrogate", {"host_capacity": 8, "write_policy": "\ud800"}),
+    ("host_events int", {"host_capacity": 8, "host_events": 1}),
+    ("host_events None", {"host_capacity": 8, "host_events": None}),
+    ("host_events str", {"host_capacity": 8, "host_events": "yes"}),
+    ("host_events without a host tier", {"host_events": True}),
+]
+
+
+def call(method: str, *args: Any, **kwargs: Any) -> Call:
+    """``obj.method(*args, **kwargs)``."""
+
+    def f(obj: Any, w: Any) -> object:
+        return getattr(obj, method)(*args, **kwargs)
+
+    return f
+
+
+def on(method: str, handle: str, *args: Any) -> Call:
+    """``obj.method(w.<handle>, *args)``: a node handle of the world."""
+
+    def f(obj: Any, w: Any) -> object:
+        return getattr(obj, method)(getattr(w, handle), *args)
+
+    return f
+
+
+COUNTS_BAD: list[tuple[str, Any]] = [
+    ("None", None),
+    ("-1", -1),
+    ("2**63", 2**63),
+    ("2**64", BIG),
+    ("float", 1.0),
+    ("bool", True),
+    ("str", "1"),
+]
+HANDLE_METHODS = (
+    "inc_lock_ref",
+    "dec_lock_ref",
+    "host_state",
+    "path_indices",
+    "parent",
+    "node_info",
+    "load_back",
+)
+
+RADIX_BAD: list[tuple[str, Call]] = [
+    # tokens and namespaces (the namespaces are read first)
+    ("match tokens None", call("match_prefix", None)),
+    ("match tokens set", call("match_prefix", {1, 2})),
+    ("match tokens dict", call("match_prefix", {1: 2})),
+    ("match tokens dict keys", call("match_prefix", {1: 2}.keys())),
+    ("match token 2**32", call("match_prefix", [2**32])),
+    ("match token float", call("match_prefix", [1.0])),
+    ("match extra_key int", call("match_prefix", [1], extra_key=3)),
+    ("match cache_salt bytes", call("match_prefix", [1], cache_salt=b"s")),
+    ("match extra_key surrogate", call("match_prefix", [1], extra_key="\ud800")),
+    ("match salt surrogate", call("match_prefix", [1], cache_salt="\ud800")),
+    ("match bad token, bad extra_key", call("match_prefix", [2**32], extra_key=3)),
+    ("insert tokens set", call("insert", {1, 2})),
+    ("insert values set", call("insert", [1, 2], {1, 2})),
+    ("insert values dict", call("insert", [1, 2], {1: 2, 3: 4})),
+    ("insert values too short", call("insert", [1, 2], [1])),
+    ("insert value 2**63", call("insert", [1], [2**63])),
+    ("insert salt surrogate", call("insert", [1], cache_salt="\ud800")),
+    ("insert priority bool", call("insert", [9], priority=True)),
+    ("insert priority float", call("insert", [9], priority=0.5)),
+    ("insert priority 2**63", call("insert", [9], priority=2**63)),
+    ("insert priority -2**63 - 1", call("insert", [9], priority=-(2**63) - 1)),
+    ("insert inserted_len -1", call("insert", [9], inserted_len=-1)),
+    ("insert inserted_len 2**63", call("insert", [9], inserted_len=2**63)),
+    ("insert inserted_len float", call("insert", [9], inserted_len=1.0)),
+    ("insert short values, bad priority", call("insert", [1, 2], [1], priority=0.5)),
+    # counts
+    *[
+        (f"{m} {label}", call(m, v))
+        for m in ("evict", "evict_count", "evict_host")
+        for label, v in COUNTS_BAD
+    ],
+    # handles
+    *[(f"{m} int", call(m, 3)) for m in HANDLE_METHODS],
+    *[(f"{m} None", call(m, None)) for m in HANDLE_METHODS],
+    *[(f"{m} stale", on(m, "stale")) for m in HANDLE_METHODS],
+    *[(f"{m} foreign", on(m, "foreign")) for m in HANDLE_METHODS],
+    ("load_back values dict", on("load_back", "host_only", {1: 2, 3: 4})),
+    ("load_back values set", on("load_back", "host_only", {1, 2, 3, 4})),
+    ("load_back values str", on("load_back", "host_only", "1234")),
+    ("load_back values float", on("load_back", "host_only", [1.0, 2, 3, 4])),
+    ("load_back value 2**63", on("load_back", "host_only", [2**63, 2, 3, 4])),
+    ("load_back values too short", on("load_back", "host_only", [1])),
+    ("load_back stale node, values set", on("load_back", "stale", {1, 2})),
+    ("load_back int node, value 2**63", call("load_back", 3, [2**63])),
+    ("take_host_events nonzero int", call("take_host_events", nonzero=1)),
+    ("take_host_events nonzero None", call("take_host_events", nonzero=None)),
+    ("take_host_events nonzero str", call("take_host_events", nonzero="yes")),
+]
+
+
+@pytest.mark.parametrize(("label", "kwargs"), RADIX_CTOR_BAD, ids=[r[0] for r in RADIX_CTOR_BAD])
+def test_radix_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]) -> None:
+    core = outcome(lambda: RadixCache(**kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert outcome(lambda: RefRadix(**kwargs)) == core
+
+
+@pytest.mark.parametrize(("label", "call"), RADIX_BAD, ids=[r[0] for r in RADIX_BAD])
+def test_radix_method_refuses_as_the_core(label: str, call: Call) -> None:
+    core, ref = RadixWorld(RadixCache), RadixWorld(RefRadix)
+    assert core.state() == ref.state()
+    before = core.state()
+    got = outcome(lambda: call(core.c, core))
+    assert got[0] == "raised", f"{label}: the core accepts it"
+    assert core.state() == before
+    assert outcome(lambda: call(ref.c, ref)) == got
+    assert ref.state() == before, "the reference changed on a refused call"
+
+
+RADIX_GOOD: list[tuple[str, dict[str, Any], Call | None]] = [
+    ("numpy scalars", {"page_size": np.int64(1), "host_capacity": np.uint32(8)}, None),
+    ("host_events numpy bool", {"host_capacity": 8, "host_events": np.bool_(True)}, None),
+    ("None defaults", {"page_size": None, "host_capacity": None}, None),
+    ("write_policy any case", {"host_capacity": 8, "write_policy": "Write-Back"}, None),
+    (
+        "numpy counts",
+        {"host_capacity": 8},
+        lambda c, w: (
+            c.insert([1, 2], priority=np.int8(-3), inserted_len=np.uint64(1)).prefix_len,
+            c.evict(np.int32(1)).tolist(),
+            c.evict_host(np.int64(1)),
+            [a.tolist() for a in c.take_host_events(nonzero=np.bool_(False))],
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "kwargs", "call"), RADIX_GOOD, ids=[r[0] for r in RADIX_GOOD])
+def test_radix_accepts_what_the_core_accepts(
+    label: str, kwargs: dict[str, Any], call: Call | None
+) -> None:
+    core, ref = RadixCache(**kwargs), RefRadix(**kwargs)
+    for attr in ("page_size", "eviction_policy", "host_capacity", "write_policy", "host_events"):
+        assert getattr(core, attr) == getattr(ref, attr), attr
+    if call is not None:
+        assert call(core, None) == call(ref, None)
+        assert core.dump() == ref.dump()
+
+
+# ---- BlockTrie ----------------------------------------------------------------------
+
+
+class TrieWorld:
+    """A trie with a host tier, a stored request (1) and one with a pending copy (2)."""
+
+    def __init__(self, cls: Any) -> None:
+        self.t = t = cls(8, tokens_per_block=2, host_blocks=4)
+        t.claim(1, [1, 2, 3, 4, 5])
+        t.store(1, [1, 2, 3, 4, 5])
+        t.claim(2, [1, 2, 3, 6, 7], priority=50, retention=3)
+
+    def state(self) -> object:
+        t = self.t
+        return (
+            t.dump(),
+            t.host_dump(),
+            t.clock,
+            t.num_requests,
+            t.num_free_blocks,
+            t.stats,
+            t.host_stats(),
+            [t.request_blocks(r) for r in (1, 2)],
+        )
+
+
+TRIE_CTOR_BAD: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("num_blocks zero", (0,), {}),
+    ("num_blocks negative", (-1,), {}),
+    ("num_blocks float", (8.0,), {}),
+    ("num_blocks bool", (True,), {}),
+    ("num_blocks None", (None,), {}),
+    ("num_blocks str", ("8",), {}),
+    ("num_blocks 2**32 - 1", (2**32 - 1,), {}),
+    ("num_blocks 2**64", (BIG,), {}),
+    ("tokens_per_block zero", (8,), {"tokens_per_block": 0}),
+    ("tokens_per_block negative", (8,), {"tokens_per_block": -2}),
+    ("tokens_per_block bool", (8,), {"tokens_per_block": True}),
+    ("tokens_per_block float", (8,), {"tokens_per_block": 2.0}),
+    ("tokens_per_block 2**64", (8,), {"tokens_per_block": BIG}),
+    ("enable_partial_reuse int", (8,), {"enable_partial_reuse": 1}),
+    ("enable_partial_reuse None", (8,), {"enable_partial_reuse": None}),
+    ("copy_on_partial_reuse int", (8,), {"copy_on_partial_reuse": 0}),
+    ("host_blocks negative", (8,), {"host_blocks": -1}),
+    ("host_blocks bool", (8,), {"host_blocks": True}),
+    ("host_blocks float", (8,), {"host_blocks": 1.0}),
+    ("host_blocks str", (8,), {"host_blocks": "1"}),
+    ("host_blocks 2**32", (8,), {"host_blocks": 2**32}),  # the reference built 2**32 blocks
+    ("host_blocks 2**64", (8,), {"host_blocks": BIG}),
+    ("offload priority 101", (8,), {"host_blocks": 2, "secondary_offload_min_priority": 101}),
+    ("offload priority -1", (8,), {"host_blocks": 2, "secondary_offload_min_priority": -1}),
+    ("offload priority bool", (8,), {"host_blocks": 2, "secondary_offload_min_priority": True}),
+    ("offload priority float", (8,), {"host_blocks": 2, "secondary_offload_min_priority": 3.0}),
+    ("enable_events None", (8,), {"enable_events": None}),
+    ("enable_events int", (8,), {"enable_events": 1}),
+    ("bad flag, no blocks", (0,), {"enable_events": None}),
+]
+
+RID_BAD: list[tuple[str, Any]] = [
+    ("-1", -1),
+    ("2**64", BIG),
+    ("bool", True),
+    ("float", 2.0),
+    ("None", None),
+    ("str", "1"),
+    ("numpy float", np.float64(1.0)),
+    ("unknown", 99),
+]
+TOKENS_BAD: list[tuple[str, Any]] = [
+    ("None", None),
+    ("str", "ab"),
+    ("set", {1, 2}),
+    ("2**32", [1, 2**32]),
+    ("-1", [1, -1]),
+    ("float", [1, 1.5]),
+    ("bool", [1, True]),
+    ("float array", np.array([1.0, 2.0])),
+]
+MM_BAD: list[tuple[str, Any]] = [
+    ("not iterable", 5),
+    ("short tuple", [(b"h", 0)]),
+    ("list item", [[b"h", 0, 1]]),
+    ("int hash", [(3, 0, 1)]),
+    ("bytearray hash", [(bytearray(b"h"), 0, 1)]),
+    ("surrogate hash", [("\ud800", 0, 1)]),
+    ("negative start", [(b"h", -1, 1)]),
+    ("float start", [(b"h", 0.0, 1)]),
+    ("bool length", [(b"h", 0, True)]),
+    ("empty", [(b"h", 0, 0)]),
+    ("past the prompt", [(b"h", 0, 99)]),
+    ("start 2**64", [(b"h", BIG, 1)]),
+]
+LORA_BAD: list[tuple[str, Any]] = [
+    ("-1", -1),
+    ("2**63", 2**63),
+    ("2**64", BIG),
+    ("str", "a"),
+    ("float", 1.0),
+    ("bool", True),
+]
+SALT_BAD: list[tuple[str, Any]] = [("int", 3), ("bytes", b"s"), ("surrogate", "\ud800")]
+PROMPT = [1, 2, 3, 9, 9]
+
+TRIE_BAD: list[tuple[str, Call]] = [
+    *[(f"claim request_id {label}", call("claim", v, PROMPT)) for label, v in RID_BAD[:-1]],
+    ("claim request_id held", call("claim", 1, PROMPT)),
+    *[(f"claim tokens {label}", call("claim", 3, v)) for label, v in TOKENS_BAD],
+    ("claim tokens empty", call("claim", 3, [])),
+    *[
+        (f"{m} {arg} {label}", call(m, *lead, PROMPT, **{arg: v}))
+        for m, lead in (("claim", (3,)), ("lookup", ()))
+        for arg, table in (("lora_id", LORA_BAD), ("cache_salt", SALT_BAD), ("mm_items", MM_BAD))
+        for label, v in table
+    ],
+    *[
+        (f"claim {arg} {label}", call("claim", 3, PROMPT, **{arg: v}))
+        for arg, table in (
+            (
+                "priority",
+                [("101", 101), ("-1", -1), ("bool", True), ("float", 1.5), ("2**64", BIG)],
+            ),
+            ("retention", [("-1", -1), ("bool", True), ("float", 1.0), ("2**64", BIG)]),
+            ("reserve_tokens", [("-1", -1), ("bool", True), ("float", 1.0), ("2**64", BIG)]),
+        )
+        for label, v in table
+    ],
+    ("claim held id, bad priority", call("claim", 1, PROMPT, priority=1.5)),
+    ("claim bad salt, bad id", call("claim", -1, PROMPT, cache_salt=3)),
+    *[(f"lookup tokens {label}", call("lookup", v)) for label, v in TOKENS_BAD],
+    *[
+        (f"{m} request_id {label}", call(m, v))
+        for m in ("complete", "release", "request_blocks")
+        for label, v in RID_BAD
+    ],
+    *[(f"store request_id {label}", call("store", v, [1, 2])) for label, v in RID_BAD],
+    *[(f"store tokens {label}", call("store", 1, v)) for label, v in TOKENS_BAD],
+    ("store unknown request, bad tokens", call("store", 99, "ab")),
+    *[(f"extend request_id {label}", call("extend", v, 8)) for label, v in RID_BAD],
+    *[(f"extend num_tokens {label}", call("extend", 1, v)) for label, v in COUNTS_BAD],
+    ("extend unknown request, bad count", call("extend", 99, -1)),
+    *[
+        (f"advance_clock {label}", call("advance_clock", v))
+        for label, v in COUNTS_BAD
+        if v is not None  # the core takes None for 0 ticks
+    ],
+    ("take_events compact str", call("take_events", compact="yes")),
+    ("take_events compact int", call("take_events", compact=1)),
+    ("take_events compact None", call("take_events", compact=None)),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "args", "kwargs"), TRIE_CTOR_BAD, ids=[r[0] for r in TRIE_CTOR_BAD]
+)
+def test_trie_constructor_refuses_as_the_core(
+    label: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    core = outcome(lambda: BlockTrie(*args, **kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert outcome(lambda: RefTrie(*args, **kwargs)) == core
+
+
+@pytest.mark.parametrize(("label", "call"), TRIE_BAD, ids=[r[0] for r in TRIE_BAD])
+def test_trie_method_refuses_as_the_core(label: str, call: Call) -> None:
+    core, ref = TrieWorld(BlockTrie), TrieWorld(RefTrie)
+    assert core.state() == ref.state()
+    before = core.state()
+    got = outcome(lambda: call(core.t, core))
+    assert got[0] == "raised", f"{label}: the core accepts it"
+    assert core.state() == before
+    assert outcome(lambda: call(ref.t, ref)) == got
+    assert ref.state() == before, "the reference changed on a refused call"
+
+
+def _numpy_args(t: Any, w: Any) -> object:
+    c = t.claim(
+        np.uint64(3),
+        np.array([1, 2, 3, 4, 8], dtype=np.uint16),
+        lora_id=np.int64(0),
+        mm_items=[(b"img", np.int32(3), np.uint8(2))],
+        priority=np.int8(60),
+        retention=np.uint32(2),
+        reserve_tokens=np.int64(3),
+    )
+    stored = t.store(np.int64(3), [1, 2, 3, 4, 8])
+    ext = t.extend(np.uint8(3), np.int16(12))
+    t.advance_clock(np.int64(5))
+    lk = t.lookup((1, 2, 3), lora_id=np.uint8(0))
+    events = t.take_events(compact=np.bool_(True))
+    t.release(np.int8(3))
+    return (c.block_ids, c.copies, stored, ext, lk.num_matched_tokens, events, t.dump())
+
+
+def _saturating_clock(t: Any, w: Any) -> object:
+    """Ticks past 2**64 - 1 (advance_clock, claim) and retention expiries beyond it stop
+    there, as in the core."""
+    out: list[object] = []
+    t.claim(0, [1, 2], priority=80, retention=2**63 - 1)
+    t.release(0)
+    for _ in range(3):
+        t.advance_clock(2**63 - 1)
+        out.append(t.clock)
+    out.append(t.dump())  # expired: back to the default priority
+    t.claim(1, [5, 6], priority=80, retention=5)
+    out.append(t.clock)
+    t.release(1)
+    t.advance_clock(0)
+    out.append(t.dump())  # its expiry, 2**64 - 1, is reached
+    return out
+
+
+TRIE_GOOD: list[tuple[str, tuple[Any, ...], dict[str, Any], Call | None]] = [
+    (
+        "numpy scalars",
+        (np.int64(8),),
+        {
+            "tokens_per_block": np.uint8(2),
+            "enable_partial_reuse": np.bool_(False),
+            "copy_on_partial_reuse": np.bool_(True),
+            "host_blocks": np.int32(2),
+            "secondary_offload_min_priority": np.int64(10),
+            "enable_events": np.bool_(True),
+        },
+        _numpy_args,
+    ),
+    (
+        "None defaults",
+        (4,),
+        {"tokens_per_block": None, "host_blocks": None, "secondary_offload_min_priority": None},
+        lambda t, w: (t.advance_clock(None), t.clock, t.claim(0, [1, 2]).block_ids, t.clock),
+    ),
+    (
+        "clock saturates at 2**64 - 1",
+        (4,),
+        {"tokens_per_block": 1},
+        _saturating_clock,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "args", "kwargs", "call"), TRIE_GOOD, ids=[r[0] for r in TRIE_GOOD]
+)
+def test_trie_accepts_what_the_core_accepts(
+    label: str, args: tuple[Any, ...], kwargs: dict[str, Any], call: Call | None
+) -> None:
+    core, ref = BlockTrie(*args, **kwargs), RefTrie(*args, **kwargs)
+    for attr in (
+        "num_blocks",
+        "tokens_per_block",
+        "enable_partial_reuse",
+        "copy_on_partial_reuse",
+        "host_blocks",
+        "secondary_offload_min_priority",
+    ):
+        a, b = getattr(core, attr), getattr(ref, attr)
+        assert (a, type(a)) == (b, type(b)), attr
+    if call is not None:
+        assert call(core, None) == call(ref, None)
