@@ -1690,7 +1690,7 @@ CATALOGUE: list[Row] = [
     cmd(
         "capacity with a huge exponent",
         ["replay", "workload:A", "--capacity", "1e999999999"],
-        "at most 1e+15 tokens",
+        "too long a number",
     ),
     cmd(
         "capacity beyond a block pool",
@@ -1711,6 +1711,16 @@ CATALOGUE: list[Row] = [
         "an empty offload item",
         [*TIER_RUN, "--offload", "lru,"],
         "an empty item",
+    ),
+    cmd(
+        "an empty policy in a list",
+        ["replay", "workload:A", "--policies", "radix,,vllm-blocks"],
+        "an empty item",
+    ),
+    cmd(
+        "capacity too long a number",
+        ["replay", "workload:A", "--capacity", "1" * 101],
+        "too long a number",
     ),
     cmd(
         "policy given twice",

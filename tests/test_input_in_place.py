@@ -199,6 +199,20 @@ def test_block_manager_calls_read_their_arguments_in_order() -> None:
             plain.add_request(1, list(range(16)), lora_id=0 if hooked == "lora_id" else None)
             assert list(m.block_hashes(1)) == list(plain.block_hashes(1)), (call, hooked)
 
+    # lora_id is read after the extra keys: its hook cannot change them.
+    extra = [("a",), ("b",)]
+
+    class RewriteKeys:
+        def __index__(self) -> int:
+            extra[0] = extra[1] = ("zzz",)
+            return 0
+
+    m = KVCacheManager(num_blocks=100, block_size=4)
+    m.add_request(1, list(range(8)), extra_keys=extra, lora_id=RewriteKeys())
+    plain = KVCacheManager(num_blocks=100, block_size=4)
+    plain.add_request(1, list(range(8)), extra_keys=[("a",), ("b",)], lora_id=0)
+    assert list(m.block_hashes(1)) == list(plain.block_hashes(1))
+
     m = KVCacheManager(num_blocks=100, block_size=4)
     m.admit(1, list(range(8)))
     m.free(1)
@@ -218,12 +232,16 @@ def test_block_manager_calls_read_their_arguments_in_order() -> None:
 
 
 def test_a_lookahead_beyond_the_pool_is_refused_not_reserved() -> None:
-    from prefixcache import KVCacheManager
+    from prefixcache import InvalidTypeError, KVCacheManager
 
     m = KVCacheManager(num_blocks=10, block_size=4)
     for n in (2**40, 2**62):
         assert m.admit(1, [1, 2, 3], num_lookahead_tokens=n) is None
+    with pytest.raises(InvalidTypeError, match="num_lookahead_tokens"):
+        m.admit(1, [1, 2, 3], num_lookahead_tokens=None)  # None is no count
     assert m.admit(1, [1, 2, 3], num_lookahead_tokens=4) is not None
+    with pytest.raises(InvalidTypeError, match="num_lookahead_tokens"):
+        m.allocate_slots(1, 1, 0, None, None)
 
 
 RESIZE_SCRIPT = textwrap.dedent("""

@@ -209,6 +209,9 @@ def test_builtin_workload_as_trace_and_errors(capsys: pytest.CaptureFixture[str]
         ("2.5Ki", 2560),
         ("1gi", 2**30),
         (".5k", 500),
+        ("1" + "0" * 40 + "e-35", 100_000),  # a large mantissa and a negative exponent
+        ("0." + "0" * 32 + "1e40", 10**7),
+        ("1e15", 10**15),
     ],
 )
 def test_capacity_accepts_decimal_and_binary_forms(text: str, tokens: int) -> None:

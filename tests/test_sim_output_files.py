@@ -15,18 +15,26 @@ from prefixcache.sim.cli import main
 from prefixcache.sim.output_files import check_writable, write_text
 
 
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+def test_a_failed_write_leaves_the_old_file_or_none_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out.json"
     out.write_text("old\n")
     out.chmod(0o640)
     with pytest.raises(UnicodeEncodeError):
-        write_text(out, "new \ud800\n")  # fails part-way through the write
+        write_text(out, "new \ud800\n")  # refused before the file is opened
     assert out.read_text() == "old\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
-    write_text(out, "new\n")
-    assert out.read_text() == "new\n"
-    assert out.stat().st_mode & 0o777 == 0o640  # the file keeps its mode
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    write_text(out, "new\n")  # an existing file: written in place, keeping its mode
+    assert out.read_text() == "new\n" and out.stat().st_mode & 0o777 == 0o640
+    new = tmp_path / "new.json"
+
+    def fail(src: str, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)  # a new file fails once written
+    with pytest.raises(OSError, match="new.json: No space left on device"):
+        write_text(new, "x\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no part, no temporary
 
 
 def test_a_new_file_gets_the_mode_open_gives_it(tmp_path: Path) -> None:
@@ -37,6 +45,13 @@ def test_a_new_file_gets_the_mode_open_gives_it(tmp_path: Path) -> None:
         os.umask(mask)
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "a.csv").read_bytes() == b"x\r\ny\r\n"  # line ends as given
+
+
+def test_an_existing_file_keeps_its_hard_links(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("old")
+    os.link(tmp_path / "a.json", tmp_path / "b.json")
+    write_text(tmp_path / "a.json", "new")
+    assert (tmp_path / "b.json").read_text() == "new"
 
 
 def test_a_link_is_written_through_and_stays_a_link(tmp_path: Path) -> None:

@@ -73,9 +73,10 @@ _CAPACITY_RE = re.compile(
     r"(?P<num>[0-9][0-9_]*(\.[0-9]*)?([e][+-]?[0-9]+)?|\.[0-9]+)"
     r"(?P<unit>[kmgt]i?)?(?P<bytes>i?b)?"
 )
-# The largest capacity taken (tokens), and the exponent bound that keeps parsing fast.
+# The largest capacity taken (tokens), and the bound on its text (characters of the number,
+# and its exponent) that keeps parsing fast.
 MAX_CAPACITY = 10**15
-MAX_CAPACITY_DIGITS = 30
+MAX_CAPACITY_TEXT = 100
 CAPACITY_HELP = (
     "tokens: 3000000, 3e6, 3M or 1.5G (decimal: k=10^3, M=10^6, G=10^9, T=10^12) "
     "or 3Mi (binary: Ki=2^10, Mi=2^20, Gi=2^30, Ti=2^40)"
@@ -98,13 +99,11 @@ def parse_capacity(text: str) -> int:
     unit = m.group("unit") or ""
     mult = _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
     num = m.group("num")
-    # Bounded before the exact arithmetic, which builds 10**exponent.
-    exponent = int(num.partition("e")[2] or 0)
-    if not -MAX_CAPACITY_DIGITS <= exponent <= MAX_CAPACITY_DIGITS:
+    # Bounded before the exact arithmetic, which builds 10**exponent: no whole number of
+    # at most 1e15 tokens needs a longer text or a larger exponent.
+    if len(num) > MAX_CAPACITY_TEXT or abs(int(num.partition("e")[2] or 0)) > MAX_CAPACITY_TEXT:
         raise argparse.ArgumentTypeError(
-            f"bad capacity {text!r}: at most {MAX_CAPACITY:.0e} tokens"
-            if exponent > 0
-            else f"bad capacity {text!r}: {num} is not a whole number of tokens"
+            f"bad capacity {text!r}: too long a number (at most {MAX_CAPACITY:.0e} tokens)"
         )
     value = Fraction(num) * mult
     if value > MAX_CAPACITY:
@@ -218,11 +217,15 @@ def _milliseconds(text: str) -> float:
 
 
 def _policies(values: Sequence[str]) -> list[str]:
-    out = [p.strip() for v in values for p in v.split(",") if p.strip()]
+    out = [p.strip() for v in values for p in v.split(",")]
+    if not any(out):  # none given (or only commas): the default policies
+        return list(POLICY_NAMES)
+    if not all(out):
+        raise _UsageError(f"--policies {' '.join(values)}: an empty item")
     for i, p in enumerate(out):
         if p in out[:i]:
             raise _UsageError(f"--policies: {p} is given twice")
-    return out or list(POLICY_NAMES)
+    return out
 
 
 class _UsageError(Exception):

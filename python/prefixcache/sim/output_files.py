@@ -1,20 +1,13 @@
-"""Output files (``--json``, ``--csv``): checked before a run, written whole after it."""
+"""Output files (``--json``, ``--csv``): checked before a run, written after it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 __all__ = ["check_writable", "write_text"]
-
-
-def _in_place(path: Path) -> bool:
-    """Whether ``path`` is written in place, not replaced: a symlink (the link stays and
-    its target is written, ``/dev/stdout`` too) or an existing file that is not a regular
-    one (a pipe, a device)."""
-    return path.is_symlink() or (path.exists() and not path.is_file())
 
 
 def _named(path: str | Path, e: OSError) -> OSError:
@@ -23,44 +16,45 @@ def _named(path: str | Path, e: OSError) -> OSError:
 
 
 def check_writable(path: str | Path) -> None:
-    """Raise OSError (naming ``path``) unless a file can be written there: a new file can
-    be made in its directory (which a permission check alone does not show on a read-only
-    or special file system), or it is a link or a special file (a pipe,
-    ``/dev/stdout``) that can be opened for writing."""
+    """Raise OSError (naming ``path``) unless ``path`` can be written: an existing file
+    (through a link too) that is writable, or a new file that can be made in its
+    directory (tried: a permission check alone does not show a read-only or special file
+    system such as ``/proc``)."""
     p = Path(path)
-    target = Path(os.path.realpath(p))
-    if target.is_dir():
+    if p.is_dir():
         raise OSError(f"{path}: is a directory")
+    if p.exists():  # through links too (``/dev/stdout`` to a pipe)
+        if not os.access(p, os.W_OK):
+            raise OSError(f"{path}: not writable")
+        return
+    target = Path(os.path.realpath(p))  # a dangling link: where its file would go
     if not target.parent.is_dir():
         raise OSError(f"{path}: directory {target.parent} does not exist")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise OSError(f"{path}: not writable")
-    if _in_place(p):
-        return
     try:
-        with tempfile.TemporaryFile(dir=target.parent):
-            pass
+        fd, tmp = _new_temporary(target)
     except OSError as e:
         raise _named(path, e) from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Writes ``text`` (UTF-8, line ends as given) to ``path`` whole: a regular or new file
-    is written under a temporary name beside it and renamed over it, so that a failure
-    (a full disk, an interrupt) leaves the old file or none, never a part; a link or a
-    special file is written in place. Errors name ``path``."""
+    """Writes ``text`` (UTF-8, line ends as given) to ``path``. A new file is written under
+    a temporary name beside it and renamed once complete, so a failure (a full disk, an
+    interrupt) leaves no part of it; an existing file (or what a link names: a file, a
+    pipe, ``/dev/stdout``) is written in place, keeping its owner, mode and links. Errors
+    name ``path``."""
+    data = text.encode("utf-8")  # before any file is touched
     p = Path(path)
     try:
-        if _in_place(p):
-            with p.open("w", encoding="utf-8", newline="") as f:
-                f.write(text)
+        if p.exists() or p.is_symlink():
+            with p.open("wb") as f:
+                f.write(data)
             return
-        mode = p.stat().st_mode & 0o777 if p.exists() else _new_file_mode()
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        fd, tmp = _new_temporary(p)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-            os.chmod(tmp, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, p)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -70,8 +64,8 @@ def write_text(path: str | Path, text: str) -> None:
         raise _named(path, e) from None
 
 
-def _new_file_mode() -> int:
-    """The mode ``open(path, "w")`` gives a new file: 0o666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def _new_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` (open for writing, with the mode ``open`` gives a new
+    file: 0o666 less the umask): its descriptor and name."""
+    tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp

@@ -33,10 +33,12 @@ fn stats_dict<'py>(py: Python<'py>, s: PrefixCacheStats) -> PyResult<Bound<'py, 
     Ok(d)
 }
 
+/// The request options, read in argument order (`lora_id` after the extra keys, so that
+/// its `__index__` cannot change them before they are read).
 fn options(
     extra_keys: Option<&Bound<'_, PyAny>>,
     default_extra_keys: Option<&Bound<'_, PyAny>>,
-    lora_id: Option<i64>,
+    lora_id: Option<&Bound<'_, PyAny>>,
     lora_name: Option<String>,
 ) -> PyResult<RequestOptions> {
     let block_extra_keys = all_block_keys(extra_keys)?.unwrap_or_default();
@@ -44,6 +46,7 @@ fn options(
         Some(o) if !o.is_none() => block_keys(o, "default_extra_keys")?,
         _ => None,
     };
+    let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
     Ok(RequestOptions {
         block_extra_keys,
         default_extra_keys,
@@ -62,13 +65,13 @@ pub struct PyKVCacheManager {
     block_size: usize,
 }
 
-/// Per-request block counts as an int64 array.
-/// `num_lookahead_tokens` (an int, 0 when not given), read where the method's argument
-/// order reaches it.
+/// `num_lookahead_tokens` (an int, 0 when not given; None is refused as for every count),
+/// read where the method's argument order reaches it.
 fn lookahead_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
     obj.map_or(Ok(0), convert::num_lookahead_tokens)
 }
 
+/// Per-request block counts as an int64 array.
 fn counts_array(py: Python<'_>, counts: Vec<u64>) -> Bound<'_, PyArray1<i64>> {
     let counts = counts
         .into_iter()
@@ -212,7 +215,6 @@ impl PyKVCacheManager {
         // Converted in argument order: a later argument's `__index__` runs after the
         // prompt was read, and what it changes in it is not seen.
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
-        let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).
@@ -256,7 +258,7 @@ impl PyKVCacheManager {
         #[pyo3(from_py_with = convert::num_new_tokens)] num_new_tokens: usize,
         #[pyo3(from_py_with = convert::num_new_computed_tokens)] num_new_computed_tokens: usize,
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = convert::given)] num_lookahead_tokens: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
         let request_id = rid(request_id)?;
         let hit_blocks = match new_computed_blocks {
@@ -264,7 +266,7 @@ impl PyKVCacheManager {
             _ => Vec::new(),
         };
         // After the block ids (argument order): its `__index__` cannot change them.
-        let lookahead = lookahead_arg(num_lookahead_tokens)?;
+        let lookahead = lookahead_arg(num_lookahead_tokens.as_ref())?;
         let (new, computed) = (num_new_tokens, num_new_computed_tokens);
         let blocks = new.saturating_add(lookahead) / self.block_size.max(1);
         let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
@@ -299,7 +301,7 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'py, PyAny>,
-        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = convert::given)] num_lookahead_tokens: Option<Bound<'py, PyAny>>,
         extra_keys: Option<&Bound<'py, PyAny>>,
         default_extra_keys: Option<&Bound<'py, PyAny>>,
         lora_id: Option<&Bound<'py, PyAny>>,
@@ -309,8 +311,7 @@ impl PyKVCacheManager {
         // Converted in argument order: a later argument's `__index__` runs after the
         // prompt was read, and what it changes in it is not seen.
         let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
-        let lookahead = lookahead_arg(num_lookahead_tokens)?;
-        let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
+        let lookahead = lookahead_arg(num_lookahead_tokens.as_ref())?;
         let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).

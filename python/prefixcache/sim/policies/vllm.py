@@ -169,7 +169,8 @@ class BlocksPolicy:
         self._peak_host = 0
         if 0 < cpu_capacity < block_size:
             raise InvalidInputError(
-                f"cpu_capacity {cpu_capacity} is less than one {block_size}-token block"
+                f"{self.name}: cpu_capacity {cpu_capacity} is less than one {block_size}-token "
+                "block"
             )
         if cpu_capacity > 0:
             import prefixcache

@@ -647,3 +647,117 @@ impl Lru {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod insert_all_tests {
+    use super::*;
+    use crate::hash::BlockHash;
+    use crate::offload::chunks::LIVE;
+
+    fn state(l: &Lru, slots: &[Slot]) -> String {
+        let s: Vec<_> = slots
+            .iter()
+            .map(|s| (s.flags, s.prev, s.next, s.rank))
+            .collect();
+        format!("{} {:?}", l.dump(), s)
+    }
+
+    #[test]
+    fn insert_all_equals_insert_per_item() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut total_runs = 0usize;
+        for round in 0..400 {
+            let cap = 200usize;
+            let mut slots = vec![Slot::default(); cap];
+            for (i, s) in slots.iter_mut().enumerate() {
+                let len = 1 + (i * 7 + round) % 9;
+                let mut b = vec![0u8; len];
+                for (j, v) in b.iter_mut().enumerate() {
+                    *v = ((i * 31 + j * 17 + round) % 5) as u8;
+                }
+                b[0] = (i % 256) as u8; // distinct keys mostly
+                b.push((i / 256) as u8);
+                s.key = BlockHash::from_bytes(&b).unwrap();
+            }
+            let mut fast = Lru::new();
+            let mut slow = Lru::new();
+            slow.per_chunk = true;
+            let mut fslots = slots.clone();
+            let mut sslots = slots.clone();
+            let mut franks: Vec<Option<u64>> = vec![None; 6];
+            let mut sranks = franks.clone();
+            let mut linked: Vec<u32> = Vec::new();
+            let mut free: Vec<u32> = (0..cap as u32).rev().collect();
+            for _ in 0..60 {
+                let op = rnd(10);
+                let q = rnd(6) as usize;
+                if op < 6 && !free.is_empty() {
+                    let n = 1 + rnd(free.len().min(12) as u64) as usize;
+                    let mut items = Vec::new();
+                    let base = rnd(50);
+                    let mode = rnd(7);
+                    for k in 0..n {
+                        let id = free.pop().unwrap();
+                        let pos = match mode {
+                            0 => Some(base + k as u64),
+                            1 => Some(base + 16 * k as u64),
+                            2 => Some(base),
+                            3 => Some(base + 20 - k as u64),
+                            4 => {
+                                if rnd(3) == 0 {
+                                    None
+                                } else {
+                                    Some(base + rnd(6))
+                                }
+                            }
+                            5 => Some(match rnd(4) {
+                                0 => u64::MAX - rnd(3),
+                                1 => i64::MAX as u64 + rnd(3) - 1,
+                                2 => 0,
+                                _ => rnd(1000),
+                            }),
+                            _ => Some(base + k as u64 + rnd(2)),
+                        };
+                        items.push((id, pos));
+                        fslots[id as usize].flags = LIVE;
+                        sslots[id as usize].flags = LIVE;
+                        linked.push(id);
+                    }
+                    fast.insert_all(&mut fslots, &items, &mut franks[q]);
+                    for &(id, pos) in &items {
+                        slow.insert(&mut sslots, id, pos, &mut sranks[q]);
+                    }
+                    total_runs += 1;
+                } else if op < 7 && !linked.is_empty() {
+                    let i = rnd(linked.len() as u64) as usize;
+                    let id = linked.swap_remove(i);
+                    fast.remove(&mut fslots, id);
+                    slow.remove(&mut sslots, id);
+                    fslots[id as usize].flags = 0;
+                    sslots[id as usize].flags = 0;
+                    free.push(id);
+                } else if op < 8 {
+                    fast.close(&mut fslots, franks[q]);
+                    slow.close(&mut sslots, sranks[q]);
+                    franks[q] = None;
+                    sranks[q] = None;
+                } else if !linked.is_empty() {
+                    let i = rnd(linked.len() as u64) as usize;
+                    let id = linked[i];
+                    fast.fresh(&mut fslots, id);
+                    slow.fresh(&mut sslots, id);
+                }
+                assert_eq!(franks, sranks);
+                assert_eq!(state(&fast, &fslots), state(&slow, &sslots));
+                fast.check(&fslots, linked.len()).unwrap();
+            }
+        }
+        assert!(total_runs > 0);
+    }
+}

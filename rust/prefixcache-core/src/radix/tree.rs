@@ -1032,8 +1032,7 @@ impl RadixTree {
         out
     }
 
-    /// A human-readable rendering of the tree.
-    /// The tree as text, one node per line indented by its depth (past
+    /// The tree as text for people, one node per line indented by its depth (past
     /// [`PRETTY_MAX_INDENT`] levels the depth is written instead, so that a deep chain
     /// prints in space linear in its nodes).
     pub fn pretty(&self) -> String {
