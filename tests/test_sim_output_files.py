@@ -32,7 +32,7 @@ def test_a_failed_write_leaves_the_old_file_or_none_and_no_temporary(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", fail)  # a new file fails once written
-    with pytest.raises(OSError, match="new.json: No space left on device"):
+    with pytest.raises(OSError, match=r"new\.json: No space left on device"):
         write_text(new, "x\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no part, no temporary
 
