@@ -664,13 +664,7 @@ mod insert_all_tests {
 
     #[test]
     fn insert_all_equals_insert_per_item() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = crate::offload::tests::xorshift(0x9E37_79B9_7F4A_7C15);
         let mut total_runs = 0usize;
         for round in 0..400 {
             let cap = 200usize;

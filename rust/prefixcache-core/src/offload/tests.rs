@@ -135,13 +135,7 @@ fn lru_runs_equal_chunk_by_chunk_rank_changes() {
     fn key(i: u32) -> BlockHash {
         BlockHash::from_bytes(&i.to_le_bytes()).unwrap_or_else(|| unreachable!())
     }
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rnd = xorshift(0x2545_F491_4F6C_DD1D);
     let mut runs_seen = 0usize;
     for (capacity, steps) in [(24u64, 3000usize), (80, 3000), (400, 2000)] {
         let mut fast = CpuOffloadManager::new(capacity, CachePolicy::Lru, 1, 64, true).unwrap();
@@ -247,5 +241,16 @@ fn handed_out_lists_hold_no_more_room_than_their_items() {
         (out.evicted_keys.len(), out.evicted_keys.capacity()),
     ] {
         assert_eq!((len, cap), (1, 1), "{out:?}");
+    }
+}
+
+/// A seeded xorshift generator for the randomized tests: `rnd(n)` is in `0..n`.
+pub(super) fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed;
+    move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
     }
 }
