@@ -114,6 +114,9 @@ pub struct Lru {
     /// Tests: every rank change chunk by chunk (no runs), the reference for the runs.
     #[cfg(test)]
     pub(crate) per_chunk: bool,
+    /// Tests: the runs moved by `fresh_in_order`, `on_access` and `insert_all`.
+    #[cfg(test)]
+    pub(crate) runs: [usize; 3],
 }
 
 /// `-(position)` as vLLM's rank holds it.
@@ -314,6 +317,10 @@ impl Lru {
                 sents: &mut self.sents,
             };
             self.list.move_run_after(&mut nodes, a, b, NIL);
+            #[cfg(test)]
+            {
+                self.runs[0] += 1;
+            }
             for &id in run {
                 self.counter += 1;
                 let s = &mut slots[id as usize];
@@ -425,6 +432,10 @@ impl Lru {
             slots[ahead as usize].prev = sent_node;
             self.sents[g as usize].next = ahead;
             self.list.len += n;
+            #[cfg(test)]
+            {
+                self.runs[2] += 1;
+            }
             i += n;
         }
     }
@@ -471,6 +482,10 @@ impl Lru {
             };
             self.list
                 .move_run_after(&mut nodes, a, b, SENTINEL_BASE + g);
+            #[cfg(test)]
+            {
+                self.runs[1] += 1;
+            }
             i += n;
         }
     }

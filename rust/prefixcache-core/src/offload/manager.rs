@@ -408,6 +408,15 @@ impl CpuOffloadManager {
         }
     }
 
+    /// Tests: the LRU's runs so far (finishes, accesses, stores); zeros under ARC.
+    #[cfg(test)]
+    pub(crate) fn lru_runs(&self) -> [usize; 3] {
+        match &self.policy {
+            Policy::Lru(l) => l.runs,
+            Policy::Arc(_) => [0; 3],
+        }
+    }
+
     /// The whole state as text, for tests that compare two managers: the stored chunks
     /// (slots, links), the policy's order, the free ids, the counters, the tracker, the
     /// request contexts and the events. Reserved room is not part of it.
