@@ -743,6 +743,6 @@ class BlockTrie:
             self._ref_dec(b)
 
     def advance_clock(self, ticks: int) -> None:
-        ticks = 0 if ticks is None else int_arg(ticks, "ticks", 0, SIZE_MAX)  # as the core
+        ticks = int_arg(ticks, "ticks", 0, SIZE_MAX)
         self.clock = min(self.clock + ticks, U64_MAX)  # saturates, as in the core
         self._refresh()

@@ -484,7 +484,7 @@ impl BlockTrie {
 
     /// Advances the logical clock; free blocks whose retention ran out drop to priority 35.
     fn advance_clock(&self, py: Python<'_>, ticks: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = nonneg(Some(ticks), 0, "ticks")?;
+        let n = convert::size_arg(ticks, "ticks")? as u64;
         self.with(py, |t| t.advance_clock(n))
     }
 
