@@ -365,10 +365,7 @@ TRIE_BAD: list[tuple[str, Call]] = [
     *[(f"extend request_id {label}", call("extend", v, 8)) for label, v in RID_BAD],
     *[(f"extend num_tokens {label}", call("extend", 1, v)) for label, v in COUNTS_BAD],
     ("extend unknown request, bad count", call("extend", 99, -1)),
-    *[
-        (f"advance_clock {label}", call("advance_clock", v))
-        for label, v in COUNTS_BAD
-    ],
+    *[(f"advance_clock {label}", call("advance_clock", v)) for label, v in COUNTS_BAD],
     ("take_events compact str", call("take_events", compact="yes")),
     ("take_events compact int", call("take_events", compact=1)),
     ("take_events compact None", call("take_events", compact=None)),
