@@ -186,12 +186,19 @@ def test_radix_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any
 @pytest.mark.parametrize(("label", "call"), RADIX_BAD, ids=[r[0] for r in RADIX_BAD])
 def test_radix_method_refuses_as_the_core(label: str, call: Call) -> None:
     core, ref = RadixWorld(RadixCache), RadixWorld(RefRadix)
+    _refuse_alike(label, lambda: call(core.c, core), lambda: call(ref.c, ref), core, ref)
+
+
+def _refuse_alike(
+    label: str, on_core: Callable[[], object], on_ref: Callable[[], object], core: Any, ref: Any
+) -> None:
+    """The core refuses the call, the reference raises the same class, neither changes."""
     assert core.state() == ref.state()
     before = core.state()
-    got = outcome(lambda: call(core.c, core))
+    got = outcome(on_core)
     assert got[0] == "raised", f"{label}: the core accepts it"
     assert core.state() == before
-    assert outcome(lambda: call(ref.c, ref)) == got
+    assert outcome(on_ref) == got
     assert ref.state() == before, "the reference changed on a refused call"
 
 
@@ -386,13 +393,7 @@ def test_trie_constructor_refuses_as_the_core(
 @pytest.mark.parametrize(("label", "call"), TRIE_BAD, ids=[r[0] for r in TRIE_BAD])
 def test_trie_method_refuses_as_the_core(label: str, call: Call) -> None:
     core, ref = TrieWorld(BlockTrie), TrieWorld(RefTrie)
-    assert core.state() == ref.state()
-    before = core.state()
-    got = outcome(lambda: call(core.t, core))
-    assert got[0] == "raised", f"{label}: the core accepts it"
-    assert core.state() == before
-    assert outcome(lambda: call(ref.t, ref)) == got
-    assert ref.state() == before, "the reference changed on a refused call"
+    _refuse_alike(label, lambda: call(core.t, core), lambda: call(ref.t, ref), core, ref)
 
 
 def _numpy_args(t: Any, w: Any) -> object:
