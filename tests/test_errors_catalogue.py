@@ -1695,7 +1695,7 @@ CATALOGUE: list[Row] = [
     cmd(
         "capacity beyond a block pool",
         ["replay", "workload:A", "--capacity", "1e14", "--policies", "vllm-blocks"],
-        "more than a block pool holds",
+        "capacity of 100000000000000 tokens (6250000000000 blocks of 16): num_blocks must be",
     ),
     cmd(
         "a capacity given twice",

@@ -138,10 +138,10 @@ class TrtllmPolicy:
                 **tier,
             )
         except InvalidInputError as e:
+            # Named in the caller's terms: the capacities, not the trie's block counts.
             raise InvalidInputError(
-                f"{self.name}: a capacity of {capacity} tokens ({self.num_blocks} blocks of "
-                f"{tokens_per_block}) and a host capacity of {cpu_capacity} tokens do not "
-                f"fit a block trie ({e})"
+                f"{self.name} with a capacity of {capacity} tokens ({self.num_blocks} blocks "
+                f"of {tokens_per_block}) and a host capacity of {cpu_capacity} tokens: {e}"
             ) from None
         # The trie's events in the router's keys (publish_events), else none recorded.
         self.events = TrieEventKeys(tokens_per_block) if publish_events else None

@@ -145,9 +145,10 @@ class BlocksPolicy:
                 enable_kv_cache_events=self._use_events or publish_events,
             )
         except InvalidInputError as e:
+            # Named in the caller's terms: the capacity, not the pool's block count.
             raise InvalidInputError(
-                f"{self.name}: a capacity of {capacity} tokens is {self.usable_blocks} blocks "
-                f"of {block_size} tokens, more than a block pool holds ({e})"
+                f"{self.name} with a capacity of {capacity} tokens ({self.usable_blocks} "
+                f"blocks of {block_size}): {e}"
             ) from None
         # Per request (indexed by id): the tokens of KV taken at admission (prompt +
         # reserve), and 1 once its output is queued in the manager for its decode steps.
