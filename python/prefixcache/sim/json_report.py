@@ -83,7 +83,7 @@ def json_text(obj: Any, indent: str = "") -> str:
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    """``data`` as JSON in ``path``, written whole (:func:`write_text`)."""
+    """``data`` as JSON in ``path`` (written by :func:`write_text`)."""
     write_text(path, json_text(clean(data)) + "\n")
 
 

@@ -418,8 +418,8 @@ def write_grid_plot(
 
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Rows of flat dicts; the header is the union of keys in first-seen order. Written
-    whole (:func:`write_text`)."""
+    """Rows of flat dicts; the header is the union of keys in first-seen order (written by
+    :func:`write_text`)."""
     keys: list[str] = []
     for r in rows:
         for k in r:
