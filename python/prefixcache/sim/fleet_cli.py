@@ -76,6 +76,7 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         "--overlap-weight",
         type=float,
         default=1.0,
+        metavar="W",
         help="cache-aware cost: weight of the blocks to prefill against the running "
         "blocks (Dynamo's kv_overlap_score_weight; default 1)",
     )
@@ -83,6 +84,7 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         "--router-seed",
         type=int,
         default=0,
+        metavar="SEED",
         help="seed of the random router, ties and event losses",
     )
     g.add_argument(
