@@ -117,3 +117,20 @@ def test_opt_bounds_every_online_policy(prompts: list[list[int]], cap: int) -> N
     res = replay(reqs, names, cap, model="sequence", check=True)
     hits = {r.policy: summarize(r)["hit_tokens"] for r in res}
     assert all(hits["opt@1"] >= h for h in hits.values()), hits
+
+
+@pytest.mark.parametrize("rid", [3, 2**32, 2**63, 2**64 - 1])
+def test_opt_request_past_the_sequence_has_no_future(rid: int) -> None:
+    """A request id the future does not cover (up to the largest id the binding takes)
+    sees no next use: its blocks go first, and the cache stays usable."""
+    from prefixcache._core import LabCache
+
+    c = LabCache(4, "opt")
+    c.set_future(
+        np.array([7], dtype=np.uint64),
+        np.array([0, 1], dtype=np.uint64),
+        np.array([1], dtype=np.uint32),
+    )
+    assert c.acquire(rid, np.array([7], dtype=np.uint64), 1, 1) == 0
+    assert c.num_used == 1
+    c.check_invariants()

@@ -73,14 +73,20 @@ impl NextUse {
     /// The first request after `rid` in which block `pos` of request `rid` is hittable,
     /// or [`NEVER`] (also for a request or block the sequence does not have).
     pub fn at(&self, rid: u64, pos: usize) -> u64 {
-        let r = rid as usize;
-        if r + 1 >= self.offsets.len() {
+        // Any rid and pos a caller passes: past the sequence (or past usize) is NEVER.
+        let Some((&start, &end)) = usize::try_from(rid).ok().and_then(|r| {
+            let end = self.offsets.get(r.checked_add(1)?)?;
+            Some((self.offsets.get(r)?, end))
+        }) else {
             return NEVER;
-        }
-        let i = self.offsets[r] as usize + pos;
-        if i >= self.offsets[r + 1] as usize {
+        };
+        let Some(i) = usize::try_from(start)
+            .ok()
+            .and_then(|s| s.checked_add(pos))
+            .filter(|&i| (i as u64) < end)
+        else {
             return NEVER;
-        }
+        };
         match self.next[i] {
             NEVER_U32 => NEVER,
             j => u64::from(j),
@@ -101,6 +107,9 @@ mod tests {
         assert_eq!(f.at(1, 1), NEVER); // key 3 is never hittable
         assert_eq!(f.at(2, 0), NEVER);
         assert_eq!(f.at(7, 0), NEVER);
+        assert_eq!(f.at(u64::MAX, 0), NEVER);
+        assert_eq!(f.at(0, usize::MAX), NEVER);
+        assert_eq!(f.at(2, 2), NEVER);
         assert!(NextUse::new(&[1], &[0, 2], &[1]).is_err());
     }
 }
