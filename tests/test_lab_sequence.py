@@ -181,3 +181,54 @@ def test_atlas_writes_tables_and_curves(tmp_path: Path) -> None:
     assert "workload F - model `sequence`" in text
     assert (tmp_path / "docs" / "atlas" / "small_sequence.png").stat().st_size > 0
     assert json.loads((tmp_path / "docs" / "atlas" / "atlas.json").read_text())["panels"]
+
+
+def test_atlas_budgets_are_labelled_as_the_command_line_reads_them(tmp_path: Path) -> None:
+    from prefixcache.sim.atlas import AtlasConfig, _cap, run_atlas
+    from prefixcache.sim.cli import parse_capacity
+
+    for c in (2048, 4096, 3 * 2**20, 25 * 2**20, 8 * 2**10, 1500):
+        assert parse_capacity(_cap(c).replace(",", "")) == c
+    cfg = AtlasConfig(
+        trace_policies=["lab-lru", "opt"],
+        workload_policies=["lab-lru"],
+        workload_capacities=[16384],
+        workload_models=["sequence"],
+    )
+    text = run_atlas(None, tmp_path / "ATLAS.md", cfg).read_text()
+    assert "| policy | 16Ki |" in text
+
+
+def test_an_interrupted_atlas_leaves_the_last_report_as_it_was(tmp_path: Path) -> None:
+    from prefixcache.sim.atlas import AtlasConfig, run_atlas
+
+    out = tmp_path / "ATLAS.md"
+    out.write_text("the last report\n")
+    cfg = AtlasConfig(
+        workload_policies=["lab-lru"], workload_capacities=[16384], workload_models=["sequence"]
+    )
+    panels = []
+
+    def log(line: str) -> None:
+        panels.append(line)
+        if len(panels) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_atlas(None, out, cfg, log=log)
+    assert out.read_text() == "the last report\n"
+    assert list((tmp_path / "atlas").iterdir()) == []
+
+
+def test_atlas_refuses_an_unwritable_report_before_running(tmp_path: Path) -> None:
+    from prefixcache.errors import InvalidInputError
+    from prefixcache.sim.atlas import run_atlas
+
+    ran = []
+    (tmp_path / "dir.md").mkdir()
+    with pytest.raises(InvalidInputError, match="is a directory"):
+        run_atlas(None, tmp_path / "dir.md", log=ran.append)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InvalidInputError, match="is not a folder"):
+        run_atlas(tmp_path / "file", tmp_path / "ATLAS.md", log=ran.append)
+    assert ran == []
