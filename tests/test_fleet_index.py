@@ -18,6 +18,7 @@ from prefixcache import (
     BlockStored,
     InvalidEventError,
     InvalidInputError,
+    InvalidTypeError,
     KvIndex,
     UnknownWorkerError,
 )
@@ -415,3 +416,17 @@ def _differential(steps: list, query: list[int], padding: int) -> None:
             assert m.blocks(w, medium) == ref.longest(w, query, medium)
         assert m.stale(w) == ref.stale(w)
         assert m.score(w) == pytest.approx(ref.score(w, query, {"CPU": 0.5, "DISK": 0.25}))
+
+
+def test_argument_messages_name_the_argument_and_the_problem() -> None:
+    ix = KvIndex()
+    ix.add_worker("w", now=0.0)
+    with pytest.raises(InvalidTypeError, match=r"^now must be a number, got str$"):
+        ix.apply("w", [], now="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^now must be a finite time, got inf$"):
+        ix.status("w", now=float("inf"))
+    with pytest.raises(InvalidInputError, match=r"^next_seq must be >= 0, got -1$"):
+        ix.reset_worker("w", -1)
+    with pytest.raises(InvalidInputError, match=r"must be 1-D, got shape \(1, 2\)$"):
+        ix.longest_prefix(np.array([[1, 2]], dtype=np.uint64), now=0.0)
+    assert ix.status("w", now=0.0)["next_seq"] == 0

@@ -228,13 +228,7 @@ pub struct KvIndex {
 impl KvIndex {
     /// `ttl`: seconds of silence after which a worker counts as expired (`None`: never).
     pub fn new(form: HashForm, ttl: Option<f64>) -> Result<Self> {
-        if let Some(t) = ttl {
-            if !(t > 0.0 && t.is_finite()) {
-                return Err(Error::InvalidArgument(format!(
-                    "ttl must be a positive number of seconds, got {t}"
-                )));
-            }
-        }
+        check_ttl(ttl)?;
         Ok(KvIndex {
             form,
             ttl,
@@ -733,12 +727,8 @@ impl KvIndex {
         };
         let mut table = try_vec(self.media.len(), "the medium weights")?;
         table.resize(self.media.len(), 1.0);
+        check_weights(ws)?;
         for (name, w) in ws {
-            if !(w.is_finite() && *w >= 0.0) {
-                return Err(Error::InvalidArgument(format!(
-                    "weight of medium {name:?} must be a finite number >= 0, got {w}"
-                )));
-            }
             if let Some(id) = self.medium_id(name) {
                 table[id as usize] = *w;
             }
@@ -1028,4 +1018,24 @@ impl KvIndex {
 /// The default medium's name.
 pub fn default_medium() -> &'static str {
     DEFAULT_MEDIUM
+}
+
+/// A worker TTL: None, or a positive finite number of seconds.
+pub fn check_ttl(ttl: Option<f64>) -> Result<()> {
+    match ttl {
+        Some(t) if !(t > 0.0 && t.is_finite()) => Err(Error::InvalidArgument(format!(
+            "ttl must be a positive number of seconds, got {t}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Per-medium weights of a query: each a finite number >= 0.
+pub fn check_weights(weights: &[(String, f64)]) -> Result<()> {
+    match weights.iter().find(|(_, w)| !(w.is_finite() && *w >= 0.0)) {
+        Some((name, w)) => Err(Error::InvalidArgument(format!(
+            "weight of medium {name:?} must be a finite number >= 0, got {w}"
+        ))),
+        None => Ok(()),
+    }
 }
