@@ -436,7 +436,8 @@ impl KvIndex {
         }
     }
 
-    /// Applies a decoded batch (its `dp_rank` is recorded).
+    /// Applies a decoded batch. The `dp_rank` of an applied batch is recorded (None for a
+    /// batch without one); a duplicate or a gap is not applied and changes nothing of it.
     pub fn apply_batch(
         &mut self,
         name: &str,
@@ -445,7 +446,7 @@ impl KvIndex {
         now: f64,
     ) -> Result<ApplyOutcome> {
         let out = self.apply_stamped(name, &batch.events, seq, Some(batch.ts), now);
-        if out.is_ok() {
+        if matches!(out, Ok(ApplyOutcome::Applied)) {
             if let Some(&slot) = self.names.get(name) {
                 self.worker_mut(slot).dp_rank = batch.dp_rank;
             }
