@@ -452,11 +452,13 @@ def test_bad_arguments_raise_the_same_error_in_both_backends(url: str, call: Any
 
 
 def test_a_batch_with_a_65th_medium_is_counted_on_its_worker(url: str) -> None:
+    messages = []
     for ix in both(url):
         for i in range(64):
             ix.apply("w", [_stored([i], medium=f"m{i}")], now=0.0)
-        with pytest.raises(InvalidEventError, match="more than 64 distinct media"):
-            ix.apply("w", [_stored([99], medium="X")], now=0.0)
+        with pytest.raises(InvalidEventError, match="more than 64 distinct media") as e:
+            ix.apply("w", [_stored([99], medium='X"\\'), _stored([9], medium="Y")], now=0.0)
+        messages.append(str(e.value))
         frames = _frames(0, [_stored([99], medium="X")])
         if isinstance(ix, RedisKvIndex):
             assert ix.apply_many([("w", frames)], now=0.0) == ["error"]
@@ -466,6 +468,7 @@ def test_a_batch_with_a_65th_medium_is_counted_on_its_worker(url: str) -> None:
         st = ix.status("w", now=0.0)
         assert st["errors"] == 2 and "more than 64 distinct media" in st["last_error"]
         assert st["batches"] == 64 and "X" not in ix.media
+    assert messages[0] == messages[1] == 'more than 64 distinct media (new: ["X\\"\\\\"])'
 
 
 def test_freed_worker_slots_are_reused_as_in_the_embedded_index(url: str) -> None:

@@ -86,6 +86,7 @@ local max_media = tonumber(ARGV[8])
 local mkey = P .. ':media'
 local known = redis.call('HLEN', mkey)
 local new = {}
+local names = {}
 local nnew = 0
 local ts = ARGV[9]
 local call = ARGV[10]
@@ -95,11 +96,17 @@ while i <= #ARGV do
   if kind ~= 'c' and not new[medium] and redis.call('HEXISTS', mkey, medium) == 0 then
     new[medium] = true
     nnew = nnew + 1
+    -- quoted as the embedded index's message quotes them
+    local q = medium:gsub('[\\"]', '\\%0'):gsub('\n', '\\n'):gsub('\r', '\\r')
+    names[nnew] = '"' .. q:gsub('\t', '\\t') .. '"'
+    -- checked as each one comes (as the embedded index), so the message lists few
+    if known + nnew > max_media then break end
   end
   i = i + 3 + n
 end
 if known + nnew > max_media then
-  local msg = 'more than ' .. max_media .. ' distinct media'
+  local msg = 'more than ' .. max_media .. ' distinct media (new: [' ..
+    table.concat(names, ', ') .. '])'
   local slot = register()
   redis.call('HINCRBY', wkey, 'errors', 1)
   redis.call('HSET', wkey, 'last_error', msg)
