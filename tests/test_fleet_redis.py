@@ -512,9 +512,12 @@ def test_a_dropped_reply_relabels_only_the_batch_this_call_applied() -> None:
         assert ix.apply_frames("w", _frames(1, [_stored([2])]), now=0.0) == "applied"
         proxy.drop_next_reply()
         assert ix.apply_many([("w", _frames(2, [_stored([3])]))], now=0.0) == ["applied"]
+        proxy.drop_next_reply()  # a gap whose reply is lost: counted once
+        assert ix.apply_frames("w", _frames(9, [_stored([4])]), now=0.0) == "gap"
         st = ix.status("w", now=0.0)
-        assert (st["batches"], st["next_seq"]) == (3, 3)
-        assert proxy.drops == 4
+        # as the embedded index would count these calls (each attempt ran on the server)
+        assert (st["batches"], st["duplicates"], st["gaps"], st["next_seq"]) == (3, 2, 1, 3)
+        assert proxy.drops == 5
     finally:
         proxy.close()
         srv.stop()

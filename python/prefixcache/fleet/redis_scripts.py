@@ -75,9 +75,11 @@ end
 # batch without one), max_media, ts ('' = none), call id ('' = none), then ops: kind
 # ('s' stored, 'r' removed, 'c' cleared), medium, n, n hex hashes.
 # Returns {outcome} with outcome 'applied' / 'duplicate' / 'gap', or {'error', msg} (a
-# batch naming too many media: counted on the worker, nothing else written). A batch found
-# already applied by the same call id (a retry after a lost reply, no batch applied since)
-# is 'applied' again (not counted twice).
+# batch naming too many media: counted on the worker, nothing else written). A call with a
+# sequence number has a random id; the worker keeps the id and outcome of the last call
+# that counted or applied one of its batches (last_call): a retry of that call after a
+# lost reply gets the same outcome and is not counted twice (a batch it applied is
+# 'applied').
 APPLY = (
     _COMMON
     + r"""
@@ -120,20 +122,29 @@ if tonumber(now) > last then redis.call('HSET', wkey, 'last_seen', now) end
 if ARGV[5] ~= '' then
   local seq = ARGV[5]
   local nxt = redis.call('HGET', wkey, 'next_seq')
+  -- the outcome of the last call that counted or applied a batch of this worker
+  local last = redis.call('HGET', wkey, 'last_call') or ''
   if seq == ZERO and nxt ~= ZERO and ts ~= '' and ts ~= redis.call('HGET', wkey, 'first_ts') then
     redis.call('HINCRBY', wkey, 'restarts', 1)
     redis.call('HDEL', wkey, 'max_seen')
     clear(slot)
   elseif seq < nxt then
-    if call ~= '' and redis.call('HGET', wkey, 'applied_by') == call then
+    -- a retry of the call that applied it (its reply was lost): applied, counted once
+    if last == call .. ':applied' then
       health(slot)
       return {'applied'}
     end
-    redis.call('HINCRBY', wkey, 'duplicates', 1)
+    if last ~= call .. ':duplicate' then
+      redis.call('HINCRBY', wkey, 'duplicates', 1)
+      redis.call('HSET', wkey, 'last_call', call .. ':duplicate')
+    end
     health(slot)
     return {'duplicate'}
   elseif seq > nxt then
-    redis.call('HINCRBY', wkey, 'gaps', 1)
+    if last ~= call .. ':gap' then
+      redis.call('HINCRBY', wkey, 'gaps', 1)
+      redis.call('HSET', wkey, 'last_call', call .. ':gap')
+    end
     local ms = redis.call('HGET', wkey, 'max_seen')
     if not ms or ms < seq then redis.call('HSET', wkey, 'max_seen', seq) end
     health(slot)
@@ -189,12 +200,7 @@ elseif ARGV[7] ~= '' then
 end
 if ARGV[5] ~= '' then
   local nxt = ARGV[6]
-  redis.call('HSET', wkey, 'next_seq', nxt)
-  if call ~= '' then
-    redis.call('HSET', wkey, 'applied_by', call)
-  else
-    redis.call('HDEL', wkey, 'applied_by')
-  end
+  redis.call('HSET', wkey, 'next_seq', nxt, 'last_call', call .. ':applied')
   if ARGV[5] == ZERO then
     if ts ~= '' then
       redis.call('HSET', wkey, 'first_ts', ts)
@@ -267,7 +273,7 @@ if ARGV[5] == 'remove' then
 else
   clear(slot)
   redis.call('HSET', wkey, 'next_seq', ARGV[6])
-  redis.call('HDEL', wkey, 'max_seen', 'first_ts', 'applied_by')
+  redis.call('HDEL', wkey, 'max_seen', 'first_ts', 'last_call')
   health(slot)
 end
 return {'ok'}
