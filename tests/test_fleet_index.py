@@ -18,6 +18,7 @@ from prefixcache import (
     BlockStored,
     InvalidEventError,
     InvalidInputError,
+    InvalidTypeError,
     KvIndex,
     UnknownWorkerError,
 )
@@ -415,3 +416,47 @@ def _differential(steps: list, query: list[int], padding: int) -> None:
             assert m.blocks(w, medium) == ref.longest(w, query, medium)
         assert m.stale(w) == ref.stale(w)
         assert m.score(w) == pytest.approx(ref.score(w, query, {"CPU": 0.5, "DISK": 0.25}))
+
+
+def test_argument_messages_name_the_argument_and_the_problem() -> None:
+    ix = KvIndex()
+    ix.add_worker("w", now=0.0)
+    with pytest.raises(InvalidTypeError, match=r"^now must be a number, got str$"):
+        ix.apply("w", [], now="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^now must be a finite time, got inf$"):
+        ix.status("w", now=float("inf"))
+    with pytest.raises(InvalidInputError, match=r"^next_seq must be >= 0, got -1$"):
+        ix.reset_worker("w", -1)
+    with pytest.raises(InvalidInputError, match=r"must be 1-D, got shape \(1, 2\)$"):
+        ix.longest_prefix(np.array([[1, 2]], dtype=np.uint64), now=0.0)
+    assert ix.status("w", now=0.0)["next_seq"] == 0
+
+
+def test_block_size_zero_is_accepted_as_the_docs_say() -> None:
+    """vLLM's OffloadingConnector publishes block_size 0 (hash-only placeholders): both
+    decoders take it, and docs/FLEET.md says so (it used to say "> 0")."""
+    from pathlib import Path
+
+    ev = {"type": "BlockStored", "block_hashes": [1], "block_size": 0}
+    ix = KvIndex()
+    assert ix.apply("w", [ev], now=0.0) == "applied"
+    frames = [b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [ev], 0])]
+    assert ix.apply_frames("v", frames, now=0.0) == "applied"
+    doc = (Path(__file__).parent.parent / "docs" / "FLEET.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith("| `BlockStored`"))
+    assert "`block_size` (required, an int in `[0, 2**32)`" in row
+
+
+def test_a_restart_whose_batch_0_is_lost_is_not_detected() -> None:
+    """docs/FLEET.md, "Publisher restart": sequence numbers cannot tell a restart whose
+    first batch was lost; the deployment resets the worker when it learns of it."""
+    ix = KvIndex()
+    for s in range(3):
+        ev = {"type": "BlockStored", "block_hashes": [100 + s], "block_size": 4}
+        ix.apply_frames("w", [b"", s.to_bytes(8, "big"), msgpack.packb([1.0 + s, [ev], 0])])
+    ev = {"type": "BlockStored", "block_hashes": [1], "block_size": 4}
+    new1 = [b"", (1).to_bytes(8, "big"), msgpack.packb([50.0, [ev], 0])]
+    assert ix.apply_frames("w", new1, now=0.0) == "duplicate"
+    assert not ix.status("w", now=0.0)["stale"]
+    ix.reset_worker("w")  # what a deployment that learns of the restart does
+    assert ix.cached_hashes("w") == [] and ix.status("w", now=0.0)["next_seq"] == 0

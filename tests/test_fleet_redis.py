@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from fleet_support import DroppingProxy, RedisServer, load_vectors, redis_url
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache import InvalidEventError, KvIndex, UnknownWorkerError
+from prefixcache.errors import PrefixCacheError
 from prefixcache.fleet import RedisKvIndex, open_index
 
 VECTORS = load_vectors()
@@ -265,3 +268,249 @@ def test_differential_against_embedded(url: str, steps: list, query: list[int]) 
     b = emb.longest_prefix(query, now=0.0, weights={"CPU": 0.5})
     assert a.to_dict() == b.to_dict()
     ix.check_invariants()
+
+
+# -- argument rules, server data loss, sequence numbers, counters (both backends alike) --
+
+
+def _lose_data(url: str, ix: RedisKvIndex) -> None:
+    """The server loses this index's data (as a restart without persistence or a flush,
+    without touching the other tests' indexes on the shared server)."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    keys = list(r.scan_iter(match=ix.prefix + ":*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
+def _frames(seq: int, events: list[dict], ts: float = 1.0, dp: int | None = 0) -> list[bytes]:
+    return [b"", seq.to_bytes(8, "big"), msgpack.packb([ts, events, dp])]
+
+
+def _stored(hashes: list[int], medium: str | None = None) -> dict:
+    return {"type": "BlockStored", "block_hashes": hashes, "block_size": 4, "medium": medium}
+
+
+def test_a_client_that_only_reads_recovers_after_the_server_lost_its_data(url: str) -> None:
+    writer = fresh(url)
+    reader = RedisKvIndex(url, prefix=writer.prefix[1:-1])
+    writer.apply("w", [_stored([1, 2, 3])], seq=0, now=0.0)
+    assert reader.longest_prefix([1, 2, 3], now=0.0).blocks("w") == 3
+    _lose_data(url, writer)
+    writer.apply("w", [_stored([1, 2, 3])], seq=0, now=1.0)  # a replay from 0 rebuilds it
+    for _ in range(2):
+        m = reader.longest_prefix([1, 2, 3], now=1.0)
+        assert m.blocks("w") == 3 and not m.stale("w")
+        assert reader.top_k([1, 2, 3], 1, now=1.0) == [("w", 3.0, 3)]
+    assert reader.state_losses == 1 and writer.state_losses == 1
+
+
+def test_workers_known_before_a_data_loss_are_listed_removable_and_expire(url: str) -> None:
+    ix = fresh(url, ttl=5.0)
+    ix.apply("gone", [_stored([1])], seq=0, now=0.0)
+    ix.apply("back", [_stored([1])], seq=0, now=0.0)
+    _lose_data(url, ix)
+    ix.apply("back", [_stored([1])], seq=0, now=1.0)
+    other = RedisKvIndex(url, prefix=ix.prefix[1:-1], ttl=5.0)
+    for client in (ix, other):
+        assert client.workers() == ["back", "gone"]
+        m = client.longest_prefix([1], now=2.0)
+        assert m.workers == ["back", "gone"] and m.stale("gone") and m.blocks("gone") == 0
+        assert client.status("gone", now=2.0)["stale"]
+    ix.remove_worker("gone")
+    assert ix.longest_prefix([1], now=2.0).workers == ["back"]
+    with pytest.raises(UnknownWorkerError):
+        ix.remove_worker("gone")
+    # one known before the loss that no one removes expires and is pruned like any other
+    ix.apply("old", [_stored([2])], seq=0, now=1.0)
+    _lose_data(url, ix)
+    ix.apply("back", [_stored([1])], seq=0, now=3.0)
+    assert "old" in ix.workers()
+    assert sorted(ix.prune_expired(now=100.0)) == ["back", "old"]
+    assert ix.workers() == [] and ix.longest_prefix([1], now=100.0).workers == []
+    ix.check_invariants()
+
+
+def both(url: str, **kw: Any) -> list[Any]:
+    return [KvIndex(**kw), fresh(url, **kw)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ix: ix.apply("w", [], seq=1.5, now=0.0),
+        lambda ix: ix.apply("w", [], seq=-1, now=0.0),
+        lambda ix: ix.apply("w", [], seq=2**63, now=0.0),
+        lambda ix: ix.apply("w", [], seq="1", now=0.0),
+        lambda ix: ix.reset_worker("w", 2**63),
+        lambda ix: ix.reset_worker("w", -1),
+        lambda ix: ix.reset_worker("w", "abc"),
+        lambda ix: ix.reset_worker("w", 1.5),
+    ],
+)
+def test_bad_sequence_numbers_are_refused_alike_and_change_nothing(url: str, call: Any) -> None:
+    errors = []
+    for ix in both(url):
+        ix.apply("w", [_stored([1, 2])], seq=0, now=0.0)
+        before = ix.status("w", now=0.0)
+        with pytest.raises(PrefixCacheError) as e:
+            call(ix)
+        errors.append((type(e.value), str(e.value)))
+        assert ix.status("w", now=0.0) == before
+        assert ix.longest_prefix([1, 2], now=0.0).blocks("w") == 2
+        assert ix.apply("w", [_stored([3])], seq=1, now=0.0) == "applied"
+    assert errors[0] == errors[1]
+    assert errors[0][1].startswith(("seq must be", "next_seq must be"))
+
+
+def test_reset_worker_errors_name_next_seq(url: str) -> None:
+    for ix in both(url):
+        ix.add_worker("w", now=0.0)
+        with pytest.raises(PrefixCacheError, match=r"^next_seq must be >= 0, got -1"):
+            ix.reset_worker("w", -1)
+
+
+def test_sequence_numbers_compare_exactly_up_to_2_63(url: str) -> None:
+    for ix in both(url):
+        for start in (2**53, 2**62 + 1, 2**63 - 5):
+            ix.add_worker("w", now=0.0)
+            ix.reset_worker("w", start)
+            assert ix.apply("w", [_stored([7])], seq=start, now=0.0) == "applied"
+            assert ix.apply("w", [_stored([7])], seq=start, now=0.0) == "duplicate"
+            assert ix.apply("w", [_stored([8])], seq=start + 2, now=0.0) == "gap"
+            st = ix.status("w", now=0.0)
+            assert (st["next_seq"], st["max_seen_seq"], st["stale"]) == (start + 1, start + 2, True)
+            assert ix.apply("w", [_stored([9])], seq=start + 1, now=0.0) == "applied"
+            assert ix.status("w", now=0.0)["next_seq"] == start + 2
+            assert ix.apply_frames("w", _frames(start + 3, [_stored([1])]), now=0.0) == "gap"
+            ix.remove_worker("w")
+        ix.add_worker("w", now=0.0)
+        ix.reset_worker("w", 2**63 - 1)
+        assert ix.apply("w", [], seq=2**63 - 1, now=0.0) == "applied"
+        assert ix.status("w", now=0.0)["next_seq"] == 2**63
+
+
+class _SelfIndex:
+    def __index__(self) -> _SelfIndex:
+        return self
+
+
+BAD_ARGUMENTS: list[Any] = [
+    lambda ix, url: ix.apply("w", [], now=float("inf")),
+    lambda ix, url: ix.apply("w", [], now=float("nan")),
+    lambda ix, url: ix.apply("w", [], now="x"),
+    lambda ix, url: ix.longest_prefix([1], now=float("inf")),
+    lambda ix, url: ix.top_k([1], k=-1),
+    lambda ix, url: ix.top_k([1], k=1.5),
+    lambda ix, url: ix.top_k([1], 2, include_unhealthy="yes"),
+    lambda ix, url: ix.apply(5, []),
+    lambda ix, url: ix.add_worker("\ud800"),
+    lambda ix, url: ix.status(b"w"),
+    lambda ix, url: ix.cached_hashes("w", medium=3),
+    lambda ix, url: ix.longest_prefix([_SelfIndex()]),
+    lambda ix, url: ix.longest_prefix([2**64]),
+    lambda ix, url: ix.longest_prefix(5),
+    lambda ix, url: ix.longest_prefix("abc"),
+    lambda ix, url: ix.longest_prefix(tokens=[1, 2], hasher="sha256"),
+    lambda ix, url: ix.longest_prefix(tokens=[1, 2]),
+    lambda ix, url: ix.longest_prefix([1], weights=[1.0]),
+    lambda ix, url: ix.longest_prefix([1], weights={"\ud800": 1.0}),
+    lambda ix, url: ix.longest_prefix([1], weights={"CPU": -1}),
+    lambda ix, url: ix.longest_prefix([1], weights={"CPU": float("inf")}),
+    lambda ix, url: ix.longest_prefix([1], weights={"CPU": "1"}),
+    lambda ix, url: ix.longest_prefix(np.array([[1, 2]], dtype=np.uint64)),
+    lambda ix, url: ix.remove_worker("zz"),
+    lambda ix, url: (
+        type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)
+    ),
+    lambda ix, url: type(ix)(ttl=0) if isinstance(ix, KvIndex) else fresh(url, ttl=0),
+    lambda ix, url: type(ix)(hash_bytes=7) if isinstance(ix, KvIndex) else fresh(url, hash_bytes=7),
+]
+
+
+@pytest.mark.parametrize("call", BAD_ARGUMENTS)
+def test_bad_arguments_raise_the_same_error_in_both_backends(url: str, call: Any) -> None:
+    errors = []
+    for ix in both(url):
+        ix.apply("w", [_stored([1])], seq=0, now=0.0)
+        before = ix.status("w", now=0.0)
+        with pytest.raises(PrefixCacheError) as e:
+            call(ix, url)
+        errors.append((type(e.value).__name__, str(e.value)))
+        assert ix.status("w", now=0.0) == before
+        assert ix.workers() == ["w"]
+    assert errors[0] == errors[1]
+
+
+def test_a_batch_with_a_65th_medium_is_counted_on_its_worker(url: str) -> None:
+    messages = []
+    for ix in both(url):
+        for i in range(64):
+            ix.apply("w", [_stored([i], medium=f"m{i}")], now=0.0)
+        with pytest.raises(InvalidEventError, match="more than 64 distinct media") as e:
+            ix.apply("w", [_stored([99], medium='X"\\'), _stored([9], medium="Y")], now=0.0)
+        messages.append(str(e.value))
+        frames = _frames(0, [_stored([99], medium="X")])
+        if isinstance(ix, RedisKvIndex):
+            assert ix.apply_many([("w", frames)], now=0.0) == ["error"]
+        else:
+            with pytest.raises(InvalidEventError):
+                ix.apply_frames("w", frames, now=0.0)
+        st = ix.status("w", now=0.0)
+        assert st["errors"] == 2 and "more than 64 distinct media" in st["last_error"]
+        assert st["batches"] == 64 and "X" not in ix.media
+    assert messages[0] == messages[1] == 'more than 64 distinct media (new: ["X\\"\\\\"])'
+
+
+def test_freed_worker_slots_are_reused_as_in_the_embedded_index(url: str) -> None:
+    orders = []
+    for ix in both(url):
+        for w in "abcd":
+            ix.add_worker(w, now=0.0)
+        ix.remove_worker("a")
+        ix.remove_worker("b")
+        ix.add_worker("y", now=0.0)
+        ix.add_worker("x", now=0.0)
+        orders.append(ix.workers())
+    assert orders[0] == orders[1] == ["x", "y", "c", "d"]  # the last freed slot first
+
+
+def test_dp_rank_is_that_of_the_last_applied_batch(url: str) -> None:
+    for ix in both(url):
+        ix.apply_frames("w", _frames(0, [_stored([1])], dp=3), now=0.0)
+        assert ix.status("w", now=0.0)["dp_rank"] == 3
+        assert ix.apply_frames("w", _frames(5, [_stored([2])], dp=7), now=0.0) == "gap"
+        assert ix.status("w", now=0.0)["dp_rank"] == 3
+        assert ix.apply_frames("w", _frames(0, [_stored([1])], dp=9), now=0.0) == "duplicate"
+        assert ix.status("w", now=0.0)["dp_rank"] == 3
+        assert ix.apply("w", [_stored([2])], seq=1, now=0.0) == "applied"  # objects: no rank
+        assert ix.status("w", now=0.0)["dp_rank"] == 3
+        assert ix.apply_frames("w", _frames(2, [_stored([2])], dp=None), now=0.0) == "applied"
+        assert ix.status("w", now=0.0)["dp_rank"] is None
+
+
+def test_a_dropped_reply_relabels_only_the_batch_this_call_applied() -> None:
+    srv = RedisServer().start()
+    proxy = DroppingProxy(srv.port)
+    try:
+        ix = RedisKvIndex(proxy.url, prefix="relabel", retries=3)
+        assert ix.apply_frames("w", _frames(0, [_stored([1])]), now=0.0) == "applied"
+        proxy.drop_next_reply()  # a real duplicate whose reply is lost: still a duplicate
+        assert ix.apply_frames("w", _frames(0, [_stored([1])]), now=0.0) == "duplicate"
+        proxy.drop_next_reply()
+        assert ix.apply_many([("w", _frames(0, [_stored([1])]))], now=0.0) == ["duplicate"]
+        proxy.drop_next_reply()  # this call applies batch 1, its reply is lost: applied
+        assert ix.apply_frames("w", _frames(1, [_stored([2])]), now=0.0) == "applied"
+        proxy.drop_next_reply()
+        assert ix.apply_many([("w", _frames(2, [_stored([3])]))], now=0.0) == ["applied"]
+        proxy.drop_next_reply()  # a gap whose reply is lost: counted once
+        assert ix.apply_frames("w", _frames(9, [_stored([4])]), now=0.0) == "gap"
+        st = ix.status("w", now=0.0)
+        # as the embedded index would count these calls (each attempt ran on the server)
+        assert (st["batches"], st["duplicates"], st["gaps"], st["next_seq"]) == (3, 2, 1, 3)
+        assert proxy.drops == 5
+    finally:
+        proxy.close()
+        srv.stop()

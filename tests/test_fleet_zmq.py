@@ -271,3 +271,34 @@ def test_a_connecting_publisher_with_a_binding_subscriber(ctx: zmq.Context[Any])
     finally:
         sub.stop()
         pub.close(0)
+
+
+def test_a_replay_held_back_by_the_interval_runs_once_it_has_passed(
+    ctx: zmq.Context[Any], make_index: Any
+) -> None:
+    """A second gap within ``replay_interval`` of the last replay is replayed once the
+    interval has passed, though no batch follows (an idle engine)."""
+    index = make_index()
+    pub = ReplayPublisher(ctx)
+
+    def payload(h: int) -> bytes:
+        ev = {"type": "BlockStored", "block_hashes": [h], "block_size": 4}
+        return msgpack.packb([time.time(), [ev], 0])
+
+    sub = KvEventSubscriber(
+        index, [Publisher(pub.endpoint, "w", pub.replay_endpoint)], context=ctx, replay_interval=0.5
+    ).start()
+    try:
+        time.sleep(0.3)
+        pub.send(0, payload(1))
+        pub.send(1, payload(2), publish=False)
+        pub.send(2, payload(3))  # a gap: replayed at once
+        assert sub.wait_for(caught_up(index, "w", 2), timeout=5)
+        pub.send(3, payload(4), publish=False)
+        pub.send(4, payload(5))  # a gap within the interval: held back, then replayed
+        assert sub.wait_for(caught_up(index, "w", 4), timeout=5)
+        assert not index.status("w")["stale"]
+        assert index.top_k([1, 2, 3, 4, 5], 1)[0][2] == 5
+    finally:
+        sub.stop()
+        pub.close()

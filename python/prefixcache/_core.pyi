@@ -39,6 +39,16 @@ __all__ = [
     "decode_kv_frames",
     "expand_block_ids",
     "fleet_bitmap_walk",
+    "fleet_flag_arg",
+    "fleet_hash_bytes_arg",
+    "fleet_k_arg",
+    "fleet_medium_arg",
+    "fleet_now_arg",
+    "fleet_request_hashes",
+    "fleet_seq_arg",
+    "fleet_ttl_arg",
+    "fleet_weights_arg",
+    "fleet_worker_arg",
     "hash_block_tokens",
     "lab_block_keys",
 ]
@@ -971,6 +981,45 @@ def fleet_bitmap_walk(
     """The longest-prefix walk over Redis holder bitmaps (``SETBIT`` layout):
     ``rows[m * n + i]`` is block ``i`` on medium ``m``; per worker of ``slots``: blocks,
     per-medium blocks (flattened, ``worker * num_media + medium``), scores."""
+
+# The argument conversions of ``KvIndex``, for the Redis backend (the same rules and
+# errors for both backends; conversion only).
+
+def fleet_worker_arg(worker: object) -> str:
+    """``worker`` as ``KvIndex`` takes it: a str of valid text."""
+
+def fleet_medium_arg(medium: object) -> str | None:
+    """``medium`` as ``KvIndex`` takes it: None or a str of valid text."""
+
+def fleet_seq_arg(seq: object, what: str = "seq") -> int | None:
+    """A sequence number argument named ``what``: None or an int in ``[0, 2**63)``."""
+
+def fleet_now_arg(now: object = None) -> float:
+    """``now``: a finite number of seconds; the clock for None."""
+
+def fleet_ttl_arg(ttl: float | None = None) -> float | None:
+    """``ttl``: None or a positive finite number of seconds."""
+
+def fleet_hash_bytes_arg(hash_bytes: object) -> int:
+    """``hash_bytes``: an int from 8 to 32."""
+
+def fleet_request_hashes(
+    hash_bytes: object,
+    hashes: object = None,
+    tokens: object = None,
+    hasher: object = None,
+) -> list[int]:
+    """A request's block hashes as ``KvIndex`` queries take them (``hashes``, or ``tokens``
+    with a ``BlockHasher``), as index keys (ints < 2**64)."""
+
+def fleet_weights_arg(weights: object = None) -> list[tuple[str, float]] | None:
+    """``weights``: None, or a dict of medium name -> finite weight >= 0, as pairs."""
+
+def fleet_k_arg(k: object = None) -> int:
+    """The ``k`` of ``top_k``: an int >= 0; 1 for None."""
+
+def fleet_flag_arg(obj: object, what: str) -> bool:
+    """A bool argument named ``what`` (e.g. ``include_unhealthy``)."""
 
 _U64Array = npt.NDArray[np.uint64]
 

@@ -14,14 +14,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prefixcache import _core
-from prefixcache.errors import (
-    InvalidEventError,
-    InvalidInputError,
-    InvalidTypeError,
-    UnknownWorkerError,
-)
+from prefixcache.errors import InvalidEventError, UnknownWorkerError
 from prefixcache.fleet import redis_scripts
 from prefixcache.fleet.match import RemoteFleetMatch
+from prefixcache.fleet.redis_scripts import seq_text
 
 MAX_MEDIA = 64
 
@@ -31,6 +27,26 @@ Op = tuple[str, "str | None", list[int]]
 def _bit(slot: int) -> int:
     """Bit position of worker slot ``slot`` in a SETBIT bitmap read little-endian."""
     return 8 * (slot >> 3) + 7 - (slot & 7)
+
+
+def _quoted(name: str) -> str:
+    """A name quoted as the core's messages quote it (Rust's ``{:?}``)."""
+    out = ['"']
+    for c in name:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif c == "\r":
+            out.append("\\r")
+        elif not c.isprintable():
+            out.append(f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    out.append('"')
+    return "".join(out)
 
 
 def _s(v: bytes | str | None) -> str:
@@ -44,6 +60,9 @@ class RedisKvIndex:
     silence in seconds after which a worker counts as expired; ``retries`` bounds the
     retries after a dropped connection (safe: every batch with a sequence number is
     applied at most once, see docs/FLEET.md).
+
+    Arguments are converted by the same functions as ``KvIndex``'s (``_core.fleet_*_arg``):
+    the same rules, the same errors, checked before anything is written.
     """
 
     def __init__(
@@ -58,10 +77,8 @@ class RedisKvIndex:
     ) -> None:
         import redis
 
-        if ttl is not None and not ttl > 0:
-            raise InvalidInputError(f"ttl must be a positive number of seconds, got {ttl}")
-        if not 8 <= hash_bytes <= 32:
-            raise InvalidInputError(f"hash_bytes must be between 8 and 32, got {hash_bytes}")
+        ttl = _core.fleet_ttl_arg(ttl)
+        hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
         self._redis_errors = (redis.ConnectionError, redis.TimeoutError)
         self._r = redis.Redis.from_url(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
@@ -74,10 +91,11 @@ class RedisKvIndex:
         self._record = self._r.register_script(redis_scripts.RECORD_ERROR)
         self._add = self._r.register_script(redis_scripts.ADD_WORKER)
         self._drop = self._r.register_script(redis_scripts.DROP_WORKER)
+        self._mark_lost = self._r.register_script(redis_scripts.MARK_LOST)
         self._media: dict[str, int] = {}
+        # Workers this client has seen (written or read): registered again, stale, when
+        # the server loses its data.
         self._known: set[str] = set()
-        # Workers known when the server lost its data and not seen since: reported stale.
-        self._lost: set[str] = set()
         #: Times this client found the server's data gone (restart, flush) and re-created it.
         self.state_losses = 0
         self._epoch = self._retry(self._ensure_epoch)
@@ -114,11 +132,20 @@ class RedisKvIndex:
         self._r.set(key, uuid.uuid4().hex, nx=True)
         return _s(self._r.get(key))
 
-    def _state_lost(self) -> None:
+    def _state_lost(self, now: float) -> None:
+        """The server lost its data: adopt (or create) its new epoch and register every
+        worker this client knew again, stale (see ``redis_scripts.MARK_LOST``), so that
+        every client lists, expires, prunes and removes them alike."""
         self.state_losses += 1
-        self._lost |= self._known
         self._media.clear()
         self._epoch = self._retry(self._ensure_epoch)
+        for worker in sorted(self._known):
+            res = self._retry(
+                lambda w=worker: self._mark_lost(keys=[], args=[self._p, self._epoch, w, repr(now)])
+            )
+            if _s(res[0]) == "epoch":
+                # Lost again meanwhile: the next call finds out and starts over.
+                return
 
     def _script(self, script: Any, worker: str, now: float, args: list[Any]) -> tuple[str, bool]:
         """Runs a script; returns (first reply item, whether an attempt failed first)."""
@@ -134,7 +161,7 @@ class RedisKvIndex:
                 continue
             head = _s(res[0])
             if head == "epoch":
-                self._state_lost()
+                self._state_lost(now)
                 continue
             if head == "error":
                 raise InvalidEventError(_s(res[1]))
@@ -145,8 +172,8 @@ class RedisKvIndex:
         )
 
     @staticmethod
-    def _now(now: float | None) -> float:
-        return time.time() if now is None else float(now)
+    def _now(now: object) -> float:
+        return _core.fleet_now_arg(now)
 
     @staticmethod
     def _op_args(ops: Sequence[Op]) -> list[Any]:
@@ -158,38 +185,50 @@ class RedisKvIndex:
             args.extend([format(h, "016x") for h in hashes])
         return args
 
+    @classmethod
+    def _batch_args(
+        cls,
+        ops: Sequence[Op],
+        seq: int | None,
+        dp_rank: int | str | None,
+        ts: float | None,
+    ) -> list[Any]:
+        """APPLY's arguments after the head. ``dp_rank`` "" leaves the recorded one as is
+        (event objects carry none); None is a batch without one. With a sequence number, a
+        fresh call id: a retry after a lost reply finds its own batch applied."""
+        return [
+            "" if seq is None else seq_text(seq),
+            "" if seq is None else seq_text(seq + 1),
+            "-" if dp_rank is None else dp_rank,
+            MAX_MEDIA,
+            "" if ts is None else repr(float(ts)),
+            "" if seq is None else uuid.uuid4().hex,
+            *cls._op_args(ops),
+        ]
+
     def _apply_ops(
         self,
         worker: str,
         ops: Sequence[Op],
         seq: int | None,
-        dp_rank: int | None,
+        dp_rank: int | str | None,
         now: float,
         ts: float | None = None,
     ) -> str:
-        if seq is not None and seq < 0:
-            raise InvalidInputError(f"seq must be >= 0, got {seq}")
-        args = [
-            "" if seq is None else seq,
-            "" if dp_rank is None else dp_rank,
-            MAX_MEDIA,
-            "" if ts is None else repr(float(ts)),
-            *self._op_args(ops),
-        ]
+        args = self._batch_args(ops, seq, dp_rank, ts)
         if seq is None:
             # Without a sequence number a retry could apply the batch twice: no retry.
             res = self._apply(keys=[], args=[self._p, self._epoch, worker, repr(now), *args])
             head = _s(res[0])
             if head == "epoch":
-                self._state_lost()
+                self._state_lost(now)
                 return self._apply_ops(worker, ops, seq, dp_rank, now, ts)
+            self._known.add(worker)
             if head == "error":
                 raise InvalidEventError(_s(res[1]))
-            self._known.add(worker)
             return head
-        out, failed = self._script(self._apply, worker, now, args)
-        # A lost reply of an applied batch: the retry sees it as already applied.
-        return "applied" if failed and out == "duplicate" else out
+        out, _ = self._script(self._apply, worker, now, args)
+        return out
 
     def _record_error(self, worker: str, message: str, now: float) -> None:
         self._script(self._record, worker, now, [message])
@@ -197,34 +236,42 @@ class RedisKvIndex:
     # -- writes -----------------------------------------------------------------------
 
     def add_worker(self, worker: str, now: float | None = None) -> None:
+        worker = _core.fleet_worker_arg(worker)
         self._script(self._add, worker, self._now(now), [])
 
     def remove_worker(self, worker: str) -> None:
+        worker = _core.fleet_worker_arg(worker)
         out, _ = self._script(self._drop, worker, self._now(None), ["remove", ""])
         if out == "unknown":
-            raise UnknownWorkerError(f"unknown worker {worker!r}")
+            self._known.discard(worker)
+            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
         self._known.discard(worker)
-        self._lost.discard(worker)
 
-    def reset_worker(self, worker: str, next_seq: int = 0) -> None:
-        out, _ = self._script(self._drop, worker, self._now(None), ["reset", next_seq])
+    def reset_worker(self, worker: str, next_seq: int | None = None) -> None:
+        worker = _core.fleet_worker_arg(worker)
+        nxt = _core.fleet_seq_arg(next_seq, "next_seq")
+        arg = seq_text(0 if nxt is None else nxt)
+        out, _ = self._script(self._drop, worker, self._now(None), ["reset", arg])
         if out == "unknown":
-            raise UnknownWorkerError(f"unknown worker {worker!r}")
+            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
 
     def apply(
         self, worker: str, events: Iterable[Any], seq: int | None = None, now: float | None = None
     ) -> str:
         """Applies event objects; returns "applied", "duplicate" or "gap"."""
+        worker = _core.fleet_worker_arg(worker)
         t = self._now(now)
+        seq = _core.fleet_seq_arg(seq, "seq")
         try:
             ops = _core.decode_kv_events(events, self._hash_bytes)
         except InvalidEventError as e:
             self._record_error(worker, str(e), t)
             raise
-        return self._apply_ops(worker, ops, seq, None, t)
+        return self._apply_ops(worker, ops, seq, "", t)
 
     def apply_frames(self, worker: str, frames: Sequence[bytes], now: float | None = None) -> str:
         """Applies one ZMQ message ``[topic, seq, payload]``."""
+        worker = _core.fleet_worker_arg(worker)
         t = self._now(now)
         try:
             seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
@@ -242,23 +289,16 @@ class RedisKvIndex:
         decoded: list[tuple[str, list[Any]] | None] = []
         outcomes: list[str] = []
         for worker, frames in messages:
+            worker = _core.fleet_worker_arg(worker)
             try:
                 seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
             except InvalidEventError as e:
                 self._record_error(worker, str(e), t)
                 decoded.append(None)
                 continue
-            args = [
-                seq,
-                "" if dp_rank is None else dp_rank,
-                MAX_MEDIA,
-                repr(float(ts)),
-                *self._op_args(ops),
-            ]
-            decoded.append((worker, args))
+            decoded.append((worker, self._batch_args(ops, seq, dp_rank, ts)))
         todo = [d for d in decoded if d is not None]
         results: list[str] = []
-        failed = False
         for attempt in range(self._retries + 2):
             try:
                 pipe = self._r.pipeline(transaction=False)
@@ -270,14 +310,13 @@ class RedisKvIndex:
             except self._redis_errors:
                 if attempt >= self._retries:
                     raise
-                failed = True
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             results = [_s(r[0]) for r in raw]
             if "epoch" in results:
                 # Part of the pipeline ran against a server that lost its data: start over
                 # with the new epoch (batches applied before the loss are gone anyway).
-                self._state_lost()
+                self._state_lost(t)
                 continue
             break
         it = iter(results)
@@ -286,8 +325,7 @@ class RedisKvIndex:
                 outcomes.append("error")
                 continue
             self._known.add(d[0])
-            out = next(it, "error")
-            outcomes.append("applied" if failed and out == "duplicate" else out)
+            outcomes.append(next(it, "error"))
         return outcomes
 
     def prune_expired(self, now: float | None = None) -> list[str]:
@@ -302,6 +340,7 @@ class RedisKvIndex:
                 out, _ = self._script(self._drop, worker, t, ["remove", repr(limit)])
                 if out == "ok":
                     gone.append(worker)
+                if out != "kept":
                     self._known.discard(worker)
         return gone
 
@@ -337,35 +376,6 @@ class RedisKvIndex:
             seen.add(_s(k).rsplit(":", 1)[1])
         return len(seen)
 
-    def _request_hashes(self, hashes: Any, tokens: Any, hasher: Any) -> list[int]:
-        if hashes is not None and tokens is None and hasher is None:
-            return [self._key(h, i) for i, h in enumerate(hashes)]
-        if hashes is None and tokens is not None and hasher is not None:
-            return [int.from_bytes(d[-8:], "big") for d in hasher.hash_blocks(tokens)]
-        raise InvalidInputError(
-            "give either hashes, or tokens together with a hasher (BlockHasher)"
-        )
-
-    def _key(self, h: Any, i: int) -> int:
-        """A query hash as the index key (as ``KvIndex``: an int < 2**64, or a digest of
-        ``hash_bytes`` bytes reduced to its last 8 bytes big-endian)."""
-        if type(h) is int and 0 <= h < 1 << 64:
-            return h
-        if isinstance(h, bytes):
-            if len(h) != self._hash_bytes:
-                raise InvalidInputError(
-                    f"hashes[{i}]: a block hash of {len(h)} bytes, expected {self._hash_bytes}"
-                )
-            return int.from_bytes(h[-8:], "big")
-        if isinstance(h, bool) or not hasattr(h, "__index__"):
-            raise InvalidTypeError(
-                f"hashes[{i}]: a block hash must be an int or bytes, got {type(h).__name__}"
-            )
-        v = h.__index__()
-        if not 0 <= v < 1 << 64:
-            raise InvalidInputError(f"hashes[{i}]: block hash {v} is out of range")
-        return int(v)
-
     def longest_prefix(
         self,
         hashes: Any = None,
@@ -377,13 +387,13 @@ class RedisKvIndex:
     ) -> RemoteFleetMatch:
         """Every worker's longest held prefix of a request, per medium and on any medium."""
         t = self._now(now)
-        hs = self._request_hashes(hashes, tokens, hasher)
+        hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+        wt = _core.fleet_weights_arg(weights)
+        return self._query(hs, None if wt is None else dict(wt), t)
+
+    def _query(self, hs: list[int], weights: dict[str, float] | None, t: float) -> RemoteFleetMatch:
         hexes = [format(h, "016x") for h in hs]
-        if weights is not None:
-            for m, w in weights.items():
-                if not (isinstance(w, (int, float)) and w >= 0 and w == w and w != float("inf")):
-                    raise InvalidInputError(f"weight of medium {m!r} must be a finite number >= 0")
-        for _ in range(3):
+        for _ in range(4):
             media = dict(self._media)
             order = sorted(media, key=media.__getitem__)
             heads = [f"{self._p}:b:{media[m]}:" for m in order]
@@ -401,7 +411,9 @@ class RedisKvIndex:
             res = self._retry(query)
             epoch, health_raw, media_raw = _s(res[0]), res[1], res[2]
             if epoch != self._epoch:
-                return self._lost_answer(len(hs), order)
+                # The server lost its data: adopt its new epoch (a reader too) and ask again.
+                self._state_lost(t)
+                continue
             server_media = {_s(k): int(v) for k, v in media_raw.items()}
             if server_media != media:
                 self._media = server_media
@@ -409,15 +421,7 @@ class RedisKvIndex:
             rows = res[3] if keys else []
             health = {_s(k): self._parse_health(v) for k, v in health_raw.items()}
             return self._answer(hs, order, rows, health, weights, t)
-        raise RuntimeError("Redis fleet index: media changed during three queries in a row")
-
-    def _lost_answer(self, n: int, media: list[str]) -> RemoteFleetMatch:
-        """The server lost its data: every worker this client knew is stale, with nothing."""
-        ws = sorted(self._known)
-        k = len(ws)
-        return RemoteFleetMatch(
-            n, media, ws, [0] * k, [(0,) * len(media)] * k, [0.0] * k, [True] * k, [False] * k
-        )
+        raise RuntimeError("Redis fleet index: media or epoch changed during four queries in a row")
 
     def _answer(
         self,
@@ -429,12 +433,6 @@ class RedisKvIndex:
         now: float,
     ) -> RemoteFleetMatch:
         n, nm = len(hs), len(media)
-        self._lost -= health.keys()
-        # Workers lost with the server's data and not re-registered yet: stale, nothing held
-        # (a slot no bitmap uses, after the real ones).
-        top = max((h[0] for h in health.values()), default=-1)
-        for k, w in enumerate(sorted(self._lost)):
-            health[w] = (top + 1 + k, 0, 0, float("inf"))
         workers = sorted(health, key=lambda x: health[x][0])
         wt = None if weights is None else [float(weights.get(m, 1.0)) for m in media]
         blocks, flat, score = _core.fleet_bitmap_walk(
@@ -465,17 +463,23 @@ class RedisKvIndex:
         include_unhealthy: bool = False,
     ) -> list[tuple[str, float, int]]:
         """The ``k`` best workers as ``(worker, score, blocks)``, best first."""
-        m = self.longest_prefix(hashes, tokens=tokens, hasher=hasher, weights=weights, now=now)
-        idx = [i for i in range(len(m)) if include_unhealthy or not (m.stale_[i] or m.expired_[i])]
+        unhealthy = _core.fleet_flag_arg(include_unhealthy, "include_unhealthy")
+        t = self._now(now)
+        n = _core.fleet_k_arg(k)
+        hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+        wt = _core.fleet_weights_arg(weights)
+        m = self._query(hs, None if wt is None else dict(wt), t)
+        idx = [i for i in range(len(m)) if unhealthy or not (m.stale_[i] or m.expired_[i])]
         idx.sort(key=lambda i: (-m.score_[i], -m.blocks_[i]))
-        return [(m.workers[i], m.score_[i], m.blocks_[i]) for i in idx[:k]]
+        return [(m.workers[i], m.score_[i], m.blocks_[i]) for i in idx[:n]]
 
     def status(self, worker: str, now: float | None = None) -> dict[str, Any]:
         """Sequence state, health and counters of one worker (as ``KvIndex.status``)."""
+        worker = _core.fleet_worker_arg(worker)
         t = self._now(now)
         raw = self._retry(lambda: self._r.hgetall(f"{self._p}:w:{worker}"))
         if not raw:
-            raise UnknownWorkerError(f"unknown worker {worker!r}")
+            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
         d = {_s(k): _s(v) for k, v in raw.items()}
         nxt = int(d["next_seq"])
         ms = int(d["max_seen"]) if "max_seen" in d else None
@@ -507,8 +511,10 @@ class RedisKvIndex:
 
     def cached_hashes(self, worker: str, medium: str | None = None) -> list[int]:
         """The hashes ``worker`` holds (on ``medium``, or on any medium), sorted."""
+        worker = _core.fleet_worker_arg(worker)
+        medium = _core.fleet_medium_arg(medium)
         if not self._retry(lambda: self._r.exists(f"{self._p}:w:{worker}")):
-            raise UnknownWorkerError(f"unknown worker {worker!r}")
+            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
         fields = self._retry(lambda: self._r.hkeys(f"{self._p}:c:{worker}"))
         want = None
         if medium is not None:

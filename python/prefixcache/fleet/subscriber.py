@@ -9,6 +9,9 @@ are requested: a DEALER sends ``[b"", start_seq (8 bytes big-endian)]`` and read
 replies until ``seq`` is -1 (``END_SEQ``): ``[b"", topic, seq, payload]`` from vLLM 0.33
 and SGLang 0.5.23, ``[b"", seq, payload]`` from earlier vLLM versions.
 
+Replays of one publisher are at most one per ``replay_interval``: a gap within the interval
+is replayed once it has passed (at the next poll, if the worker is still stale).
+
 When the index reports that its store lost its data (``RedisKvIndex.state_losses``
 grows: the server restarted empty), every publisher is asked for a replay from 0.
 
@@ -96,6 +99,8 @@ class KvEventSubscriber:
             p.worker: SubscriberStats() for p in self.publishers
         }
         self._last_replay: dict[str, float] = {}
+        # Workers whose replay the interval held back: replayed once it has passed.
+        self._replay_due: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -175,6 +180,8 @@ class KvEventSubscriber:
                             batch.append((socks[s], parts))
                     if batch:
                         self._deliver(batch)
+                    if self._replay_due:
+                        self._replay_held_back()
                 except Exception as e:  # keep the thread alive whatever happens
                     self.loop_errors += 1
                     log.exception("kv event subscriber: %s", e)
@@ -228,6 +235,23 @@ class KvEventSubscriber:
             if p.worker in gapped and p.replay_endpoint:
                 self._replay(p)
 
+    def _replay_held_back(self) -> None:
+        """Replays held back by ``replay_interval`` whose interval has passed (for a worker
+        still stale: batches since may have filled the gap)."""
+        now = time.monotonic()
+        for p in self.publishers:
+            if p.worker not in self._replay_due:
+                continue
+            if now - self._last_replay.get(p.worker, -1e9) < self.replay_interval:
+                continue
+            self._replay_due.discard(p.worker)
+            try:
+                stale = bool(self.index.status(p.worker)["stale"])
+            except UnknownWorkerError:
+                stale = True
+            if stale:
+                self._replay(p)
+
     def request_replay(self, worker: str) -> int:
         """Requests the batches ``worker``'s index state is missing from its publisher's
         replay endpoint and applies them; returns how many were applied. Called by the
@@ -241,7 +265,9 @@ class KvEventSubscriber:
     def _replay(self, p: Publisher) -> int:
         now = time.monotonic()
         if now - self._last_replay.get(p.worker, -1e9) < self.replay_interval:
+            self._replay_due.add(p.worker)
             return 0
+        self._replay_due.discard(p.worker)
         self._last_replay[p.worker] = now
         try:
             start = int(self.index.status(p.worker)["next_seq"])

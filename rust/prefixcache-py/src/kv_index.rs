@@ -26,14 +26,27 @@ const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
 /// already): 2048 blocks over a fleet is >= ~10 us of work.
 const DETACH_MIN_BLOCKS: usize = 2048;
 
-fn now_or(now: Option<f64>) -> PyResult<f64> {
-    match now {
-        Some(t) if t.is_finite() => Ok(t),
-        Some(t) => Err(invalid_input(format!("now must be a finite time, got {t}"))),
-        None => Ok(SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0)),
+/// A time argument: a finite number of seconds, or None for the clock.
+fn now_or(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
+    let t = match now {
+        Some(o) if !o.is_none() => {
+            if o.is_instance_of::<PyString>() {
+                return Err(invalid_type("now must be a number, got str"));
+            }
+            o.extract::<f64>()
+                .map_err(|_| invalid_type(format!("now must be a number, got {}", type_name(o))))?
+        }
+        _ => {
+            return Ok(SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0))
+        }
+    };
+    if t.is_finite() {
+        Ok(t)
+    } else {
+        Err(invalid_input(format!("now must be a finite time, got {t}")))
     }
 }
 
@@ -63,9 +76,10 @@ pub(crate) fn medium_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<PyBackedStr>
     convert::str_ref(obj, "medium").map(Some)
 }
 
-fn opt_seq(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+/// A sequence number argument named `what` (an int in `[0, 2**63)`), or None.
+fn opt_seq(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
     match obj {
-        Some(o) if !o.is_none() => non_negative(o, "seq").map(Some),
+        Some(o) if !o.is_none() => non_negative(o, what).map(Some),
         _ => Ok(None),
     }
 }
@@ -121,6 +135,16 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
         return Ok(out);
     }
     if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
+        if a.ndim() != 1 {
+            return Err(invalid_input(format!(
+                "hashes: a numpy array must be 1-D, got shape ({})",
+                a.shape()
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         return Err(invalid_type(format!(
             "hashes: a numpy array must have dtype uint64 or int64, got {}",
             a.dtype()
@@ -198,6 +222,14 @@ fn request_hashes(
     }
 }
 
+/// The `k` of `top_k`: a count, 1 when None.
+fn k_arg(k: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    match k {
+        Some(k) if !k.is_none() => Ok(usize::try_from(non_negative(k, "k")?).unwrap_or(usize::MAX)),
+        _ => Ok(1),
+    }
+}
+
 fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(String, f64)>>> {
     let Some(w) = weights.filter(|w| !w.is_none()) else {
         return Ok(None);
@@ -219,6 +251,7 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
         })?;
         out.push((name, x));
     }
+    prefixcache_core::fleet::check_weights(&out).py_err()?;
     Ok(Some(out))
 }
 
@@ -286,7 +319,7 @@ impl PyKvIndex {
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let now = now_or(now)?;
         self.inner
@@ -311,7 +344,7 @@ impl PyKvIndex {
         #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         next_seq: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let next_seq = opt_seq(next_seq)?.unwrap_or(0);
+        let next_seq = opt_seq(next_seq, "next_seq")?.unwrap_or(0);
         self.inner
             .with(py, |ix| ix.reset_worker(&worker, next_seq))?
             .py_err()
@@ -325,10 +358,10 @@ impl PyKvIndex {
         #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         events: &Bound<'_, PyAny>,
         seq: Option<&Bound<'_, PyAny>>,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<&'static str> {
         let now = now_or(now)?;
-        let seq = opt_seq(seq)?;
+        let seq = opt_seq(seq, "seq")?;
         let converted = fleet_events::events(events, self.form);
         self.inner
             .with(py, |ix| match converted {
@@ -350,7 +383,7 @@ impl PyKvIndex {
         py: Python<'_>,
         #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
         frames: &Bound<'_, PyAny>,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<&'static str> {
         let now = now_or(now)?;
         let parts = match frame_parts(frames) {
@@ -395,7 +428,7 @@ impl PyKvIndex {
         tokens: Option<&Bound<'_, PyAny>>,
         hasher: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyFleetMatch> {
         let now = now_or(now)?;
         let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
@@ -420,14 +453,11 @@ impl PyKvIndex {
         tokens: Option<&Bound<'_, PyAny>>,
         hasher: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = convert::include_unhealthy)] include_unhealthy: bool,
     ) -> PyResult<Vec<(String, f64, u32)>> {
         let now = now_or(now)?;
-        let k = match k {
-            Some(k) if !k.is_none() => usize::try_from(non_negative(k, "k")?).unwrap_or(usize::MAX),
-            _ => 1,
-        };
+        let k = k_arg(k)?;
         let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
         let weights = weights_arg(weights)?;
         let top = self
@@ -448,7 +478,7 @@ impl PyKvIndex {
         &self,
         py: Python<'py>,
         #[pyo3(from_py_with = worker_arg)] worker: PyBackedStr,
-        now: Option<f64>,
+        now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let now = now_or(now)?;
         let s = self
@@ -490,7 +520,11 @@ impl PyKvIndex {
 
     /// Removes the workers silent for longer than the TTL; returns their names.
     #[pyo3(signature = (now=None))]
-    fn prune_expired(&self, py: Python<'_>, now: Option<f64>) -> PyResult<Vec<String>> {
+    fn prune_expired(
+        &self,
+        py: Python<'_>,
+        now: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<String>> {
         let now = now_or(now)?;
         self.inner
             .with(py, |ix| {
@@ -631,4 +665,85 @@ pub fn fleet_bitmap_walk(
     let refs: Vec<Option<&[u8]>> = owned.iter().map(|r| r.as_deref()).collect();
     let r = prefixcache_core::fleet::bitmaps::walk(&refs, nm, n, &slots, weights.as_deref());
     Ok((r.blocks, r.per_medium, r.score))
+}
+
+// The argument conversions of `KvIndex`, for the Redis backend (one conversion layer: the
+// same rules and messages for both backends). Conversion only.
+
+/// `worker` as `KvIndex` takes it.
+#[pyfunction]
+pub fn fleet_worker_arg(worker: &Bound<'_, PyAny>) -> PyResult<String> {
+    worker_arg(worker).map(|w| w.to_string())
+}
+
+/// `medium` as `KvIndex` takes it (None or a str).
+#[pyfunction]
+pub fn fleet_medium_arg(medium: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    medium_arg(medium).map(|m| m.map(|m| m.to_string()))
+}
+
+/// A sequence number argument named `what`, as `KvIndex` takes it (None or an int in
+/// `[0, 2**63)`).
+#[pyfunction]
+#[pyo3(signature = (seq, what="seq"))]
+pub fn fleet_seq_arg(seq: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
+    opt_seq(Some(seq), what)
+}
+
+/// `now` as `KvIndex` takes it: a finite time, the clock for None.
+#[pyfunction]
+#[pyo3(signature = (now=None))]
+pub fn fleet_now_arg(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
+    now_or(now)
+}
+
+/// `ttl` as `KvIndex` takes it (None or a positive finite number of seconds).
+#[pyfunction]
+#[pyo3(signature = (ttl=None))]
+pub fn fleet_ttl_arg(ttl: Option<f64>) -> PyResult<Option<f64>> {
+    prefixcache_core::fleet::check_ttl(ttl).py_err()?;
+    Ok(ttl)
+}
+
+/// `hash_bytes` as `KvIndex` takes it (8 to 32).
+#[pyfunction]
+pub fn fleet_hash_bytes_arg(hash_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
+    form_of(hash_bytes).map(|f| f.hash_bytes)
+}
+
+/// A request's block hashes as `KvIndex` queries take them: `hashes`, or `tokens` with a
+/// `hasher`.
+#[pyfunction]
+#[pyo3(signature = (hash_bytes, hashes=None, tokens=None, hasher=None))]
+pub fn fleet_request_hashes(
+    py: Python<'_>,
+    hash_bytes: &Bound<'_, PyAny>,
+    hashes: Option<&Bound<'_, PyAny>>,
+    tokens: Option<&Bound<'_, PyAny>>,
+    hasher: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<u64>> {
+    let form = form_of(hash_bytes)?;
+    request_hashes(py, form, hashes, tokens, hasher)
+}
+
+/// `weights` as `KvIndex` takes them: None, or `(medium, weight)` pairs.
+#[pyfunction]
+#[pyo3(signature = (weights=None))]
+pub fn fleet_weights_arg(
+    weights: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Vec<(String, f64)>>> {
+    weights_arg(weights)
+}
+
+/// The `k` of `top_k` as `KvIndex` takes it (1 for None).
+#[pyfunction]
+#[pyo3(signature = (k=None))]
+pub fn fleet_k_arg(k: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    k_arg(k)
+}
+
+/// A bool argument named `what` (e.g. `include_unhealthy`), as `KvIndex` takes it.
+#[pyfunction]
+pub fn fleet_flag_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    convert::flag_arg(obj, what)
 }

@@ -55,6 +55,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_frames, m)?)?;
     m.add_function(wrap_pyfunction!(kv_index::decode_kv_events, m)?)?;
     m.add_function(wrap_pyfunction!(kv_index::fleet_bitmap_walk, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_worker_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_medium_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_seq_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_now_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_ttl_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_hash_bytes_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_request_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_weights_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_k_arg, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_index::fleet_flag_arg, m)?)?;
     m.add_class::<lab::LabCache>()?;
     m.add_function(wrap_pyfunction!(lab::lab_block_keys, m)?)?;
     m.add_function(wrap_pyfunction!(trace::expand_block_ids, m)?)?;

@@ -228,13 +228,7 @@ pub struct KvIndex {
 impl KvIndex {
     /// `ttl`: seconds of silence after which a worker counts as expired (`None`: never).
     pub fn new(form: HashForm, ttl: Option<f64>) -> Result<Self> {
-        if let Some(t) = ttl {
-            if !(t > 0.0 && t.is_finite()) {
-                return Err(Error::InvalidArgument(format!(
-                    "ttl must be a positive number of seconds, got {t}"
-                )));
-            }
-        }
+        check_ttl(ttl)?;
         Ok(KvIndex {
             form,
             ttl,
@@ -442,7 +436,8 @@ impl KvIndex {
         }
     }
 
-    /// Applies a decoded batch (its `dp_rank` is recorded).
+    /// Applies a decoded batch. The `dp_rank` of an applied batch is recorded (None for a
+    /// batch without one); a duplicate or a gap is not applied and changes nothing of it.
     pub fn apply_batch(
         &mut self,
         name: &str,
@@ -451,7 +446,7 @@ impl KvIndex {
         now: f64,
     ) -> Result<ApplyOutcome> {
         let out = self.apply_stamped(name, &batch.events, seq, Some(batch.ts), now);
-        if out.is_ok() {
+        if matches!(out, Ok(ApplyOutcome::Applied)) {
             if let Some(&slot) = self.names.get(name) {
                 self.worker_mut(slot).dp_rank = batch.dp_rank;
             }
@@ -733,12 +728,8 @@ impl KvIndex {
         };
         let mut table = try_vec(self.media.len(), "the medium weights")?;
         table.resize(self.media.len(), 1.0);
+        check_weights(ws)?;
         for (name, w) in ws {
-            if !(w.is_finite() && *w >= 0.0) {
-                return Err(Error::InvalidArgument(format!(
-                    "weight of medium {name:?} must be a finite number >= 0, got {w}"
-                )));
-            }
             if let Some(id) = self.medium_id(name) {
                 table[id as usize] = *w;
             }
@@ -1028,4 +1019,24 @@ impl KvIndex {
 /// The default medium's name.
 pub fn default_medium() -> &'static str {
     DEFAULT_MEDIUM
+}
+
+/// A worker TTL: None, or a positive finite number of seconds.
+pub fn check_ttl(ttl: Option<f64>) -> Result<()> {
+    match ttl {
+        Some(t) if !(t > 0.0 && t.is_finite()) => Err(Error::InvalidArgument(format!(
+            "ttl must be a positive number of seconds, got {t}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Per-medium weights of a query: each a finite number >= 0.
+pub fn check_weights(weights: &[(String, f64)]) -> Result<()> {
+    match weights.iter().find(|(_, w)| !(w.is_finite() && *w >= 0.0)) {
+        Some((name, w)) => Err(Error::InvalidArgument(format!(
+            "weight of medium {name:?} must be a finite number >= 0, got {w}"
+        ))),
+        None => Ok(()),
+    }
 }

@@ -19,4 +19,7 @@ pub mod wire;
 mod tests;
 
 pub use event::{Batch, FleetEvent, HashForm, Stored, DEFAULT_MEDIUM};
-pub use index::{ApplyOutcome, FleetMatch, KvIndex, WorkerMatch, WorkerStatus, MAX_MEDIA};
+pub use index::{
+    check_ttl, check_weights, ApplyOutcome, FleetMatch, KvIndex, WorkerMatch, WorkerStatus,
+    MAX_MEDIA,
+};
