@@ -449,3 +449,35 @@ def test_skipping_bad_lines_also_skips_them_when_telling_the_format(tmp_path: Pa
     p.write_text('{"foo": 1}\n\n[1]\n')
     with pytest.raises(TraceFormatError, match=r":1: no line is a request of either format"):
         read_trace(p, skip_bad_lines=True)
+
+
+def test_a_line_longer_than_the_limit_is_refused_with_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line is never read whole past ``MAX_LINE_BYTES``: a longer one is an error naming
+    its line (skipping bad lines or not); one exactly at the limit is read."""
+    import prefixcache.sim.traces as traces
+
+    good = json.dumps({"id": 1, "arrival": 0, "prompt": [1, 2], "output_len": 1})
+    monkeypatch.setattr(traces, "MAX_LINE_BYTES", len(good) + 1)  # the line and its newline
+    path = tmp_path / "t.jsonl"
+    path.write_text(good + "\n" + good.replace("[1, 2]", "[1, 2, 3]") + "\n")
+    for skip in (False, True):
+        with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: line longer than") as e:
+            read_trace(path, skip_bad_lines=skip)
+        assert e.value.line == 2
+    path.write_text(good + "\n" + good.replace('"id": 1', '"id": 2') + "\n")
+    assert len(read_trace(path)) == 2
+
+
+def test_an_endless_line_fails_without_reading_it_all(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixcache.sim.cli import main
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    assert main(["trace-stats", "/dev/zero"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "error: /dev/zero:1: line longer than 64 MiB (67,108,864 bytes); not a trace of requests"
+    )

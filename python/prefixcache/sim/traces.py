@@ -49,6 +49,7 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "MOONCAKE_BLOCK",
     "Trace",
     "TraceFormatError",
@@ -250,17 +251,24 @@ def _decompress_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+# The longest trace line read (bytes, after decompression): far beyond any real request
+# (a 64 MiB line holds millions of token ids), and a bound on the memory one line takes.
+MAX_LINE_BYTES = 64 * 2**20
+
+
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines with their 1-based numbers. A failure while reading (a corrupt or
     truncated compressed file) is one :class:`InvalidInputError`; a file that cannot be
-    opened stays an ``OSError``."""
+    opened stays an ``OSError``; a line longer than :data:`MAX_LINE_BYTES` is a
+    :class:`TraceFormatError` (even when bad lines are skipped: nothing that long is a
+    request, and reading on would only take more memory)."""
     f = _open(path)
     errs = _decompress_errors()
     with f:
         lineno = 0
         while True:
             try:
-                line = f.readline()
+                line = f.readline(MAX_LINE_BYTES + 1)
             except errs as e:
                 raise InvalidInputError(
                     f"{path}: cannot read or decompress after line {lineno}: "
@@ -269,6 +277,13 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             if not line:
                 return
             lineno += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                raise TraceFormatError(
+                    str(path),
+                    lineno,
+                    f"line longer than {MAX_LINE_BYTES // 2**20} MiB "
+                    f"({MAX_LINE_BYTES:,} bytes); not a trace of requests",
+                )
             if line.strip():
                 yield lineno, line
 
