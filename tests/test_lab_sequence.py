@@ -181,3 +181,18 @@ def test_atlas_writes_tables_and_curves(tmp_path: Path) -> None:
     assert "workload F - model `sequence`" in text
     assert (tmp_path / "docs" / "atlas" / "small_sequence.png").stat().st_size > 0
     assert json.loads((tmp_path / "docs" / "atlas" / "atlas.json").read_text())["panels"]
+
+
+def test_opt_builds_no_output_where_the_model_caches_none() -> None:
+    """``--model sequence`` never caches outputs: opt's future is the prompts alone, so a
+    huge lazy output is never built (it would take 4 bytes a token)."""
+    from prefixcache.sim.requests import Request
+
+    def never() -> np.ndarray:
+        raise AssertionError("the output was built")
+
+    prompt = np.arange(40, dtype=np.uint32)
+    reqs = [Request(i, prompt, never, output_len=4_000_000_000) for i in range(3)]
+    seq, lru = replay(reqs, ["opt", "lab-lru"], 64, model="sequence")
+    assert [r.hit_tokens for r in seq.records] == [0, 32, 32]
+    assert [r.hit_tokens for r in seq.records] == [r.hit_tokens for r in lru.records]

@@ -135,8 +135,10 @@ class LabPolicy:
         self._future_keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None
 
     # -- the future (opt) and the request-sequence model --------------------------------
-    def prepare(self, requests: Sequence[Request]) -> None:
-        """Hand the request sequence over; only ``opt`` reads it (its future)."""
+    def prepare(self, requests: Sequence[Request], *, outputs: bool = True) -> None:
+        """Hand the request sequence over; only ``opt`` reads it (its future).
+        ``outputs=False``: the model never caches outputs (``--model sequence``), so the
+        future is the prompts' blocks alone and no output is built."""
         if self.rule != "opt":
             return
         from prefixcache._core import lab_block_keys
@@ -146,7 +148,8 @@ class LabPolicy:
         offsets = np.zeros(len(requests) + 1, dtype=np.uint64)
         hittable = np.zeros(len(requests), dtype=np.uint32)
         for i, r in enumerate(requests):
-            toks = r.prompt if r.output_len == 0 else np.concatenate([r.prompt, r.output])
+            with_output = outputs and r.output_len > 0
+            toks = np.concatenate([r.prompt, r.output]) if with_output else r.prompt
             k = lab_block_keys(
                 np.ascontiguousarray(toks, dtype=np.uint32),
                 bs,
