@@ -980,8 +980,9 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 an error, printed as one
-    ``error:`` line on stderr)."""
+    """Run the command line; returns the exit status (0 done, 2 an error, 1 out of memory
+    or a worker process killed, 130 interrupted; each but 0 printed as one line on
+    stderr)."""
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     err = Console(stderr=True, highlight=False)
@@ -1006,6 +1007,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (_UsageError, PrefixCacheError, OSError) as e:
         text = _one_line(e)
+        from prefixcache.sim.sweep import WorkerDiedError
+
+        if isinstance(e, WorkerDiedError):
+            # A worker killed mid-run (the out-of-memory killer): the command line was
+            # fine, so exit status 1 as for MemoryError; no output files were written.
+            err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
+            return 1
         if isinstance(e, _UsageError) and e.args[1:] == ("help",):
             command = argv[0] if argv[0] in COMMANDS else None
             text += f" (see prefixcache {command + ' ' if command else ''}--help)"
