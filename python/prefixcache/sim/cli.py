@@ -883,6 +883,18 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     for s in all_sums:
         rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     _show(console, sweep_table(caps, rates))
+    rejected = [s for s in all_sums if s.get("rejected")]
+    if rejected:
+        console.print(
+            "[yellow]note: requests that never fit, even alone: rejected, not served, not "
+            "in the hit rate: "
+            + ", ".join(
+                f"{escape(str(s['policy']))} {int(s['rejected']):,} at {int(s['capacity']):,}"
+                for s in rejected
+            )
+            + "[/yellow]"
+        )
+        console.print()
     gaps: list[dict[str, Any]] = []
     for cap in caps:
         rows = gap_rows([s for s in all_sums if s["capacity"] == cap])
