@@ -83,14 +83,15 @@ def test_progress_bars_reach_the_total_and_stop_the_timer() -> None:
 @pytest.mark.parametrize("model", ["slots", "time"])
 def test_peaks_are_reported_the_same_way_for_every_policy(model: str) -> None:
     w = study_workload("D", 0)  # unlimited KV: nothing is evicted, the cache only grows
-    for res in replay(w.requests, POLICIES, None, model=model):
+    policies = [*POLICIES, "lab-lru", "opt"]
+    for res in replay(w.requests, policies, None, model=model):
         s = summarize(res)
         assert s["peak_rss_bytes"] > 0
         # The cache never shrinks here, so its peak is what it holds at the end.
         assert s["peak_cached_tokens"] == res.stats.cached_tokens > 0
         assert 0 < s["peak_used_tokens"] <= res.capacity
     tight = study_workload("F", 0)
-    for res in replay(tight.requests, POLICIES, tight.capacity, model=model):
+    for res in replay(tight.requests, policies, tight.capacity, model=model):
         s = summarize(res)
         assert s["evicted_tokens"] > 0
         assert 0 < s["peak_cached_tokens"] <= res.capacity
