@@ -877,7 +877,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     reqs = tr.requests
     caps: list[int] = args.capacities
     if args.cpu_capacities is not None:
-        return _grid_sweep(args, label, reqs, console, err)
+        return _grid_sweep(args, label, tr, console, err)
     rates: dict[str, list[float]] = {}
     all_sums = _sweep_runs(args, reqs, caps, err)
     for s in all_sums:
@@ -907,7 +907,13 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         label,
         reqs,
         lambda path, title: write_sweep_plot(path, caps, rates, title),
-        {"capacities": caps, "hit_rate": rates, "summaries": all_sums, "gap": gaps},
+        {
+            "skipped_lines": tr.skipped,
+            "capacities": caps,
+            "hit_rate": rates,
+            "summaries": all_sums,
+            "gap": gaps,
+        },
         all_sums,
     )
 
@@ -936,11 +942,12 @@ def _sweep_outputs(
 def _grid_sweep(
     args: argparse.Namespace,
     label: str,
-    reqs: Sequence[Request],
+    tr: Trace,
     console: Console,
     err: Console,
 ) -> int:
     """``sweep --capacities .. --cpu-capacities ..``: the GPU x host capacity grid."""
+    reqs = tr.requests
     from prefixcache.sim.sweep import run_grid
 
     caps: list[int] = args.capacities
@@ -955,7 +962,12 @@ def _grid_sweep(
         label,
         reqs,
         lambda path, title: write_grid_plot(path, caps, cpus, sums, title),
-        {"capacities": caps, "cpu_capacities": cpus, "summaries": sums},
+        {
+            "skipped_lines": tr.skipped,
+            "capacities": caps,
+            "cpu_capacities": cpus,
+            "summaries": sums,
+        },
         sums,
     )
 

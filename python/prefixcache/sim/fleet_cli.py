@@ -248,7 +248,10 @@ def fleet_replay_command(
     for s in sums:
         console.print(instance_table(f"{s['router']}: per instance", s))
     if args.json:
-        write_json(args.json, {"command": "replay", "trace": label, "fleet": sums})
+        write_json(
+            args.json,
+            {"command": "replay", "trace": label, "skipped_lines": tr.skipped, "fleet": sums},
+        )
     if args.csv:
         write_csv(args.csv, _csv_rows(sums))
     return 0
@@ -273,7 +276,10 @@ def fleet_sweep_command(
         )
     )
     if args.json:
-        write_json(args.json, {"command": "sweep", "trace": label, "fleet": sums})
+        write_json(
+            args.json,
+            {"command": "sweep", "trace": label, "skipped_lines": tr.skipped, "fleet": sums},
+        )
     if args.csv:
         write_csv(args.csv, _csv_rows(sums))
     return 0
