@@ -660,13 +660,21 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
             args.capacity = w.capacity  # a built-in workload runs at its own budget
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
+    label = _printable_path(spec)
     if tr.skipped:
         console.print(
-            f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
+            f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(label)}: lines "
             f"{', '.join(map(str, tr.skipped_lines[:10]))}"
             f"{' ...' if tr.skipped > 10 else ''}[/yellow]"
         )
-    return spec, tr
+    return label, tr
+
+
+def _printable_path(path: str) -> str:
+    """``path`` as text any terminal, CSV or JSON file takes: a file name that is not
+    UTF-8 (legal on POSIX; Python holds its bytes as lone surrogates) shows its bytes as
+    ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _scheduler(args: argparse.Namespace) -> Any:
@@ -769,7 +777,8 @@ def _print_results(
     _show(
         console,
         comparison_table(
-            f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
+            f"{escape(heading)}\n{len(requests):,} requests, {prompt:,} prompt tokens, "
+            f"KV {cap_text}, "
             f"model {model}",
             sums,
         ),
@@ -930,7 +939,8 @@ def _sweep_outputs(
     """What every sweep writes: ``--plot`` (``plot(path, title)``), ``--json`` (``fields``
     after the command and the trace) and ``--csv`` (``sums``)."""
     if args.plot:
-        plot(args.plot, f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
+        name = Path(label).name.replace("$", r"\$")  # a plain $, not matplotlib's math
+        plot(args.plot, f"{name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, **fields})
@@ -978,7 +988,7 @@ def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) ->
         args.block_size if args.block_size is not None else (512 if tr.format == "mooncake" else 16)
     )
     st = {"skipped_lines": tr.skipped, **trace_stats(tr.requests, bs, tr.hash_ids)}
-    _show(console, trace_stats_table(f"{label} ({tr.format})", st))
+    _show(console, trace_stats_table(f"{escape(label)} ({tr.format})", st))
     if args.json:
         write_json(args.json, {"command": "trace-stats", "trace": label, **st})
     if args.csv:

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
@@ -240,7 +241,7 @@ def fleet_replay_command(
             s["ceiling"] = sums[0]["ceiling"]
     console.print(
         fleet_table(
-            f"{label}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
+            f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
             f"({args.capacity:,} tokens each; time model)",
             sums,
         )
@@ -270,7 +271,7 @@ def fleet_sweep_command(
     caps = ", ".join(f"{c:,}" for c in args.capacities)
     console.print(
         fleet_table(
-            f"{label}: {len(tr.requests):,} requests, fleet size sweep "
+            f"{escape(label)}: {len(tr.requests):,} requests, fleet size sweep "
             f"({caps} tokens per instance; time model)",
             sums,
         )
