@@ -481,3 +481,27 @@ def test_an_endless_line_fails_without_reading_it_all(capsys: pytest.CaptureFixt
         err
         == "error: /dev/zero:1: line longer than 64 MiB (67,108,864 bytes); not a trace of requests"
     )
+
+
+def test_arrivals_past_the_limit_are_refused(tmp_path: Path) -> None:
+    """A finite but huge arrival would leave the time model's float clock nothing to
+    count (a 5 ms prefill vanishes next to 1e300 s): the readers refuse it, by line."""
+    from prefixcache.sim.traces import MAX_ARRIVAL_SECONDS
+
+    mc = tmp_path / "m.jsonl"
+    row = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+    for ts, ok in ((MAX_ARRIVAL_SECONDS * 1000, True), (1e300, False), (10**400, False)):
+        mc.write_text(json.dumps(row) + "\n" + json.dumps({**row, "timestamp": ts}) + "\n")
+        if ok:
+            assert read_mooncake(mc).requests[1].arrival == MAX_ARRIVAL_SECONDS
+        else:
+            with pytest.raises(TraceFormatError, match=r"m\.jsonl:2: field 'timestamp' must be"):
+                read_mooncake(mc)
+    tok = tmp_path / "t.jsonl"
+    for arrival, ok in ((MAX_ARRIVAL_SECONDS, True), (MAX_ARRIVAL_SECONDS * 1.01, False)):
+        tok.write_text(json.dumps({"id": 1, "arrival": arrival, "prompt": [1], "output_len": 1}))
+        if ok:
+            assert read_token_jsonl(tok).requests[0].arrival == arrival
+        else:
+            with pytest.raises(TraceFormatError, match=r"field 'arrival' must be <= 1e\+10"):
+                read_token_jsonl(tok)

@@ -49,6 +49,7 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray
 
 __all__ = [
+    "MAX_ARRIVAL_SECONDS",
     "MAX_LINE_BYTES",
     "MOONCAKE_BLOCK",
     "Trace",
@@ -164,6 +165,11 @@ class HashIdPrompt:
 # The most output tokens one request may ask for (2**40): a bound on what a trace can
 # claim, far past any KV budget; the simulators produce a request's output tokens lazily.
 MAX_OUTPUT_LEN = 2**40
+# The latest arrival a trace may give, in seconds (about 317 years: a Unix time in
+# seconds, or a Mooncake timestamp in milliseconds, is far below it). The time model's
+# clock is a float of seconds; up to here it still tells 2 microseconds apart, where a
+# prefill takes milliseconds. A later arrival (1e300) would leave it nothing to count.
+MAX_ARRIVAL_SECONDS = 1e10
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -179,7 +185,7 @@ def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = 
     return v
 
 
-def _number(obj: dict[str, Any], key: str) -> float:
+def _number(obj: dict[str, Any], key: str, maximum: float) -> float:
     if key not in obj:
         raise ValueError(f"missing field {key!r}")
     v = obj[key]
@@ -189,6 +195,8 @@ def _number(obj: dict[str, Any], key: str) -> float:
         ok = False
     if not ok:
         raise ValueError(f"field {key!r} must be a finite number >= 0, got {v!r}")
+    if v > maximum:
+        raise ValueError(f"field {key!r} must be <= {maximum:.0e}, got {v!r}")
     return float(v)
 
 
@@ -336,7 +344,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
     for lineno, line in _lines(p):
         try:
             obj = _object(line)
-            ts = _number(obj, "timestamp")
+            ts = _number(obj, "timestamp", MAX_ARRIVAL_SECONDS * 1000)  # milliseconds
             n_in = _int(obj, "input_length", 1)
             n_out = _int(obj, "output_length", 0, MAX_OUTPUT_LEN)
             if "hash_ids" not in obj or not isinstance(obj["hash_ids"], list):
@@ -417,7 +425,7 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
                 _valid_str(rid, "id")
             if rid in seen:
                 raise ValueError(f"duplicate id {rid!r}")
-            arrival = _number(obj, "arrival")
+            arrival = _number(obj, "arrival", MAX_ARRIVAL_SECONDS)
             if "prompt" not in obj:
                 raise ValueError("missing field 'prompt'")
             prompt = _token_list(obj, "prompt", allow_empty=False)
