@@ -505,3 +505,15 @@ def test_arrivals_past_the_limit_are_refused(tmp_path: Path) -> None:
         else:
             with pytest.raises(TraceFormatError, match=r"field 'arrival' must be <= 1e\+10"):
                 read_token_jsonl(tok)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "mooncake", "tokens"])
+def test_a_trace_without_a_request_is_refused_in_every_format(tmp_path: Path, fmt: str) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n\n")
+    with pytest.raises(InvalidInputError, match=r"t\.jsonl: the trace is empty"):
+        read_trace(p, fmt=fmt)
+    p.write_text("\nbad\n[1]\n")
+    with pytest.raises(TraceFormatError, match="no line is a") as e:
+        read_trace(p, fmt=fmt, skip_bad_lines=True)
+    assert e.value.line == 2

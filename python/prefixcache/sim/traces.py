@@ -506,11 +506,30 @@ def detect_format(path: str | Path, *, skip_bad_lines: bool = False) -> str:
 
 
 def read_trace(path: str | Path, *, fmt: str = "auto", skip_bad_lines: bool = False) -> Trace:
-    """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'."""
+    """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'.
+
+    A trace without a request is refused whatever the format: an empty file (or blank
+    lines only) is an :class:`InvalidInputError`, a file whose every line was skipped a
+    :class:`TraceFormatError` naming the first. (``read_mooncake`` and
+    ``read_token_jsonl`` themselves return an empty ``Trace``.)"""
     if fmt == "auto":
         fmt = detect_format(path, skip_bad_lines=skip_bad_lines)
     if fmt == "mooncake":
-        return read_mooncake(path, skip_bad_lines=skip_bad_lines)
-    if fmt == "tokens":
-        return read_token_jsonl(path, skip_bad_lines=skip_bad_lines)
-    raise InvalidInputError(f"unknown trace format {fmt!r}; expected auto, mooncake or tokens")
+        reader = read_mooncake
+    elif fmt == "tokens":
+        reader = read_token_jsonl
+    else:
+        raise InvalidInputError(f"unknown trace format {fmt!r}; expected auto, mooncake or tokens")
+    tr = reader(path, skip_bad_lines=skip_bad_lines)
+    if tr.requests:
+        return tr
+    if not tr.skipped:
+        raise InvalidInputError(f"{Path(path)}: the trace is empty")
+    try:  # the first skipped line again, for its reason
+        reader(path)
+    except TraceFormatError as e:
+        why = str(e).removeprefix(f"{e.path}:{e.line}: ")
+        raise TraceFormatError(
+            e.path, e.line, f"no line is a {fmt} request ({tr.skipped} skipped); this one: {why}"
+        ) from None
+    raise AssertionError("skipped lines that read without error")  # pragma: no cover
