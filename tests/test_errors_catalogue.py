@@ -1762,6 +1762,11 @@ CATALOGUE: list[Row] = [
         "one policy",
     ),
     cmd(
+        "fleet of the offline optimum",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "16k", "--policies", "opt"],
+        "a fleet replay cannot run opt",
+    ),
+    cmd(
         "event loss above 1",
         [
             "replay",

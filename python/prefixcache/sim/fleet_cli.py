@@ -15,6 +15,7 @@ from rich.table import Table
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
+from prefixcache.sim.policies.lab import parse_lab_name
 from prefixcache.sim.report import progress_bars, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
@@ -105,7 +106,15 @@ def fleet_policy(args: argparse.Namespace) -> str:
     names = [p.strip() for v in args.policies for p in v.split(",") if p.strip()]
     if len(names) > 1:
         raise InvalidInputError("a fleet replay runs one policy: give one --policies name")
-    return names[0] if names else "vllm-blocks"
+    name = names[0] if names else "vllm-blocks"
+    lab = parse_lab_name(name)
+    if lab is not None and lab["rule"] == "opt":
+        raise InvalidInputError(
+            f"a fleet replay cannot run {name}: the offline optimum needs each instance's "
+            "future requests, which the router decides only as they arrive; replay it "
+            "without --instances"
+        )
+    return name
 
 
 def _routers(args: argparse.Namespace) -> list[str]:
