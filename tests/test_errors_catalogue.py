@@ -50,6 +50,7 @@ from prefixcache.errors import (
     UnsupportedHashInputError,
 )
 from prefixcache.sim.cli import main as cli_main
+from prefixcache.sim.requests import Request
 from prefixcache.sim.traces import TraceFormatError, read_mooncake, read_token_jsonl
 
 ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
@@ -278,6 +279,7 @@ WORLDS: dict[str, Callable[[Path], World]] = {
     "BlockTrie": lambda _: TrieWorld(),
     "KvIndex": lambda _: KvIndexWorld(),
     "trace readers": FileWorld,
+    "simulator Request": lambda _: World(),
     "CLI": FileWorld,
 }
 
@@ -360,6 +362,13 @@ def trace(
         exc,
         fragment,
     )
+
+
+def request(misuse: str, call: str, exc: type[BaseException], fragment: str, **kw: Any) -> Row:
+    def run(w: World) -> Any:
+        return Request(0, np.arange(4, dtype=np.uint32), lambda: np.zeros(0, np.uint32), **kw)
+
+    return Row("simulator Request", misuse, call, run, exc, fragment)
 
 
 def cmd(misuse: str, argv: list[str], fragment: str) -> Row:
@@ -1629,6 +1638,19 @@ CATALOGUE: list[Row] = [
         "'arrival'",
     ),
     trace(
+        "arrival past the limit",
+        '{"id": 1, "arrival": 1e11, "prompt": [1], "output_len": 1}\n',
+        TraceFormatError,
+        "field 'arrival' must be <= 1e+10",
+    ),
+    trace(
+        "Mooncake timestamp past the limit",
+        '{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n',
+        TraceFormatError,
+        "field 'timestamp' must be <= 1e+13",
+        read_mooncake,
+    ),
+    trace(
         "duplicate id",
         '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
         '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n',
@@ -1667,6 +1689,29 @@ CATALOGUE: list[Row] = [
         TraceFormatError,
         "'input_length' must be >= ",
         reader=read_mooncake,
+    ),
+    # ---------------- simulator Request ----------------
+    request(
+        "negative length of a lazy output",
+        "Request(0, prompt, lambda: ..., output_len=-5)",
+        InvalidInputError,
+        "output_len must be >= 0, got -5",
+        output_len=-5,
+    ),
+    request(
+        "float length of a lazy output",
+        "Request(0, prompt, lambda: ..., output_len=2.5)",
+        InvalidTypeError,
+        "output_len must be an int, got float",
+        output_len=2.5,
+    ),
+    request(
+        "negative prompt length",
+        "Request(0, prompt, lambda: ..., prompt_len=-1, output_len=1)",
+        InvalidInputError,
+        "prompt_len must be >= 0, got -1",
+        prompt_len=-1,
+        output_len=1,
     ),
     # ---------------- CLI ----------------
     cmd("unknown command", ["frobnicate"], "invalid choice"),
