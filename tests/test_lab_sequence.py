@@ -254,3 +254,19 @@ def test_sweep_notes_the_rejected_requests_next_to_the_rates(
     out = " ".join(capsys.readouterr().out.split())
     assert "not in the hit rate: vllm-blocks 1 at 64" in out
     assert "vllm-blocks (1 rejected)" in out
+
+
+@pytest.mark.parametrize(
+    ("names", "opt", "lru"),
+    [
+        (["lab-lru", "opt@16"], "opt@16", "lab-lru"),
+        (["lab-lru@16", "opt"], "opt", "lab-lru@16"),
+        (["lab-lru", "lab-opt"], "lab-opt", "lab-lru"),
+        (["tree-trim", "opt@1"], "opt@1", "tree-trim"),
+        (["lab-lru-admit2", "vllm-blocks16", "opt-admit2", "opt"], "opt", "vllm-blocks16"),
+        (["lab-lru@1", "radix", "opt@32"], "opt@32", "radix"),
+    ],
+)
+def test_the_gap_matches_names_by_what_they_mean(names: list[str], opt: str, lru: str) -> None:
+    rows = gap_rows([{"policy": n, "hit_rate": 0.1 * (i + 1)} for i, n in enumerate(names)])
+    assert {r["opt"] for r in rows} == {opt} and {r["lru"] for r in rows} == {lru}
