@@ -1726,6 +1726,21 @@ CATALOGUE: list[Row] = [
     cmd("zero capacity", ["replay", "workload:A", "--capacity", "0"], "at least 1 token"),
     cmd("capacity in bytes", ["replay", "workload:A", "--capacity", "3MB"], "not bytes"),
     cmd("zero max-running", ["compare", "--max-running", "0"], "--max-running"),
+    cmd(
+        "max-running in the sequence model",
+        ["replay", "workload:A", "--model", "sequence", "--max-running", "4"],
+        "--max-running applies to --model slots and time, not sequence",
+    ),
+    cmd(
+        "a time-model flag in another model",
+        ["replay", "workload:A", "--no-preemption"],
+        "--no-preemption applies to --model time only, not slots",
+    ),
+    cmd(
+        "a model other than time in a fleet replay",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "16k", "--model", "slots"],
+        "--model slots does not apply: a fleet replay runs the time model",
+    ),
     cmd("negative block size", ["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
     cmd(
         "capacity above the largest",

@@ -514,3 +514,28 @@ def test_a_trace_name_that_is_not_utf8_is_written_with_escapes(tmp_path: Path) -
     assert main([*argv, "--plot", f"{out}.png", "--json", f"{out}2.json"]) == 0
     assert Path(f"{out}.png").stat().st_size > 0
     assert json.loads(Path(f"{out}2.json").read_text())["trace"].endswith("bad\\xffname.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "refused"),
+    [
+        ("sequence", ["--max-running", "4"], "--max-running"),
+        ("sequence", ["--no-preemption"], "--no-preemption"),
+        ("slots", ["--no-preemption"], "--no-preemption"),
+        (None, ["--decode-step-ms", "5"], "--decode-step-ms"),
+        ("sequence", ["--prefill-base-ms", "1"], "--prefill-base-ms"),
+        ("slots", ["--prefill-ms-per-token", "0.02"], "--prefill-ms-per-token"),
+        ("slots", ["--prefill-attention-ms", "0"], "--prefill-attention-ms"),
+    ],
+)
+def test_an_option_the_model_does_not_use_is_refused(
+    model: str | None, flags: list[str], refused: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["replay", "workload:A", "--quiet", "--jobs", "1", *flags]
+    argv += ["--model", model] if model else []
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {refused} applies to --model")
+    # The same flags are taken by the model they apply to.
+    ok = "slots" if refused == "--max-running" else "time"
+    assert main([*argv[:5], *flags, "--model", ok]) == 0

@@ -285,8 +285,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         choices=("slots", "time", "sequence"),
-        default="slots",
-        help="slots: the A-F study's model; time: continuous batching on a "
+        default=None,  # slots; None tells a fleet replay that none was given
+        help="slots (default): the A-F study's model; time: continuous batching on a "
         "clock; sequence: one request at a time in trace order (docs/LAB.md)",
     )
     g.add_argument(
@@ -294,7 +294,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="requests holding KV at once, >= 1 (default 8 slots, 256 time)",
+        help="slots and time models: requests holding KV at once, >= 1 (default 8 slots, 256 time)",
     )
     g.add_argument(
         "--no-preemption",
@@ -306,30 +306,30 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prefill-base-ms",
         type=_milliseconds,
-        default=d.base_ms,
+        default=None,  # d.base_ms; None: not given (a time model flag)
         metavar="MS",
-        help=f"fixed cost of a prefill (default {d.base_ms})",
+        help=f"time model: fixed cost of a prefill (default {d.base_ms})",
     )
     g.add_argument(
         "--prefill-ms-per-token",
         type=_milliseconds,
-        default=d.per_token_ms,
+        default=None,  # d.per_token_ms; None: not given (a time model flag)
         metavar="MS",
         help=f"per uncached token (default {d.per_token_ms})",
     )
     g.add_argument(
         "--prefill-attention-ms",
         type=_milliseconds,
-        default=d.attention_ms,
+        default=None,  # d.attention_ms; None: not given (a time model flag)
         metavar="MS",
         help=f"per (query, key) pair, the quadratic term (default {d.attention_ms})",
     )
     g.add_argument(
         "--decode-step-ms",
         type=_milliseconds,
-        default=d.decode_step_ms,
+        default=None,  # d.decode_step_ms; None: not given (a time model flag)
         metavar="MS",
-        help=f"one decode step (default {d.decode_step_ms})",
+        help=f"time model: one decode step (default {d.decode_step_ms})",
     )
 
 
@@ -542,6 +542,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _UsageError(
             f"--format {args.format} applies to trace files, not to the built-in {spec}"
         )
+    if "model" in args:
+        _check_model_args(args)
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
@@ -551,6 +553,38 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _UsageError(
                 f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
             )
+
+
+_TIME_FLAGS = (
+    ("--no-preemption", "no_preemption"),
+    ("--prefill-base-ms", "prefill_base_ms"),
+    ("--prefill-ms-per-token", "prefill_ms_per_token"),
+    ("--prefill-attention-ms", "prefill_attention_ms"),
+    ("--decode-step-ms", "decode_step_ms"),
+)
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _check_model_args(args: argparse.Namespace) -> None:
+    """Refuse the scheduler flags the chosen model has no use for (as --offload without
+    a host tier is refused), then settle ``args.model``."""
+    fleet = getattr(args, "instances", None) is not None
+    if fleet and args.model not in (None, "time"):
+        raise _UsageError(
+            f"--model {args.model} does not apply: a fleet replay runs the time model"
+        )
+    model = "time" if fleet else args.model or "slots"
+    if model != "time":
+        for flag, attr in _TIME_FLAGS:
+            value = getattr(args, attr)
+            if value is not None and value is not False:  # given (0 ms included)
+                raise _UsageError(f"{flag} applies to --model time only, not {model}")
+    if model == "sequence" and args.max_running is not None:
+        raise _UsageError("--max-running applies to --model slots and time, not sequence")
+    args.model = model
 
 
 def _kv_model(args: argparse.Namespace) -> KvModel:
@@ -636,11 +670,12 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         kv = _kv_model(args)
     except PrefixCacheError as e:
         raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    d = PrefillCost()
     args.cost = PrefillCost(
-        args.prefill_base_ms,
-        args.prefill_ms_per_token,
-        args.prefill_attention_ms,
-        args.decode_step_ms,
+        _given(args.prefill_base_ms, d.base_ms),
+        _given(args.prefill_ms_per_token, d.per_token_ms),
+        _given(args.prefill_attention_ms, d.attention_ms),
+        _given(args.decode_step_ms, d.decode_step_ms),
         float(kv.bytes_per_token),
         args.host_bandwidth,
     )
