@@ -1822,6 +1822,11 @@ CATALOGUE: list[Row] = [
         "one policy",
     ),
     cmd(
+        "an empty trace of a given format",
+        ["replay", "/dev/null", "--format", "tokens"],
+        "/dev/null: the trace is empty",
+    ),
+    cmd(
         "fleet of the offline optimum",
         ["replay", "workload:F", "--instances", "2", "--capacity", "16k", "--policies", "opt"],
         "a fleet replay cannot run opt",
