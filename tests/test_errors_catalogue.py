@@ -50,6 +50,7 @@ from prefixcache.errors import (
     UnsupportedHashInputError,
 )
 from prefixcache.sim.cli import main as cli_main
+from prefixcache.sim.requests import Request
 from prefixcache.sim.traces import TraceFormatError, read_mooncake, read_token_jsonl
 
 ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
@@ -278,6 +279,7 @@ WORLDS: dict[str, Callable[[Path], World]] = {
     "BlockTrie": lambda _: TrieWorld(),
     "KvIndex": lambda _: KvIndexWorld(),
     "trace readers": FileWorld,
+    "simulator Request": lambda _: World(),
     "CLI": FileWorld,
 }
 
@@ -360,6 +362,13 @@ def trace(
         exc,
         fragment,
     )
+
+
+def request(misuse: str, call: str, exc: type[BaseException], fragment: str, **kw: Any) -> Row:
+    def run(w: World) -> Any:
+        return Request(0, np.arange(4, dtype=np.uint32), lambda: np.zeros(0, np.uint32), **kw)
+
+    return Row("simulator Request", misuse, call, run, exc, fragment)
 
 
 def cmd(misuse: str, argv: list[str], fragment: str) -> Row:
@@ -1671,6 +1680,19 @@ CATALOGUE: list[Row] = [
         "'arrival'",
     ),
     trace(
+        "arrival past the limit",
+        '{"id": 1, "arrival": 1e11, "prompt": [1], "output_len": 1}\n',
+        TraceFormatError,
+        "field 'arrival' must be <= 1e+10",
+    ),
+    trace(
+        "Mooncake timestamp past the limit",
+        '{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n',
+        TraceFormatError,
+        "field 'timestamp' must be <= 1e+13",
+        read_mooncake,
+    ),
+    trace(
         "duplicate id",
         '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n'
         '{"id": 1, "arrival": 0, "prompt": [1], "output_len": 1}\n',
@@ -1710,6 +1732,29 @@ CATALOGUE: list[Row] = [
         "'input_length' must be >= ",
         reader=read_mooncake,
     ),
+    # ---------------- simulator Request ----------------
+    request(
+        "negative length of a lazy output",
+        "Request(0, prompt, lambda: ..., output_len=-5)",
+        InvalidInputError,
+        "output_len must be >= 0, got -5",
+        output_len=-5,
+    ),
+    request(
+        "float length of a lazy output",
+        "Request(0, prompt, lambda: ..., output_len=2.5)",
+        InvalidTypeError,
+        "output_len must be an int, got float",
+        output_len=2.5,
+    ),
+    request(
+        "negative prompt length",
+        "Request(0, prompt, lambda: ..., prompt_len=-1, output_len=1)",
+        InvalidInputError,
+        "prompt_len must be >= 0, got -1",
+        prompt_len=-1,
+        output_len=1,
+    ),
     # ---------------- CLI ----------------
     cmd("unknown command", ["frobnicate"], "invalid choice"),
     cmd("unknown option", ["replay", "workload:A", "--bogus"], "unrecognized arguments"),
@@ -1723,6 +1768,21 @@ CATALOGUE: list[Row] = [
     cmd("zero capacity", ["replay", "workload:A", "--capacity", "0"], "at least 1 token"),
     cmd("capacity in bytes", ["replay", "workload:A", "--capacity", "3MB"], "not bytes"),
     cmd("zero max-running", ["compare", "--max-running", "0"], "--max-running"),
+    cmd(
+        "max-running in the sequence model",
+        ["replay", "workload:A", "--model", "sequence", "--max-running", "4"],
+        "--max-running applies to --model slots and time, not sequence",
+    ),
+    cmd(
+        "a time-model flag in another model",
+        ["replay", "workload:A", "--no-preemption"],
+        "--no-preemption applies to --model time only, not slots",
+    ),
+    cmd(
+        "a model other than time in a fleet replay",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "16k", "--model", "slots"],
+        "--model slots does not apply: a fleet replay runs the time model",
+    ),
     cmd("negative block size", ["trace-stats", "workload:A", "--block-size=-5"], "--block-size"),
     cmd(
         "capacity above the largest",
@@ -1802,6 +1862,16 @@ CATALOGUE: list[Row] = [
         "fleet with two policies",
         ["replay", "workload:F", "--instances", "2", "--policies", "radix,vllm-blocks"],
         "one policy",
+    ),
+    cmd(
+        "an empty trace of a given format",
+        ["replay", "/dev/null", "--format", "tokens"],
+        "/dev/null: the trace is empty",
+    ),
+    cmd(
+        "fleet of the offline optimum",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "16k", "--policies", "opt"],
+        "a fleet replay cannot run opt",
     ),
     cmd(
         "event loss above 1",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,3 +87,27 @@ def test_a_file_with_record_lines_is_the_file_with_the_records(tmp_path: Path) -
         text = (tmp_path / "fast.json").read_text()
         assert text == (tmp_path / "general.json").read_text()
         assert '    "radix": [\n      {"id": 1, "session": "s"' in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--capacities", "1k"],
+        ["sweep", "--capacities", "1k", "--cpu-capacities", "0,1k"],
+        ["sweep", "--capacities", "1k", "--instances", "1,2"],
+        ["replay", "--instances", "2", "--capacity", "1k"],
+        ["replay"],
+        ["trace-stats"],
+    ],
+)
+def test_every_json_counts_the_skipped_lines(tmp_path: Path, argv: list[str]) -> None:
+    from prefixcache.sim.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    line = {"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}
+    trace.write_text(json.dumps(line) + "\nnot json\n" + json.dumps(line) + "\n")
+    js = tmp_path / "out.json"
+    extra = ["--quiet", "--jobs", "1", "--policies", "radix"] if argv[0] != "trace-stats" else []
+    cmd = [argv[0], str(trace), *argv[1:], *extra, "--skip-bad-lines", "--json", str(js)]
+    assert main(cmd) == 0
+    assert json.loads(js.read_text())["skipped_lines"] == 1

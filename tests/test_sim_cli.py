@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -482,3 +483,59 @@ def test_library_rejects_what_the_cli_rejects() -> None:
     for model in ("slots", "time"):
         with pytest.raises(InvalidInputError, match="max_running must be >= 1"):
             make_scheduler(model, max_running=0)
+
+
+@pytest.mark.parametrize("name", ["x[/]y.jsonl", "[red]x.jsonl", "[bold]"])
+def test_a_trace_name_is_shown_as_it_is_not_as_markup(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(mooncake_file(tmp_path).read_text())
+    for argv in (["replay", "--quiet", "--jobs", "1", "--policies", "radix"], ["trace-stats"]):
+        assert main([argv[0], str(path), *argv[1:]]) == 0
+        out = capsys.readouterr().out
+        assert name in out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a file name that is not UTF-8")
+def test_a_trace_name_that_is_not_utf8_is_written_with_escapes(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    raw = bytes(tmp_path) + b"/bad\xffname.jsonl"
+    with open(raw, "wb") as f:
+        f.write(mooncake_file(tmp_path).read_bytes())
+    path = os.fsdecode(raw)
+    out = tmp_path / "o"
+    argv = ["trace-stats", path, "--csv", f"{out}.csv", "--json", f"{out}.json"]
+    assert main(argv) == 0
+    assert "bad\\xffname.jsonl" in Path(f"{out}.csv").read_text()
+    assert json.loads(Path(f"{out}.json").read_text())["trace"].endswith("bad\\xffname.jsonl")
+    argv = ["sweep", path, "--capacities", "100k", "--policies", "radix", "--quiet", "--jobs", "1"]
+    assert main([*argv, "--plot", f"{out}.png", "--json", f"{out}2.json"]) == 0
+    assert Path(f"{out}.png").stat().st_size > 0
+    assert json.loads(Path(f"{out}2.json").read_text())["trace"].endswith("bad\\xffname.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "refused"),
+    [
+        ("sequence", ["--max-running", "4"], "--max-running"),
+        ("sequence", ["--no-preemption"], "--no-preemption"),
+        ("slots", ["--no-preemption"], "--no-preemption"),
+        (None, ["--decode-step-ms", "5"], "--decode-step-ms"),
+        ("sequence", ["--prefill-base-ms", "1"], "--prefill-base-ms"),
+        ("slots", ["--prefill-ms-per-token", "0.02"], "--prefill-ms-per-token"),
+        ("slots", ["--prefill-attention-ms", "0"], "--prefill-attention-ms"),
+    ],
+)
+def test_an_option_the_model_does_not_use_is_refused(
+    model: str | None, flags: list[str], refused: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["replay", "workload:A", "--quiet", "--jobs", "1", *flags]
+    argv += ["--model", model] if model else []
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {refused} applies to --model")
+    # The same flags are taken by the model they apply to.
+    ok = "slots" if refused == "--max-running" else "time"
+    assert main([*argv[:5], *flags, "--model", ok]) == 0

@@ -783,3 +783,17 @@ def test_mooncake_cache_aware_reaches_dynamo_kv_router() -> None:
     # NVIDIA Dynamo 1.4.2, 4 vLLM workers x 187,500 blocks, kv_router weight 1: 0.2284.
     assert ca.summary()["hit_rate"] >= 0.2284
     assert ca.summary()["ttft_p99"] <= rr.summary()["ttft_p99"]
+
+
+@pytest.mark.parametrize("policy", ["opt", "opt@32", "lab-opt-admit2"])
+def test_a_fleet_of_opt_is_refused_before_anything_runs(
+    tmp_path: Path, policy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    for argv in (
+        ["replay", "--capacity", "16k", "--instances", "2"],
+        ["sweep", "--capacities", "16k", "--instances", "1,2"],
+    ):
+        assert main([argv[0], str(missing), *argv[1:], "--policies", policy]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: a fleet replay cannot run {policy}:")

@@ -83,14 +83,15 @@ def test_progress_bars_reach_the_total_and_stop_the_timer() -> None:
 @pytest.mark.parametrize("model", ["slots", "time"])
 def test_peaks_are_reported_the_same_way_for_every_policy(model: str) -> None:
     w = study_workload("D", 0)  # unlimited KV: nothing is evicted, the cache only grows
-    for res in replay(w.requests, POLICIES, None, model=model):
+    policies = [*POLICIES, "lab-lru", "opt"]
+    for res in replay(w.requests, policies, None, model=model):
         s = summarize(res)
         assert s["peak_rss_bytes"] > 0
         # The cache never shrinks here, so its peak is what it holds at the end.
         assert s["peak_cached_tokens"] == res.stats.cached_tokens > 0
         assert 0 < s["peak_used_tokens"] <= res.capacity
     tight = study_workload("F", 0)
-    for res in replay(tight.requests, POLICIES, tight.capacity, model=model):
+    for res in replay(tight.requests, policies, tight.capacity, model=model):
         s = summarize(res)
         assert s["evicted_tokens"] > 0
         assert 0 < s["peak_cached_tokens"] <= res.capacity
@@ -320,3 +321,49 @@ def test_json_output_is_the_standard_encoding_with_a_record_per_line(tmp_path: P
     assert "load_time" in got["records"]["radix"][1]
     lines = path.read_text().splitlines()
     assert sum(line.strip().startswith('{"id": 3') for line in lines) == 2
+
+
+_KILL_ONE_WORKER = """
+import os, signal, sys
+import prefixcache.sim.sweep as sweep
+from prefixcache.sim.cli import main
+
+work = sweep._work
+pids = sys.argv[1]
+
+def dying(spec, key, task, report, records):
+    with open(pids, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    if task[2] == "radix-page16" and task[0] == 16000:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+    return work(spec, key, task, report, records)
+
+sweep._work = dying  # the workers are forked: they run this one
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_a_worker_killed_mid_run_stops_the_run_with_one_line(tmp_path: Path, command: str) -> None:
+    """A worker that dies without a result (SIGKILL) ends the command at once: one line
+    naming the replay and the signal, exit status 1, no output files, no worker left."""
+    js, pids = tmp_path / "out.json", tmp_path / "pids"
+    extra = ["--capacities", "8k,16k,24k"] if command == "sweep" else ["--capacity", "16k"]
+    argv = [command, "workload:F", *extra, "--policies", "radix,radix-page16", "--jobs", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_ONE_WORKER, str(pids), *argv, "--json", str(js)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 1, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: the worker process replaying radix-page16 at 16,000")
+    assert "killed by SIGKILL" in lines[0]
+    assert not js.exists()
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -373,3 +373,24 @@ def test_block_hash_algorithms_replay_identically(model: str) -> None:
         assert r.stats.evictions == first.stats.evictions > 0
         assert r.stats.peak_cached_tokens == first.stats.peak_cached_tokens
         assert [x.hit_tokens for x in r.records] == [x.hit_tokens for x in first.records]
+
+
+@pytest.mark.parametrize("instances", [None, 2])
+def test_a_turn_arriving_before_the_previous_one_waits_for_it(instances: int | None) -> None:
+    """Turns are a session's requests in trace order: turn 1 arriving at 0 s, before its
+    turn 0 (at 10 s), starts once turn 0 finished, and reuses it, as in the other models."""
+    from prefixcache.sim.fleet import fleet_replay
+    from prefixcache.sim.requests import Request
+
+    out = np.zeros(3, dtype=np.uint32) + 7
+    reqs = [
+        Request("a", np.arange(40, dtype=np.uint32), out, session="s", turn=0, arrival=10.0),
+        Request("b", np.arange(50, dtype=np.uint32), out, session="s", turn=1, arrival=0.0),
+    ]
+    if instances is None:
+        (res,) = replay(reqs, ["radix"], 10_000, model="time")
+        a, b = res.records
+        assert a.hit_tokens == 0 and b.hit_tokens == 40
+    else:
+        a, b = fleet_replay(reqs, "radix", 10_000, instances).records
+    assert a.finished is not None and b.arrival >= a.finished >= 10.0

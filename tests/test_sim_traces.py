@@ -449,3 +449,71 @@ def test_skipping_bad_lines_also_skips_them_when_telling_the_format(tmp_path: Pa
     p.write_text('{"foo": 1}\n\n[1]\n')
     with pytest.raises(TraceFormatError, match=r":1: no line is a request of either format"):
         read_trace(p, skip_bad_lines=True)
+
+
+def test_a_line_longer_than_the_limit_is_refused_with_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line is never read whole past ``MAX_LINE_BYTES``: a longer one is an error naming
+    its line (skipping bad lines or not); one exactly at the limit is read."""
+    import prefixcache.sim.traces as traces
+
+    good = json.dumps({"id": 1, "arrival": 0, "prompt": [1, 2], "output_len": 1})
+    monkeypatch.setattr(traces, "MAX_LINE_BYTES", len(good) + 1)  # the line and its newline
+    path = tmp_path / "t.jsonl"
+    path.write_text(good + "\n" + good.replace("[1, 2]", "[1, 2, 3]") + "\n")
+    for skip in (False, True):
+        with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: line longer than") as e:
+            read_trace(path, skip_bad_lines=skip)
+        assert e.value.line == 2
+    path.write_text(good + "\n" + good.replace('"id": 1', '"id": 2') + "\n")
+    assert len(read_trace(path)) == 2
+
+
+def test_an_endless_line_fails_without_reading_it_all(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixcache.sim.cli import main
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    assert main(["trace-stats", "/dev/zero"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "error: /dev/zero:1: line longer than 64 MiB (67,108,864 bytes); not a trace of requests"
+    )
+
+
+def test_arrivals_past_the_limit_are_refused(tmp_path: Path) -> None:
+    """A finite but huge arrival would leave the time model's float clock nothing to
+    count (a 5 ms prefill vanishes next to 1e300 s): the readers refuse it, by line."""
+    from prefixcache.sim.traces import MAX_ARRIVAL_SECONDS
+
+    mc = tmp_path / "m.jsonl"
+    row = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+    for ts, ok in ((MAX_ARRIVAL_SECONDS * 1000, True), (1e300, False), (10**400, False)):
+        mc.write_text(json.dumps(row) + "\n" + json.dumps({**row, "timestamp": ts}) + "\n")
+        if ok:
+            assert read_mooncake(mc).requests[1].arrival == MAX_ARRIVAL_SECONDS
+        else:
+            with pytest.raises(TraceFormatError, match=r"m\.jsonl:2: field 'timestamp' must be"):
+                read_mooncake(mc)
+    tok = tmp_path / "t.jsonl"
+    for arrival, ok in ((MAX_ARRIVAL_SECONDS, True), (MAX_ARRIVAL_SECONDS * 1.01, False)):
+        tok.write_text(json.dumps({"id": 1, "arrival": arrival, "prompt": [1], "output_len": 1}))
+        if ok:
+            assert read_token_jsonl(tok).requests[0].arrival == arrival
+        else:
+            with pytest.raises(TraceFormatError, match=r"field 'arrival' must be <= 1e\+10"):
+                read_token_jsonl(tok)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "mooncake", "tokens"])
+def test_a_trace_without_a_request_is_refused_in_every_format(tmp_path: Path, fmt: str) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n\n")
+    with pytest.raises(InvalidInputError, match=r"t\.jsonl: the trace is empty"):
+        read_trace(p, fmt=fmt)
+    p.write_text("\nbad\n[1]\n")
+    with pytest.raises(TraceFormatError, match="no line is a") as e:
+        read_trace(p, fmt=fmt, skip_bad_lines=True)
+    assert e.value.line == 2

@@ -285,8 +285,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         choices=("slots", "time", "sequence"),
-        default="slots",
-        help="slots: the A-F study's model; time: continuous batching on a "
+        default=None,  # slots; None tells a fleet replay that none was given
+        help="slots (default): the A-F study's model; time: continuous batching on a "
         "clock; sequence: one request at a time in trace order (docs/LAB.md)",
     )
     g.add_argument(
@@ -294,7 +294,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="requests holding KV at once, >= 1 (default 8 slots, 256 time)",
+        help="slots and time models: requests holding KV at once, >= 1 (default 8 slots, 256 time)",
     )
     g.add_argument(
         "--no-preemption",
@@ -306,30 +306,30 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prefill-base-ms",
         type=_milliseconds,
-        default=d.base_ms,
+        default=None,  # d.base_ms; None: not given (a time model flag)
         metavar="MS",
-        help=f"fixed cost of a prefill (default {d.base_ms})",
+        help=f"time model: fixed cost of a prefill (default {d.base_ms})",
     )
     g.add_argument(
         "--prefill-ms-per-token",
         type=_milliseconds,
-        default=d.per_token_ms,
+        default=None,  # d.per_token_ms; None: not given (a time model flag)
         metavar="MS",
         help=f"per uncached token (default {d.per_token_ms})",
     )
     g.add_argument(
         "--prefill-attention-ms",
         type=_milliseconds,
-        default=d.attention_ms,
+        default=None,  # d.attention_ms; None: not given (a time model flag)
         metavar="MS",
         help=f"per (query, key) pair, the quadratic term (default {d.attention_ms})",
     )
     g.add_argument(
         "--decode-step-ms",
         type=_milliseconds,
-        default=d.decode_step_ms,
+        default=None,  # d.decode_step_ms; None: not given (a time model flag)
         metavar="MS",
-        help=f"one decode step (default {d.decode_step_ms})",
+        help=f"time model: one decode step (default {d.decode_step_ms})",
     )
 
 
@@ -542,6 +542,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _UsageError(
             f"--format {args.format} applies to trace files, not to the built-in {spec}"
         )
+    if "model" in args:
+        _check_model_args(args)
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
@@ -551,6 +553,38 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _UsageError(
                 f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
             )
+
+
+_TIME_FLAGS = (
+    ("--no-preemption", "no_preemption"),
+    ("--prefill-base-ms", "prefill_base_ms"),
+    ("--prefill-ms-per-token", "prefill_ms_per_token"),
+    ("--prefill-attention-ms", "prefill_attention_ms"),
+    ("--decode-step-ms", "decode_step_ms"),
+)
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _check_model_args(args: argparse.Namespace) -> None:
+    """Refuse the scheduler flags the chosen model has no use for (as --offload without
+    a host tier is refused), then settle ``args.model``."""
+    fleet = getattr(args, "instances", None) is not None
+    if fleet and args.model not in (None, "time"):
+        raise _UsageError(
+            f"--model {args.model} does not apply: a fleet replay runs the time model"
+        )
+    model = "time" if fleet else args.model or "slots"
+    if model != "time":
+        for flag, attr in _TIME_FLAGS:
+            value = getattr(args, attr)
+            if value is not None and value is not False:  # given (0 ms included)
+                raise _UsageError(f"{flag} applies to --model time only, not {model}")
+    if model == "sequence" and args.max_running is not None:
+        raise _UsageError("--max-running applies to --model slots and time, not sequence")
+    args.model = model
 
 
 def _kv_model(args: argparse.Namespace) -> KvModel:
@@ -636,11 +670,12 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         kv = _kv_model(args)
     except PrefixCacheError as e:
         raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    d = PrefillCost()
     args.cost = PrefillCost(
-        args.prefill_base_ms,
-        args.prefill_ms_per_token,
-        args.prefill_attention_ms,
-        args.decode_step_ms,
+        _given(args.prefill_base_ms, d.base_ms),
+        _given(args.prefill_ms_per_token, d.per_token_ms),
+        _given(args.prefill_attention_ms, d.attention_ms),
+        _given(args.decode_step_ms, d.decode_step_ms),
         float(kv.bytes_per_token),
         args.host_bandwidth,
     )
@@ -660,13 +695,21 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
             args.capacity = w.capacity  # a built-in workload runs at its own budget
         return f"workload {w.name}", Trace(spec, "workload", list(w.requests))
     tr = read_trace(spec, fmt=args.format, skip_bad_lines=args.skip_bad_lines)
+    label = _printable_path(spec)
     if tr.skipped:
         console.print(
-            f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(spec)}: lines "
+            f"[yellow]skipped {tr.skipped} malformed line(s) of {escape(label)}: lines "
             f"{', '.join(map(str, tr.skipped_lines[:10]))}"
             f"{' ...' if tr.skipped > 10 else ''}[/yellow]"
         )
-    return spec, tr
+    return label, tr
+
+
+def _printable_path(path: str) -> str:
+    """``path`` as text any terminal, CSV or JSON file takes: a file name that is not
+    UTF-8 (legal on POSIX; Python holds its bytes as lone surrogates) shows its bytes as
+    ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _scheduler(args: argparse.Namespace) -> Any:
@@ -769,7 +812,8 @@ def _print_results(
     _show(
         console,
         comparison_table(
-            f"{heading}\n{len(requests):,} requests, {prompt:,} prompt tokens, KV {cap_text}, "
+            f"{escape(heading)}\n{len(requests):,} requests, {prompt:,} prompt tokens, "
+            f"KV {cap_text}, "
             f"model {model}",
             sums,
         ),
@@ -877,12 +921,24 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     reqs = tr.requests
     caps: list[int] = args.capacities
     if args.cpu_capacities is not None:
-        return _grid_sweep(args, label, reqs, console, err)
+        return _grid_sweep(args, label, tr, console, err)
     rates: dict[str, list[float]] = {}
     all_sums = _sweep_runs(args, reqs, caps, err)
     for s in all_sums:
         rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
     _show(console, sweep_table(caps, rates))
+    rejected = [s for s in all_sums if s.get("rejected")]
+    if rejected:
+        console.print(
+            "[yellow]note: requests that never fit, even alone: rejected, not served, not "
+            "in the hit rate: "
+            + ", ".join(
+                f"{escape(str(s['policy']))} {int(s['rejected']):,} at {int(s['capacity']):,}"
+                for s in rejected
+            )
+            + "[/yellow]"
+        )
+        console.print()
     gaps: list[dict[str, Any]] = []
     for cap in caps:
         rows = gap_rows([s for s in all_sums if s["capacity"] == cap])
@@ -895,7 +951,13 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         label,
         reqs,
         lambda path, title: write_sweep_plot(path, caps, rates, title),
-        {"capacities": caps, "hit_rate": rates, "summaries": all_sums, "gap": gaps},
+        {
+            "skipped_lines": tr.skipped,
+            "capacities": caps,
+            "hit_rate": rates,
+            "summaries": all_sums,
+            "gap": gaps,
+        },
         all_sums,
     )
 
@@ -912,7 +974,8 @@ def _sweep_outputs(
     """What every sweep writes: ``--plot`` (``plot(path, title)``), ``--json`` (``fields``
     after the command and the trace) and ``--csv`` (``sums``)."""
     if args.plot:
-        plot(args.plot, f"{Path(label).name} ({len(reqs):,} requests, model {args.model})")
+        name = Path(label).name.replace("$", r"\$")  # a plain $, not matplotlib's math
+        plot(args.plot, f"{name} ({len(reqs):,} requests, model {args.model})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, **fields})
@@ -924,11 +987,12 @@ def _sweep_outputs(
 def _grid_sweep(
     args: argparse.Namespace,
     label: str,
-    reqs: Sequence[Request],
+    tr: Trace,
     console: Console,
     err: Console,
 ) -> int:
     """``sweep --capacities .. --cpu-capacities ..``: the GPU x host capacity grid."""
+    reqs = tr.requests
     from prefixcache.sim.sweep import run_grid
 
     caps: list[int] = args.capacities
@@ -943,7 +1007,12 @@ def _grid_sweep(
         label,
         reqs,
         lambda path, title: write_grid_plot(path, caps, cpus, sums, title),
-        {"capacities": caps, "cpu_capacities": cpus, "summaries": sums},
+        {
+            "skipped_lines": tr.skipped,
+            "capacities": caps,
+            "cpu_capacities": cpus,
+            "summaries": sums,
+        },
         sums,
     )
 
@@ -954,7 +1023,7 @@ def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) ->
         args.block_size if args.block_size is not None else (512 if tr.format == "mooncake" else 16)
     )
     st = {"skipped_lines": tr.skipped, **trace_stats(tr.requests, bs, tr.hash_ids)}
-    _show(console, trace_stats_table(f"{label} ({tr.format})", st))
+    _show(console, trace_stats_table(f"{escape(label)} ({tr.format})", st))
     if args.json:
         write_json(args.json, {"command": "trace-stats", "trace": label, **st})
     if args.csv:
@@ -980,8 +1049,9 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 an error, printed as one
-    ``error:`` line on stderr)."""
+    """Run the command line; returns the exit status (0 done, 2 an error, 1 out of memory
+    or a worker process killed, 130 interrupted; each but 0 printed as one line on
+    stderr)."""
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     err = Console(stderr=True, highlight=False)
@@ -1006,6 +1076,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (_UsageError, PrefixCacheError, OSError) as e:
         text = _one_line(e)
+        from prefixcache.sim.sweep import WorkerDiedError
+
+        if isinstance(e, WorkerDiedError):
+            # A worker killed mid-run (the out-of-memory killer): the command line was
+            # fine, so exit status 1 as for MemoryError; no output files were written.
+            err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
+            return 1
         if isinstance(e, _UsageError) and e.args[1:] == ("help",):
             command = argv[0] if argv[0] in COMMANDS else None
             text += f" (see prefixcache {command + ' ' if command else ''}--help)"

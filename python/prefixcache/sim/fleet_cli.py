@@ -9,11 +9,13 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
+from prefixcache.sim.policies.lab import parse_lab_name
 from prefixcache.sim.report import progress_bars, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
@@ -104,7 +106,15 @@ def fleet_policy(args: argparse.Namespace) -> str:
     names = [p.strip() for v in args.policies for p in v.split(",") if p.strip()]
     if len(names) > 1:
         raise InvalidInputError("a fleet replay runs one policy: give one --policies name")
-    return names[0] if names else "vllm-blocks"
+    name = names[0] if names else "vllm-blocks"
+    lab = parse_lab_name(name)
+    if lab is not None and lab["rule"] == "opt":
+        raise InvalidInputError(
+            f"a fleet replay cannot run {name}: the offline optimum needs each instance's "
+            "future requests, which the router decides only as they arrive; replay it "
+            "without --instances"
+        )
+    return name
 
 
 def _routers(args: argparse.Namespace) -> list[str]:
@@ -240,7 +250,7 @@ def fleet_replay_command(
             s["ceiling"] = sums[0]["ceiling"]
     console.print(
         fleet_table(
-            f"{label}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
+            f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
             f"({args.capacity:,} tokens each; time model)",
             sums,
         )
@@ -248,7 +258,10 @@ def fleet_replay_command(
     for s in sums:
         console.print(instance_table(f"{s['router']}: per instance", s))
     if args.json:
-        write_json(args.json, {"command": "replay", "trace": label, "fleet": sums})
+        write_json(
+            args.json,
+            {"command": "replay", "trace": label, "skipped_lines": tr.skipped, "fleet": sums},
+        )
     if args.csv:
         write_csv(args.csv, _csv_rows(sums))
     return 0
@@ -267,13 +280,16 @@ def fleet_sweep_command(
     caps = ", ".join(f"{c:,}" for c in args.capacities)
     console.print(
         fleet_table(
-            f"{label}: {len(tr.requests):,} requests, fleet size sweep "
+            f"{escape(label)}: {len(tr.requests):,} requests, fleet size sweep "
             f"({caps} tokens per instance; time model)",
             sums,
         )
     )
     if args.json:
-        write_json(args.json, {"command": "sweep", "trace": label, "fleet": sums})
+        write_json(
+            args.json,
+            {"command": "sweep", "trace": label, "skipped_lines": tr.skipped, "fleet": sums},
+        )
     if args.csv:
         write_csv(args.csv, _csv_rows(sums))
     return 0

@@ -5,7 +5,18 @@ For a run that includes ``opt`` (or ``opt@N``), every policy's hit rate is shown
 opt's, and ``gap closed = (hit rate - LRU's) / (opt's - LRU's)``: 0 is no better than
 recency, 1 is the optimum, negative is worse than recency. LRU is the lab's LRU at opt's
 block size (``lab-lru`` / ``lab-lru@N``) when the run has it, else ``vllm-blocks`` (vLLM's
-LRU free queue), else ``radix``.
+LRU free queue), else ``radix``. Names are matched by what they mean, not how they are
+spelled: ``opt``, ``opt@16`` and ``lab-opt`` are the same optimum, ``lab-lru``,
+``lab-lru@16`` the same LRU (``tree-trim`` is ``lab-lru@1``), ``vllm-blocks16`` is
+``vllm-blocks``; an admission filter (``-admit<k>``) makes another policy.
+
+Hit rates are over the prompt tokens of the requests a policy served, so two rates
+compare only when the policies served the same requests (in the sequence model the lab
+policies serve a prompt larger than the budget, the engine policies reject it). A
+request is rejected when it never fits, even alone, which depends on its size alone, so
+two policies that rejected as many requests rejected the same ones. The gap closed is
+given only for a policy that rejected as many requests as opt (and with a baseline that
+did too); otherwise it is NaN (shown as ``-``) and the row's ``rejected`` says why.
 """
 
 from __future__ import annotations
@@ -17,14 +28,33 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from prefixcache.errors import InvalidInputError
+from prefixcache.sim.policies.lab import parse_lab_name
+
 __all__ = ["gap_rows", "gap_table"]
 
 
-def _baseline(names: set[str], opt: str) -> str | None:
-    suffix = opt[len("opt") :]
-    for cand in (f"lab-lru{suffix}", "vllm-blocks", "radix"):
-        if cand in names:
-            return cand
+def _lab(name: str, rule: str) -> int | None:
+    """The block size of ``name`` when it is the lab's ``rule`` without an admission
+    filter, else None."""
+    try:
+        spec = parse_lab_name(name)
+    except InvalidInputError:
+        return None
+    if spec is None or spec["rule"] != rule or spec["admit_after"] != 1:
+        return None
+    return int(spec["block_size"])
+
+
+def _baseline(names: Sequence[str], block: int) -> str | None:
+    for match in (
+        lambda n: _lab(n, "lru") == block,
+        lambda n: n in ("vllm-blocks", "vllm-blocks16"),
+        lambda n: n == "radix",
+    ):
+        found = [n for n in names if match(n)]
+        if found:
+            return found[0]
     return None
 
 
@@ -32,21 +62,25 @@ def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per policy: hit rate, opt's, LRU's, and the share of the gap closed.
     Empty when the run has no ``opt``."""
     rates = {s["policy"]: float(s["hit_rate"]) for s in summaries}
-    opts = [n for n in rates if n == "opt" or n.startswith("opt@")]
+    rejected = {s["policy"]: int(s.get("rejected", 0)) for s in summaries}
+    opts = [n for n in rates if _lab(n, "opt") is not None]
     if not opts:
         return []
     opt = opts[0]
-    base = _baseline(set(rates), opt)
+    same = [n for n in rates if rejected[n] == rejected[opt]]  # the requests opt served
+    base = _baseline(same, _lab(opt, "opt") or 16)
     o = rates[opt]
     lru = rates[base] if base is not None else math.nan
     rows = []
     for name, r in rates.items():
         span = o - lru
-        closed = (r - lru) / span if base is not None and span > 0 else math.nan
+        comparable = base is not None and span > 0 and name in same
+        closed = (r - lru) / span if comparable else math.nan
         rows.append(
             {
                 "policy": name,
                 "hit_rate": r,
+                "rejected": rejected[name],
                 "opt": opt,
                 "opt_hit_rate": o,
                 "lru": base,
@@ -59,12 +93,14 @@ def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def gap_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    opt_rejected = next((r.get("rejected", 0) for r in rows if r["policy"] == r["opt"]), 0)
     for c in ("policy", "hit rate", "opt", "LRU", "gap closed"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     for r in rows:
         closed = r["gap_closed"]
+        differs = r.get("rejected", 0) != opt_rejected
         t.add_row(
-            r["policy"],
+            r["policy"] + (f" ({r['rejected']:,} rejected)" if differs else ""),
             f"{100 * r['hit_rate']:.2f}%",
             f"{100 * r['opt_hit_rate']:.2f}%",
             "-" if r["lru"] is None else f"{100 * r['lru_hit_rate']:.2f}% ({r['lru']})",

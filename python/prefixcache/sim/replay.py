@@ -154,8 +154,8 @@ def replay(
         task = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
         prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)
-        if prepare is not None:
-            prepare(requests)
+        if prepare is not None:  # outputs are never cached in the sequence model
+            prepare(requests, outputs=sched.model != "sequence")
         records = sched.run(requests, pol, task.advance if task is not None else None, check)
         dt = time.perf_counter() - t0
         if task is not None:

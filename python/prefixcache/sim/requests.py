@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from prefixcache.errors import InvalidInputError
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 
 TokenArray = npt.NDArray[np.uint32]
 TokenFactory = Callable[[], TokenArray]
@@ -110,6 +110,10 @@ class Request:
 
 
 def _length(tokens: TokenArray | TokenFactory, given: int | None, what: str) -> int:
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int | np.integer)):
+        raise InvalidTypeError(f"{what}_len must be an int, got {type(given).__name__}")
+    if given is not None and given < 0:
+        raise InvalidInputError(f"{what}_len must be >= 0, got {given}")
     if callable(tokens):
         if given is None:
             raise InvalidInputError(f"a lazy {what} needs an explicit {what}_len")

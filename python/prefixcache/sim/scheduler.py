@@ -588,22 +588,37 @@ class TimeScheduler:
 
 class SessionGate:
     """A session's next turn is submitted only after its previous turn finished (at that
-    moment, if it arrived earlier); requests without a session pass straight through."""
+    moment, if it arrived earlier); requests without a session pass straight through.
+    A session's turns are its requests in the order given (trace order, as the other
+    models take them), whatever their arrival times: a turn that arrives before the one
+    given ahead of it waits for that one to arrive and finish."""
 
     def __init__(self, requests: Sequence[Request]) -> None:
         self.requests = requests
-        self.blocked: dict[RequestId, deque[int]] = {}  # session -> turns waiting
+        self.turns: dict[RequestId, deque[int]] = {}  # session -> turns not yet submitted
+        for i, r in enumerate(requests):
+            if r.session is not None:
+                self.turns.setdefault(r.session, deque()).append(i)
+        self.arrived: set[int] = set()  # turns that arrived and wait
         self.active: set[RequestId] = set()  # sessions with a turn in flight
 
     def arrive(self, i: int, at: float, submit: Callable[[int, Request, float], None]) -> None:
         req = self.requests[i]
-        s = req.session
-        if s is not None:
-            if s in self.active:
-                self.blocked.setdefault(s, deque()).append(i)
-                return
-            self.active.add(s)
-        submit(i, req, at)
+        if req.session is None:
+            submit(i, req, at)
+            return
+        self.arrived.add(i)
+        self._next(req.session, at, submit)
+
+    def _next(self, s: RequestId, at: float, submit: Callable[[int, Request, float], None]) -> None:
+        """Submit session ``s``'s next turn at ``at`` if it arrived and none is in flight."""
+        q = self.turns[s]
+        if s in self.active or not q or q[0] not in self.arrived:
+            return
+        i = q.popleft()
+        self.arrived.discard(i)
+        self.active.add(s)
+        submit(i, self.requests[i], at)
 
     def release(self, i: int, t: float, submit: Callable[[int, Request, float], None]) -> None:
         """Request ``i`` finished (or was rejected) at ``t``: let its session's next turn in."""
@@ -611,10 +626,8 @@ class SessionGate:
         if s is None:
             return
         self.active.discard(s)
-        q = self.blocked.get(s)
-        if q:
-            self.arrive(q.popleft(), t, submit)  # it arrived earlier; it may start now
+        self._next(s, t, submit)  # it arrived earlier; it may start now
 
     def check_drained(self) -> None:
-        if any(self.blocked.values()):  # cannot happen: a finish releases its session
+        if any(self.turns.values()):  # cannot happen: a finish releases its session
             raise AssertionError("session turns blocked with nothing running")

@@ -13,7 +13,11 @@ Engine policies are driven through the ordinary policy protocol (``admit`` with 
 output reserve, ``finish`` at once): they evict before inserting, which for recency rules
 is the same as evicting after (the new blocks are the most recent). Lab policies are
 switched to evict after inserting (``set_sequence_model``), which lets a rule drop the
-new blocks themselves, as Belady may.
+new blocks themselves, as Belady may; a prompt larger than the whole budget is then
+served (its cached prefix hit, its blocks passing through), as in the paper, where the
+engine policies reject it. Hit rates are over the served requests, so ``opt`` bounds the
+policies of its block size that served the same requests (rejected as many); the gap
+report (``sim/gap.py``) compares only those.
 """
 
 from __future__ import annotations

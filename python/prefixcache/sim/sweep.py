@@ -9,13 +9,17 @@ replays running are short ones and neither worker idles long at the end). Every 
 gets a fresh worker process, so its ``peak_rss_bytes`` is its own (the interpreter and
 the trace included). Workers get the requests by ``fork`` where the platform has it
 (nothing is copied until touched) and read the trace again otherwise. Progress reaches
-the parent through a queue, batched per 64 requests.
+the parent through a queue, batched per 64 requests. Each worker sends its result (or
+its exception) back on a pipe of its own; one that ends without sending anything
+(killed by a signal: the out-of-memory killer) raises :class:`WorkerDiedError` in the
+parent, which ends the other workers first.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import queue
 import signal
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.replay import (
     ProgressFactory,
     ReplayResult,
@@ -36,6 +41,7 @@ from prefixcache.sim.scheduler import PrefillCost
 __all__ = [
     "OnResult",
     "SweepSpec",
+    "WorkerDiedError",
     "default_jobs",
     "load_requests",
     "longest_first",
@@ -140,12 +146,39 @@ _worker_requests: Sequence[Request] | None = None
 _worker_queue: Any = None
 
 
-def _init_worker(spec: SweepSpec, q: Any) -> None:
+class WorkerDiedError(PrefixCacheError, RuntimeError):
+    """A worker process ended without handing back its replay's result (killed by a
+    signal, e.g. the kernel's out-of-memory killer, or exited on its own)."""
+
+
+def _describe(task: Task) -> str:
+    cap, cpu, policy = task
+    if cap is None:
+        return f"{policy} at unlimited KV" + (f" + {cpu:,} host" if cpu else "")
+    return f"{policy} at " + _label(cap, cpu, policy).rsplit(": ", 1)[0]
+
+
+def _child(
+    spec: SweepSpec, key: int, task: Task, report: bool, records: bool, q: Any, conn: Any
+) -> None:
+    """A worker process: one replay, its result (or its exception) sent back on ``conn``."""
     global _worker_requests, _worker_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _worker_queue = q
-    if _worker_requests is None:  # spawned, not forked: read the trace again
-        _worker_requests = load_requests(spec)
+    msg: tuple[bool, Any]
+    try:
+        if _worker_requests is None:  # spawned, not forked: read the trace again
+            _worker_requests = load_requests(spec)
+        msg = (True, _work(spec, key, task, report, records))
+    except BaseException as e:  # handed to the parent, raised there
+        msg = (False, e)
+    try:
+        conn.send(msg)
+    except Exception as e:  # an exception that cannot be pickled
+        conn.send((False, RuntimeError(f"{type(msg[1]).__name__}: {msg[1]} ({e})")))
+    conn.close()
 
 
 class _QueueTask:
@@ -273,7 +306,7 @@ def _run_tasks(
             out.append(res)
         return out
     methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    ctx: Any = mp.get_context("fork" if "fork" in methods else "spawn")
     q = ctx.Queue()
     _worker_requests = requests if ctx.get_start_method() == "fork" else None
     n = len(requests)
@@ -287,53 +320,106 @@ def _run_tasks(
 
     # One process per replay: each pair's peak RSS is its own. The longest replays go
     # first, so the last ones to finish are short and no worker idles long at the end.
-    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(spec, q), maxtasksperchild=1)
+    # Each worker sends its result on a pipe of its own; the parent waits on those pipes
+    # and on the processes themselves, so a worker that dies without a result (the
+    # out-of-memory killer) stops the run instead of leaving it waiting.
+    order = longest_first(tasks)
+    running: dict[int, tuple[Any, Any]] = {}  # key -> (process, receiving end)
+    results: dict[int, ReplayResult] = {}
+    counted = [0] * len(tasks)
+    started = 0
 
-    def wake(key: int) -> Callable[[object], None]:
-        # Run by the pool's result thread as a replay ends: a zero count on the progress
-        # queue wakes the loop below at once (it would otherwise see the result only
-        # when its next 0.1 s wait on the queue ends).
-        return lambda _: q.put((key, 0))
+    def start(key: int) -> None:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_child,
+            args=(spec, key, tasks[key], progress is not None, records, q, send),
+            daemon=True,
+        )
+        # SIGINT stays blocked until the worker ignores it: Ctrl-C is the parent's alone.
+        blocked = hasattr(signal, "pthread_sigmask")
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc.start()
+            send.close()
+            running[key] = (proc, recv)  # before a Ctrl-C held back here is raised
+        finally:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    def drain() -> None:
+        while True:
+            try:
+                key, count = q.get_nowait()
+            except queue.Empty:
+                return
+            b = bar(key)
+            if b is not None and key not in results:
+                b.advance(count)
+                counted[key] += count
+
+    def finish(key: int) -> None:
+        proc, recv = running.pop(key)
+        try:
+            ok, value = recv.recv()
+        except EOFError:  # the worker ended before sending anything
+            proc.join()
+            raise WorkerDiedError(_died(tasks[key], proc.exitcode)) from None
+        finally:
+            recv.close()
+        proc.join()
+        if not ok:
+            raise value  # a worker's exception, raised here
+        drain()  # counts still in the queue may arrive after the result does
+        results[key] = value
+        b = bar(key)
+        if b is not None:
+            b.advance(n - counted[key])
+            b.done()
+        if on_result is not None:
+            on_result(key, value)
 
     try:
-        submitted = {
-            key: pool.apply_async(
-                _work,
-                (spec, key, tasks[key], progress is not None, records),
-                callback=wake(key),
-                error_callback=wake(key),
-            )
-            for key in longest_first(tasks)
-        }
-        pending = [submitted[key] for key in range(len(tasks))]
-        finished = [False] * len(tasks)
-        counted = [0] * len(tasks)
-        while not all(finished):
-            try:
-                key, count = q.get(timeout=0.1)
-                b = bar(key)
-                if b is not None and not finished[key]:
-                    b.advance(count)
-                    counted[key] += count
-            except queue.Empty:
-                pass
-            for key, r in enumerate(pending):
-                if not finished[key] and r.ready():
-                    res = r.get()  # raises a worker's exception here
-                    finished[key] = True
-                    b = bar(key)
-                    if b is not None:
-                        # Counts still in the queue may arrive after the result does.
-                        b.advance(n - counted[key])
-                        b.done()
-                    if on_result is not None:
-                        on_result(key, res)
-        out = [r.get() for r in pending]
-        pool.close()
+        while len(results) < len(tasks):
+            while started < len(order) and len(running) < jobs:
+                start(order[started])
+                started += 1
+            waits = {id(r): k for k, (_, r) in running.items()}
+            waits.update({id(p.sentinel): k for k, (p, _) in running.items()})
+            handles = [r for _, r in running.values()] + [p.sentinel for p, _ in running.values()]
+            ready = mp_connection.wait(handles, timeout=0.1)
+            drain()
+            for key in sorted({waits[id(h)] for h in ready}):
+                # A result that was sent is read even when its process has ended since.
+                finish(key)
+        out = [results[key] for key in range(len(tasks))]
     except BaseException:
-        pool.terminate()
+        for proc, _ in running.values():
+            proc.terminate()
+        for proc, _ in running.values():
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
         raise
     finally:
-        pool.join()
+        for _, recv in running.values():
+            recv.close()
+        q.close()
+        q.join_thread()
         _worker_requests = None
     return out
+
+
+def _died(task: Task, exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"killed by signal {-exitcode}"
+        if -exitcode == getattr(signal, "SIGKILL", None):
+            how += " (the out-of-memory killer?)"
+    else:
+        how = f"exit status {exitcode}"
+    return f"the worker process replaying {_describe(task)} died: {how}"

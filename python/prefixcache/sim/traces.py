@@ -49,6 +49,8 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.requests import Request, TokenArray
 
 __all__ = [
+    "MAX_ARRIVAL_SECONDS",
+    "MAX_LINE_BYTES",
     "MOONCAKE_BLOCK",
     "Trace",
     "TraceFormatError",
@@ -163,6 +165,11 @@ class HashIdPrompt:
 # The most output tokens one request may ask for (2**40): a bound on what a trace can
 # claim, far past any KV budget; the simulators produce a request's output tokens lazily.
 MAX_OUTPUT_LEN = 2**40
+# The latest arrival a trace may give, in seconds (about 317 years: a Unix time in
+# seconds, or a Mooncake timestamp in milliseconds, is far below it). The time model's
+# clock is a float of seconds; up to here it still tells 2 microseconds apart, where a
+# prefill takes milliseconds. A later arrival (1e300) would leave it nothing to count.
+MAX_ARRIVAL_SECONDS = 1e10
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -178,7 +185,7 @@ def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = 
     return v
 
 
-def _number(obj: dict[str, Any], key: str) -> float:
+def _number(obj: dict[str, Any], key: str, maximum: float) -> float:
     if key not in obj:
         raise ValueError(f"missing field {key!r}")
     v = obj[key]
@@ -188,6 +195,8 @@ def _number(obj: dict[str, Any], key: str) -> float:
         ok = False
     if not ok:
         raise ValueError(f"field {key!r} must be a finite number >= 0, got {v!r}")
+    if v > maximum:
+        raise ValueError(f"field {key!r} must be <= {maximum:.0e}, got {v!r}")
     return float(v)
 
 
@@ -250,17 +259,24 @@ def _decompress_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+# The longest trace line read (bytes, after decompression): far beyond any real request
+# (a 64 MiB line holds millions of token ids), and a bound on the memory one line takes.
+MAX_LINE_BYTES = 64 * 2**20
+
+
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines with their 1-based numbers. A failure while reading (a corrupt or
     truncated compressed file) is one :class:`InvalidInputError`; a file that cannot be
-    opened stays an ``OSError``."""
+    opened stays an ``OSError``; a line longer than :data:`MAX_LINE_BYTES` is a
+    :class:`TraceFormatError` (even when bad lines are skipped: nothing that long is a
+    request, and reading on would only take more memory)."""
     f = _open(path)
     errs = _decompress_errors()
     with f:
         lineno = 0
         while True:
             try:
-                line = f.readline()
+                line = f.readline(MAX_LINE_BYTES + 1)
             except errs as e:
                 raise InvalidInputError(
                     f"{path}: cannot read or decompress after line {lineno}: "
@@ -269,6 +285,13 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             if not line:
                 return
             lineno += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                raise TraceFormatError(
+                    str(path),
+                    lineno,
+                    f"line longer than {MAX_LINE_BYTES // 2**20} MiB "
+                    f"({MAX_LINE_BYTES:,} bytes); not a trace of requests",
+                )
             if line.strip():
                 yield lineno, line
 
@@ -321,7 +344,7 @@ def read_mooncake(path: str | Path, *, skip_bad_lines: bool = False) -> Trace:
     for lineno, line in _lines(p):
         try:
             obj = _object(line)
-            ts = _number(obj, "timestamp")
+            ts = _number(obj, "timestamp", MAX_ARRIVAL_SECONDS * 1000)  # milliseconds
             n_in = _int(obj, "input_length", 1)
             n_out = _int(obj, "output_length", 0, MAX_OUTPUT_LEN)
             if "hash_ids" not in obj or not isinstance(obj["hash_ids"], list):
@@ -402,7 +425,7 @@ def read_token_jsonl(path: str | Path, *, skip_bad_lines: bool = False) -> Trace
                 _valid_str(rid, "id")
             if rid in seen:
                 raise ValueError(f"duplicate id {rid!r}")
-            arrival = _number(obj, "arrival")
+            arrival = _number(obj, "arrival", MAX_ARRIVAL_SECONDS)
             if "prompt" not in obj:
                 raise ValueError("missing field 'prompt'")
             prompt = _token_list(obj, "prompt", allow_empty=False)
@@ -483,11 +506,30 @@ def detect_format(path: str | Path, *, skip_bad_lines: bool = False) -> str:
 
 
 def read_trace(path: str | Path, *, fmt: str = "auto", skip_bad_lines: bool = False) -> Trace:
-    """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'."""
+    """Read a trace, detecting the format unless ``fmt`` is 'mooncake' or 'tokens'.
+
+    A trace without a request is refused whatever the format: an empty file (or blank
+    lines only) is an :class:`InvalidInputError`, a file whose every line was skipped a
+    :class:`TraceFormatError` naming the first. (``read_mooncake`` and
+    ``read_token_jsonl`` themselves return an empty ``Trace``.)"""
     if fmt == "auto":
         fmt = detect_format(path, skip_bad_lines=skip_bad_lines)
     if fmt == "mooncake":
-        return read_mooncake(path, skip_bad_lines=skip_bad_lines)
-    if fmt == "tokens":
-        return read_token_jsonl(path, skip_bad_lines=skip_bad_lines)
-    raise InvalidInputError(f"unknown trace format {fmt!r}; expected auto, mooncake or tokens")
+        reader = read_mooncake
+    elif fmt == "tokens":
+        reader = read_token_jsonl
+    else:
+        raise InvalidInputError(f"unknown trace format {fmt!r}; expected auto, mooncake or tokens")
+    tr = reader(path, skip_bad_lines=skip_bad_lines)
+    if tr.requests:
+        return tr
+    if not tr.skipped:
+        raise InvalidInputError(f"{Path(path)}: the trace is empty")
+    try:  # the first skipped line again, for its reason
+        reader(path)
+    except TraceFormatError as e:
+        why = str(e).removeprefix(f"{e.path}:{e.line}: ")
+        raise TraceFormatError(
+            e.path, e.line, f"no line is a {fmt} request ({tr.skipped} skipped); this one: {why}"
+        ) from None
+    raise AssertionError("skipped lines that read without error")  # pragma: no cover

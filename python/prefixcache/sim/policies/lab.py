@@ -5,7 +5,8 @@ engines do. The policies here run the lab cache of the Rust core
 (``prefixcache._core.LabCache``, ``rust/prefixcache-core/src/lab/``): a prefix-closed
 block cache (a cached block's parent is always cached; only childless blocks are evicted,
 deepest first on ties) whose eviction rule and admission filter can be chosen, and the
-offline optimum (Belady) that bounds them all. docs/LAB.md describes each one.
+offline optimum (Belady), which under the request-sequence model bounds every policy of
+its block size that served the same requests. docs/LAB.md describes each one.
 
 Names (``make_lab_policy``), each optionally followed by ``@N`` for N tokens per block
 (default 16, as ``vllm-blocks``; ``@1`` is a token-level tree):
@@ -73,7 +74,7 @@ def make_lab_policy(name: str, capacity: int, **kw: Any) -> LabPolicy | None:
 
 
 class _Held:
-    __slots__ = ("allocated", "known", "last_key", "pending", "seed")
+    __slots__ = ("allocated", "anonymous", "known", "last_key", "pending", "seed")
 
     def __init__(
         self, seed: int, last_key: int, pending: TokenArray, known: int, allocated: int
@@ -83,6 +84,7 @@ class _Held:
         self.pending = pending  # tokens after the last full block
         self.known = known  # tokens whose KV the request holds
         self.allocated = allocated  # tokens of KV reserved
+        self.anonymous = 0  # blocks held without a key (a partial tail, reserved output)
 
 
 class LabPolicy:
@@ -130,13 +132,17 @@ class LabPolicy:
             depth_cost = 1e-7 / 0.01 * block_size
         self.cache = LabCache(self.blocks, rule, admit_after, False, protected, depth_cost, min_hit)
         self.held: dict[RequestId, _Held] = {}
-        self._peak = 0
+        self._peak_used = 0  # blocks held by requests (keyed or not)
+        self._peak_cached = 0  # blocks holding a key (in use or evictable)
+        self._anonymous = 0  # blocks requests hold without a key, all requests
         self._prepared = False
         self._future_keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None
 
     # -- the future (opt) and the request-sequence model --------------------------------
-    def prepare(self, requests: Sequence[Request]) -> None:
-        """Hand the request sequence over; only ``opt`` reads it (its future)."""
+    def prepare(self, requests: Sequence[Request], *, outputs: bool = True) -> None:
+        """Hand the request sequence over; only ``opt`` reads it (its future).
+        ``outputs=False``: the model never caches outputs (``--model sequence``), so the
+        future is the prompts' blocks alone and no output is built."""
         if self.rule != "opt":
             return
         from prefixcache._core import lab_block_keys
@@ -146,7 +152,8 @@ class LabPolicy:
         offsets = np.zeros(len(requests) + 1, dtype=np.uint64)
         hittable = np.zeros(len(requests), dtype=np.uint32)
         for i, r in enumerate(requests):
-            toks = r.prompt if r.output_len == 0 else np.concatenate([r.prompt, r.output])
+            with_output = outputs and r.output_len > 0
+            toks = np.concatenate([r.prompt, r.output]) if with_output else r.prompt
             k = lab_block_keys(
                 np.ascontiguousarray(toks, dtype=np.uint32),
                 bs,
@@ -167,8 +174,14 @@ class LabPolicy:
 
     # -- the policy protocol ----------------------------------------------------------
     def _note_usage(self) -> None:
-        used = int(self.cache.num_used) * self.block_size
-        self._peak = max(self._peak, used)
+        # num_used = keyed blocks (cached, in use or not) + anonymous blocks requests hold.
+        used = int(self.cache.num_used)
+        self._peak_used = max(self._peak_used, used - int(self.cache.num_evictable))
+        self._peak_cached = max(self._peak_cached, used - self._anonymous)
+
+    def _set_anonymous(self, h: _Held, blocks: int, keyed: int) -> None:
+        self._anonymous += blocks - keyed - h.anonymous
+        h.anonymous = blocks - keyed
 
     def admit(
         self,
@@ -196,9 +209,10 @@ class LabPolicy:
         if got is None:
             return None
         nfull = len(keys)
-        self.held[rid] = _Held(
+        h = self.held[rid] = _Held(
             seed, int(keys[-1]) if nfull else seed, prompt[nfull * bs :], n, n + reserve
         )
+        self._set_anonymous(h, total, nfull)
         self._note_usage()
         return int(got) * bs
 
@@ -230,8 +244,10 @@ class LabPolicy:
         known = h.known + len(tokens)
         allocated = max(h.allocated, known)
         # Blocks held: every block up to the allocation (keyed or not).
-        if not self.cache.grow(int(rid), keys, -(-allocated // bs)):
+        blocks = -(-allocated // bs)
+        if not self.cache.grow(int(rid), keys, blocks):
             return False
+        self._set_anonymous(h, blocks, known // bs)
         if nfull:
             h.last_key = int(keys[-1])
         h.pending = pending[nfull * bs :]
@@ -249,7 +265,9 @@ class LabPolicy:
         if len(tail) and not self._grow(rid, tail):  # pragma: no cover - reserved
             raise AssertionError(f"{self.name}: reserved output did not fit")
         self.cache.release(int(rid))
+        self._set_anonymous(h, 0, 0)
         del self.held[rid]
+        self._note_usage()
 
     def grow(
         self,
@@ -286,7 +304,8 @@ class LabPolicy:
             ev * self.block_size,
             ev,
             int(s["cached"]) * self.block_size,
-            self._peak,
+            self._peak_used * self.block_size,
+            self._peak_cached * self.block_size,
             extra={"not_admitted_blocks": int(s["not_admitted"])},
         )
 
