@@ -991,8 +991,9 @@ def fleet_worker_arg(worker: object) -> str:
 def fleet_medium_arg(medium: object) -> str | None:
     """``medium`` as ``KvIndex`` takes it: None or a str of valid text."""
 
-def fleet_seq_arg(seq: object, what: str = "seq") -> int | None:
-    """A sequence number argument named ``what``: None or an int in ``[0, 2**63)``."""
+def fleet_seq_arg(seq: object, what: str | None = None) -> int | None:
+    """A sequence number argument named ``what`` (``seq`` when None): None or an int in
+    ``[0, 2**63)``."""
 
 def fleet_now_arg(now: object = None) -> float:
     """``now``: a finite number of seconds; the clock for None."""

@@ -685,9 +685,16 @@ pub fn fleet_medium_arg(medium: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
 /// A sequence number argument named `what`, as `KvIndex` takes it (None or an int in
 /// `[0, 2**63)`).
 #[pyfunction]
-#[pyo3(signature = (seq, what="seq"))]
-pub fn fleet_seq_arg(seq: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<u64>> {
-    opt_seq(Some(seq), what)
+#[pyo3(signature = (seq, what=None))]
+pub fn fleet_seq_arg(
+    seq: &Bound<'_, PyAny>,
+    what: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<u64>> {
+    let what = match what {
+        Some(w) if !w.is_none() => convert::str_arg(w, "what")?,
+        _ => "seq".to_owned(),
+    };
+    opt_seq(Some(seq), &what)
 }
 
 /// `now` as `KvIndex` takes it: a finite time, the clock for None.
@@ -744,6 +751,6 @@ pub fn fleet_k_arg(k: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
 
 /// A bool argument named `what` (e.g. `include_unhealthy`), as `KvIndex` takes it.
 #[pyfunction]
-pub fn fleet_flag_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
-    convert::flag_arg(obj, what)
+pub fn fleet_flag_arg(obj: &Bound<'_, PyAny>, what: &Bound<'_, PyAny>) -> PyResult<bool> {
+    convert::flag_arg(obj, &convert::str_arg(what, "what")?)
 }
