@@ -368,7 +368,9 @@ def _run_tasks(
             raise WorkerDiedError(_died(tasks[key], proc.exitcode)) from None
         finally:
             recv.close()
-        proc.join()
+        while proc.is_alive():  # its last progress counts may wait for room in the queue
+            drain()
+            proc.join(0.05)
         if not ok:
             raise value  # a worker's exception, raised here
         drain()  # counts still in the queue may arrive after the result does
