@@ -134,3 +134,25 @@ def test_opt_request_past_the_sequence_has_no_future(rid: int) -> None:
     assert c.acquire(rid, np.array([7], dtype=np.uint64), 1, 1) == 0
     assert c.num_used == 1
     c.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("arg", "value"),
+    [
+        ("keys", np.array([7], dtype=np.int64)),
+        ("offsets", [0, 1]),
+        ("hittable", np.array([1], dtype=np.uint64)),
+    ],
+)
+def test_opt_future_of_the_wrong_type_names_the_argument(arg: str, value: object) -> None:
+    from prefixcache._core import LabCache
+    from prefixcache.errors import InvalidTypeError
+
+    args = {
+        "keys": np.array([7], dtype=np.uint64),
+        "offsets": np.array([0, 1], dtype=np.uint64),
+        "hittable": np.array([1], dtype=np.uint32),
+    }
+    args[arg] = value
+    with pytest.raises(InvalidTypeError, match=f"^{arg} must be a 1-D numpy"):
+        LabCache(4, "opt").set_future(args["keys"], args["offsets"], args["hittable"])

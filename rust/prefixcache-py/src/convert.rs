@@ -1866,15 +1866,29 @@ pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// A 1-D numpy uint64 array (the lab's block keys), copied out in one stretch with the
 /// GIL held and no Python code running while it is borrowed.
 pub fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    exact_array(obj, what, "uint64")
+}
+
+/// A 1-D numpy `uint32` array, copied (`what` names the argument in messages).
+pub fn u32_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    exact_array(obj, what, "uint32")
+}
+
+/// A 1-D numpy array of exactly `T` (`dtype` its name in messages), copied.
+fn exact_array<T: numpy::Element + Copy>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    dtype: &str,
+) -> PyResult<Vec<T>> {
     let arr = obj
-        .extract::<numpy::PyReadonlyArray1<'_, u64>>()
+        .extract::<numpy::PyReadonlyArray1<'_, T>>()
         .map_err(|_| {
             invalid_type(format!(
-                "{what} must be a 1-D numpy uint64 array, got {}",
+                "{what} must be a 1-D numpy {dtype} array, got {}",
                 type_name(obj)
             ))
         })?;
-    let v = arr.as_slice().map(<[u64]>::to_vec);
+    let v = arr.as_slice().map(<[T]>::to_vec);
     drop(arr);
     v.map_err(|_| invalid_input(format!("{what} must be contiguous")))
 }

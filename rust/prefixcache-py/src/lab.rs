@@ -1,7 +1,7 @@
 //! `LabCache` and `lab_block_keys`: bindings of `prefixcache_core::lab` (not an engine
 //! rule: the simulator's eviction and admission lab). Argument and error mapping only.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::PyArray1;
 use prefixcache_core::lab::{block_keys, Admission, LabCache as Core, NextUse, Rule};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -121,12 +121,14 @@ impl LabCache {
     fn set_future(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, u64>,
-        offsets: PyReadonlyArray1<'_, u64>,
-        hittable: PyReadonlyArray1<'_, u32>,
+        keys: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        hittable: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let f =
-            NextUse::new(keys.as_slice()?, offsets.as_slice()?, hittable.as_slice()?).py_err()?;
+        let keys = convert::u64_array(keys, "keys")?;
+        let offsets = convert::u64_array(offsets, "offsets")?;
+        let hittable = convert::u32_array(hittable, "hittable")?;
+        let f = NextUse::new(&keys, &offsets, &hittable).py_err()?;
         self.inner.with(py, |c| c.set_future(f))
     }
 
