@@ -797,3 +797,25 @@ def test_a_fleet_of_opt_is_refused_before_anything_runs(
         assert main([argv[0], str(missing), *argv[1:], "--policies", policy]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: a fleet replay cannot run {policy}:")
+
+
+def test_cli_fleet_tables_fit_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every figure is printed whole in an 80-column terminal (rich shortens cells that do
+    # not fit, so that '1,311,056' read '1,311,0…'), and a sweep's rows name their
+    # capacity: two capacities x one fleet size gave two rows alike but for their numbers.
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["workload:F", "--instances", "2", "--router", "round-robin,cache-aware", "--quiet"]
+    assert main(["sweep", *args, "--capacities", "8k,16Ki"]) == 0
+    text = capsys.readouterr().out
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    rows = [line.split() for line in text.splitlines() if "round-robin" in line]
+    assert [r[0] for r in rows] == ["8k", "16Ki", "8k", "16Ki"]  # routing, then latency
+    # The ceiling belongs to a capacity and fleet size: every router's row shows it.
+    assert all("-" not in r[-2:] for r in rows[2:])
+    assert main(["replay", *args, "--capacity", "1M"]) == 0
+    text = capsys.readouterr().out
+    assert "…" not in text and "per instance" in text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -16,7 +15,7 @@ from prefixcache.errors import InvalidInputError
 from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
 from prefixcache.sim.policies.lab import parse_lab_name
-from prefixcache.sim.report import progress_bars, write_csv
+from prefixcache.sim.report import plain_table, progress_bars, short_tokens, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
 from prefixcache.sim.traces import Trace
@@ -165,50 +164,63 @@ def _s(v: float) -> str:
     return f"{v:.4g}"
 
 
-def fleet_table(title: str, sums: list[dict[str, Any]]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in (
-        "router",
-        "N",
-        "hit rate",
-        "imbalance",
-        "TTFT p50 s",
-        "p90 s",
-        "p99 s",
-        "preempt",
-        "ceiling hit",
-        "ceiling p99 s",
-        "wall s",
-    ):
-        t.add_column(label, justify="left" if label == "router" else "right", no_wrap=True)
+def _capacity_column(t: Table, sweep: bool) -> None:
+    """The sweep's rows differ in capacity and fleet size: both lead the row."""
+    if sweep:
+        t.add_column("capacity\nper inst.", justify="right", no_wrap=True)
+    t.add_column("router", justify="left", no_wrap=True)
+    t.add_column("N", justify="right", no_wrap=True)
+
+
+def _row_head(s: dict[str, Any], sweep: bool) -> list[str]:
+    head = [short_tokens(int(s["capacity"]))] if sweep else []
+    return [*head, s["router"], str(s["instances"])]
+
+
+def fleet_tables(title: str, sums: list[dict[str, Any]], *, sweep: bool = False) -> list[Table]:
+    """The fleet's results in two tables that fit 80 columns: routing (hit rate, load
+    imbalance, preemptions, replay time) and latency (TTFT percentiles against the
+    ceiling, one instance with the whole fleet's KV). A sweep's rows lead with the
+    capacity per instance."""
+    routing = plain_table(title)
+    _capacity_column(routing, sweep)
+    for label in ("hit\nrate", "imbalance", "preempted", "wall s"):
+        routing.add_column(label, justify="right", no_wrap=True)
+    latency = plain_table("fleet: estimated latency, and the ceiling (one instance, all KV)")
+    _capacity_column(latency, sweep)
+    for label in ("TTFT p50\n(s)", "p90\n(s)", "p99\n(s)", "ceiling\nhit rate", "ceiling\np99 (s)"):
+        latency.add_column(label, justify="right", no_wrap=True)
     for s in sums:
         c = s.get("ceiling")
-        t.add_row(
-            s["router"],
-            str(s["instances"]),
+        head = _row_head(s, sweep)
+        routing.add_row(
+            *head,
             _pct(s["hit_rate"]),
             f"{s['imbalance']:.3f}",
+            f"{s['preemptions']:,}",
+            f"{s['seconds']:.2f}",
+        )
+        latency.add_row(
+            *head,
             _s(s["ttft_p50"]),
             _s(s["ttft_p90"]),
             _s(s["ttft_p99"]),
-            f"{s['preemptions']:,}",
             _pct(c["hit_rate"]) if c else "-",
             _s(c["ttft_p99"]) if c else "-",
-            f"{s['seconds']:.2f}",
         )
-    return t
+    return [routing, latency]
 
 
 def instance_table(title: str, s: dict[str, Any]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    t = plain_table(title)
     for label in (
         "instance",
         "requests",
-        "prompt tok",
-        "hit tok",
-        "hit rate",
-        "peak KV tok",
-        "evicted tok",
+        "prompt\ntokens",
+        "hit\ntokens",
+        "hit\nrate",
+        "peak KV\ntokens",
+        "evicted\ntokens",
     ):
         t.add_column(label, justify="right", no_wrap=True)
     for p in s["per_instance"]:
@@ -222,6 +234,12 @@ def instance_table(title: str, s: dict[str, Any]) -> Table:
             f"{p['evicted_tokens']:,}",
         )
     return t
+
+
+def _show(console: Console, tables: list[Table]) -> None:
+    for t in tables:
+        console.print(t)
+        console.print()
 
 
 def _csv_rows(sums: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -248,15 +266,12 @@ def fleet_replay_command(
     if len(sums) > 1 and sums[0].get("ceiling"):
         for s in sums[1:]:
             s["ceiling"] = sums[0]["ceiling"]
-    console.print(
-        fleet_table(
-            f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
-            f"({args.capacity:,} tokens each; time model)",
-            sums,
-        )
+    title = (
+        f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
+        f"({args.capacity:,} tokens each; time model)"
     )
-    for s in sums:
-        console.print(instance_table(f"{s['router']}: per instance", s))
+    _show(console, fleet_tables(title, sums))
+    _show(console, [instance_table(f"{s['router']}: per instance", s) for s in sums])
     if args.json:
         write_json(
             args.json,
@@ -277,14 +292,15 @@ def fleet_sweep_command(
         for n in args.instances
         for j, r in enumerate(routers)
     ]
-    caps = ", ".join(f"{c:,}" for c in args.capacities)
-    console.print(
-        fleet_table(
-            f"{escape(label)}: {len(tr.requests):,} requests, fleet size sweep "
-            f"({caps} tokens per instance; time model)",
-            sums,
-        )
+    # One ceiling per capacity and fleet size, computed with its first router.
+    for i in range(0, len(sums), len(routers)):
+        for s in sums[i + 1 : i + len(routers)]:
+            s["ceiling"] = sums[i].get("ceiling")
+    title = (
+        f"{escape(label)}: {len(tr.requests):,} requests, fleet sweep on "
+        f"{sums[0]['policy']} (time model)"
     )
+    _show(console, fleet_tables(title, sums, sweep=True))
     if args.json:
         write_json(
             args.json,

@@ -25,11 +25,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rich import box
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.lab import parse_lab_name
+from prefixcache.sim.report import plain_table
 
 __all__ = ["gap_rows", "gap_table"]
 
@@ -92,10 +92,10 @@ def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gap_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    t = plain_table(title)
     opt_rejected = next((r.get("rejected", 0) for r in rows if r["policy"] == r["opt"]), 0)
     for c in ("policy", "hit rate", "opt", "LRU", "gap closed"):
-        t.add_column(c, justify="left" if c == "policy" else "right")
+        t.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
     for r in rows:
         closed = r["gap_closed"]
         differs = r.get("rejected", 0) != opt_rejected

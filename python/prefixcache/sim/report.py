@@ -64,7 +64,7 @@ def _pct(v: float) -> str:
     return f"{100.0 * v:.2f}%"
 
 
-def _table(title: str) -> Table:
+def plain_table(title: str) -> Table:
     """A table whose title lines are not wrapped to its own width (up to 80 columns)."""
     width = min(max((len(line) for line in title.splitlines()), default=0), 80)
     return Table(
@@ -88,7 +88,7 @@ def _policy_column(t: Table, header: str = "policy") -> None:
 
 def comparison_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """One row per policy: hits, hit rate, evictions (``rejected`` when any request was)."""
-    t = _table(title)
+    t = plain_table(title)
     _policy_column(t)
     cols = [
         ("hit\ntokens", "hit_tokens"),
@@ -157,7 +157,7 @@ def host_tier_tables(summaries: Sequence[dict[str, Any]]) -> list[Table]:
         (f"host tier: reuse, tokens ({where})", _HOST_REUSE),
         ("host tier: GPU and host memory, tokens", memory),
     ):
-        t = _table(title)
+        t = plain_table(title)
         _policy_column(t)
         for label, _ in cols:
             t.add_column(label, justify="right", no_wrap=True)
@@ -208,7 +208,7 @@ def grid_tables(
     out = []
     for pol in _grid_policies(summaries):
         for what, key in figures:
-            t = _table(f"{pol}: {what}, GPU (rows) x host (columns) capacity, tokens")
+            t = plain_table(f"{pol}: {what}, GPU (rows) x host (columns) capacity, tokens")
             t.add_column("GPU \\ host", justify="right", no_wrap=True)
             for h in cpu_capacities:
                 t.add_column(short_tokens(h) if h else "0", justify="right", no_wrap=True)
@@ -225,7 +225,7 @@ def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Tabl
     rows = [s for s in summaries if "partial_hits" in s]
     if not rows:
         return None
-    t = _table(title)
+    t = plain_table(title)
     _policy_column(t)
     for label in ("partial\nhits", "partial\ntokens", "copies", "copied\ntokens"):
         t.add_column(label, justify="right", no_wrap=True)
@@ -242,7 +242,7 @@ def partial_reuse_table(title: str, summaries: Sequence[dict[str, Any]]) -> Tabl
 
 def latency_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
     """Time model: preemptions, recomputation and the estimated TTFT per policy."""
-    t = _table(title)
+    t = plain_table(title)
     _policy_column(t)
     cols = [
         ("pre-\nempted", "preemptions"),
@@ -262,7 +262,7 @@ def latency_table(title: str, summaries: Sequence[dict[str, Any]]) -> Table:
 def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
     """Per-request hit difference between pairs of policies: how many requests each side
     hits more, the total, min and max (the equal count and the mean are in --json)."""
-    t = _table(title)
+    t = plain_table(title)
     _policy_column(t, "a - b")
     for label in ("a\nmore", "b\nmore", "total", "min", "max"):
         t.add_column(label, justify="right", no_wrap=True)
@@ -280,7 +280,7 @@ def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
 
 def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Table:
     """Hit rate per capacity (rows) and policy (columns; names wrap at their hyphens)."""
-    t = _table("hit rate vs KV capacity")
+    t = plain_table("hit rate vs KV capacity")
     t.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
     for name in rows:
         t.add_column(name.replace("-", "-\n"), justify="right", no_wrap=True)
@@ -498,7 +498,7 @@ _PERCENT_STATS = ("hit_rate_ceiling", "block_hit_rate_ceiling", "hash_id_repeat_
 
 
 def trace_stats_table(title: str, stats: dict[str, Any]) -> Table:
-    t = _table(title)
+    t = plain_table(title)
     t.add_column("statistic")
     t.add_column("value", justify="right")
     for k, v in stats.items():
