@@ -64,3 +64,14 @@ def test_readme_command_lines_run_as_written(
         assert main([*argv, "--quiet"]) == 0, argv
     assert (tmp_path / "out.json").stat().st_size > 0
     assert (tmp_path / "hit_rate.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulator_python_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/SIMULATOR.md's Python API example runs as written from a clone's root."""
+    text = (ROOT / "docs" / "SIMULATOR.md").read_text()
+    section = text[text.index("## Python API") :]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
+    monkeypatch.chdir(ROOT)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "SIMULATOR.md", "exec"), namespace)
+    assert len(namespace["timed"]) == 2  # type: ignore[arg-type]
