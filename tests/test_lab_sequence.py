@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from prefixcache._core import LabCache
-from prefixcache.errors import InvalidInputError, UnknownRequestError
+from prefixcache.errors import BlockStateError, InvalidInputError, UnknownRequestError
 from prefixcache.sim.cli import main
 from prefixcache.sim.gap import gap_rows
 from prefixcache.sim.policies import make_policy
@@ -115,6 +115,26 @@ def test_lab_cache_errors_leave_it_unchanged() -> None:
         c.release(9)
     assert c.num_used == 2
     c.check_invariants()
+
+
+def test_lab_cache_overcommit_off_gets_back_under_the_budget() -> None:
+    # Turning the request-sequence model off while over the budget used to leave the cache
+    # over it, failing its own invariants: it now evicts down to the budget, or refuses
+    # (nothing changed) when running requests hold more than the budget themselves.
+    c = LabCache(3, overcommit=True)
+    c.acquire(0, np.array([1, 2], dtype=np.uint64), 2, 2)
+    c.release(0)
+    c.acquire(1, np.array([5, 6], dtype=np.uint64), 2, 2)
+    assert c.num_free == -1
+    c.set_overcommit(False)
+    assert c.num_free == 0
+    c.check_invariants()
+    big = LabCache(2, overcommit=True)
+    big.acquire(0, np.array([1, 2, 3], dtype=np.uint64), 3, 3)
+    with pytest.raises(BlockStateError, match="running requests hold 3 blocks"):
+        big.set_overcommit(False)
+    assert big.num_free == -1
+    big.check_invariants()
 
 
 def test_unknown_lab_name_is_an_error() -> None:

@@ -1071,7 +1071,9 @@ class LabCache:
     def num_evictable(self) -> int:
         """Cached blocks no request holds (what eviction can free)."""
     def set_overcommit(self, on: bool) -> None:
-        """Switches the request-sequence model on or off."""
+        """Switches the request-sequence model on or off. Off while over the budget:
+        cached blocks are evicted down to it; ``BlockStateError`` (nothing changed) when
+        running requests hold more blocks than the budget."""
     def set_future(
         self, keys: _U64Array, offsets: _U64Array, hittable: npt.NDArray[np.uint32]
     ) -> None:

@@ -113,7 +113,7 @@ impl LabCache {
         py: Python<'_>,
         #[pyo3(from_py_with = convert::overcommit)] on: bool,
     ) -> PyResult<()> {
-        self.inner.with(py, |c| c.set_overcommit(on))
+        self.inner.with(py, |c| c.set_overcommit(on))?.py_err()
     }
 
     /// The future for the opt rule: every request's keys back to back (request r's from

@@ -142,8 +142,24 @@ impl LabCache {
         self.rule
     }
 
-    pub fn set_overcommit(&mut self, on: bool) {
+    /// Switches the request-sequence model on or off. Turning it off while over the
+    /// budget evicts cached blocks down to it; when the blocks running requests hold
+    /// exceed the budget by themselves, it is refused and nothing changes.
+    pub fn set_overcommit(&mut self, on: bool) -> Result<()> {
+        if !on && self.used > self.capacity {
+            // Every cached block can go (leaves first): a held block's ancestors are held.
+            let held = self.used - self.cached;
+            if held > self.capacity {
+                return Err(Error::BlockState(format!(
+                    "cannot turn overcommit off: running requests hold {held} blocks, more \
+                     than the capacity of {}; release some first",
+                    self.capacity
+                )));
+            }
+            while self.used > self.capacity && self.evict_one() {}
+        }
         self.overcommit = on;
+        Ok(())
     }
 
     /// Give the cache the future (required by [`Rule::Opt`]; request ids are then the
@@ -895,6 +911,28 @@ mod tests {
             c.check_invariants().unwrap();
         }
         assert_eq!(c.stats().hit_blocks, 1);
+    }
+
+    #[test]
+    fn overcommit_off_evicts_down_to_the_budget_or_is_refused() {
+        let mut c = LabCache::new(3, Rule::Lru, Admission::All, true);
+        c.acquire(0, &[1, 2], 2, 2).unwrap();
+        c.release(0).unwrap();
+        c.acquire(1, &[5, 6], 2, 2).unwrap(); // 2 cached + 2 held: one over
+        assert_eq!(c.num_free(), -1);
+        c.set_overcommit(false).unwrap();
+        assert_eq!(c.num_free(), 0);
+        c.check_invariants().unwrap();
+        c.release(1).unwrap();
+        // Held blocks alone over the budget: refused, nothing changes.
+        let mut c = LabCache::new(2, Rule::Lru, Admission::All, true);
+        c.acquire(0, &[1, 2, 3], 3, 3).unwrap();
+        assert!(matches!(c.set_overcommit(false), Err(Error::BlockState(_))));
+        assert_eq!(c.num_free(), -1);
+        c.check_invariants().unwrap(); // still overcommitted
+        c.release(0).unwrap();
+        c.set_overcommit(false).unwrap();
+        c.check_invariants().unwrap();
     }
 
     #[test]
