@@ -797,3 +797,152 @@ def test_a_fleet_of_opt_is_refused_before_anything_runs(
         assert main([argv[0], str(missing), *argv[1:], "--policies", policy]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: a fleet replay cannot run {policy}:")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # A fleet flag without --instances replayed one instance and ignored it.
+        (["replay", "--capacity", "16k", "--router", "cache-aware"], "--router applies to a fleet"),
+        (["replay", "--capacity", "16k", "--event-delay", "5"], "--event-delay applies to a fleet"),
+        (["sweep", "--capacities", "16k", "--no-ceiling"], "--no-ceiling applies to a fleet"),
+        # A router list was checked one router at a time, the earlier ones already run.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "round-robin,nope"],
+            "unknown router 'nope'",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--policies",
+                "lab-lru",
+                "--router",
+                "round-robin,cache-aware",
+            ],
+            "does not publish KV events",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,random"],
+            "router random given twice",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,"],
+            "an empty item",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "round-robin,cache-aware",
+                "--overlap-weight",
+                "nan",
+            ],
+            "overlap weight must be a finite number >= 0",
+        ),
+        # A router flag no router of the run reads.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "-1"],
+            "overlap weight must be a finite number >= 0",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "2"],
+            "--overlap-weight applies to the cache-aware routers only, not round-robin",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--event-loss",
+                "0.5",
+                "--router",
+                "random",
+            ],
+            "--event-loss applies to the cache-aware routers only",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router-seed", "3"],
+            "--router-seed applies to the random and cache-aware routers only",
+        ),
+        # The delay is given in ms: the message said "got -0.001" for -1.
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "cache-aware",
+                "--event-delay",
+                "-1",
+            ],
+            "a delay in milliseconds, a finite number >= 0, got '-1'",
+        ),
+        # Seeds -1 and 1 drew the same numbers (Python's Random seeds by |seed|).
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "random",
+                "--router-seed",
+                "-1",
+            ],
+            "expected a whole number in [0, 2**64)",
+        ),
+        # Options the fleet ignored: no records file, no plot, no worker processes.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--records-csv", "r.csv"],
+            "--records-csv does not apply to a fleet replay",
+        ),
+        (
+            ["sweep", "--capacities", "16k", "--instances", "2", "--plot", "p.png"],
+            "--plot does not apply to a fleet replay",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--jobs", "2"],
+            "--jobs does not apply to a fleet replay",
+        ),
+        # Instance lists as capacity lists: no empty item, no repeat.
+        (["sweep", "--capacities", "16k", "--instances", "1,2,"], "an empty item in '1,2,'"),
+        (["sweep", "--capacities", "16k", "--instances", "2,2"], "2 instances given twice"),
+        (["replay", "--instances", "2"], "a fleet replay needs --capacity"),
+    ],
+)
+def test_cli_fleet_flags_are_checked_before_anything_runs(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    argv = [args[0], str(missing), *args[1:], "--quiet"]
+    for i, a in enumerate(argv):  # output paths inside tmp_path
+        if a in ("--records-csv", "--plot"):
+            argv[i + 1] = str(tmp_path / argv[i + 1])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cli_fleet_router_flags_reach_the_routers(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.json"
+    args = ["replay", "workload:F", "--instances", "2", "--router", "cache-aware,random"]
+    args += ["--event-delay", "3", "--event-loss", "0.1", "--overlap-weight", "0"]
+    assert main([*args, "--router-seed", "5", "--no-ceiling", "--quiet", "--json", str(out)]) == 0
+    ca, rnd = json.loads(out.read_text())["fleet"]
+    assert (ca["router"], rnd["router"]) == ("cache-aware", "random")
+    assert ca["event_delay"] == pytest.approx(0.003) and ca["event_loss"] == 0.1
+    assert "ceiling" not in ca

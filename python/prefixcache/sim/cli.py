@@ -22,7 +22,12 @@ from rich.markup import escape
 
 from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
-from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
+from prefixcache.sim.fleet_cli import (
+    add_fleet_args,
+    check_fleet_args,
+    fleet_replay_command,
+    fleet_sweep_command,
+)
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, write_json
 from prefixcache.sim.output_files import check_writable
@@ -544,6 +549,8 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if "model" in args:
         _check_model_args(args)
+    if "instances" in args:
+        check_fleet_args(args)
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:

@@ -5,6 +5,7 @@ hands over when ``--instances`` is given."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from rich import box
@@ -15,25 +16,103 @@ from rich.table import Table
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
+from prefixcache.sim.policies import offload_family
 from prefixcache.sim.policies.lab import parse_lab_name
 from prefixcache.sim.report import progress_bars, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
 from prefixcache.sim.traces import Trace
 
-__all__ = ["add_fleet_args", "fleet_policy", "fleet_replay_command", "fleet_sweep_command"]
+__all__ = [
+    "add_fleet_args",
+    "check_fleet_args",
+    "fleet_policy",
+    "fleet_replay_command",
+    "fleet_sweep_command",
+]
 
 
 def _instances_list(text: str) -> list[int]:
+    """Comma-separated instance counts: whole numbers >= 1, none empty, none twice (as
+    --capacities: an empty item or a repeat is a typo)."""
+    items = text.split(",")
+    if not all(x.strip() for x in items):
+        if not any(x.strip() for x in items):
+            raise argparse.ArgumentTypeError(f"instance counts must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
     try:
-        out = [int(x) for x in text.split(",") if x.strip()]
+        out = [int(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"bad instance count {text!r}: integers separated by commas"
         ) from None
-    if not out or min(out) < 1:
+    if min(out) < 1:
         raise argparse.ArgumentTypeError(f"instance counts must be >= 1, got {text!r}")
+    for i, n in enumerate(out):
+        if n in out[:i]:
+            raise argparse.ArgumentTypeError(f"{n} instances given twice in {text!r}")
     return out
+
+
+def _router_list(text: str) -> list[str]:
+    """Comma-separated router names: each known, none empty, none twice."""
+    items = [r.strip() for r in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"--router {text!r} names no router")
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
+    for i, name in enumerate(items):
+        base = name.removeprefix("sticky-")
+        if base not in ROUTER_NAMES:
+            raise argparse.ArgumentTypeError(
+                f"unknown router {name!r}; expected {', '.join(ROUTER_NAMES)} "
+                "(each also as sticky-<name>)"
+            )
+        if name in items[:i]:
+            raise argparse.ArgumentTypeError(f"router {name} given twice in {text!r}")
+    return items
+
+
+def _float_arg(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _event_delay_ms(text: str) -> float:
+    v = _float_arg(text)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(
+            f"expected a delay in milliseconds, a finite number >= 0, got {text!r}"
+        )
+    return v
+
+
+def _probability(text: str) -> float:
+    v = _float_arg(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"event loss must be in [0, 1], got {text!r}")
+    return v
+
+
+def _weight(text: str) -> float:
+    v = _float_arg(text)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(
+            f"overlap weight must be a finite number >= 0, got {text!r}"
+        )
+    return v
+
+
+def _router_seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 2**64:
+        raise argparse.ArgumentTypeError(f"expected a whole number in [0, 2**64), got {text!r}")
+    return v
 
 
 def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
@@ -56,36 +135,37 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         )
     g.add_argument(
         "--router",
-        default="round-robin",
+        type=_router_list,
+        default=None,  # round-robin; None: not given
         help=f"{', '.join(ROUTER_NAMES)}, or sticky-<router> (session "
         "affinity); comma separated to compare several",
     )
     g.add_argument(
         "--event-delay",
-        type=float,
-        default=0.0,
+        type=_event_delay_ms,
+        default=None,  # 0; None: not given
         metavar="MS",
         help="cache-aware routers: the KV events reach the index MS late",
     )
     g.add_argument(
         "--event-loss",
-        type=float,
-        default=0.0,
+        type=_probability,
+        default=None,  # 0; None: not given
         metavar="P",
         help="cache-aware routers: each event batch is lost with probability P",
     )
     g.add_argument(
         "--overlap-weight",
-        type=float,
-        default=1.0,
+        type=_weight,
+        default=None,  # 1; None: not given
         metavar="W",
         help="cache-aware cost: weight of the blocks to prefill against the running "
         "blocks (Dynamo's kv_overlap_score_weight; default 1)",
     )
     g.add_argument(
         "--router-seed",
-        type=int,
-        default=0,
+        type=_router_seed,
+        default=None,  # 0; None: not given
         metavar="SEED",
         help="seed of the random router, ties and event losses",
     )
@@ -117,11 +197,80 @@ def fleet_policy(args: argparse.Namespace) -> str:
     return name
 
 
-def _routers(args: argparse.Namespace) -> list[str]:
-    names = [r.strip() for r in args.router.split(",") if r.strip()]
-    if not names:
-        raise InvalidInputError(f"--router {args.router!r} names no router")
-    return names
+# The fleet flags (none applies without --instances), and those only the cache-aware
+# routers read.
+_FLEET_FLAGS = (
+    ("--router", "router"),
+    ("--event-delay", "event_delay"),
+    ("--event-loss", "event_loss"),
+    ("--overlap-weight", "overlap_weight"),
+    ("--router-seed", "router_seed"),
+    ("--no-ceiling", "no_ceiling"),
+)
+_CACHE_AWARE_FLAGS = (
+    ("--event-delay", "event_delay"),
+    ("--event-loss", "event_loss"),
+    ("--overlap-weight", "overlap_weight"),
+)
+# Options of replay / sweep a fleet has no use for, and why.
+_NOT_IN_A_FLEET = (
+    ("--records-csv", "records_csv", "a fleet replay writes no per-request records"),
+    ("--plot", "plot", "a fleet sweep draws no plot"),
+    ("--jobs", "jobs", "a fleet's instances run in one process"),
+)
+
+
+def _given(value: object) -> bool:
+    return value is not None and value is not False
+
+
+def check_fleet_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, a fleet flag without --instances, and with it an
+    option the fleet has no use for, a router the policy cannot feed (the cache-aware
+    routers read KV events) and a router flag none of the routers reads; then settle
+    ``args.routers`` and the router flags' defaults."""
+    if args.instances is None:
+        for flag, attr in _FLEET_FLAGS:
+            if _given(getattr(args, attr, None)):
+                raise InvalidInputError(f"{flag} applies to a fleet replay only (--instances N)")
+        return
+    if args.command == "replay" and len(args.instances) != 1:
+        raise InvalidInputError("replay takes one --instances count; sweep takes a list")
+    for flag, attr, why in _NOT_IN_A_FLEET:
+        if _given(getattr(args, attr, None)):
+            raise InvalidInputError(f"{flag} does not apply to a fleet replay: {why}")
+    routers: list[str] = args.router or ["round-robin"]
+    bases = {r.removeprefix("sticky-") for r in routers}
+    policy = fleet_policy(args)
+    lab = parse_lab_name(policy) is not None  # (an unknown name: refused as the run starts)
+    if "cache-aware" in bases and lab and offload_family(policy) is None:
+        raise InvalidInputError(
+            f"policy {policy!r} does not publish KV events; the cache-aware routers need "
+            "radix, radix-page<N>, vllm-blocks[<N>] or trtllm[-nopartial][<N>]"
+        )
+    if "cache-aware" not in bases:
+        for flag, attr in _CACHE_AWARE_FLAGS:
+            if _given(getattr(args, attr)):
+                raise InvalidInputError(
+                    f"{flag} applies to the cache-aware routers only, not {', '.join(routers)}"
+                )
+    if _given(args.router_seed) and not bases & {"random", "cache-aware"}:
+        raise InvalidInputError(
+            "--router-seed applies to the random and cache-aware routers only, not "
+            + ", ".join(routers)
+        )
+    if (
+        args.command == "replay"
+        and args.capacity is None
+        and not args.trace.startswith("workload:")
+    ):
+        # (a built-in workload brings its own budget, known once it is built)
+        raise InvalidInputError("a fleet replay needs --capacity (KV tokens per instance)")
+    args.routers = routers
+    args.event_delay = args.event_delay or 0.0
+    args.event_loss = args.event_loss or 0.0
+    args.overlap_weight = 1.0 if args.overlap_weight is None else args.overlap_weight
+    args.router_seed = args.router_seed or 0
 
 
 def _run(
@@ -237,10 +386,8 @@ def _csv_rows(sums: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def fleet_replay_command(
     args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
 ) -> int:
-    if len(args.instances) != 1:
-        raise InvalidInputError("replay takes one --instances count; sweep takes a list")
     n = args.instances[0]
-    routers = _routers(args)
+    routers: list[str] = args.routers
     sums = [
         _run(args, tr, n, r, args.capacity, err, ceiling=not args.no_ceiling and i == 0)
         for i, r in enumerate(routers)
@@ -270,7 +417,7 @@ def fleet_replay_command(
 def fleet_sweep_command(
     args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
 ) -> int:
-    routers = _routers(args)
+    routers: list[str] = args.routers
     sums = [
         _run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
         for cap in args.capacities
