@@ -946,3 +946,51 @@ def test_cli_fleet_router_flags_reach_the_routers(tmp_path: Path) -> None:
     assert (ca["router"], rnd["router"]) == ("cache-aware", "random")
     assert ca["event_delay"] == pytest.approx(0.003) and ca["event_loss"] == 0.1
     assert "ceiling" not in ca
+
+
+def test_fleet_tables_fit_80_columns() -> None:
+    """The fleet tables at their widest (the longest router name, the counts of a large
+    trace on a large fleet) fit 80 columns without cutting a cell (the one fleet table
+    of eleven columns cut every header and number, 'hit…', '7.6…')."""
+    import io
+
+    from rich.console import Console
+
+    from prefixcache.sim.fleet_cli import _print_fleet, instance_table
+
+    big = 144_800_000  # the Mooncake conversation trace's prompt tokens
+    s = {
+        "router": "sticky-least-loaded",
+        "instances": 256,
+        "requests": 12_031,
+        "hit_rate": 1.0,
+        "imbalance": 256.0,
+        "rejected": 12_031,
+        "preemptions": 123_456,
+        "ttft_p50": 1234.5678,
+        "ttft_p90": 0.000012345,
+        "ttft_p99": 99999.9,
+        "seconds": 99999.99,
+        "ceiling": {"hit_rate": 0.3099, "ttft_p99": 3.79},
+        "per_instance": [
+            {
+                "instance": 255,
+                "requests": 12_031,  # (on one instance)
+                "prompt_tokens": big,
+                "hit_tokens": big,
+                "hit_rate": 1.0,
+                "peak_kv_tokens": big,
+                "evicted_tokens": big,
+            }
+        ],
+    }
+    buf = io.StringIO()
+    con = Console(file=buf, width=80)
+    _print_fleet(con, "trace.jsonl: 12,031 requests on 256 x vllm-blocks", [s])
+    con.print(instance_table("sticky-least-loaded: per instance", s))
+    out = buf.getvalue()
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    assert "123,456" in out and "144,800,000" in out and "100,000" in out
+    # Numbers as the replay tables write them: no exponent.
+    assert "e-05" not in out and "e+05" not in out and "0.000" in out
+    assert "rejected, not served" in " ".join(out.split())

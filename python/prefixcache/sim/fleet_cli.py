@@ -18,7 +18,7 @@ from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
 from prefixcache.sim.policies import offload_family
 from prefixcache.sim.policies.lab import parse_lab_name
-from prefixcache.sim.report import progress_bars, write_csv
+from prefixcache.sim.report import _fmt, progress_bars, write_csv
 from prefixcache.sim.routers import ROUTER_NAMES
 from prefixcache.sim.scheduler import PrefillCost, TimeScheduler
 from prefixcache.sim.traces import Trace
@@ -311,66 +311,101 @@ def _pct(v: float) -> str:
 
 
 def _s(v: float) -> str:
-    return f"{v:.4g}"
+    return _fmt(float(v))  # the replay tables' format: no exponent, NaN as "-"
+
+
+def _table(title: str, labels: tuple[str, ...]) -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for label in labels:
+        t.add_column(label, justify="left" if label == "router" else "right", no_wrap=True)
+    return t
 
 
 def fleet_table(title: str, sums: list[dict[str, Any]]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in (
-        "router",
-        "N",
-        "hit rate",
-        "imbalance",
-        "TTFT p50 s",
-        "p90 s",
-        "p99 s",
-        "preempt",
-        "ceiling hit",
-        "ceiling p99 s",
-        "wall s",
-    ):
-        t.add_column(label, justify="left" if label == "router" else "right", no_wrap=True)
+    """Reuse per router and fleet size (fits 80 columns; the latency is latency_table)."""
+    t = _table(
+        title,
+        (
+            "router",
+            "N",
+            "hit\nrate",
+            "imbal-\nance",
+            "re-\njected",
+            "pre-\nempted",
+            "ceiling\nhit rate",
+        ),
+    )
     for s in sums:
         c = s.get("ceiling")
         t.add_row(
             s["router"],
-            str(s["instances"]),
+            f"{s['instances']:,}",
             _pct(s["hit_rate"]),
             f"{s['imbalance']:.3f}",
+            f"{s['rejected']:,}",
+            f"{s['preemptions']:,}",
+            _pct(c["hit_rate"]) if c else "-",
+        )
+    return t
+
+
+def latency_table(title: str, sums: list[dict[str, Any]]) -> Table:
+    """TTFT percentiles per router and fleet size, the ceiling's p99 and the wall time."""
+    t = _table(
+        title,
+        ("router", "N", "TTFT p50\n(s)", "p90\n(s)", "p99\n(s)", "ceiling\np99 (s)", "wall s"),
+    )
+    for s in sums:
+        c = s.get("ceiling")
+        t.add_row(
+            s["router"],
+            f"{s['instances']:,}",
             _s(s["ttft_p50"]),
             _s(s["ttft_p90"]),
             _s(s["ttft_p99"]),
-            f"{s['preemptions']:,}",
-            _pct(c["hit_rate"]) if c else "-",
             _s(c["ttft_p99"]) if c else "-",
-            f"{s['seconds']:.2f}",
+            _s(s["seconds"]),
         )
     return t
 
 
 def instance_table(title: str, s: dict[str, Any]) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for label in (
-        "instance",
-        "requests",
-        "prompt tok",
-        "hit tok",
-        "hit rate",
-        "peak KV tok",
-        "evicted tok",
-    ):
-        t.add_column(label, justify="right", no_wrap=True)
+    """Per instance: requests, prompt tokens, hit rate, peak KV and evicted tokens (the
+    hit tokens are in --json: seven columns of a large trace's counts pass 80 columns)."""
+    t = _table(
+        title,
+        (
+            "inst",
+            "requests",
+            "prompt\ntokens",
+            "hit\nrate",
+            "peak KV\ntokens",
+            "evicted\ntokens",
+        ),
+    )
     for p in s["per_instance"]:
         t.add_row(
             str(p["instance"]),
             f"{p['requests']:,}",
             f"{p['prompt_tokens']:,}",
-            f"{p['hit_tokens']:,}",
             _pct(p["hit_rate"]),
             f"{p['peak_kv_tokens']:,}",
             f"{p['evicted_tokens']:,}",
         )
     return t
+
+
+def _print_fleet(console: Console, title: str, sums: list[dict[str, Any]]) -> None:
+    console.print(fleet_table(title, sums))
+    console.print(latency_table("time model: estimated latency", sums))
+    rejected = [s for s in sums if s["rejected"]]
+    if rejected:
+        worst = max(s["rejected"] for s in rejected)
+        console.print(
+            f"[yellow]note: up to {worst:,} of {sums[0]['requests']:,} requests never fit "
+            "in one instance's KV, even alone: rejected, not served, not in the hit "
+            "rate[/yellow]"
+        )
 
 
 def _csv_rows(sums: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -395,12 +430,11 @@ def fleet_replay_command(
     if len(sums) > 1 and sums[0].get("ceiling"):
         for s in sums[1:]:
             s["ceiling"] = sums[0]["ceiling"]
-    console.print(
-        fleet_table(
-            f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
-            f"({args.capacity:,} tokens each; time model)",
-            sums,
-        )
+    _print_fleet(
+        console,
+        f"{escape(label)}: {len(tr.requests):,} requests on {n} x {sums[0]['policy']} "
+        f"({args.capacity:,} tokens each; time model)",
+        sums,
     )
     for s in sums:
         console.print(instance_table(f"{s['router']}: per instance", s))
@@ -425,12 +459,11 @@ def fleet_sweep_command(
         for j, r in enumerate(routers)
     ]
     caps = ", ".join(f"{c:,}" for c in args.capacities)
-    console.print(
-        fleet_table(
-            f"{escape(label)}: {len(tr.requests):,} requests, fleet size sweep "
-            f"({caps} tokens per instance; time model)",
-            sums,
-        )
+    _print_fleet(
+        console,
+        f"{escape(label)}: {len(tr.requests):,} requests, fleet size sweep "
+        f"({caps} tokens per instance; time model)",
+        sums,
     )
     if args.json:
         write_json(
