@@ -31,7 +31,7 @@ from prefixcache.sim.fleet_cli import (
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, write_json
 from prefixcache.sim.output_files import check_writable
-from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_tier
+from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
     hit_difference,
@@ -673,6 +673,7 @@ def _check_tier_args(args: argparse.Namespace) -> None:
                 check_tier(p, max(cpus), offload_for(p, args.offload_map))
             except PrefixCacheError as e:
                 raise _UsageError(f"--cpu-capacity: {e}") from None
+    _check_sizes(args, policies, cpus)
     try:
         kv = _kv_model(args)
     except PrefixCacheError as e:
@@ -686,6 +687,30 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         float(kv.bytes_per_token),
         args.host_bandwidth,
     )
+
+
+def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequence[int]) -> None:
+    """Every (policy, capacity, host capacity) the command will build, before anything
+    runs: a size one policy refuses (its pool or host tier under one block, or past what
+    its core addresses) stopped the command only once the runs before it had run (a
+    fleet's ceiling, N x the capacity, once the fleet had run)."""
+    caps: list[int | None] = list(getattr(args, "capacities", None) or [args.capacity])
+    sizes = [(c, h, "") for c in caps for h in cpus]
+    fleet = getattr(args, "instances", None)
+    if fleet is not None and not args.no_ceiling:
+        ceiling = "the ceiling run (N x --capacity, N x --cpu-capacity): "
+        sizes += [
+            (None if c is None else c * n, h * n, ceiling)
+            for c in caps
+            for h in cpus
+            for n in fleet
+        ]
+    for p in policies:
+        for cap, cpu, what in sizes:
+            try:
+                check_sizes(p, cap, cpu)
+            except PrefixCacheError as e:
+                raise _UsageError(f"{what}{e}") from None
 
 
 def _workload_names(text: str) -> list[str]:
