@@ -994,3 +994,19 @@ def test_fleet_tables_fit_80_columns() -> None:
     # Numbers as the replay tables write them: no exponent.
     assert "e-05" not in out and "e+05" not in out and "0.000" in out
     assert "rejected, not served" in " ".join(out.split())
+
+
+def test_cli_fleet_sweep_gives_every_router_its_ceiling(tmp_path: Path) -> None:
+    # replay copied the ceiling to every router; sweep left all but the first without one.
+    out = tmp_path / "fleet.json"
+    argv = ["sweep", "workload:F", "--instances", "1,2", "--capacities", "8k"]
+    assert main([*argv, "--router", "round-robin,least-loaded", "--quiet", "--json", str(out)]) == 0
+    fleet = json.loads(out.read_text())["fleet"]
+    assert [(s["instances"], s["router"]) for s in fleet] == [
+        (1, "round-robin"),
+        (1, "least-loaded"),
+        (2, "round-robin"),
+        (2, "least-loaded"),
+    ]
+    assert [s["ceiling"]["capacity"] for s in fleet] == [8000, 8000, 16000, 16000]
+    assert fleet[0]["ceiling"] == fleet[1]["ceiling"] and fleet[2]["ceiling"] == fleet[3]["ceiling"]

@@ -452,12 +452,18 @@ def fleet_sweep_command(
     args: argparse.Namespace, label: str, tr: Trace, console: Console, err: Console
 ) -> int:
     routers: list[str] = args.routers
-    sums = [
-        _run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
-        for cap in args.capacities
-        for n in args.instances
-        for j, r in enumerate(routers)
-    ]
+    sums = []
+    for cap in args.capacities:
+        for n in args.instances:
+            # The ceiling (one instance of n x cap) is the same for every router: run once.
+            row = [
+                _run(args, tr, n, r, cap, err, ceiling=not args.no_ceiling and j == 0)
+                for j, r in enumerate(routers)
+            ]
+            for s in row[1:]:
+                if row[0].get("ceiling"):
+                    s["ceiling"] = row[0]["ceiling"]
+            sums += row
     caps = ", ".join(f"{c:,}" for c in args.capacities)
     _print_fleet(
         console,
