@@ -972,6 +972,12 @@ def test_fleet_tables_fit_80_columns() -> None:
         "ttft_p99": 99999.9,
         "seconds": 99999.99,
         "ceiling": {"hit_rate": 0.3099, "ttft_p99": 3.79},
+        "cpu_capacity": 64_000_000,
+        "offload": "write-through-selective",
+        "gpu_hit_rate": 1.0,
+        "host_hit_rate": 1.0,
+        "host_unloaded_tokens": big,
+        "host_evicted_tokens": big,
         "per_instance": [
             {
                 "instance": 255,
@@ -994,6 +1000,7 @@ def test_fleet_tables_fit_80_columns() -> None:
     # Numbers as the replay tables write them: no exponent.
     assert "e-05" not in out and "e+05" not in out and "0.000" in out
     assert "rejected, not served" in " ".join(out.split())
+    assert "host tier: 64,000,000 tokens per instance (write-through-selective)" in out
 
 
 def test_cli_fleet_sweep_gives_every_router_its_ceiling(tmp_path: Path) -> None:
@@ -1010,3 +1017,42 @@ def test_cli_fleet_sweep_gives_every_router_its_ceiling(tmp_path: Path) -> None:
     ]
     assert [s["ceiling"]["capacity"] for s in fleet] == [8000, 8000, 16000, 16000]
     assert fleet[0]["ceiling"] == fleet[1]["ceiling"] and fleet[2]["ceiling"] == fleet[3]["ceiling"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "offload"), [("radix", "write-back"), ("vllm-blocks", "arc"), ("trtllm", None)]
+)
+def test_fleet_host_tier_summary_has_the_replay_keys(policy: str, offload: str | None) -> None:
+    """A fleet of one with a host tier reports the host numbers a single replay does (the
+    fleet summary had no offload, GPU hits, unloaded host hits or load time), and the
+    instances' host hits add up to the fleet's."""
+    from prefixcache.sim.replay import summarize
+
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=3, request_rate=30.0)
+    kw: dict[str, object] = {"cpu_capacity": 8192, "offload": offload}
+    one = replay(w.requests, [policy], 2048, scheduler=SCHED, **kw)[0]  # type: ignore[arg-type]
+    single = summarize(one)
+    fleet = fleet_replay(w.requests, policy, 2048, 1, "cache-aware", scheduler=SCHED, **kw)  # type: ignore[arg-type]
+    s = fleet.summary()
+    assert single["host_hit_tokens"] > 0
+    for key in (
+        "cpu_capacity",
+        "offload",
+        "gpu_hit_tokens",
+        "host_hit_tokens",
+        "loaded_tokens",
+        "host_unloaded_tokens",
+        "gpu_hit_rate",
+        "host_hit_rate",
+        "load_seconds",
+        "stored_tokens",
+        "host_evicted_tokens",
+    ):
+        assert s[key] == single[key], key
+    assert s["per_instance"][0]["peak_host_tokens"] == single["peak_host_tokens"]
+    two = fleet_replay(w.requests, policy, 2048, 2, "round-robin", scheduler=SCHED, **kw)  # type: ignore[arg-type]
+    s2 = two.summary()
+    for key in ("host_hit_tokens", "loaded_tokens", "stored_tokens", "host_evicted_tokens"):
+        assert sum(p[key] for p in s2["per_instance"]) == s2[key], key
+    assert s2["gpu_hit_tokens"] + s2["loaded_tokens"] == s2["hit_tokens"]
+    assert s2["gpu_hit_rate"] + s2["host_hit_rate"] == pytest.approx(s2["hit_rate"])

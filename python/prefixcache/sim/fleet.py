@@ -73,6 +73,7 @@ class FleetResult:
     event_loss: float = 0.0
     events: EventCounters = field(default_factory=EventCounters)
     ceiling: ReplayResult | None = None  # one instance with N x the capacity
+    offload: str | None = None  # the host tier's policy as asked (None: the default)
 
     def summary(self) -> dict[str, Any]:
         return summarize_fleet(self)
@@ -329,6 +330,7 @@ def fleet_replay(
         event_delay,
         event_loss,
         path.counters if path is not None else EventCounters(),
+        offload=offload if cpu_capacity else None,
     )
     if ceiling:
         res.ceiling = replay(
@@ -370,6 +372,14 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
                 "preemptions": sum(r.preemptions for r in mine),
             }
         )
+        if res.stats[k].cpu_capacity:  # the instance's host tier
+            per[-1].update(
+                host_hit_tokens=sum(r.host_hit_tokens for r in mine),
+                loaded_tokens=sum(r.loaded_tokens for r in mine),
+                stored_tokens=res.stats[k].stored_tokens,
+                host_evicted_tokens=res.stats[k].host_evicted_tokens,
+                peak_host_tokens=res.stats[k].peak_host_tokens,
+            )
     served = [r for r in recs if not r.rejected]
     prompt = sum(r.prompt_tokens for r in served)
     hit = sum(r.hit_tokens for r in served)
@@ -399,10 +409,20 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
         "per_instance": per,
     }
     if any(st.cpu_capacity for st in res.stats):  # a host tier per instance
+        # The keys of a single replay's summary (replay.host_tier_summary), over the fleet;
+        # the peak of host tokens is per instance (per_instance).
+        host = sum(r.host_hit_tokens for r in served)
+        loaded = sum(r.loaded_tokens for r in served)
         out.update(
             cpu_capacity=res.stats[0].cpu_capacity,
-            host_hit_tokens=sum(r.host_hit_tokens for r in served),
-            loaded_tokens=sum(r.loaded_tokens for r in served),
+            offload=res.offload,
+            gpu_hit_tokens=hit - loaded,
+            host_hit_tokens=host,
+            loaded_tokens=loaded,
+            host_unloaded_tokens=host - loaded,
+            gpu_hit_rate=(hit - loaded) / prompt if prompt else 0.0,
+            host_hit_rate=loaded / prompt if prompt else 0.0,
+            load_seconds=sum(r.load_time for r in served),
             stored_tokens=sum(st.stored_tokens for st in res.stats),
             host_evicted_tokens=sum(st.host_evicted_tokens for st in res.stats),
         )

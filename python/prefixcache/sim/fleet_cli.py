@@ -395,9 +395,32 @@ def instance_table(title: str, s: dict[str, Any]) -> Table:
     return t
 
 
+def host_table(title: str, sums: list[dict[str, Any]]) -> Table:
+    """The host tier of a fleet (every instance has one): the hit rate split into GPU
+    hits and loaded host hits (they add up to the hit rate), the host hits not worth
+    loading and the host evictions (stores and peaks: --json)."""
+    labels = ("router", "N", "GPU\nhit", "host\nhit", "not loaded\ntokens", "host evicted\ntokens")
+    t = _table(title, labels)
+    for s in sums:
+        t.add_row(
+            s["router"],
+            f"{s['instances']:,}",
+            _pct(s["gpu_hit_rate"]),
+            _pct(s["host_hit_rate"]),
+            f"{s['host_unloaded_tokens']:,}",
+            f"{s['host_evicted_tokens']:,}",
+        )
+    return t
+
+
 def _print_fleet(console: Console, title: str, sums: list[dict[str, Any]]) -> None:
     console.print(fleet_table(title, sums))
     console.print(latency_table("time model: estimated latency", sums))
+    if sums[0].get("cpu_capacity"):
+        off = sums[0]["offload"] or "default"
+        console.print(
+            host_table(f"host tier: {sums[0]['cpu_capacity']:,} tokens per instance ({off})", sums)
+        )
     rejected = [s for s in sums if s["rejected"]]
     if rejected:
         worst = max(s["rejected"] for s in rejected)
