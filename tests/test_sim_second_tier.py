@@ -338,7 +338,9 @@ def test_kv_flags_set_the_load_cost() -> None:
     ap = cli.build_parser()
 
     def cost(*flags: str) -> PrefillCost:
-        args = ap.parse_args(["replay", str(SAMPLE), *flags])
+        args = ap.parse_args(
+            ["replay", str(SAMPLE), "--model", "time", "--cpu-capacity", "1M", *flags]
+        )
         cli._check_args(args)
         c: PrefillCost = args.cost
         return c
@@ -580,3 +582,24 @@ def test_check_sizes_refuses_what_the_trie_refuses(name: str, capacity: int, cpu
         assert str(got.value) == str(e)
     else:
         check_sizes(name, capacity, cpu)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # The load's cost flags were taken and ignored where no load is ever charged.
+        ("--kv-model llama-3.1-70b", "--kv-model applies to --model time with a host tier"),
+        ("--cpu-capacity 1M --host-bandwidth 8", "not --model slots"),
+        ("--model sequence --cpu-capacity 1M --kv-dtype fp8", "not --model sequence"),
+        ("--model time --kv-mla", "--kv-mla applies to --model time with a host tier"),
+        ("--model time --host-bandwidth 8", "--host-bandwidth applies to --model time with a"),
+        ("--instances 2 --capacity 16k --kv-layers 80", "not without a tier"),
+    ],
+)
+def test_load_cost_flags_need_the_time_model_and_a_tier(
+    tmp_path: Path, argv: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    assert main(["replay", str(missing), *argv.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

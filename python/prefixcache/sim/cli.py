@@ -391,7 +391,7 @@ def _add_offload(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument(
         "--host-bandwidth",
         type=_gb_per_s,
-        default=PrefillCost().host_gb_per_s,
+        default=None,  # PrefillCost().host_gb_per_s; None: not given
         metavar="GB/s",
         help="time model: host -> GPU copy rate of a load, 10^9 bytes/s (default "
         f"{PrefillCost().host_gb_per_s:g}, PCIe 4.0 x16)",
@@ -678,6 +678,13 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         kv = _kv_model(args)
     except PrefixCacheError as e:
         raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    # They size and time a host load, which only the time model charges, with a tier.
+    for flag, attr in _LOAD_FLAGS:
+        if _given_flag(getattr(args, attr)) and (args.model != "time" or not any(cpus)):
+            raise _UsageError(
+                f"{flag} applies to --model time with a host tier (--cpu-capacity > 0), not "
+                + (f"--model {args.model}" if args.model != "time" else "without a tier")
+            )
     d = PrefillCost()
     args.cost = PrefillCost(
         _given(args.prefill_base_ms, d.base_ms),
@@ -685,8 +692,24 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         _given(args.prefill_attention_ms, d.attention_ms),
         _given(args.decode_step_ms, d.decode_step_ms),
         float(kv.bytes_per_token),
-        args.host_bandwidth,
+        _given(args.host_bandwidth, d.host_gb_per_s),
     )
+
+
+# The flags of a host load's cost (bytes per token, bandwidth).
+_LOAD_FLAGS = (
+    ("--kv-model", "kv_model"),
+    ("--kv-layers", "kv_layers"),
+    ("--kv-heads", "kv_heads"),
+    ("--head-dim", "head_dim"),
+    ("--kv-dtype", "kv_dtype"),
+    ("--kv-mla", "kv_mla"),
+    ("--host-bandwidth", "host_bandwidth"),
+)
+
+
+def _given_flag(value: object) -> bool:
+    return value is not None and value is not False
 
 
 def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequence[int]) -> None:
