@@ -1056,3 +1056,15 @@ def test_fleet_host_tier_summary_has_the_replay_keys(policy: str, offload: str |
         assert sum(p[key] for p in s2["per_instance"]) == s2[key], key
     assert s2["gpu_hit_tokens"] + s2["loaded_tokens"] == s2["hit_tokens"]
     assert s2["gpu_hit_rate"] + s2["host_hit_rate"] == pytest.approx(s2["hit_rate"])
+
+
+def test_ceiling_reports_its_rejected_requests() -> None:
+    # Prompts that fit one instance of N x the capacity but not one of the fleet's: the
+    # ceiling's hit rate is over requests the fleet never served, which it must say.
+    reqs = [
+        Request(i, np.arange(3000 + i, dtype=np.uint32), np.full(3, 2**31 + i, np.uint32))
+        for i in range(4)
+    ]
+    res = fleet_replay(reqs, "radix", 2000, 2, "round-robin", scheduler=SCHED, ceiling=True)
+    s = res.summary()
+    assert s["rejected"] == 4 and s["ceiling"]["rejected"] == 0

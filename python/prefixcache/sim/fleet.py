@@ -432,6 +432,7 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
             key: c[key]
             for key in (
                 "capacity",
+                "rejected",  # its hit rate is over the requests it served, as the fleet's
                 "hit_tokens",
                 "hit_rate",
                 "ttft_p50",
