@@ -17,13 +17,15 @@ from prefixcache.sim.fleet import fleet_replay
 from prefixcache.sim.policies import RadixPolicy, TrtllmPolicy
 from prefixcache.sim.replay import replay
 from prefixcache.sim.requests import Request
-from prefixcache.sim.routers import CacheAwareRouter, FleetView
+from prefixcache.sim.routers import CacheAwareRouter, FleetView, LeastLoadedRouter
 from prefixcache.sim.scheduler import TimeScheduler
 from prefixcache.sim.workloads import multi_turn_workload, shared_prefix_workload
 
 
-def _same(a: object, b: object) -> bool:
+def _same(a: object, b: object, but: str | None = None) -> bool:
     da, db = a.to_dict(), b.to_dict()  # type: ignore[attr-defined]
+    if but is not None:
+        del da[but], db[but]
     return (
         all(
             x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
@@ -76,7 +78,19 @@ def test_one_instance_fleet_with_events_equals_single_replay(policy: str) -> Non
     assert sum(r.preemptions for r in single.records) > 0  # the run exercises preemption
     for router in ("cache-aware", "sticky-least-loaded", "random", "least-loaded"):
         fleet = fleet_replay(w.requests, policy, 5000, 1, router, scheduler=SCHED)
-        assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+        if router == "random":  # reads no instance: the very same decode runs
+            assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+            continue
+        # A router that reads the instances ends decode runs at every arrival: the same
+        # hits, times and evictions, but a decode-time eviction may be charged to another
+        # running request of the stretch.
+        same = [
+            _same(a, b, but="evicted_tokens")
+            for a, b in zip(single.records, fleet.records, strict=True)
+        ]
+        assert all(same)
+        assert vars(fleet.stats[0]) == vars(single.stats)
+        assert sum(r.evicted_tokens for r in fleet.records) == single.stats.evicted_tokens
 
 
 # -- routers where the right choice is known -----------------------------------------------
@@ -1068,3 +1082,52 @@ def test_ceiling_reports_its_rejected_requests() -> None:
     res = fleet_replay(reqs, "radix", 2000, 2, "round-robin", scheduler=SCHED, ceiling=True)
     s = res.summary()
     assert s["rejected"] == 4 and s["ceiling"]["rejected"] == 0
+
+
+def _req(i: int, at: float, prompt: np.ndarray, out: int, base: int) -> Request:
+    return Request(i, prompt, _toks(2**31 + base, out), arrival=at)
+
+
+def test_least_loaded_reads_the_load_at_the_arrival_not_at_a_later_finish() -> None:
+    """A saturated instance (max_running 1) decoded on to its next finish in one run, past
+    the next arrival: the router routing that arrival saw the load the instances would
+    have seconds later (both empty), and sent it behind a 10 s request."""
+    seen: list[list[int]] = []
+
+    class Spy(LeastLoadedRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            seen.append(list(fleet.load_tokens()))
+            return super().choose(req, now, fleet)
+
+    reqs = [
+        _req(0, 0.0, _toks(0, 1000), 500, 0),  # decodes until ~10 s
+        _req(1, 0.001, _toks(10_000, 100), 200, 10_000),  # until ~4 s
+        _req(2, 1.0, _toks(20_000, 100), 10, 20_000),
+    ]
+    res = fleet_replay(reqs, "radix", 100_000, 2, Spy(), scheduler=TimeScheduler(max_running=1))
+    # At 1 s request 0 has generated ~49 tokens and request 1 ~49: both still run.
+    assert seen[2][0] > 1000 and 100 < seen[2][1] < 200
+    assert res.served_by[2] == 1 and res.records[2].first_token < 4.1
+
+
+def test_cache_aware_does_not_see_a_tree_insert_from_a_later_finish() -> None:
+    """The tree inserts a request's output when it finishes: a router looking before that
+    finish must not find the output in the instance's events."""
+    held: list[list[int]] = []
+
+    class Spy(CacheAwareRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            held.append(list(fleet.held_blocks(req, now)[0]))
+            return super().choose(req, now, fleet)
+
+    head = _toks(0, 1024)
+    out = _toks(2**31, 500)
+    first = Request(0, head, out, arrival=0.0)  # decodes until ~10 s
+    # Arrives at 1 s with the first request's prompt and output as its prefix.
+    second = Request(
+        1, np.concatenate([head, out, _toks(5000, 16)]), _toks(2**31 + 9000, 4), arrival=1.0
+    )
+    fleet_replay(
+        [first, second], "radix", 100_000, 2, Spy(), scheduler=TimeScheduler(max_running=1)
+    )
+    assert sorted(held[1]) == [0, 1024 // 16]  # the prompt only: the output enters at ~10 s

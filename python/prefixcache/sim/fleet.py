@@ -38,7 +38,14 @@ from prefixcache.sim.policies import (
 from prefixcache.sim.policies.tree_events import TreeBlockEvents, TrieEventKeys
 from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
-from prefixcache.sim.routers import Router, make_router, needs_events
+from prefixcache.sim.routers import (
+    RandomRouter,
+    RoundRobinRouter,
+    Router,
+    StickyRouter,
+    make_router,
+    needs_events,
+)
 from prefixcache.sim.scheduler import (
     SessionGate,
     TimeInstance,
@@ -289,8 +296,17 @@ def fleet_replay(
             finished(i, served_by[i], t)
         gate.release(i, t, route)
 
+    # A router that reads the instances (their load, their caches through the events)
+    # reads them as of each arrival: a decode run ends there, even on an instance that
+    # could admit nothing then (it would otherwise run on to its next finish, and the
+    # router would see that instance's load and cache as they will be at its end). The
+    # run's hits, evictions and times are unchanged; only a decode-time eviction may be
+    # charged to another running request (a shorter stretch shares them differently).
+    base = rt.base if isinstance(rt, StickyRouter) else rt
+    looks = not isinstance(base, RoundRobinRouter | RandomRouter)
     for inst in insts:
         inst.on_done = on_done
+        inst.stop_at_arrivals = looks
     order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
     pos = 0
     t0 = time.perf_counter()
