@@ -1131,3 +1131,26 @@ def test_cache_aware_does_not_see_a_tree_insert_from_a_later_finish() -> None:
         [first, second], "radix", 100_000, 2, Spy(), scheduler=TimeScheduler(max_running=1)
     )
     assert sorted(held[1]) == [0, 1024 // 16]  # the prompt only: the output enters at ~10 s
+
+
+def test_late_events_of_a_decode_run_are_not_seen_early() -> None:
+    """Events a decode run publishes were stamped with the run's start: a tree's insert
+    of a request's output at its finish (~10 s) reached a router whose events are 1 s late
+    at ~1 s, nine seconds before it happened. They are stamped with the run's last step."""
+    held: list[list[int]] = []
+
+    class Spy(CacheAwareRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            held.append(list(fleet.held_blocks(req, now)[0]))
+            return super().choose(req, now, fleet)
+
+    head, out = _toks(0, 1024), _toks(2**31, 500)
+    first = Request(0, head, out, arrival=0.0)  # finishes at ~10 s
+    tail = _toks(5000, 16)
+    reqs = [first]
+    reqs += [Request(1, np.concatenate([head, out, tail]), _toks(2**31 + 9000, 4), arrival=10.5)]
+    reqs += [Request(2, np.concatenate([head, out, tail]), _toks(2**31 + 9100, 4), arrival=11.5)]
+    res = fleet_replay(reqs, "radix", 100_000, 2, Spy(), scheduler=SCHED, event_delay=1.0)
+    assert res.records[0].finished == pytest.approx(10.0, abs=0.1)
+    assert sorted(held[1]) == [0, 1024 // 16]  # 0.5 s after the finish: the prompt only
+    assert max(held[2]) >= (1024 + 496) // 16  # 1.5 s after: the output too

@@ -270,12 +270,11 @@ def fleet_replay(
         path = _EventPath(pols[0], instances, hash_algo, event_delay, event_loss, seed)
     out_len = output_lengths(requests)
     insts = [sched.instance(p, records, out_len, progress=tick, check=check) for p in pols]
-    started = [0.0] * instances  # start of each instance's current iteration
 
     def collect() -> None:
         if path is not None:
             for k, p in enumerate(pols):
-                path.publish(k, started[k], p.take_events())  # type: ignore[attr-defined]
+                path.publish(k, insts[k].event_time, p.take_events())  # type: ignore[attr-defined]
 
     view = _Fleet(insts, path, collect, records)
     gate = SessionGate(requests)
@@ -318,10 +317,10 @@ def fleet_replay(
             if tj < tk:
                 k, tk = j, tj
         if tk < a:
-            started[k] = tk
             insts[k].step(a if pos < n else None)
             if path is not None:
-                path.publish(k, tk, pols[k].take_events())  # type: ignore[attr-defined]
+                ev = pols[k].take_events()  # type: ignore[attr-defined]
+                path.publish(k, insts[k].event_time, ev)
             continue
         if pos >= n:
             break

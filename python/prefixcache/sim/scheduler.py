@@ -328,6 +328,12 @@ class TimeInstance:
         self._left = np.zeros(0, dtype=np.int64)
         self._in_flight: dict[int, _Seq] = {}  # running requests by index
         self.stop_at_arrivals = False
+        # When the events of the latest iteration happened, as a KV event stream stamps
+        # them: a prefill batch's at its start (vLLM caches a prompt's blocks when it
+        # schedules it), a decode run's at the start of its last step (the step that
+        # finishes a request or meets the next arrival; earlier steps' events are then
+        # stamped late, never early).
+        self.event_time = 0.0
         # A decode run cut at an arrival only because of stop_at_arrivals: (its start,
         # steps taken), so that its continuation lands on the same clock values as the
         # uncut run (start + steps x step, not a sum of shorter runs' roundings).
@@ -374,6 +380,7 @@ class TimeInstance:
             if not self.pending:
                 return
             self.t = max(self.t, self.pending[0][0])
+        self.event_time = self.t
         pend = self.pending
         while pend and pend[0][0] <= self.t:
             at, _, seq = heapq.heappop(pend)
@@ -537,8 +544,10 @@ class TimeInstance:
         left -= k
         self.load_tokens += k * len(running)
         start, steps = self._anchor if self._anchor is not None else (self.t, 0)
+        run_start = self.t
         self.t = start + (steps + k) * step
         self._anchor = (start, steps + k) if cut else None
+        self.event_time = max(run_start, self.t - step)
         if k < k_done:
             return  # nobody finished
         done = left == 0
