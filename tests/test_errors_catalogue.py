@@ -1960,6 +1960,36 @@ CATALOGUE: list[Row] = [
         ["trace-stats", "workload:A", "--block-size", "9223372036854775807"],
         "expected a block size of at most 2**20",
     ),
+    cmd(
+        "a fleet flag without --instances",
+        ["replay", "workload:F", "--router", "cache-aware"],
+        "--router applies to a fleet replay only (--instances N)",
+    ),
+    cmd(
+        "a router flag no listed router reads",
+        ["replay", "workload:F", "--instances", "2", "--event-delay", "500"],
+        "--event-delay applies to the cache-aware routers only, not round-robin",
+    ),
+    cmd(
+        "a router named twice",
+        ["replay", "workload:F", "--instances", "2", "--router", "random,random"],
+        "router random given twice",
+    ),
+    cmd(
+        "an option a fleet has no use for",
+        ["replay", "workload:F", "--instances", "2", "--jobs", "2"],
+        "--jobs does not apply to a fleet replay",
+    ),
+    cmd(
+        "a fleet ceiling past a block pool",
+        ["replay", "workload:F", "--instances", "2", "--capacity", "4e10"],
+        "the ceiling run (N x --capacity, N x --cpu-capacity)",
+    ),
+    cmd(
+        "a load cost flag without a host tier",
+        ["replay", "workload:F", "--model", "time", "--kv-model", "llama-3.1-70b"],
+        "--kv-model applies to --model time with a host tier",
+    ),
 ]
 
 

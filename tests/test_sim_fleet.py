@@ -17,13 +17,15 @@ from prefixcache.sim.fleet import fleet_replay
 from prefixcache.sim.policies import RadixPolicy, TrtllmPolicy
 from prefixcache.sim.replay import replay
 from prefixcache.sim.requests import Request
-from prefixcache.sim.routers import CacheAwareRouter, FleetView
+from prefixcache.sim.routers import CacheAwareRouter, FleetView, LeastLoadedRouter
 from prefixcache.sim.scheduler import TimeScheduler
 from prefixcache.sim.workloads import multi_turn_workload, shared_prefix_workload
 
 
-def _same(a: object, b: object) -> bool:
+def _same(a: object, b: object, but: str | None = None) -> bool:
     da, db = a.to_dict(), b.to_dict()  # type: ignore[attr-defined]
+    if but is not None:
+        del da[but], db[but]
     return (
         all(
             x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
@@ -76,7 +78,19 @@ def test_one_instance_fleet_with_events_equals_single_replay(policy: str) -> Non
     assert sum(r.preemptions for r in single.records) > 0  # the run exercises preemption
     for router in ("cache-aware", "sticky-least-loaded", "random", "least-loaded"):
         fleet = fleet_replay(w.requests, policy, 5000, 1, router, scheduler=SCHED)
-        assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+        if router == "random":  # reads no instance: the very same decode runs
+            assert all(_same(a, b) for a, b in zip(single.records, fleet.records, strict=True))
+            continue
+        # A router that reads the instances ends decode runs at every arrival: the same
+        # hits, times and evictions, but a decode-time eviction may be charged to another
+        # running request of the stretch.
+        same = [
+            _same(a, b, but="evicted_tokens")
+            for a, b in zip(single.records, fleet.records, strict=True)
+        ]
+        assert all(same)
+        assert vars(fleet.stats[0]) == vars(single.stats)
+        assert sum(r.evicted_tokens for r in fleet.records) == single.stats.evicted_tokens
 
 
 # -- routers where the right choice is known -----------------------------------------------
@@ -819,3 +833,346 @@ def test_cli_fleet_tables_fit_80_columns(
     text = capsys.readouterr().out
     assert "…" not in text and "per instance" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # A fleet flag without --instances replayed one instance and ignored it.
+        (["replay", "--capacity", "16k", "--router", "cache-aware"], "--router applies to a fleet"),
+        (["replay", "--capacity", "16k", "--event-delay", "5"], "--event-delay applies to a fleet"),
+        (["sweep", "--capacities", "16k", "--no-ceiling"], "--no-ceiling applies to a fleet"),
+        # A router list was checked one router at a time, the earlier ones already run.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "round-robin,nope"],
+            "unknown router 'nope'",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--policies",
+                "lab-lru",
+                "--router",
+                "round-robin,cache-aware",
+            ],
+            "does not publish KV events",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,random"],
+            "router random given twice",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,"],
+            "an empty item",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "round-robin,cache-aware",
+                "--overlap-weight",
+                "nan",
+            ],
+            "overlap weight must be a finite number >= 0",
+        ),
+        # A router flag no router of the run reads.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "-1"],
+            "overlap weight must be a finite number >= 0",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "2"],
+            "--overlap-weight applies to the cache-aware routers only, not round-robin",
+        ),
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--event-loss",
+                "0.5",
+                "--router",
+                "random",
+            ],
+            "--event-loss applies to the cache-aware routers only",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--router-seed", "3"],
+            "--router-seed applies to the random and cache-aware routers only",
+        ),
+        # The delay is given in ms: the message said "got -0.001" for -1.
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "cache-aware",
+                "--event-delay",
+                "-1",
+            ],
+            "a delay in milliseconds, a finite number >= 0, got '-1'",
+        ),
+        # Seeds -1 and 1 drew the same numbers (Python's Random seeds by |seed|).
+        (
+            [
+                "replay",
+                "--capacity",
+                "16k",
+                "--instances",
+                "2",
+                "--router",
+                "random",
+                "--router-seed",
+                "-1",
+            ],
+            "expected a whole number in [0, 2**64)",
+        ),
+        # Options the fleet ignored: no records file, no plot, no worker processes.
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--records-csv", "r.csv"],
+            "--records-csv does not apply to a fleet replay",
+        ),
+        (
+            ["sweep", "--capacities", "16k", "--instances", "2", "--plot", "p.png"],
+            "--plot does not apply to a fleet replay",
+        ),
+        (
+            ["replay", "--capacity", "16k", "--instances", "2", "--jobs", "2"],
+            "--jobs does not apply to a fleet replay",
+        ),
+        # Instance lists as capacity lists: no empty item, no repeat.
+        (["sweep", "--capacities", "16k", "--instances", "1,2,"], "an empty item in '1,2,'"),
+        (["sweep", "--capacities", "16k", "--instances", "2,2"], "2 instances given twice"),
+        (["replay", "--instances", "2"], "a fleet replay needs --capacity"),
+    ],
+)
+def test_cli_fleet_flags_are_checked_before_anything_runs(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    argv = [args[0], str(missing), *args[1:], "--quiet"]
+    for i, a in enumerate(argv):  # output paths inside tmp_path
+        if a in ("--records-csv", "--plot"):
+            argv[i + 1] = str(tmp_path / argv[i + 1])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cli_fleet_router_flags_reach_the_routers(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.json"
+    args = ["replay", "workload:F", "--instances", "2", "--router", "cache-aware,random"]
+    args += ["--event-delay", "3", "--event-loss", "0.1", "--overlap-weight", "0"]
+    assert main([*args, "--router-seed", "5", "--no-ceiling", "--quiet", "--json", str(out)]) == 0
+    ca, rnd = json.loads(out.read_text())["fleet"]
+    assert (ca["router"], rnd["router"]) == ("cache-aware", "random")
+    assert ca["event_delay"] == pytest.approx(0.003) and ca["event_loss"] == 0.1
+    assert "ceiling" not in ca
+
+
+def test_fleet_tables_fit_80_columns() -> None:
+    """The fleet tables at their widest (the longest router name, the counts of a large
+    trace on a large fleet) fit 80 columns without cutting a cell (the one fleet table
+    of eleven columns cut every header and number, 'hit…', '7.6…')."""
+    import io
+
+    from rich.console import Console
+
+    from prefixcache.sim.fleet_cli import _print_fleet, instance_table
+
+    big = 144_800_000  # the Mooncake conversation trace's prompt tokens
+    s = {
+        "router": "sticky-least-loaded",
+        "instances": 256,
+        "requests": 12_031,
+        "hit_rate": 1.0,
+        "imbalance": 256.0,
+        "rejected": 12_031,
+        "preemptions": 123_456,
+        "ttft_p50": 1234.5678,
+        "ttft_p90": 0.000012345,
+        "ttft_p99": 99999.9,
+        "seconds": 99999.99,
+        "ceiling": {"hit_rate": 0.3099, "ttft_p99": 3.79},
+        "cpu_capacity": 64_000_000,
+        "offload": "write-through-selective",
+        "gpu_hit_rate": 1.0,
+        "host_hit_rate": 1.0,
+        "host_unloaded_tokens": big,
+        "host_evicted_tokens": big,
+        "per_instance": [
+            {
+                "instance": 255,
+                "requests": 12_031,  # (on one instance)
+                "prompt_tokens": big,
+                "hit_tokens": big,
+                "hit_rate": 1.0,
+                "peak_kv_tokens": big,
+                "evicted_tokens": big,
+            }
+        ],
+    }
+    buf = io.StringIO()
+    con = Console(file=buf, width=80)
+    _print_fleet(con, "trace.jsonl: 12,031 requests on 256 x vllm-blocks", [s])
+    con.print(instance_table("sticky-least-loaded: per instance", s))
+    out = buf.getvalue()
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    assert "123,456" in out and "144,800,000" in out and "100,000" in out
+    # Numbers as the replay tables write them: no exponent.
+    assert "e-05" not in out and "e+05" not in out and "0.000" in out
+    assert "rejected, not served" in " ".join(out.split())
+    assert "host tier: 64,000,000 tokens per instance (write-through-selective)" in out
+
+
+def test_cli_fleet_sweep_gives_every_router_its_ceiling(tmp_path: Path) -> None:
+    # replay copied the ceiling to every router; sweep left all but the first without one.
+    out = tmp_path / "fleet.json"
+    argv = ["sweep", "workload:F", "--instances", "1,2", "--capacities", "8k"]
+    assert main([*argv, "--router", "round-robin,least-loaded", "--quiet", "--json", str(out)]) == 0
+    fleet = json.loads(out.read_text())["fleet"]
+    assert [(s["instances"], s["router"]) for s in fleet] == [
+        (1, "round-robin"),
+        (1, "least-loaded"),
+        (2, "round-robin"),
+        (2, "least-loaded"),
+    ]
+    assert [s["ceiling"]["capacity"] for s in fleet] == [8000, 8000, 16000, 16000]
+    assert fleet[0]["ceiling"] == fleet[1]["ceiling"] and fleet[2]["ceiling"] == fleet[3]["ceiling"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "offload"), [("radix", "write-back"), ("vllm-blocks", "arc"), ("trtllm", None)]
+)
+def test_fleet_host_tier_summary_has_the_replay_keys(policy: str, offload: str | None) -> None:
+    """A fleet of one with a host tier reports the host numbers a single replay does (the
+    fleet summary had no offload, GPU hits, unloaded host hits or load time), and the
+    instances' host hits add up to the fleet's."""
+    from prefixcache.sim.replay import summarize
+
+    w = multi_turn_workload(num_sessions=12, turns=4, seed=3, request_rate=30.0)
+    kw: dict[str, object] = {"cpu_capacity": 8192, "offload": offload}
+    one = replay(w.requests, [policy], 2048, scheduler=SCHED, **kw)[0]  # type: ignore[arg-type]
+    single = summarize(one)
+    fleet = fleet_replay(w.requests, policy, 2048, 1, "cache-aware", scheduler=SCHED, **kw)  # type: ignore[arg-type]
+    s = fleet.summary()
+    assert single["host_hit_tokens"] > 0
+    for key in (
+        "cpu_capacity",
+        "offload",
+        "gpu_hit_tokens",
+        "host_hit_tokens",
+        "loaded_tokens",
+        "host_unloaded_tokens",
+        "gpu_hit_rate",
+        "host_hit_rate",
+        "load_seconds",
+        "stored_tokens",
+        "host_evicted_tokens",
+    ):
+        assert s[key] == single[key], key
+    assert s["per_instance"][0]["peak_host_tokens"] == single["peak_host_tokens"]
+    two = fleet_replay(w.requests, policy, 2048, 2, "round-robin", scheduler=SCHED, **kw)  # type: ignore[arg-type]
+    s2 = two.summary()
+    for key in ("host_hit_tokens", "loaded_tokens", "stored_tokens", "host_evicted_tokens"):
+        assert sum(p[key] for p in s2["per_instance"]) == s2[key], key
+    assert s2["gpu_hit_tokens"] + s2["loaded_tokens"] == s2["hit_tokens"]
+    assert s2["gpu_hit_rate"] + s2["host_hit_rate"] == pytest.approx(s2["hit_rate"])
+
+
+def test_ceiling_reports_its_rejected_requests() -> None:
+    # Prompts that fit one instance of N x the capacity but not one of the fleet's: the
+    # ceiling's hit rate is over requests the fleet never served, which it must say.
+    reqs = [
+        Request(i, np.arange(3000 + i, dtype=np.uint32), np.full(3, 2**31 + i, np.uint32))
+        for i in range(4)
+    ]
+    res = fleet_replay(reqs, "radix", 2000, 2, "round-robin", scheduler=SCHED, ceiling=True)
+    s = res.summary()
+    assert s["rejected"] == 4 and s["ceiling"]["rejected"] == 0
+
+
+def _req(i: int, at: float, prompt: np.ndarray, out: int, base: int) -> Request:
+    return Request(i, prompt, _toks(2**31 + base, out), arrival=at)
+
+
+def test_least_loaded_reads_the_load_at_the_arrival_not_at_a_later_finish() -> None:
+    """A saturated instance (max_running 1) decoded on to its next finish in one run, past
+    the next arrival: the router routing that arrival saw the load the instances would
+    have seconds later (both empty), and sent it behind a 10 s request."""
+    seen: list[list[int]] = []
+
+    class Spy(LeastLoadedRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            seen.append(list(fleet.load_tokens()))
+            return super().choose(req, now, fleet)
+
+    reqs = [
+        _req(0, 0.0, _toks(0, 1000), 500, 0),  # decodes until ~10 s
+        _req(1, 0.001, _toks(10_000, 100), 200, 10_000),  # until ~4 s
+        _req(2, 1.0, _toks(20_000, 100), 10, 20_000),
+    ]
+    res = fleet_replay(reqs, "radix", 100_000, 2, Spy(), scheduler=TimeScheduler(max_running=1))
+    # At 1 s request 0 has generated ~49 tokens and request 1 ~49: both still run.
+    assert seen[2][0] > 1000 and 100 < seen[2][1] < 200
+    assert res.served_by[2] == 1 and res.records[2].first_token < 4.1
+
+
+def test_cache_aware_does_not_see_a_tree_insert_from_a_later_finish() -> None:
+    """The tree inserts a request's output when it finishes: a router looking before that
+    finish must not find the output in the instance's events."""
+    held: list[list[int]] = []
+
+    class Spy(CacheAwareRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            held.append(list(fleet.held_blocks(req, now)[0]))
+            return super().choose(req, now, fleet)
+
+    head = _toks(0, 1024)
+    out = _toks(2**31, 500)
+    first = Request(0, head, out, arrival=0.0)  # decodes until ~10 s
+    # Arrives at 1 s with the first request's prompt and output as its prefix.
+    second = Request(
+        1, np.concatenate([head, out, _toks(5000, 16)]), _toks(2**31 + 9000, 4), arrival=1.0
+    )
+    fleet_replay(
+        [first, second], "radix", 100_000, 2, Spy(), scheduler=TimeScheduler(max_running=1)
+    )
+    assert sorted(held[1]) == [0, 1024 // 16]  # the prompt only: the output enters at ~10 s
+
+
+def test_late_events_of_a_decode_run_are_not_seen_early() -> None:
+    """Events a decode run publishes were stamped with the run's start: a tree's insert
+    of a request's output at its finish (~10 s) reached a router whose events are 1 s late
+    at ~1 s, nine seconds before it happened. They are stamped with the run's last step."""
+    held: list[list[int]] = []
+
+    class Spy(CacheAwareRouter):
+        def choose(self, req: Request, now: float, fleet: FleetView) -> int:
+            held.append(list(fleet.held_blocks(req, now)[0]))
+            return super().choose(req, now, fleet)
+
+    head, out = _toks(0, 1024), _toks(2**31, 500)
+    first = Request(0, head, out, arrival=0.0)  # finishes at ~10 s
+    tail = _toks(5000, 16)
+    reqs = [first]
+    reqs += [Request(1, np.concatenate([head, out, tail]), _toks(2**31 + 9000, 4), arrival=10.5)]
+    reqs += [Request(2, np.concatenate([head, out, tail]), _toks(2**31 + 9100, 4), arrival=11.5)]
+    res = fleet_replay(reqs, "radix", 100_000, 2, Spy(), scheduler=SCHED, event_delay=1.0)
+    assert res.records[0].finished == pytest.approx(10.0, abs=0.1)
+    assert sorted(held[1]) == [0, 1024 // 16]  # 0.5 s after the finish: the prompt only
+    assert max(held[2]) >= (1024 + 496) // 16  # 1.5 s after: the output too

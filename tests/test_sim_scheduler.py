@@ -394,3 +394,37 @@ def test_a_turn_arriving_before_the_previous_one_waits_for_it(instances: int | N
     else:
         a, b = fleet_replay(reqs, "radix", 10_000, instances).records
     assert a.finished is not None and b.arrival >= a.finished >= 10.0
+
+
+def test_time_model_queues_in_arrival_order_behind_a_long_decode_run() -> None:
+    """One seat: request 0 decodes from ~0 s to ~2 s in one run. Request 2 arrives at
+    1 s, during that run; request 1, the next turn of request 0's session, enters the
+    queue when request 0 finishes (~2 s). FIFO serves request 2 first; the run going
+    past request 2's arrival queued it behind request 1."""
+    t = np.arange
+    reqs = [
+        Request(
+            0,
+            t(0, 100, dtype=np.uint32),
+            t(2**31, 2**31 + 100, dtype=np.uint32),
+            session="s",
+            arrival=0.0,
+        ),
+        Request(
+            1,
+            t(5000, 5100, dtype=np.uint32),
+            t(2**31 + 200, 2**31 + 210, dtype=np.uint32),
+            session="s",
+            arrival=0.5,
+        ),
+        Request(
+            2,
+            t(9000, 9100, dtype=np.uint32),
+            t(2**31 + 400, 2**31 + 410, dtype=np.uint32),
+            arrival=1.0,
+        ),
+    ]
+    res = replay(reqs, ["radix"], 100_000, scheduler=TimeScheduler(max_running=1))[0]
+    r0, r1, r2 = res.records
+    assert r1.arrival == pytest.approx(r0.finished)  # released at the finish
+    assert r2.first_token < r1.first_token

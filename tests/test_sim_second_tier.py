@@ -338,7 +338,9 @@ def test_kv_flags_set_the_load_cost() -> None:
     ap = cli.build_parser()
 
     def cost(*flags: str) -> PrefillCost:
-        args = ap.parse_args(["replay", str(SAMPLE), *flags])
+        args = ap.parse_args(
+            ["replay", str(SAMPLE), "--model", "time", "--cpu-capacity", "1M", *flags]
+        )
         cli._check_args(args)
         c: PrefillCost = args.cost
         return c
@@ -520,3 +522,84 @@ def test_tables_show_the_host_columns_only_with_a_tier() -> None:
     for t in [comparison_table("t", [plain, big]), *host_tier_tables([big])]:
         out = text(t)
         assert "\u2026" not in out and max(map(len, out.splitlines())) <= 80, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # Each refused by one policy only when it was built: after the others ran.
+        (
+            "replay --capacity 16k --policies radix,vllm-blocks --cpu-capacity 8 --jobs 1",
+            "vllm-blocks: cpu_capacity 8 is less than one 16-token block",
+        ),
+        (
+            "sweep --capacities 16k --cpu-capacities 0,32 --policies radix,trtllm --jobs 1",
+            "cpu_capacity 32 is less than one 64-token block",
+        ),
+        (
+            "sweep --capacities 16k,10 --policies radix,trtllm --jobs 1",
+            "capacity 10 is less than one 64-token block",
+        ),
+        (
+            "replay --capacity 1e14 --policies radix,trtllm --jobs 1",
+            "num_blocks must be in [1, 2**32 - 1)",
+        ),
+        # A fleet's ceiling (one instance of N x the capacity) once the fleet had run.
+        (
+            "replay --instances 2 --capacity 4e10",
+            "the ceiling run (N x --capacity, N x --cpu-capacity): vllm-blocks with a "
+            "capacity of 80000000000 tokens",
+        ),
+        (
+            "sweep --instances 1,3 --capacities 1M --policies trtllm --cpu-capacity 1e11",
+            "num_blocks + host_blocks must be < 2**32 - 1",
+        ),
+    ],
+)
+def test_sizes_a_policy_refuses_stop_the_command_before_anything_runs(
+    tmp_path: Path, argv: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    command, *rest = argv.split()
+    assert main([command, str(missing), *rest, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "cpu"),
+    [(63, 0), (64, 0), (64, 63), (64, 64), (640, 6400), (2**32 * 64, 0), (2**31 * 64, 2**31 * 64)],
+)
+@pytest.mark.parametrize("name", ["trtllm", "trtllm-nopartial16"])
+def test_check_sizes_refuses_what_the_trie_refuses(name: str, capacity: int, cpu: int) -> None:
+    from prefixcache.sim.policies import check_sizes, make_policy
+
+    try:
+        make_policy(name, capacity, cpu_capacity=cpu)
+    except InvalidInputError as e:
+        with pytest.raises(InvalidInputError) as got:
+            check_sizes(name, capacity, cpu)
+        assert str(got.value) == str(e)
+    else:
+        check_sizes(name, capacity, cpu)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # The load's cost flags were taken and ignored where no load is ever charged.
+        ("--kv-model llama-3.1-70b", "--kv-model applies to --model time with a host tier"),
+        ("--cpu-capacity 1M --host-bandwidth 8", "not --model slots"),
+        ("--model sequence --cpu-capacity 1M --kv-dtype fp8", "not --model sequence"),
+        ("--model time --kv-mla", "--kv-mla applies to --model time with a host tier"),
+        ("--model time --host-bandwidth 8", "--host-bandwidth applies to --model time with a"),
+        ("--instances 2 --capacity 16k --kv-layers 80", "not without a tier"),
+    ],
+)
+def test_load_cost_flags_need_the_time_model_and_a_tier(
+    tmp_path: Path, argv: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "not-read.jsonl"  # refused before the trace is opened
+    assert main(["replay", str(missing), *argv.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

@@ -22,11 +22,16 @@ from rich.markup import escape
 
 from prefixcache import __version__
 from prefixcache.errors import PrefixCacheError
-from prefixcache.sim.fleet_cli import add_fleet_args, fleet_replay_command, fleet_sweep_command
+from prefixcache.sim.fleet_cli import (
+    add_fleet_args,
+    check_fleet_args,
+    fleet_replay_command,
+    fleet_sweep_command,
+)
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, write_json
 from prefixcache.sim.output_files import check_writable
-from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_tier
+from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
     hit_difference,
@@ -386,7 +391,7 @@ def _add_offload(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument(
         "--host-bandwidth",
         type=_gb_per_s,
-        default=PrefillCost().host_gb_per_s,
+        default=None,  # PrefillCost().host_gb_per_s; None: not given
         metavar="GB/s",
         help="time model: host -> GPU copy rate of a load, 10^9 bytes/s (default "
         f"{PrefillCost().host_gb_per_s:g}, PCIe 4.0 x16)",
@@ -544,6 +549,8 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if "model" in args:
         _check_model_args(args)
+    if "instances" in args:
+        check_fleet_args(args)
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
@@ -666,10 +673,18 @@ def _check_tier_args(args: argparse.Namespace) -> None:
                 check_tier(p, max(cpus), offload_for(p, args.offload_map))
             except PrefixCacheError as e:
                 raise _UsageError(f"--cpu-capacity: {e}") from None
+    _check_sizes(args, policies, cpus)
     try:
         kv = _kv_model(args)
     except PrefixCacheError as e:
         raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    # They size and time a host load, which only the time model charges, with a tier.
+    for flag, attr in _LOAD_FLAGS:
+        if _given_flag(getattr(args, attr)) and (args.model != "time" or not any(cpus)):
+            raise _UsageError(
+                f"{flag} applies to --model time with a host tier (--cpu-capacity > 0), not "
+                + (f"--model {args.model}" if args.model != "time" else "without a tier")
+            )
     d = PrefillCost()
     args.cost = PrefillCost(
         _given(args.prefill_base_ms, d.base_ms),
@@ -677,8 +692,48 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         _given(args.prefill_attention_ms, d.attention_ms),
         _given(args.decode_step_ms, d.decode_step_ms),
         float(kv.bytes_per_token),
-        args.host_bandwidth,
+        _given(args.host_bandwidth, d.host_gb_per_s),
     )
+
+
+# The flags of a host load's cost (bytes per token, bandwidth).
+_LOAD_FLAGS = (
+    ("--kv-model", "kv_model"),
+    ("--kv-layers", "kv_layers"),
+    ("--kv-heads", "kv_heads"),
+    ("--head-dim", "head_dim"),
+    ("--kv-dtype", "kv_dtype"),
+    ("--kv-mla", "kv_mla"),
+    ("--host-bandwidth", "host_bandwidth"),
+)
+
+
+def _given_flag(value: object) -> bool:
+    return value is not None and value is not False
+
+
+def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequence[int]) -> None:
+    """Every (policy, capacity, host capacity) the command will build, before anything
+    runs: a size one policy refuses (its pool or host tier under one block, or past what
+    its core addresses) stopped the command only once the runs before it had run (a
+    fleet's ceiling, N x the capacity, once the fleet had run)."""
+    caps: list[int | None] = list(getattr(args, "capacities", None) or [args.capacity])
+    sizes = [(c, h, "") for c in caps for h in cpus]
+    fleet = getattr(args, "instances", None)
+    if fleet is not None and not args.no_ceiling:
+        ceiling = "the ceiling run (N x --capacity, N x --cpu-capacity): "
+        sizes += [
+            (None if c is None else c * n, h * n, ceiling)
+            for c in caps
+            for h in cpus
+            for n in fleet
+        ]
+    for p in policies:
+        for cap, cpu, what in sizes:
+            try:
+                check_sizes(p, cap, cpu)
+            except PrefixCacheError as e:
+                raise _UsageError(f"{what}{e}") from None
 
 
 def _workload_names(text: str) -> list[str]:

@@ -38,7 +38,14 @@ from prefixcache.sim.policies import (
 from prefixcache.sim.policies.tree_events import TreeBlockEvents, TrieEventKeys
 from prefixcache.sim.replay import ProgressFactory, ReplayResult, replay, summarize
 from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
-from prefixcache.sim.routers import Router, make_router, needs_events
+from prefixcache.sim.routers import (
+    RandomRouter,
+    RoundRobinRouter,
+    Router,
+    StickyRouter,
+    make_router,
+    needs_events,
+)
 from prefixcache.sim.scheduler import (
     SessionGate,
     TimeInstance,
@@ -73,6 +80,7 @@ class FleetResult:
     event_loss: float = 0.0
     events: EventCounters = field(default_factory=EventCounters)
     ceiling: ReplayResult | None = None  # one instance with N x the capacity
+    offload: str | None = None  # the host tier's policy as asked (None: the default)
 
     def summary(self) -> dict[str, Any]:
         return summarize_fleet(self)
@@ -262,12 +270,11 @@ def fleet_replay(
         path = _EventPath(pols[0], instances, hash_algo, event_delay, event_loss, seed)
     out_len = output_lengths(requests)
     insts = [sched.instance(p, records, out_len, progress=tick, check=check) for p in pols]
-    started = [0.0] * instances  # start of each instance's current iteration
 
     def collect() -> None:
         if path is not None:
             for k, p in enumerate(pols):
-                path.publish(k, started[k], p.take_events())  # type: ignore[attr-defined]
+                path.publish(k, insts[k].event_time, p.take_events())  # type: ignore[attr-defined]
 
     view = _Fleet(insts, path, collect, records)
     gate = SessionGate(requests)
@@ -288,8 +295,17 @@ def fleet_replay(
             finished(i, served_by[i], t)
         gate.release(i, t, route)
 
+    # A router that reads the instances (their load, their caches through the events)
+    # reads them as of each arrival: a decode run ends there, even on an instance that
+    # could admit nothing then (it would otherwise run on to its next finish, and the
+    # router would see that instance's load and cache as they will be at its end). The
+    # run's hits, evictions and times are unchanged; only a decode-time eviction may be
+    # charged to another running request (a shorter stretch shares them differently).
+    base = rt.base if isinstance(rt, StickyRouter) else rt
+    looks = not isinstance(base, RoundRobinRouter | RandomRouter)
     for inst in insts:
         inst.on_done = on_done
+        inst.stop_at_arrivals = looks
     order = sorted(range(n), key=lambda i: requests[i].arrival)  # stable
     pos = 0
     t0 = time.perf_counter()
@@ -301,10 +317,10 @@ def fleet_replay(
             if tj < tk:
                 k, tk = j, tj
         if tk < a:
-            started[k] = tk
             insts[k].step(a if pos < n else None)
             if path is not None:
-                path.publish(k, tk, pols[k].take_events())  # type: ignore[attr-defined]
+                ev = pols[k].take_events()  # type: ignore[attr-defined]
+                path.publish(k, insts[k].event_time, ev)
             continue
         if pos >= n:
             break
@@ -329,6 +345,7 @@ def fleet_replay(
         event_delay,
         event_loss,
         path.counters if path is not None else EventCounters(),
+        offload=offload if cpu_capacity else None,
     )
     if ceiling:
         res.ceiling = replay(
@@ -370,6 +387,14 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
                 "preemptions": sum(r.preemptions for r in mine),
             }
         )
+        if res.stats[k].cpu_capacity:  # the instance's host tier
+            per[-1].update(
+                host_hit_tokens=sum(r.host_hit_tokens for r in mine),
+                loaded_tokens=sum(r.loaded_tokens for r in mine),
+                stored_tokens=res.stats[k].stored_tokens,
+                host_evicted_tokens=res.stats[k].host_evicted_tokens,
+                peak_host_tokens=res.stats[k].peak_host_tokens,
+            )
     served = [r for r in recs if not r.rejected]
     prompt = sum(r.prompt_tokens for r in served)
     hit = sum(r.hit_tokens for r in served)
@@ -399,10 +424,20 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
         "per_instance": per,
     }
     if any(st.cpu_capacity for st in res.stats):  # a host tier per instance
+        # The keys of a single replay's summary (replay.host_tier_summary), over the fleet;
+        # the peak of host tokens is per instance (per_instance).
+        host = sum(r.host_hit_tokens for r in served)
+        loaded = sum(r.loaded_tokens for r in served)
         out.update(
             cpu_capacity=res.stats[0].cpu_capacity,
-            host_hit_tokens=sum(r.host_hit_tokens for r in served),
-            loaded_tokens=sum(r.loaded_tokens for r in served),
+            offload=res.offload,
+            gpu_hit_tokens=hit - loaded,
+            host_hit_tokens=host,
+            loaded_tokens=loaded,
+            host_unloaded_tokens=host - loaded,
+            gpu_hit_rate=(hit - loaded) / prompt if prompt else 0.0,
+            host_hit_rate=loaded / prompt if prompt else 0.0,
+            load_seconds=sum(r.load_time for r in served),
             stored_tokens=sum(st.stored_tokens for st in res.stats),
             host_evicted_tokens=sum(st.host_evicted_tokens for st in res.stats),
         )
@@ -412,6 +447,7 @@ def summarize_fleet(res: FleetResult) -> dict[str, Any]:
             key: c[key]
             for key in (
                 "capacity",
+                "rejected",  # its hit rate is over the requests it served, as the fleet's
                 "hit_tokens",
                 "hit_rate",
                 "ttft_p50",

@@ -287,7 +287,10 @@ class TimeInstance:
     admitted is not kept waiting). ``load_tokens`` is the KV the queued and running
     requests need: prompt plus generated tokens (what a router's load estimate counts).
     ``out_len`` holds the requests' output lengths (indexed like ``records``); instances
-    of one fleet share it.
+    of one fleet share it. ``stop_at_arrivals`` (the fleet sets it) ends a decode run at
+    ``next_arrival`` even when the instance could admit nothing then: a router looks at
+    the instance at that moment, and must not see its load or its cache as they will be
+    later in the run.
     """
 
     def __init__(
@@ -324,6 +327,17 @@ class TimeInstance:
         self._gen = np.zeros(0, dtype=np.int64)
         self._left = np.zeros(0, dtype=np.int64)
         self._in_flight: dict[int, _Seq] = {}  # running requests by index
+        self.stop_at_arrivals = False
+        # When the events of the latest iteration happened, as a KV event stream stamps
+        # them: a prefill batch's at its start (vLLM caches a prompt's blocks when it
+        # schedules it), a decode run's at the start of its last step (the step that
+        # finishes a request or meets the next arrival; earlier steps' events are then
+        # stamped late, never early).
+        self.event_time = 0.0
+        # A decode run cut at an arrival only because of stop_at_arrivals: (its start,
+        # steps taken), so that its continuation lands on the same clock values as the
+        # uncut run (start + steps x step, not a sum of shorter runs' roundings).
+        self._anchor: tuple[float, int] | None = None
 
     # -- driver interface ----------------------------------------------------------
     @property
@@ -343,10 +357,22 @@ class TimeInstance:
         self.load_tokens += req.prompt_len
         if at <= self.t:
             self.records[index].arrival = at
-            self.waiting.append(seq)
+            self._enqueue(seq, at)
         else:
             heapq.heappush(self.pending, (at, self._order, seq))
             self._order += 1
+
+    def _enqueue(self, seq: _Seq, at: float) -> None:
+        """Queue ``seq``, which arrived at ``at``, in arrival order (FIFO). A request is
+        submitted once the clock has passed its arrival when a decode run went past it
+        (nothing could be admitted then): a session turn released at the end of that run
+        may be queued already, and must not go ahead of it. Preempted requests, requeued
+        at the head, stay ahead."""
+        w = self.waiting
+        pos = len(w)
+        while pos and not w[pos - 1].admitted_once and self.records[w[pos - 1].index].arrival > at:
+            pos -= 1
+        w.insert(pos, seq)
 
     def step(self, next_arrival: float | None = None) -> None:
         """Run one iteration: a prefill batch, or a decode run to the next event."""
@@ -354,15 +380,17 @@ class TimeInstance:
             if not self.pending:
                 return
             self.t = max(self.t, self.pending[0][0])
+        self.event_time = self.t
         pend = self.pending
         while pend and pend[0][0] <= self.t:
             at, _, seq = heapq.heappop(pend)
             self.records[seq.index].arrival = at
-            self.waiting.append(seq)
+            self._enqueue(seq, at)
         if pend:
             nxt = pend[0][0]
             next_arrival = nxt if next_arrival is None else min(next_arrival, nxt)
         if self._prefill():
+            self._anchor = None
             return
         if self.running:
             self._decode(next_arrival)
@@ -475,9 +503,14 @@ class TimeInstance:
         k = k_done
         # An arrival matters only if it could be admitted: nothing queued before it
         # (a queue blocked on KV stays blocked until a finish) and a free seat.
-        if next_arrival is not None and not self.waiting and len(running) < self.max_running:
-            gap = next_arrival - self.t
-            k = min(k, max(1, math.ceil(gap / step - 1e-9)))
+        cut = False  # cut at an arrival only a router looks at (stop_at_arrivals)
+        if next_arrival is not None:
+            admissible = not self.waiting and len(running) < self.max_running
+            if admissible or self.stop_at_arrivals:
+                gap = next_arrival - self.t
+                k_arrival = max(1, math.ceil(gap / step - 1e-9))
+                if k_arrival < k:
+                    k, cut = k_arrival, not admissible
         g = policy.max_uniform_growth(run, k)
         while g == 0:
             if not self.preemption:  # pragma: no cover - the output was reserved
@@ -500,6 +533,7 @@ class TimeInstance:
             k_done = int(left.min())
             k = min(k, k_done)
             g = policy.max_uniform_growth(run, k)
+        cut = cut and g >= k
         k = min(k, g)
         # Each step feeds the last sampled token: its KV is computed.
         evicted = policy.grow(run, k, gen - 1, self._outputs)
@@ -509,7 +543,11 @@ class TimeInstance:
         gen += k
         left -= k
         self.load_tokens += k * len(running)
-        self.t += k * step
+        start, steps = self._anchor if self._anchor is not None else (self.t, 0)
+        run_start = self.t
+        self.t = start + (steps + k) * step
+        self._anchor = (start, steps + k) if cut else None
+        self.event_time = max(run_start, self.t - step)
         if k < k_done:
             return  # nobody finished
         done = left == 0
@@ -601,6 +639,9 @@ class SessionGate:
                 self.turns.setdefault(r.session, deque()).append(i)
         self.arrived: set[int] = set()  # turns that arrived and wait
         self.active: set[RequestId] = set()  # sessions with a turn in flight
+        # When each session's latest turn finished: a turn whose arrival is processed
+        # late (a decode run went past it) enters the queue no earlier than that.
+        self.finished_at: dict[RequestId, float] = {}
 
     def arrive(self, i: int, at: float, submit: Callable[[int, Request, float], None]) -> None:
         req = self.requests[i]
@@ -608,7 +649,7 @@ class SessionGate:
             submit(i, req, at)
             return
         self.arrived.add(i)
-        self._next(req.session, at, submit)
+        self._next(req.session, max(at, self.finished_at.get(req.session, at)), submit)
 
     def _next(self, s: RequestId, at: float, submit: Callable[[int, Request, float], None]) -> None:
         """Submit session ``s``'s next turn at ``at`` if it arrived and none is in flight."""
@@ -626,6 +667,7 @@ class SessionGate:
         if s is None:
             return
         self.active.discard(s)
+        self.finished_at[s] = t
         self._next(s, t, submit)  # it arrived earlier; it may start now
 
     def check_drained(self) -> None:

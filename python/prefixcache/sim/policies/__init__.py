@@ -46,6 +46,7 @@ __all__ = [
     "TrtllmPolicy",
     "blocks_available",
     "check_offload",
+    "check_sizes",
     "check_tier",
     "make_policy",
     "offload_family",
@@ -129,6 +130,33 @@ def check_tier(policy: str, cpu_capacity: int, offload: str | None = None) -> No
         raise InvalidInputError(
             f"policy {policy!r}: this build has no host tier for {cls.__name__}"
         )
+
+
+def check_sizes(policy: str, capacity: int | None, cpu_capacity: int = 0) -> None:
+    """Raise InvalidInputError unless ``policy`` can be built with ``capacity`` tokens of KV
+    (None: unlimited) and ``cpu_capacity`` tokens of host memory: a block cache's pool and
+    host tier hold at least one block and at most what its core addresses. Run before a
+    replay so that a size refused by one policy (or at one capacity of a sweep) stops the
+    command before the others run. Builds the block pool (its blocks are made as handed
+    out), not the trie (it allocates its blocks up front)."""
+    family = offload_family(policy)
+    if family == "vllm-blocks":
+        bs = int(policy[len("vllm-blocks") :] or 16)
+        if 0 < cpu_capacity < bs:
+            raise InvalidInputError(
+                f"{policy}: cpu_capacity {cpu_capacity} is less than one {bs}-token block"
+            )
+        if capacity is not None and blocks_available():
+            BlocksPolicy(capacity, block_size=bs, name=policy, cpu_capacity=cpu_capacity)
+    elif family == "trtllm":
+        trt = parse_trtllm_name(policy)
+        assert trt is not None
+        if capacity is not None:
+            TrtllmPolicy.check_sizes(capacity, trt[0], cpu_capacity, policy)
+        elif 0 < cpu_capacity < trt[0]:
+            raise InvalidInputError(
+                f"cpu_capacity {cpu_capacity} is less than one {trt[0]}-token block"
+            )
 
 
 def _with_tier(policy: str, cpu_capacity: int, offload: str | None) -> dict[str, Any]:

@@ -88,6 +88,34 @@ class TrtllmPolicy:
 
     eviction_unit = "blocks"
 
+    @staticmethod
+    def check_sizes(capacity: int, tokens_per_block: int, cpu_capacity: int, name: str) -> None:
+        """Raise InvalidInputError unless the trie can be built for these sizes: what the
+        constructor checks, without allocating the trie's blocks (which it does up front)."""
+        if tokens_per_block < 1:
+            raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
+        if capacity < tokens_per_block:
+            raise InvalidInputError(
+                f"capacity {capacity} is less than one {tokens_per_block}-token block"
+            )
+        if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
+            raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
+        if 0 < cpu_capacity < tokens_per_block:
+            raise InvalidInputError(
+                f"cpu_capacity {cpu_capacity} is less than one {tokens_per_block}-token block"
+            )
+        blocks, host = capacity // tokens_per_block, cpu_capacity // tokens_per_block
+        problem = None
+        if not 1 <= blocks < 2**32 - 1:  # the trie's limits (BlockTrie)
+            problem = f"num_blocks must be in [1, 2**32 - 1), got {blocks}"
+        elif blocks + host >= 2**32 - 1:
+            problem = f"num_blocks + host_blocks must be < 2**32 - 1, got {blocks} + {host}"
+        if problem is not None:
+            raise InvalidInputError(
+                f"{name} with a capacity of {capacity} tokens ({blocks} blocks of "
+                f"{tokens_per_block}) and a host capacity of {cpu_capacity} tokens: {problem}"
+            )
+
     def __init__(
         self,
         capacity: int,
@@ -101,24 +129,13 @@ class TrtllmPolicy:
         offload: str | None = None,
         publish_events: bool = False,
     ) -> None:
-        if tokens_per_block < 1:
-            raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
-        if capacity < tokens_per_block:
-            raise InvalidInputError(
-                f"capacity {capacity} is less than one {tokens_per_block}-token block"
-            )
-        if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
-            raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
-        if 0 < cpu_capacity < tokens_per_block:
-            raise InvalidInputError(
-                f"cpu_capacity {cpu_capacity} is less than one {tokens_per_block}-token block"
-            )
+        self.name = name or ("trtllm" if partial_reuse else "trtllm-nopartial")
+        self.check_sizes(capacity, tokens_per_block, cpu_capacity, self.name)
         min_priority = parse_trtllm_offload(offload)
         if trie_cls is None:
             from prefixcache import BlockTrie
 
             trie_cls = BlockTrie
-        self.name = name or ("trtllm" if partial_reuse else "trtllm-nopartial")
         self.capacity = capacity
         self.block_size = tokens_per_block
         self.num_blocks = capacity // tokens_per_block
