@@ -1176,3 +1176,22 @@ def test_late_events_of_a_decode_run_are_not_seen_early() -> None:
     assert res.records[0].finished == pytest.approx(10.0, abs=0.1)
     assert sorted(held[1]) == [0, 1024 // 16]  # 0.5 s after the finish: the prompt only
     assert max(held[2]) >= (1024 + 496) // 16  # 1.5 s after: the output too
+
+
+def test_event_losses_draw_apart_from_the_router_ties() -> None:
+    # The lossy event path and the cache-aware router's tie draws were two generators
+    # seeded alike, so the k-th loss decision repeated the k-th tie draw.
+    import random
+
+    from prefixcache.sim.fleet import _EventPath
+    from prefixcache.sim.policies import make_policy
+
+    sample = make_policy("vllm-blocks", 1 << 12, publish_events=True)
+    for seed in (0, 7):
+        path = _EventPath(sample, 2, "xxh3_64", 0.0, 0.1, seed)
+        ties = random.Random(seed)
+        draws = [path._rng.random() for _ in range(8)]
+        assert draws != [ties.random() for _ in range(8)]
+        # Still reproducible from the seed.
+        again = _EventPath(sample, 2, "xxh3_64", 0.0, 0.1, seed)
+        assert [again._rng.random() for _ in range(8)] == draws

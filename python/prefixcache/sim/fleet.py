@@ -113,7 +113,9 @@ class _EventPath:
         self.hasher = BlockHasher(self.block_size, hash_algo)
         self.delay = delay
         self.loss = loss
-        self._rng = _random.Random(seed)
+        # Its own stream: the cache-aware router's tie draws use `seed` itself, and the same
+        # seed in both made every loss decision repeat a tie draw.
+        self._rng = _random.Random(f"event-loss:{seed}")
         self._queue: deque[tuple[float, int, list[Any]]] = deque()
         self._seq = [0] * n  # next sequence number per publisher
         self.counters = EventCounters()
