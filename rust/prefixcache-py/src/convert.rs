@@ -2072,6 +2072,24 @@ pub fn block_hash_at(
     })
 }
 
+/// Request ids (`extend`, `decode_steps`, ...): ints in `[0, 2**64)`, the range
+/// `request_id` takes. A list or tuple is read item by item (as `request_id` reads one),
+/// a numpy `uint64` array whole; any other form as `u64_list` reads it.
+pub fn request_id_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let mut out = Vec::new();
+        for (i, item) in obj.try_iter()?.enumerate() {
+            let v = int_in(&item?, &format!("{what}[{i}]"), 0, U64_MAX)?;
+            out.push(u64::try_from(v).unwrap_or(u64::MAX));
+        }
+        return Ok(out);
+    }
+    if let Ok(arr) = obj.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
+        return Ok(arr.as_array().iter().copied().collect());
+    }
+    u64_list(obj, what)
+}
+
 /// A sequence of ints >= 0 (token positions).
 pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     let v = read_ints::<i64>(obj, what)?;
