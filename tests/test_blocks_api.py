@@ -154,3 +154,22 @@ def test_batch_calls_take_every_request_id_a_request_can_have() -> None:
             m.max_decode_steps(bad, 1)
         assert str(e.value) == msg
     assert ([m.block_ids(r).tolist() for r in big], m.num_free_blocks) == before
+
+
+def test_a_hit_on_a_never_used_block_takes_it_out_of_the_free_queue() -> None:
+    """allocate_slots touches the hit blocks it is given, as vLLM's manager does: a
+    block the pool never handed out leaves the free queue and is not handed out again
+    as a new block (it was, held twice with one reference)."""
+    from prefixcache.reference import blocks as ref
+
+    for m in (KVCacheManager(4, block_size=1), ref.KVCacheManager(4, block_size=1)):
+        m.add_request(0, [2])
+        new = m.allocate_slots(0, 0, 1, [3], 1)
+        assert list(new) == [1]
+        assert list(m.block_ids(0)) == [3, 1]
+        assert [m.ref_cnt(b) for b in range(4)] == [0, 1, 0, 1]
+        assert list(m.free_block_ids()) == [2]
+        if isinstance(m, KVCacheManager):
+            m.check_invariants()
+        m.free(0)
+        assert list(m.free_block_ids()) == [1, 3, 2]

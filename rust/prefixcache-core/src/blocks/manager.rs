@@ -609,7 +609,7 @@ impl KVCacheManager {
             let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
             for &b in rest {
                 if b != NULL_BLOCK {
-                    pool.touch_one(b);
+                    pool.touch_reserved(b);
                 }
             }
             req.blocks
@@ -695,6 +695,13 @@ impl KVCacheManager {
         } else {
             None
         };
+        if adopt {
+            // A hit on a block never used before gives it storage (the pool's `touch`).
+            let rest = &hits[n_skipped_blocks.min(hits.len())..];
+            if let Some(&top) = rest.iter().max() {
+                self.pool.reserve_through(top)?;
+            }
+        }
         self.pool.reserve_new_blocks(n_new)?;
         // The new blocks' removals and the stored blocks: two events at most.
         self.pool.reserve_events(2)?;
