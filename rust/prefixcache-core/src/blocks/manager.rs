@@ -1116,6 +1116,22 @@ mod tests {
     }
 
     #[test]
+    fn a_hit_on_a_never_used_block_leaves_the_free_queue() {
+        let mut m = mgr(4, 1, None);
+        m.add_request(0, &[2], RequestOptions::default()).unwrap();
+        // Block 3 never had storage: adopting it must take it out of the fresh run, so
+        // that the new block is another one.
+        let new = m.allocate_slots(0, 0, 1, &[3], 1).unwrap().unwrap();
+        assert_eq!(new, vec![1]);
+        assert_eq!(m.block_ids(0).unwrap(), &[3, 1]);
+        assert_eq!(m.pool().free_block_ids(), vec![2]);
+        m.check_invariants().unwrap();
+        m.free(0).unwrap();
+        assert_eq!(m.pool().free_block_ids(), vec![1, 3, 2]);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
     fn checked_free_order_and_reuse() {
         let mut m = mgr(8, 16, None);
         let a = m
