@@ -676,6 +676,12 @@ fn items_slow<T: Elem>(
     out: &mut Vec<T>,
     what: &str,
 ) -> PyResult<()> {
+    // Room for the items the sequence says it has, taken at once: a length no memory can
+    // hold (`range(2**40)`) fails here, at once, instead of growing the list item by item
+    // until the system has no memory left (the out-of-memory killer ends the process).
+    let want = obj.len()?.saturating_sub(from);
+    out.try_reserve_exact(want)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {want} elements")))?;
     let mut i = from;
     loop {
         let n = obj.len()?;
