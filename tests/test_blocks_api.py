@@ -6,6 +6,7 @@ import array
 import threading
 
 import numpy as np
+import pytest
 
 from prefixcache import (
     AllBlocksCleared,
@@ -15,6 +16,7 @@ from prefixcache import (
     BlockStored,
     KVCacheManager,
 )
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 
 
 def test_event_hash_formats_agree() -> None:
@@ -123,3 +125,51 @@ def test_eviction_counter_and_touched_blocks() -> None:
         m.admit(rid, list(range(100 * rid, 100 * rid + 17)))
         m.finish(rid)
     assert m.num_evicted_blocks > 0 and m.num_touched_blocks == 9
+
+
+def test_batch_calls_take_every_request_id_a_request_can_have() -> None:
+    """Request ids are ints in [0, 2**64) in every call: extend, decode_steps and
+    max_decode_steps take ids past int64 (given as ints or a uint64 array) as admit does,
+    and refuse ids outside the range as request_id does."""
+    big = [2**63, 2**64 - 1]
+    m = KVCacheManager(16, block_size=2)
+    for rid in big:
+        assert m.admit(rid, [1, 2, 3]) is not None
+        m.queue_tokens(rid, [4, 5, 6])
+    assert m.max_decode_steps(big, 4) == 4
+    assert m.max_decode_steps(np.array(big, dtype=np.uint64), 4) == 4
+    ev, _ = m.extend(big, [7, 8], [1, 1])
+    assert ev.tolist() == [0, 0]
+    ev, _ = m.decode_steps(tuple(big), 2)
+    assert ev.tolist() == [0, 0]
+    assert [m.num_tokens(r) for r in big] == [6, 6]
+    before = [m.block_ids(r).tolist() for r in big], m.num_free_blocks
+    RANGE = "must be an int in [0, 2**64)"
+    for bad, exc, msg in [
+        ([2**64], InvalidInputError, f"request_ids[0] {RANGE}, got {2**64}"),
+        ([0, -1], InvalidInputError, f"request_ids[1] {RANGE}, got -1"),
+        ([1.0], InvalidTypeError, "request_ids[0] must be an int, got float"),
+    ]:
+        with pytest.raises(exc) as e:
+            m.max_decode_steps(bad, 1)
+        assert str(e.value) == msg
+    assert ([m.block_ids(r).tolist() for r in big], m.num_free_blocks) == before
+
+
+def test_a_hit_on_a_never_used_block_takes_it_out_of_the_free_queue() -> None:
+    """allocate_slots touches the hit blocks it is given, as vLLM's manager does: a
+    block the pool never handed out leaves the free queue and is not handed out again
+    as a new block (it was, held twice with one reference)."""
+    from prefixcache.reference import blocks as ref
+
+    for m in (KVCacheManager(4, block_size=1), ref.KVCacheManager(4, block_size=1)):
+        m.add_request(0, [2])
+        new = m.allocate_slots(0, 0, 1, [3], 1)
+        assert list(new) == [1]
+        assert list(m.block_ids(0)) == [3, 1]
+        assert [m.ref_cnt(b) for b in range(4)] == [0, 1, 0, 1]
+        assert list(m.free_block_ids()) == [2]
+        if isinstance(m, KVCacheManager):
+            m.check_invariants()
+        m.free(0)
+        assert list(m.free_block_ids()) == [1, 3, 2]

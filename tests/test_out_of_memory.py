@@ -125,6 +125,28 @@ CASES = {
         st = ix.status("w")
         assert (st["errors"], st["num_held"], ix.num_hashes) == (0, 0, 0), st
     """,
+    "a sequence longer than memory": """
+        # range(2**40) as tokens: 4 TiB of token ids. The conversion takes the room the
+        # sequence says it needs at once and fails there; it grew the list item by item
+        # (to the address-space limit here, 20 s a call; without a limit, until the
+        # out-of-memory killer ended the process).
+        calls = [
+            lambda: pc.TokenBuffer(range(2**40)),
+            lambda: pc.RadixCache().match_prefix(range(2**40)),
+            lambda: pc.KVCacheManager(8).add_request(1, range(2**40)),
+            lambda: pc.BlockTrie(8, 2).lookup(range(2**40)),
+            lambda: pc.BlockPool(8).touch(range(1, 2**40)),
+        ]
+        for f in calls:
+            try:
+                f()
+            except MemoryError as e:
+                assert "cannot allocate" in str(e), e
+            else:
+                raise AssertionError("converted 2**40 items")
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        assert peak_kib < 512 * 1024, peak_kib
+    """,
     "BlockTrie": """
         assert oom(lambda: pc.BlockTrie(10**8, 4))
         t = pc.BlockTrie(1000, 4)

@@ -2,7 +2,8 @@
 (docs/ERRORS.md, rust/prefixcache-py/src/convert.rs): for every bad argument of
 RadixCache and BlockTrie, core and reference raise the same exception class and leave
 their state unchanged; the argument forms the core accepts (numpy scalars, None for a
-default) the reference accepts too, with the same result."""
+default) the reference accepts too, with the same result. KVCacheManager: the same for
+its request ids."""
 
 from __future__ import annotations
 
@@ -481,3 +482,55 @@ def test_trie_accepts_what_the_core_accepts(
         assert (a, type(a)) == (b, type(b)), attr
     if call is not None:
         assert call(core, None) == call(ref, None)
+
+
+# ---- KVCacheManager: request ids ----------------------------------------------------
+
+
+def _manager_state(m: Any) -> object:
+    return (
+        sorted(int(i) for i in m.requests) if hasattr(m, "requests") else len(m),
+        [int(b) for b in m.free_block_ids()],
+        [(int(i), [int(b) for b in m.block_ids(i)], m.num_tokens(i)) for i in (1, 2)],
+        m.stats,
+    )
+
+
+BAD_REQUEST_IDS = [True, False, -1, 2**64, 1.0, None, "1", np.float64(1.0)]
+
+MANAGER_CALLS: list[tuple[str, Callable[[Any, Any], object]]] = [
+    ("free", lambda m, r: m.free(r)),
+    ("preempt", lambda m, r: m.preempt(r)),
+    ("block_ids", lambda m, r: m.block_ids(r)),
+    ("append_tokens", lambda m, r: m.append_tokens(r, [9])),
+    ("queue_tokens", lambda m, r: m.queue_tokens(r, [9])),
+    ("finish", lambda m, r: m.finish(r, [9])),
+    ("add_request", lambda m, r: m.add_request(r, [1, 2, 3])),
+    ("admit", lambda m, r: m.admit(r, [1, 2, 3])),
+    ("extend", lambda m, r: m.extend([2, r], [9, 9], [1, 1])),
+    ("decode_steps", lambda m, r: m.decode_steps([2, r], 1)),
+    ("max_decode_steps", lambda m, r: m.max_decode_steps([2, r], 2)),
+]
+
+
+@pytest.mark.parametrize(("label", "call"), MANAGER_CALLS, ids=[c[0] for c in MANAGER_CALLS])
+def test_manager_request_ids_are_refused_as_the_core_refuses_them(label: str, call: Call) -> None:
+    """The reference manager reads request ids as the core does (an int in [0, 2**64)):
+    True was request 1 (freed, preempted or extended), -1 an unknown id, and a float or
+    str was stored as a new request."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    for rid in BAD_REQUEST_IDS:
+        worlds = []
+        for cls in (KVCacheManager, RefManager):
+            m = cls(16, block_size=2)
+            m.admit(1, [1, 2, 3])
+            m.admit(2, [4, 5, 6])
+            m.queue_tokens(2, [7, 8])
+            before = _manager_state(m)
+            got = outcome(lambda m=m, rid=rid: call(m, rid))
+            assert _manager_state(m) == before, (label, rid, cls)
+            worlds.append(got)
+        assert worlds[0] == worlds[1], (label, rid)
+        assert worlds[0][0] == "raised", (label, rid)

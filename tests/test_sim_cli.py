@@ -267,6 +267,14 @@ def test_capacity_refusals_are_one_line(
         (["sweep", "workload:A", "--capacities", "1k", "--plot", "plot.txt"], "image type"),
         (["bogus"], "invalid choice"),
         (["--capacity", "1M"], "give a command before the options"),
+        # Sizes in policy names are ASCII digits (str.isdigit() took "²", which int()
+        # then refused with a traceback, and other scripts' digits).
+        (["compare", "--policies", "radix-page\u00b2"], "unknown policy 'radix-page\u00b2'"),
+        (["compare", "--policies", "vllm-blocks\u00b2"], "unknown policy 'vllm-blocks\u00b2'"),
+        (["compare", "--policies", "trtllm\u00b2"], "unknown policy 'trtllm\u00b2'"),
+        (["compare", "--policies", "trtllm-nopartial\u00b2"], "unknown policy"),
+        (["compare", "--policies", "vllm-blocks\u0661\u0666"], "unknown policy"),
+        (["compare", "--policies", "lab-lru@\u0661\u0666"], "unknown policy"),
     ],
 )
 def test_bad_command_lines_fail_before_running_with_one_error_line(
@@ -539,3 +547,15 @@ def test_an_option_the_model_does_not_use_is_refused(
     # The same flags are taken by the model they apply to.
     ok = "slots" if refused == "--max-running" else "time"
     assert main([*argv[:5], *flags, "--model", ok]) == 0
+
+
+def test_a_host_offload_priority_in_other_digits_is_refused() -> None:
+    """TrtllmPolicy's offload name takes a priority in ASCII digits: "host:²" raised
+    int()'s bare ValueError."""
+    from prefixcache.errors import InvalidInputError
+    from prefixcache.sim.policies.trtllm import parse_trtllm_offload
+
+    assert parse_trtllm_offload("host:40") == 40
+    for bad in ("host:\u00b2", "host:\u0661"):
+        with pytest.raises(InvalidInputError, match="offload must be host"):
+            parse_trtllm_offload(bad)

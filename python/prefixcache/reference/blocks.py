@@ -27,6 +27,7 @@ from prefixcache.events import (
     external_hash,
 )
 from prefixcache.reference.hashing import hash_object
+from prefixcache.reference.int_args import U64_MAX, int_arg, request_id_arg
 
 NULL_BLOCK = 0
 
@@ -337,6 +338,11 @@ class _Request:
         return self.extra_keys[i] if i < len(self.extra_keys) else self.default_extra_keys
 
 
+def _request_ids(request_ids: Sequence[int]) -> list[int]:
+    """Request ids of a batch call, each an int in [0, 2**64) as the core reads them."""
+    return [int_arg(i, f"request_ids[{j}]", 0, U64_MAX) for j, i in enumerate(request_ids)]
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -426,6 +432,7 @@ class KVCacheManager:
         return self.pool.take_events()
 
     def _req(self, request_id: int) -> _Request:
+        request_id = request_id_arg(request_id)  # the core's contract: an int in [0, 2**64)
         if request_id not in self.requests:
             raise UnknownRequestError(f"unknown request id {request_id}")
         return self.requests[request_id]
@@ -469,6 +476,7 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None:
+        request_id = request_id_arg(request_id)
         if request_id in self.requests:
             raise InvalidInputError(f"request id {request_id} is already known")
         if len(prompt_tokens) == 0:
@@ -642,7 +650,7 @@ class KVCacheManager:
 
     def free(self, request_id: int) -> None:
         self._release(self._req(request_id))
-        del self.requests[request_id]
+        del self.requests[request_id_arg(request_id)]
 
     def preempt(self, request_id: int) -> None:
         req = self._req(request_id)
@@ -689,7 +697,7 @@ class KVCacheManager:
     def extend(
         self, request_ids: Sequence[int], tokens: Sequence[int], counts: Sequence[int]
     ) -> tuple[list[int], int]:
-        ids = [int(i) for i in request_ids]
+        ids = _request_ids(request_ids)
         ns = [int(n) for n in counts]
         if len(ids) != len(ns):
             raise InvalidInputError(f"request_ids has {len(ids)} items but counts has {len(ns)}")
@@ -729,7 +737,7 @@ class KVCacheManager:
         return len(req.queued) - req.queued_fed
 
     def decode_steps(self, request_ids: Sequence[int], num_steps: int) -> tuple[list[int], int]:
-        ids = [int(i) for i in request_ids]
+        ids = _request_ids(request_ids)
         k = int(num_steps)
         if k < 1:
             raise InvalidInputError(f"num_steps must be >= 1, got {k}")
@@ -757,7 +765,7 @@ class KVCacheManager:
         return evicted, peak
 
     def max_decode_steps(self, request_ids: Sequence[int], max_steps: int) -> int:
-        reqs = [self._req(int(i)) for i in request_ids]
+        reqs = [self._req(i) for i in _request_ids(request_ids)]
         bs, free = self.block_size, self.num_free_blocks
 
         def needed(k: int) -> int:

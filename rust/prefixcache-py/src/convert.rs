@@ -676,6 +676,12 @@ fn items_slow<T: Elem>(
     out: &mut Vec<T>,
     what: &str,
 ) -> PyResult<()> {
+    // Room for the items the sequence says it has, taken at once: a length no memory can
+    // hold (`range(2**40)`) fails here, at once, instead of growing the list item by item
+    // until the system has no memory left (the out-of-memory killer ends the process).
+    let want = obj.len()?.saturating_sub(from);
+    out.try_reserve_exact(want)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {want} elements")))?;
     let mut i = from;
     loop {
         let n = obj.len()?;
@@ -2070,6 +2076,24 @@ pub fn block_hash_at(
             raw.len()
         ))
     })
+}
+
+/// Request ids (`extend`, `decode_steps`, ...): ints in `[0, 2**64)`, the range
+/// `request_id` takes. A list or tuple is read item by item (as `request_id` reads one),
+/// a numpy `uint64` array whole; any other form as `u64_list` reads it.
+pub fn request_id_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let mut out = Vec::new();
+        for (i, item) in obj.try_iter()?.enumerate() {
+            let v = int_in(&item?, &format!("{what}[{i}]"), 0, U64_MAX)?;
+            out.push(u64::try_from(v).unwrap_or(u64::MAX));
+        }
+        return Ok(out);
+    }
+    if let Ok(arr) = obj.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
+        return Ok(arr.as_array().iter().copied().collect());
+    }
+    u64_list(obj, what)
 }
 
 /// A sequence of ints >= 0 (token positions).

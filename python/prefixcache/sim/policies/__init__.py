@@ -75,13 +75,19 @@ _OFFLOAD_FORMS = {
 }
 
 
+def _decimal(s: str) -> bool:
+    """Whether ``s`` is a number in ASCII digits (``str.isdigit`` also takes other
+    scripts' digits and superscripts, which ``int`` reads differently or not at all)."""
+    return s.isascii() and s.isdigit()
+
+
 def offload_family(name: str) -> str | None:
     """The engine family whose host tier a policy name has (``vllm-blocks``, ``radix`` or
     ``trtllm``), or None for a policy without one (the lab policies)."""
-    if name == "radix" or (name.startswith("radix-page") and name[len("radix-page") :].isdigit()):
+    if name == "radix" or (name.startswith("radix-page") and _decimal(name[len("radix-page") :])):
         return "radix"
     if name == "vllm-blocks" or (
-        name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
+        name.startswith("vllm-blocks") and _decimal(name[len("vllm-blocks") :])
     ):
         return "vllm-blocks"
     if parse_trtllm_name(name) is not None:
@@ -188,7 +194,7 @@ def make_policy(
         return RadixPolicy(
             capacity, eviction_policy=eviction_policy, publish_events=publish_events, **tier
         )
-    if name.startswith("radix-page") and name[len("radix-page") :].isdigit():
+    if name.startswith("radix-page") and _decimal(name[len("radix-page") :]):
         page = int(name[len("radix-page") :])
         tier = _with_tier(name, cpu_capacity, offload)
         return RadixPolicy(
@@ -200,7 +206,7 @@ def make_policy(
             publish_events=publish_events,
         )
     if name == "vllm-blocks" or (
-        name.startswith("vllm-blocks") and name[len("vllm-blocks") :].isdigit()
+        name.startswith("vllm-blocks") and _decimal(name[len("vllm-blocks") :])
     ):
         bs = int(name[len("vllm-blocks") :] or 16)
         tier = _with_tier(name, cpu_capacity, offload)

@@ -47,7 +47,7 @@ __all__ = ["LAB_RULES", "LabPolicy", "make_lab_policy", "parse_lab_name"]
 LAB_RULES = ("lru", "slru", "session", "2q", "density", "lfu", "cost", "opt")
 _NAME = re.compile(
     r"^(?:(opt)|lab-(lru|slru|session|2q|density|lfu|cost|opt)|(tree-trim))"
-    r"(?:-admit(\d+))?(?:@(\d+))?$"
+    r"(?:-admit([0-9]+))?(?:@([0-9]+))?$"
 )
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 

@@ -52,7 +52,7 @@ def parse_trtllm_name(name: str) -> tuple[int, bool] | None:
             rest = name[len(prefix) :]
             if rest == "":
                 return TRTLLM_DEFAULT_BLOCK, partial
-            if rest.isdigit() and int(rest) > 0:
+            if rest.isascii() and rest.isdigit() and int(rest) > 0:
                 return int(rest), partial
             return None
     return None
@@ -64,7 +64,7 @@ def parse_trtllm_offload(offload: str | None) -> int:
     name, sep, p = (offload or "host").partition(":")
     if name == "host" and not sep:
         return TRTLLM_OFFLOAD_MIN_PRIORITY
-    if name == "host" and p.isdigit() and str(int(p)) == p and int(p) <= 100:
+    if name == "host" and p.isascii() and p.isdigit() and str(int(p)) == p and int(p) <= 100:
         return int(p)
     raise InvalidInputError(
         f"offload must be host, optionally :P (a priority in 0..100), got {offload!r}"

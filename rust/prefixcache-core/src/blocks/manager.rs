@@ -609,7 +609,7 @@ impl KVCacheManager {
             let rest = &new_computed_blocks[n_skipped_blocks.min(new_computed_blocks.len())..];
             for &b in rest {
                 if b != NULL_BLOCK {
-                    pool.touch_one(b);
+                    pool.touch_reserved(b);
                 }
             }
             req.blocks
@@ -695,6 +695,13 @@ impl KVCacheManager {
         } else {
             None
         };
+        if adopt {
+            // A hit on a block never used before gives it storage (the pool's `touch`).
+            let rest = &hits[n_skipped_blocks.min(hits.len())..];
+            if let Some(&top) = rest.iter().max() {
+                self.pool.reserve_through(top)?;
+            }
+        }
         self.pool.reserve_new_blocks(n_new)?;
         // The new blocks' removals and the stored blocks: two events at most.
         self.pool.reserve_events(2)?;
@@ -1106,6 +1113,22 @@ mod tests {
 
     fn toks(r: std::ops::Range<u32>) -> Vec<u32> {
         r.collect()
+    }
+
+    #[test]
+    fn a_hit_on_a_never_used_block_leaves_the_free_queue() {
+        let mut m = mgr(4, 1, None);
+        m.add_request(0, &[2], RequestOptions::default()).unwrap();
+        // Block 3 never had storage: adopting it must take it out of the fresh run, so
+        // that the new block is another one.
+        let new = m.allocate_slots(0, 0, 1, &[3], 1).unwrap().unwrap();
+        assert_eq!(new, vec![1]);
+        assert_eq!(m.block_ids(0).unwrap(), &[3, 1]);
+        assert_eq!(m.pool().free_block_ids(), vec![2]);
+        m.check_invariants().unwrap();
+        m.free(0).unwrap();
+        assert_eq!(m.pool().free_block_ids(), vec![1, 3, 2]);
+        m.check_invariants().unwrap();
     }
 
     #[test]

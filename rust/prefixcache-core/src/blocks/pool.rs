@@ -236,7 +236,7 @@ impl BlockPool {
 
     /// Reserves block storage for every id up to `id` (inclusive), so that the free
     /// queue can hand out or drop any block up to it without allocating.
-    fn reserve_through(&mut self, id: u32) -> Result<()> {
+    pub(crate) fn reserve_through(&mut self, id: u32) -> Result<()> {
         let id = id.min(self.num_blocks as u32 - 1);
         self.free
             .reserve_through(id)
@@ -595,15 +595,25 @@ impl BlockPool {
         // A hit on a never-used block gives it (and the fresh blocks before it) storage.
         self.reserve_through(top)?;
         for &id in ids {
-            if id >= self.free.materialized() {
-                self.free.remove(id);
-                self.sync_blocks();
-                self.blocks[id as usize].ref_cnt = 1;
-            } else {
-                self.touch_one(id);
-            }
+            self.touch_reserved(id);
         }
         Ok(())
+    }
+
+    /// Touch one non-null block in range whose storage was reserved
+    /// ([`reserve_through`](Self::reserve_through)): a never-used block leaves the fresh
+    /// run of the free queue with one reference.
+    #[inline]
+    pub(crate) fn touch_reserved(&mut self, id: u32) {
+        if id >= self.free.materialized() {
+            self.free.remove(id);
+            self.sync_blocks();
+            if let Some(b) = self.blocks.get_mut(id as usize) {
+                b.ref_cnt = 1;
+            }
+        } else {
+            self.touch_one(id);
+        }
     }
 
     /// Touch one non-null block that has storage (others are ignored: the manager only
