@@ -49,6 +49,20 @@ class DLPackOnly:
         return (1, 0)
 
 
+class DLPackVersionedOnly(DLPackOnly):
+    """A producer that exports DLPack 1.x only (it needs ``max_version``)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("max_version") is None:
+            raise TypeError("__dlpack__() needs max_version")
+        return self._a.__dlpack__(max_version=kwargs["max_version"])
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 def unaligned(values: list[int], dtype: Any) -> np.ndarray:
     """An array of `values` at an odd address (numpy flags it unaligned)."""
     raw = np.array(values, dtype=dtype).tobytes()
@@ -75,6 +89,8 @@ def forms(values: list[int], signed_ok: bool = True) -> dict[str, Any]:
         "__array_interface__ uint32 big-endian": ArrayInterface(np.array(values, dtype=">u4")),
         "__dlpack__ int64": DLPackOnly(np.array(values, dtype=np.int64)),
         "__dlpack__ uint32 strided": DLPackOnly(np.repeat(np.array(values, np.uint32), 3)[::3]),
+        "__dlpack__ read-only int64": DLPackOnly(read_only(np.array(values, dtype=np.int64))),
+        "__dlpack__ 1.x only uint32": DLPackVersionedOnly(np.array(values, dtype=np.uint32)),
         "range-like sequence": _Seq(values),
     }
     for code in "bBhHiIlLqQ":
@@ -312,6 +328,98 @@ def test_an_array_resized_by_a_hook_during_a_call_does_not_abort() -> None:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["ok", "64"]
+
+
+LYING_SCRIPT = textwrap.dedent("""
+    import ctypes
+    import numpy as np
+    from prefixcache import BlockHasher, BlockPool, RadixCache, TokenBuffer
+    from prefixcache.errors import InvalidInputError
+
+    import mmap
+    a = np.arange(4, dtype=np.int64)
+    p = a.ctypes.data
+    # Two pages, the second unreadable: an array at the end of the first, whose length
+    # or stride claims more, runs into it.
+    m = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    page = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(page + mmap.PAGESIZE, mmap.PAGESIZE, 0) == 0
+    end = page + mmap.PAGESIZE - 32  # 4 int64 before the unreadable page
+
+    class AI:
+        def __init__(self, **d):
+            self.__array_interface__ = {"typestr": "<i8", "version": 3, **d}
+
+    class I64(ctypes.Structure):
+        _fields_ = [("v", ctypes.c_int64)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", ctypes.c_int32 * 2),
+                    ("ndim", ctypes.c_int32), ("dtype", ctypes.c_uint8 * 4),
+                    ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    keep = []
+
+    class DL:
+        def __init__(self, data, n=4, ndim=1, shape=True, at=None):
+            sh = I64(n)
+            t = DLTensor(data, (1, 0), ndim, (0, 64, 1, 0),
+                         ctypes.addressof(sh) if shape else None, None, 0)
+            keep.extend([sh, t])
+            self.c = new_capsule(ctypes.addressof(t) if at is None else at, b"dltensor", None)
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.c
+
+    lying = {
+        "pointer 1": AI(shape=(4,), data=(1, False)),
+        "pointer -8": AI(shape=(4,), data=(-8, False)),
+        "length beyond the array": AI(shape=(5,), data=(end, False)),
+        "stride beyond the array": AI(shape=(4,), data=(end, False), strides=(16,)),
+        "stride beyond the address space": AI(shape=(4,), data=(p, False), strides=(2**62,)),
+        "dlpack data 1": DL(1),
+        "dlpack length beyond": DL(end, n=5),
+        "dlpack no shape": DL(p, shape=False),
+        "dlpack huge ndim": DL(p, ndim=10**6),
+        "dlpack capsule at 8": DL(p, at=8),
+    }
+    tree = RadixCache()
+    tree.insert([1, 2, 3])
+    pool = BlockPool(8)
+    pool.get_new_blocks(3)
+    before = (tree.dump(), list(pool.free_block_ids()))
+    for name, obj in lying.items():
+        for call in (tree.insert, tree.match_prefix, pool.touch, BlockHasher(2).hash_blocks,
+                     TokenBuffer, lambda x: tree.insert([1, 2, 3, 4], values=x)):
+            try:
+                call(obj)
+            except InvalidInputError as e:
+                assert "tokens" in str(e) or "values" in str(e) or "block_ids" in str(e), e
+            else:
+                raise AssertionError(name)
+    assert (tree.dump(), list(pool.free_block_ids())) == before
+    # The honest forms still read: an interface and a capsule over live memory.
+    assert RadixCache().insert(AI(shape=(4,), data=(p, False))).prefix_len == 0
+    assert list(TokenBuffer(DL(p)).tolist()) == [0, 1, 2, 3]
+    assert TokenBuffer(AI(shape=(4,), data=(end, False))).tolist() == [0, 0, 0, 0]
+    print("ok")
+""")
+
+
+def test_lying_array_interfaces_and_capsules_are_refused_not_read() -> None:
+    """A data pointer, length or stride that leaves the memory the process can read
+    raises InvalidInputError naming the argument (was: segmentation fault)."""
+    r = subprocess.run(
+        [sys.executable, "-c", LYING_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["ok"]
 
 
 def test_request_ids_share_one_range() -> None:

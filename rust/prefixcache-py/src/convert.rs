@@ -7,8 +7,12 @@
 //!    scalar, an int subclass) goes through `__index__`;
 //! 3. an object with the buffer protocol (`array.array` of any integer typecode, numpy
 //!    arrays of any integer dtype, `memoryview`): any alignment, byte order and stride;
-//! 4. an object with `__array_interface__` (typestr, shape, strides, data pointer);
-//! 5. an object with `__dlpack__` on the CPU (torch tensors, numpy, jax, ...);
+//! 4. an object with `__array_interface__` (typestr, shape, strides, data pointer),
+//!    copied through the kernel ([`crate::checked`]): a pointer the process cannot read
+//!    is refused, not read;
+//! 5. an object with `__dlpack__` on the CPU (torch tensors, numpy, jax, ...): DLPack
+//!    1.x when the producer takes `max_version`, else 0.x; any producer but torch is
+//!    read through [`crate::checked`] as in 4;
 //! 6. any other sequence (`__len__` + integer `__getitem__`), item by item.
 //!
 //! Rejected with `InvalidTypeError`: str, bytes, bytearray, sets, dicts, anything else;
@@ -988,6 +992,9 @@ struct RawArray<'py> {
     /// In bytes.
     stride: isize,
     layout: Layout,
+    /// Only the exporter's word (a Python `__dlpack__`): read through
+    /// [`crate::checked`], never in place.
+    untrusted: bool,
 }
 
 /// Held only for its `Drop` (which releases the export).
@@ -1006,6 +1013,9 @@ impl RawArray<'_> {
         if self.n == 0 {
             return Ok(Vec::new());
         }
+        if self.untrusted {
+            return read_untrusted(self.base as usize, self.n, self.stride, self.layout, what);
+        }
         // SAFETY: the exporter guarantees `n` elements at `base + i * stride` while the
         // view / capsule is held (it is: `self` holds it); GIL held, no Python code runs
         // while reading.
@@ -1018,6 +1028,7 @@ impl RawArray<'_> {
         let size = std::mem::size_of::<T>();
         let signed = T::from_i64(-1).is_some();
         self.n > 0
+            && !self.untrusted
             && self.layout.size == size
             && self.layout.signed == signed
             && !self.layout.swap
@@ -1098,6 +1109,7 @@ fn buffer_array<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Option<Raw
         n,
         stride,
         layout,
+        untrusted: false,
     }))
 }
 
@@ -1144,6 +1156,7 @@ fn numpy_array<'py>(obj: &Bound<'py, PyAny>) -> Option<RawArray<'py>> {
         n,
         stride,
         layout: Layout { signed, size, swap },
+        untrusted: false,
     })
 }
 
@@ -1233,12 +1246,37 @@ fn from_array_interface<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult
     if ptr == 0 {
         return Err(bad());
     }
-    let base = (ptr as usize).wrapping_add(offset as usize) as *const u8;
-    // SAFETY: the object's `__array_interface__` promises `n` elements at `base + i *
-    // stride` while the object lives (we hold it); trusting it is the protocol's
-    // contract, as numpy does. GIL held; no Python code runs while reading.
-    let v = unsafe { read_array::<T>(base, n, stride, layout, what)? };
-    Ok(Some(v))
+    let base = (ptr as usize).wrapping_add(offset as usize);
+    // The dict is only the object's word: copied through the kernel, which refuses a
+    // pointer, length or stride that leaves the memory this process can read.
+    read_untrusted(base, n, stride, layout, what).map(Some)
+}
+
+/// Reads `n` elements at `base + i * stride` of memory a Python object only claims
+/// holds them ([`crate::checked`]): copied through the kernel first, so a wrong
+/// pointer, length or stride is refused with `InvalidInputError` instead of read.
+fn read_untrusted<T: Elem>(
+    base: usize,
+    n: usize,
+    stride: isize,
+    layout: Layout,
+    what: &str,
+) -> PyResult<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let packed = crate::checked::gather(base, n, stride, layout.size).map_err(|e| match e {
+        crate::checked::Fault::Unreadable => invalid_input(format!(
+            "{what}: its __array_interface__ or DLPack tensor points at memory this \
+             process cannot read ({n} elements of {} bytes at {base:#x}, stride {stride})",
+            layout.size
+        )),
+        crate::checked::Fault::OutOfMemory => {
+            PyMemoryError::new_err(format!("cannot allocate {n} elements"))
+        }
+    })?;
+    // SAFETY: `packed` holds `n` contiguous elements of `layout.size` bytes, owned here.
+    unsafe { read_array::<T>(packed.as_ptr(), n, layout.size as isize, layout, what) }
 }
 
 /// DLPack (dlpack.h v0.x, the `dltensor` capsule).
@@ -1390,50 +1428,114 @@ fn dlpack_array<'py>(
         if unsafe { view(obj.as_ptr().cast(), t.as_mut_ptr()) } == 0 {
             // SAFETY: filled by the successful call.
             let t = unsafe { t.assume_init() };
-            return dltensor_array(obj, &t, Hold::Object(obj.clone()), what).map(Some);
+            return dltensor_array(obj, &t, Hold::Object(obj.clone()), what, false).map(Some);
         }
         // Not describable as a view (e.g. a lazy conjugate): the exporting call below
         // either copes or raises the error the caller sees.
         let _ = PyErr::take(obj.py());
     }
+    let py = obj.py();
     let exported = match torch {
-        Some(t) => t.to_dlpack.bind(obj.py()).call1((obj,)),
+        Some(t) => t.to_dlpack.bind(py).call1((obj,)),
         None => match obj.getattr("__dlpack__") {
-            Ok(method) => method.call0(),
+            // DLPack 1.x first (it can describe read-only memory); a producer that does
+            // not take `max_version` raises TypeError and is asked the 0.x way.
+            Ok(method) => {
+                let kw = PyDict::new(py);
+                kw.set_item("max_version", (1, 0))?;
+                match method.call((), Some(&kw)) {
+                    Err(e) if e.is_instance_of::<PyTypeError>(py) => method.call0(),
+                    r => r,
+                }
+            }
             Err(_) => return Ok(None),
         },
     };
     let cap = exported.map_err(|e| {
         invalid_type(format!(
             "{what}: __dlpack__() failed ({}); only CPU tensors are accepted",
-            e.value(obj.py())
+            e.value(py)
         ))
     })?;
     let cap = cap
         .cast_into::<PyCapsule>()
         .map_err(|_| invalid_type(format!("{what}: __dlpack__() did not return a capsule")))?;
-    let name = c"dltensor";
-    // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
-    let p = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name.as_ptr()) };
-    if p.is_null() {
-        let _ = PyErr::take(obj.py());
+    // A versioned capsule (DLPack 1.x) holds the tensor after a 32-byte header: version,
+    // manager context, deleter, flags.
+    let mut found = None;
+    for (name, offset) in [(c"dltensor", 0usize), (c"dltensor_versioned", 32)] {
+        // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
+        let p = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name.as_ptr()) };
+        if p.is_null() {
+            let _ = PyErr::take(py);
+        } else {
+            found = Some((p as usize, offset));
+            break;
+        }
+    }
+    let Some((p, offset)) = found else {
         return Err(invalid_type(format!(
             "{what}: __dlpack__() returned an unknown capsule"
         )));
+    };
+    if torch.is_some() {
+        // SAFETY: torch's own "dltensor" capsule (offset 0) holds a DLManagedTensor,
+        // valid while the capsule lives (the result holds it and does not consume it:
+        // its destructor calls the producer's deleter).
+        let t = unsafe { &(*(p as *const DLManagedTensor)).dl_tensor };
+        return dltensor_array(obj, t, Hold::Capsule(cap), what, false).map(Some);
     }
-    // SAFETY: a "dltensor" capsule holds a DLManagedTensor, valid while the capsule lives
-    // (the result holds it and does not consume it: its destructor calls the producer's
-    // deleter).
-    let t = unsafe { &(*(p as *const DLManagedTensor)).dl_tensor };
-    dltensor_array(obj, t, Hold::Capsule(cap), what).map(Some)
+    // Any other producer is a Python method that may hand over any capsule: its
+    // structures are copied through the kernel ([`crate::checked`]) before they are read.
+    let unreadable = || {
+        invalid_input(format!(
+            "{what}: __dlpack__() returned a capsule pointing at memory this process \
+             cannot read"
+        ))
+    };
+    if offset != 0 {
+        let head = crate::checked::bytes(p, 4).map_err(|_| unreadable())?;
+        let major = u32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
+        if major != 1 {
+            return Err(invalid_type(format!(
+                "{what}: __dlpack__() returned a DLPack {major}.x tensor (1.x or 0.x \
+                 are read)"
+            )));
+        }
+    }
+    let addr = p.checked_add(offset).ok_or_else(unreadable)?;
+    let raw =
+        crate::checked::bytes(addr, std::mem::size_of::<DLTensor>()).map_err(|_| unreadable())?;
+    // SAFETY: `raw` holds the bytes of a `DLTensor` (plain integers and pointers, any
+    // bit pattern is a value); read unaligned from the copy.
+    let t = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const DLTensor) };
+    dltensor_array(obj, &t, Hold::Capsule(cap), what, true).map(Some)
 }
 
-/// A validated 1-D integer array in CPU memory from a DLPack tensor, kept alive by `hold`.
+/// One entry of a DLPack shape or strides array (`untrusted`: copied through the kernel).
+fn dl_entry(p: *const i64, i: usize, untrusted: bool) -> Option<i64> {
+    if p.is_null() {
+        return None;
+    }
+    let addr = (p as usize).checked_add(i.checked_mul(8)?)?;
+    if untrusted {
+        let b = crate::checked::bytes(addr, 8).ok()?;
+        return Some(i64::from_ne_bytes(b.as_slice().try_into().ok()?));
+    }
+    // SAFETY: a trusted producer's (torch's) non-NULL shape and strides hold `ndim`
+    // entries, and `i < ndim`.
+    Some(unsafe { std::ptr::read_unaligned(addr as *const i64) })
+}
+
+/// A validated 1-D integer array in CPU memory from a DLPack tensor, kept alive by
+/// `hold`. `untrusted`: a producer reached through a Python `__dlpack__` method, whose
+/// shape, strides and data are only read through kernel-checked copies.
 fn dltensor_array<'py>(
     obj: &Bound<'py, PyAny>,
     t: &DLTensor,
     hold: Hold<'py>,
     what: &str,
+    untrusted: bool,
 ) -> PyResult<RawArray<'py>> {
     if t.device.device_type != DL_CPU && t.device.device_type != DL_CUDA_HOST {
         return Err(invalid_type(format!(
@@ -1441,11 +1543,20 @@ fn dltensor_array<'py>(
             t.device.device_type
         )));
     }
-    let ndim = usize::try_from(t.ndim).unwrap_or(0);
-    // SAFETY: `shape` holds `ndim` entries.
-    let shape: Vec<i64> = (0..ndim).map(|i| unsafe { *t.shape.add(i) }).collect();
-    if ndim != 1 {
-        return Err(not_1d(what, &shape));
+    let bad = |why: &str| invalid_input(format!("{what}: malformed DLPack tensor ({why})"));
+    if t.ndim != 1 {
+        // The shape only for the message, and only when it is short.
+        let shape: Option<Vec<i64>> = (0..usize::try_from(t.ndim).unwrap_or(usize::MAX))
+            .take_while(|&i| i < 32)
+            .map(|i| dl_entry(t.shape, i, untrusted))
+            .collect();
+        return Err(match shape {
+            Some(shape) if (0..=32).contains(&t.ndim) => not_1d(what, &shape),
+            _ => invalid_input(format!(
+                "{what} must be 1-dimensional, got a DLPack tensor of {} dimensions",
+                t.ndim
+            )),
+        });
     }
     let dt = &t.dtype;
     let size = usize::from(dt.bits / 8);
@@ -1465,12 +1576,16 @@ fn dltensor_array<'py>(
         size,
         swap: false,
     };
-    let n = usize::try_from(shape[0]).unwrap_or(0);
+    let len = dl_entry(t.shape, 0, untrusted).ok_or_else(|| bad("unreadable shape"))?;
+    let n = usize::try_from(len).map_err(|_| bad(&format!("shape ({len},)")))?;
     let stride = if t.strides.is_null() {
         size as isize
     } else {
-        // SAFETY: `strides` holds `ndim` entries when not NULL (in elements).
-        (unsafe { *t.strides }) as isize * size as isize
+        // In elements.
+        let s = dl_entry(t.strides, 0, untrusted).ok_or_else(|| bad("unreadable strides"))?;
+        s.checked_mul(size as i64)
+            .and_then(|b| isize::try_from(b).ok())
+            .ok_or_else(|| bad(&format!("stride {s}")))?
     };
     if n == 0 {
         return Ok(RawArray {
@@ -1479,13 +1594,14 @@ fn dltensor_array<'py>(
             n: 0,
             stride,
             layout,
+            untrusted,
         });
     }
     if t.data.is_null() {
         return Err(invalid_type(format!("{what}: DLPack tensor without data")));
     }
-    // The producer guarantees `n` elements at `base + i * stride` in host memory while
-    // `hold` lives.
+    // The producer says `n` elements at `base + i * stride` in host memory while `hold`
+    // lives (checked when copied if `untrusted`).
     let base = (t.data as *const u8).wrapping_add(t.byte_offset as usize);
     Ok(RawArray {
         _hold: hold,
@@ -1493,6 +1609,7 @@ fn dltensor_array<'py>(
         n,
         stride,
         layout,
+        untrusted,
     })
 }
 
