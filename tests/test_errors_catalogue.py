@@ -59,7 +59,8 @@ ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
 class _LyingInterface:
     """An object whose ``__array_interface__`` names an address nobody can read."""
 
-    __array_interface__ = {"shape": (4,), "typestr": "<i8", "data": (1, False), "version": 3}
+    def __init__(self) -> None:
+        self.__array_interface__ = {"shape": (4,), "typestr": "<i8", "data": (1, 0), "version": 3}
 
 
 class CliExit(Exception):
