@@ -437,6 +437,41 @@ def test_request_ids_share_one_range() -> None:
             call(True)
 
 
+def test_lists_of_request_ids_take_the_whole_range() -> None:
+    """extend / decode_steps / max_decode_steps read their request ids in [0, 2**64), as
+    every call taking one id does (ids from 2**63 on were refused as not fitting int64)."""
+    top = 2**64 - 1
+    m = KVCacheManager(16, block_size=2)
+    for rid in (top, 2**63):
+        assert m.admit(rid, [1, 2, 3]) is not None
+    for ids in (
+        [top, 2**63],
+        (top, 2**63),
+        np.array([top, 2**63], np.uint64),
+        array.array("Q", [top, 2**63]),
+        [np.uint64(top), _IndexInt(2**63)],
+    ):
+        assert m.max_decode_steps(ids, 1) == 1
+    m.queue_tokens(top, [7])
+    m.queue_tokens(2**63, [7])
+    assert len(m.decode_steps(np.array([top, 2**63], np.uint64), 1)[0]) == 2
+    assert len(m.extend([top], [5], [1])[0]) == 1
+    assert m.num_tokens(top) == 5
+    before = (m.num_tokens(top), list(m.free_block_ids()))
+    for bad, message in [
+        ([2**64], r"request_ids\[0\] = 18446744073709551616 is out of range"),
+        ([top, -1], r"request_ids\[1\] = -1 must be >= 0"),
+        (np.array([-1], np.int64), r"request_ids\[0\] = -1 must be >= 0"),
+    ]:
+        with pytest.raises(InvalidInputError, match=message):
+            m.max_decode_steps(bad, 1)
+        with pytest.raises(InvalidInputError, match=message):
+            m.extend(bad, [5] * len(bad), [1] * len(bad))
+    with pytest.raises(InvalidTypeError, match=r"request_ids\[0\] must be an int, got bool"):
+        m.decode_steps([True], 1)
+    assert (m.num_tokens(top), list(m.free_block_ids())) == before
+
+
 @pytest.mark.parametrize("value", [2**63, 2**64, 2**127, 2**200, -(2**63) - 1])
 def test_integers_beyond_the_range_are_refused_not_clamped(value: int) -> None:
     tree = RadixCache()

@@ -206,11 +206,73 @@ pub trait Elem: Copy + Send + Sync + 'static {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>>;
     /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened.
     fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>>;
+    /// Whether the type holds values beyond i64 (`u64`: a `uint64` array's values above
+    /// 2**63, which [`Src::widen`] wraps, are in range).
+    const ABOVE_I64: bool = false;
+    /// An exact int beyond i64 as this type (`None`: out of range). Only `u64` has any.
+    ///
+    /// # Safety
+    /// `op` must be a live exact int, the GIL held.
+    unsafe fn from_big(op: *mut ffi::PyObject) -> Option<Self> {
+        let _ = op;
+        None
+    }
+}
+
+/// The bits of a widened `S` that must be clear for it to be a `T` (see `Elem::HIGH`).
+#[inline(always)]
+const fn out_mask<S: Src, T: Elem>() -> u64 {
+    if T::ABOVE_I64 && S::HIGH != 0 {
+        0 // u64 into u64: every value
+    } else {
+        S::HIGH | T::HIGH
+    }
 }
 
 thread_local! {
     static SPARE_U32: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
     static SPARE_I64: Cell<Vec<i64>> = const { Cell::new(Vec::new()) };
+    static SPARE_U64: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
+}
+
+/// Non-negative ids of 64 bits (request ids, token positions): `[0, 2**64)`.
+impl Elem for u64 {
+    #[inline(always)]
+    fn from_i64(v: i64) -> Option<Self> {
+        u64::try_from(v).ok()
+    }
+    /// The sign bit: a negative value of a signed source.
+    const HIGH: u64 = 1 << 63;
+    const ABOVE_I64: bool = true;
+    #[inline(always)]
+    fn truncate(v: i64) -> Self {
+        v as u64
+    }
+    fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String {
+        let v = v.to_string();
+        if v.starts_with('-') {
+            format!("{what}[{i}] = {v} must be >= 0")
+        } else {
+            format!("{what}[{i}] = {v} is out of range: it must be in [0, 2**64)")
+        }
+    }
+    fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
+        &SPARE_U64
+    }
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
+        Err(s.iter().map(|&t| u64::from(t)).collect())
+    }
+    unsafe fn from_big(op: *mut ffi::PyObject) -> Option<Self> {
+        // SAFETY: an exact int (caller): no `__index__` call, no Python code.
+        let v = unsafe { ffi::PyLong_AsUnsignedLongLong(op) };
+        // SAFETY: GIL held.
+        if v == u64::MAX && unsafe { !ffi::PyErr_Occurred().is_null() } {
+            // Negative or beyond 2**64: OverflowError, cleared (the caller reports it).
+            unsafe { ffi::PyErr_Clear() };
+            return None;
+        }
+        Some(v)
+    }
 }
 
 impl Elem for u32 {
@@ -387,7 +449,7 @@ unsafe fn narrow_run_avx2<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize)
 unsafe fn narrow_contiguous<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> bool {
     // SAFETY: forwarded contract.
     let all = unsafe { narrow_any::<S, T>(src, dst, n) };
-    all & (S::HIGH | T::HIGH) == 0
+    all & out_mask::<S, T>() == 0
 }
 
 /// [`narrow_run`] dispatched on the CPU's vector extensions.
@@ -448,7 +510,7 @@ unsafe fn gather<S: Src, T: Elem>(
             // SAFETY: i < n, room for n elements.
             unsafe { dst.add(i).write(T::truncate(w)) };
         }
-        all & (S::HIGH | T::HIGH) == 0
+        all & out_mask::<S, T>() == 0
     };
     // SAFETY: the first `n` elements were all written above.
     unsafe { out.set_len(n) };
@@ -458,7 +520,7 @@ unsafe fn gather<S: Src, T: Elem>(
     for i in 0..n {
         let x = read(i);
         let w = x.widen();
-        if (w as u64) & S::HIGH != 0 || T::from_i64(w).is_none() {
+        if (w as u64) & out_mask::<S, T>() != 0 {
             give_back(out);
             return Err((i, x.to_i128()));
         }
@@ -647,9 +709,27 @@ fn slow_item<T: Elem>(item: &Bound<'_, PyAny>, what: &str, i: usize) -> PyResult
     }
     match index(item) {
         Ok(Some(v)) => T::from_i64(v).ok_or_else(|| range_error::<T>(what, i, v)),
-        Ok(None) => Err(range_error::<T>(what, i, display(item))),
+        Ok(None) => big::<T>(item).ok_or_else(|| range_error::<T>(what, i, display(item))),
         Err(_) => Err(item_type_error(what, i, item)),
     }
+}
+
+/// An integer beyond i64 (its `__index__` already gave an int) as `T`, when `T` holds it.
+fn big<T: Elem>(item: &Bound<'_, PyAny>) -> Option<T> {
+    if !T::ABOVE_I64 {
+        return None;
+    }
+    let py = item.py();
+    // SAFETY: GIL held; a new reference or NULL with an error set.
+    let r = unsafe { ffi::PyNumber_Index(item.as_ptr()) };
+    if r.is_null() {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    // SAFETY: `r` is a new, owned reference to an exact int.
+    let r = unsafe { Bound::from_owned_ptr(py, r) };
+    // SAFETY: a live exact int, GIL held.
+    unsafe { T::from_big(r.as_ptr()) }
 }
 
 /// `operator.index(obj)` as i64: `Ok(None)` when beyond i64, `Err` when not an integer.
@@ -695,7 +775,11 @@ fn items_slow<T: Elem>(
             // SAFETY: `item` is a live exact int.
             match unsafe { exact_int(item.as_ptr(), fast_ints_ok(obj.py())) } {
                 Some(v) => T::from_i64(v).ok_or_else(|| range_error::<T>(what, i, v))?,
-                None => return Err(range_error::<T>(what, i, display(&item))),
+                // SAFETY: a live exact int.
+                None => match unsafe { T::from_big(item.as_ptr()) } {
+                    Some(v) => v,
+                    None => return Err(range_error::<T>(what, i, display(&item))),
+                },
             }
         } else {
             slow_item(&item, what, i)?
@@ -751,7 +835,8 @@ unsafe fn read_item_array<T: Elem>(
         }
         // SAFETY: a live exact int, GIL held.
         let v = unsafe { exact_int(item, fast) };
-        match v.and_then(T::from_i64) {
+        // SAFETY (`from_big`): a live exact int, GIL held; beyond i64 only.
+        match v.map_or_else(|| unsafe { T::from_big(item) }, T::from_i64) {
             Some(x) => {
                 d.write(x);
             }
@@ -2189,8 +2274,8 @@ pub fn block_hash_at(
     })
 }
 
-/// A sequence of ints >= 0 (token positions).
-pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+/// A sequence of ints in `[0, 2**63)` (token positions), any form.
+pub fn position_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     let v = read_ints::<i64>(obj, what)?;
     v.iter()
         .enumerate()
@@ -2198,4 +2283,10 @@ pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
             u64::try_from(x).map_err(|_| invalid_input(format!("{what}[{i}] = {x} must be >= 0")))
         })
         .collect()
+}
+
+/// A sequence of ints in `[0, 2**64)` (request ids, counts), any form.
+pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    // Read as u64 (not i64): request ids go up to 2**64 - 1 in every class.
+    read_ints::<u64>(obj, what)
 }
