@@ -437,6 +437,46 @@ def test_request_ids_share_one_range() -> None:
             call(True)
 
 
+class _LyingList(list[Any]):
+    """A list whose ``__len__`` and ``__getitem__`` disagree with its items."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: Any) -> Any:
+        return 99
+
+
+def test_a_list_subclass_is_read_as_its_items_throughout() -> None:
+    """A list (tuple) subclass is read from its items, also past an item that is not an
+    exact int: its ``__len__`` / ``__getitem__`` overrides were called from there on (an
+    IndexError escaped, or other values were read)."""
+    items = [1, np.int64(2), 3, _IndexInt(4)]
+    for obj in (_LyingList(items), _LyingList(items[::-1])):
+        want = [int(v) for v in list.__iter__(obj)]
+        tree = RadixCache()
+        tree.insert(obj)
+        assert [t for n in tree.dump() for t in n["key"]] == want
+        assert TokenBuffer(obj).tolist() == want
+        assert BlockHasher(2).hash_blocks(obj) == BlockHasher(2).hash_blocks(want)
+
+
+def test_a_sequence_shorter_than_its_length_is_refused() -> None:
+    class Short:
+        def __len__(self) -> int:
+            return 5
+
+        def __getitem__(self, i: int) -> int:
+            if i >= 3:
+                raise IndexError(i)
+            return i
+
+    tree = RadixCache()
+    with pytest.raises(InvalidInputError, match="tokens: its __len__ gives 5 but item 3"):
+        tree.insert(Short())
+    assert tree.total_size() == 0
+
+
 def test_lists_of_request_ids_take_the_whole_range() -> None:
     """extend / decode_steps / max_decode_steps read their request ids in [0, 2**64), as
     every call taking one id does (ids from 2**63 on were refused as not fitting int64)."""

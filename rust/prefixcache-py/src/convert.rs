@@ -37,7 +37,9 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::{Arc, OnceLock};
 
-use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyUnicodeEncodeError};
+use pyo3::exceptions::{
+    PyIndexError, PyMemoryError, PyOverflowError, PyTypeError, PyUnicodeEncodeError,
+};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -752,6 +754,38 @@ fn display(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// Item `i` of a list, tuple or sequence, `None` past its end. A list or tuple (subclasses
+/// too) is read at the C level, as the direct reader reads it: its own `__len__` and
+/// `__getitem__` overrides are not called, so one object is never read two ways.
+fn item_at<'py>(
+    obj: &Bound<'py, PyAny>,
+    i: usize,
+    what: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if let Ok(l) = obj.cast::<PyList>() {
+        return (i < l.len()).then(|| l.get_item(i)).transpose();
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return (i < t.len()).then(|| t.get_item(i)).transpose();
+    }
+    let n = obj.len()?;
+    if i >= n {
+        return Ok(None);
+    }
+    match obj.get_item(i) {
+        Ok(item) => Ok(Some(item)),
+        // The sequence ended before the length it gave.
+        Err(e) if e.is_instance_of::<PyIndexError>(obj.py()) => {
+            let err = invalid_input(format!(
+                "{what}: its __len__ gives {n} but item {i} raised IndexError"
+            ));
+            err.set_cause(obj.py(), Some(e));
+            Err(err)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Items `[from, len)` of a list or sequence, item by item through the safe API (Python
 /// code may run: the length is checked again for every item).
 fn items_slow<T: Elem>(
@@ -762,11 +796,9 @@ fn items_slow<T: Elem>(
 ) -> PyResult<()> {
     let mut i = from;
     loop {
-        let n = obj.len()?;
-        if i >= n {
+        let Some(item) = item_at(obj, i, what)? else {
             return Ok(());
-        }
-        let item = obj.get_item(i)?;
+        };
         // SAFETY (of the call below): `exact_int` only reads an exact int.
         let v = if item
             .get_type()
