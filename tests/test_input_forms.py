@@ -477,6 +477,32 @@ def test_a_sequence_shorter_than_its_length_is_refused() -> None:
     assert tree.total_size() == 0
 
 
+HUGE_SEQUENCE_SCRIPT = textwrap.dedent("""
+    import resource
+    # Should the reader fill memory item by item, it fails here instead of the machine.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    from prefixcache import BlockHasher, RadixCache, TokenBuffer
+    for call in (RadixCache().insert, TokenBuffer, BlockHasher(4).hash_blocks):
+        try:
+            call(range(2**62))
+        except MemoryError as e:
+            assert "cannot allocate 4611686018427387904 elements for tokens" in str(e), e
+        else:
+            raise AssertionError(call)
+    print("ok")
+""")
+
+
+def test_a_sequence_no_memory_can_hold_raises_memory_error_at_once() -> None:
+    """``range(2**62)`` raises MemoryError at once, as ``list()`` does (it was read item by
+    item until memory ran out)."""
+    r = subprocess.run(
+        [sys.executable, "-c", HUGE_SEQUENCE_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok"]
+
+
 def test_lists_of_request_ids_take_the_whole_range() -> None:
     """extend / decode_steps / max_decode_steps read their request ids in [0, 2**64), as
     every call taking one id does (ids from 2**63 on were refused as not fitting int64)."""

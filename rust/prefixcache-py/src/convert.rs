@@ -1786,10 +1786,17 @@ fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
         return Ok(v);
     }
     // SAFETY: GIL held.
-    if unsafe { ffi::PySequence_Check(obj.as_ptr()) } == 1 && obj.len().is_ok() {
-        let mut out = Vec::new();
-        items_slow(obj, 0, &mut out, what)?;
-        return Ok(out);
+    if unsafe { ffi::PySequence_Check(obj.as_ptr()) } == 1 {
+        if let Ok(n) = obj.len() {
+            // Room for the length it gives, up front (as `list()` takes it): a length no
+            // memory can hold raises MemoryError at once instead of after filling memory.
+            let mut out = Vec::new();
+            out.try_reserve_exact(n).map_err(|_| {
+                PyMemoryError::new_err(format!("cannot allocate {n} elements for {what}"))
+            })?;
+            items_slow(obj, 0, &mut out, what)?;
+            return Ok(out);
+        }
     }
     Err(not_ints(obj, what))
 }
