@@ -5,6 +5,7 @@ input, hook or concurrent writer can abort the process (docs/API.md, "Input form
 from __future__ import annotations
 
 import array
+import os
 import subprocess
 import sys
 import textwrap
@@ -291,6 +292,48 @@ def test_token_buffer_is_a_snapshot_per_call() -> None:
     assert buf.tolist() == [1, 2]
     buf.clear()
     assert len(buf) == 0
+
+
+TOKEN_BUFFER_OOM_SCRIPT = textwrap.dedent("""
+    import resource
+    import numpy as np
+    from prefixcache import RadixCache, TokenBuffer
+
+    n = 50_000_000
+    b = TokenBuffer(np.arange(n, dtype=np.uint32))
+    vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+    tree = RadixCache()
+    for call in (
+        lambda: tree.insert([1], values=b),  # the buffer widened to int64 values
+        lambda: TokenBuffer(b),  # a copy
+        lambda: b.extend(b),  # a copy, while a snapshot of b is alive
+        lambda: b.extend(np.zeros(n, np.uint32)),
+    ):
+        try:
+            call()
+        except MemoryError:
+            continue
+        raise AssertionError("no MemoryError")
+    assert tree.total_size() == 0 and len(b) == n
+    print("ok")
+""")
+
+
+def test_a_token_buffer_no_memory_can_copy_raises_memory_error() -> None:
+    """Copying or widening a TokenBuffer when memory runs out raises MemoryError (the
+    int64 widening and the copies were infallible allocations: the process aborted)."""
+    # Small allocator arenas, so that the address-space limit is what runs out.
+    env = {**os.environ, "MIMALLOC_ARENA_RESERVE": "16M"}
+    r = subprocess.run(
+        [sys.executable, "-c", TOKEN_BUFFER_OOM_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok"]
 
 
 RESIZE_SCRIPT = textwrap.dedent("""

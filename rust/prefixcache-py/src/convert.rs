@@ -206,8 +206,9 @@ pub trait Elem: Copy + Send + Sync + 'static {
     fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String;
     /// This thread's spare buffer of this type (see [`scratch`]).
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>>;
-    /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened.
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>>;
+    /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened
+    /// (`Err(None)`: no memory for the widened copy).
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>>;
     /// Whether the type holds values beyond i64 (`u64`: a `uint64` array's values above
     /// 2**63, which [`Src::widen`] wraps, are in range).
     const ABOVE_I64: bool = false;
@@ -261,8 +262,8 @@ impl Elem for u64 {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
         &SPARE_U64
     }
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
-        Err(s.iter().map(|&t| u64::from(t)).collect())
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
+        Err(widen_snapshot(&s))
     }
     unsafe fn from_big(op: *mut ffi::PyObject) -> Option<Self> {
         // SAFETY: an exact int (caller): no `__index__` call, no Python code.
@@ -293,7 +294,7 @@ impl Elem for u32 {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
         &SPARE_U32
     }
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
         Ok(s)
     }
 }
@@ -314,19 +315,23 @@ impl Elem for i64 {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
         &SPARE_I64
     }
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
-        let n = s.len();
-        let Some(mut v) = scratch::<i64>(n) else {
-            return Err(s.iter().map(|&t| i64::from(t)).collect());
-        };
-        let dst = v.spare_capacity_mut()[..n].as_mut_ptr() as *mut i64;
-        // SAFETY: `n` u32 at `s`, room for `n` i64 at `dst`; every u32 fits.
-        unsafe {
-            narrow_any::<u32, i64>(s.as_ptr(), dst, n);
-            v.set_len(n);
-        }
-        Err(v)
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
+        Err(widen_snapshot(&s))
     }
+}
+
+/// Token ids widened to `T` in a buffer reserved fallibly (`None`: out of memory).
+fn widen_snapshot<T: Elem>(s: &[u32]) -> Option<Vec<T>> {
+    let n = s.len();
+    let mut v = scratch::<T>(n)?;
+    let dst = v.spare_capacity_mut()[..n].as_mut_ptr() as *mut T;
+    // SAFETY: `n` u32 at `s`, room for `n` elements at `dst`; every u32 fits in `T`
+    // (i64, u64).
+    unsafe {
+        narrow_any::<u32, T>(s.as_ptr(), dst, n);
+        v.set_len(n);
+    }
+    Some(v)
 }
 
 /// Buffers up to this many elements go back to their thread's spare slot when a call is
@@ -1846,9 +1851,15 @@ pub fn input<'py, T: Elem>(
     in_place: bool,
 ) -> PyResult<Input<'py, T>> {
     if let Ok(b) = obj.cast::<TokenBuffer>() {
+        let n = b.get().snapshot().len();
         return Ok(Input(match T::from_snapshot(b.get().snapshot()) {
             Ok(s) => InputRepr::Shared(s),
-            Err(v) => InputRepr::Owned(v),
+            Err(Some(v)) => InputRepr::Owned(v),
+            Err(None) => {
+                return Err(PyMemoryError::new_err(format!(
+                    "cannot allocate {n} elements for {what}"
+                )))
+            }
         }));
     }
     if in_place {
@@ -1884,7 +1895,13 @@ pub fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tokens> {
 /// Token ids as an owned `Vec` (for building a `TokenBuffer`).
 pub fn token_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     if let Ok(b) = obj.cast::<TokenBuffer>() {
-        return Ok(b.get().snapshot().as_ref().clone());
+        let s = b.get().snapshot();
+        let mut v = Vec::new();
+        v.try_reserve_exact(s.len()).map_err(|_| {
+            PyMemoryError::new_err(format!("cannot allocate {} elements for {what}", s.len()))
+        })?;
+        v.extend_from_slice(&s);
+        return Ok(v);
     }
     read_ints::<u32>(obj, what)
 }
