@@ -546,6 +546,39 @@ def test_a_sequence_no_memory_can_hold_raises_memory_error_at_once() -> None:
     assert r.stdout.split() == ["ok"]
 
 
+def test_a_masked_array_is_read_as_its_list() -> None:
+    """A numpy masked array gives what its list gives: its values when nothing is masked,
+    a refusal naming the first masked position otherwise (its hidden value was read)."""
+    hidden = np.ma.array([1, 2, 3, 4], mask=[0, 0, 1, 0])
+    with pytest.raises(TypeError):  # the list: the masked constant is not an int
+        RadixCache().insert(list(hidden))
+    tree = RadixCache()
+    tree.insert([9])
+    pool = BlockPool(8)
+    pool.get_new_blocks(5)
+    before = (tree.dump(), list(pool.free_block_ids()))
+    for call in (tree.insert, tree.match_prefix, TokenBuffer, pool.touch):
+        with pytest.raises(InvalidInputError, match=r"\[2\] is masked"):
+            call(hidden)
+    with pytest.raises(InvalidInputError, match=r"values\[2\] is masked"):
+        tree.insert([1, 2, 3, 4], values=hidden)
+    assert (tree.dump(), list(pool.free_block_ids())) == before
+    for shown in (np.ma.array([1, 2, 3, 4]), np.ma.array([1, 2, 3, 4], mask=[0, 0, 0, 0])):
+        assert TokenBuffer(shown).tolist() == [1, 2, 3, 4]
+
+
+def test_array_interface_offset_is_ignored_with_a_data_pointer_as_numpy_does() -> None:
+    a = np.arange(4, dtype=np.int64)
+    iface = ArrayInterface(a)
+    iface.__array_interface__ = {**a.__array_interface__, "shape": (2,), "offset": 8}
+    want = np.asarray(iface).tolist()
+    assert want == [0, 1]
+    assert TokenBuffer(iface).tolist() == want
+    tree = RadixCache()
+    tree.insert(iface)
+    assert tree.match_prefix([0, 1]).length == 2
+
+
 def test_lists_of_request_ids_take_the_whole_range() -> None:
     """extend / decode_steps / max_decode_steps read their request ids in [0, 2**64), as
     every call taking one id does (ids from 2**63 on were refused as not fitting int64)."""

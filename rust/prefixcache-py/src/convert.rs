@@ -1287,10 +1287,44 @@ fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<V
     if let Some(a) = numpy_array(obj) {
         return a.read(what).map(Some);
     }
+    refuse_masked(obj, what)?;
     match buffer_array(obj, what)? {
         Some(a) => a.read(what).map(Some),
         None => Ok(None),
     }
+}
+
+/// A numpy masked array with a masked entry is refused, as its list is (the masked
+/// constant is not an int): its buffer holds whatever value lies under the mask. Checked
+/// before the export (it runs Python code); only for numpy subclasses.
+fn refuse_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    static MASKED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    if obj.get_type().is(py.get_type::<numpy::PyUntypedArray>())
+        || !obj.is_instance_of::<numpy::PyUntypedArray>()
+    {
+        return Ok(());
+    }
+    let ty = MASKED.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py
+            .import("numpy.ma")?
+            .getattr("MaskedArray")?
+            .cast_into::<PyType>()?
+            .unbind())
+    })?;
+    if !obj.is_instance(ty.bind(py))? {
+        return Ok(());
+    }
+    let mask = py
+        .import("numpy.ma")?
+        .call_method1("getmaskarray", (obj,))?;
+    if mask.call_method0("any")?.is_truthy()? {
+        let i: usize = mask.call_method0("argmax")?.extract()?;
+        return Err(invalid_input(format!(
+            "{what}[{i}] is masked (a masked array's hidden values are not read)"
+        )));
+    }
+    Ok(())
 }
 
 /// An int from a dict entry of `__array_interface__`.
@@ -1358,17 +1392,15 @@ fn from_array_interface<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult
         )));
     };
     let ptr = iface_int(&data.get_item(0)?, what)?;
-    let offset = match get("offset") {
-        Some(o) => iface_int(&o, what)?,
-        None => 0,
-    };
+    // `offset` applies to a `data` buffer object only (which is not supported): with a
+    // pointer, numpy ignores it, and so does this reader.
     if n == 0 {
         return Ok(Some(Vec::new()));
     }
     if ptr == 0 {
         return Err(bad());
     }
-    let base = (ptr as usize).wrapping_add(offset as usize);
+    let base = ptr as usize;
     // The dict is only the object's word: copied through the kernel, which refuses a
     // pointer, length or stride that leaves the memory this process can read.
     read_untrusted(base, n, stride, layout, what).map(Some)
