@@ -37,7 +37,7 @@ pub fn gather(base: usize, n: usize, stride: isize, size: usize) -> Result<Vec<u
     if n == 0 {
         return Ok(Vec::new());
     }
-    span(base, n, stride, size).ok_or(Fault::Unreadable)?;
+    let (lo, hi) = span(base, n, stride, size).ok_or(Fault::Unreadable)?;
     let total = n.checked_mul(size).ok_or(Fault::OutOfMemory)?;
     let mut out: Vec<u8> = Vec::new();
     out.try_reserve_exact(total)
@@ -54,6 +54,16 @@ pub fn gather(base: usize, n: usize, stride: isize, size: usize) -> Result<Vec<u
     };
     if stride == size as isize {
         copy(&[(base, total)], dst)?;
+    } else if hi - lo <= total.saturating_mul(8).saturating_add(1 << 16) {
+        // A strided array over a span not much larger than its elements: the span in one
+        // copy (the kernel's cost is per segment), then the elements picked from it.
+        let whole = gather(lo, 1, (hi - lo) as isize, hi - lo)?;
+        for (i, d) in dst.chunks_exact_mut(size).enumerate() {
+            let at = seg(i).0 - lo;
+            for (d, &b) in d.iter_mut().zip(&whole[at..at + size]) {
+                d.write(b);
+            }
+        }
     } else {
         // Bounded batches of segments (the kernel takes up to 1024 per call).
         const BATCH: usize = 1024;
@@ -67,6 +77,22 @@ pub fn gather(base: usize, n: usize, stride: isize, size: usize) -> Result<Vec<u
             i = end;
         }
     }
+    // SAFETY: all `total` bytes were written by the complete copy above.
+    unsafe { out.set_len(total) };
+    Ok(out)
+}
+
+/// Copies a few small segments `(address, length)`, packed in order, in one call.
+pub fn segments(segs: &[(usize, usize)]) -> Result<Vec<u8>, Fault> {
+    let mut total = 0usize;
+    for &(addr, len) in segs {
+        addr.checked_add(len).ok_or(Fault::Unreadable)?;
+        total = total.checked_add(len).ok_or(Fault::OutOfMemory)?;
+    }
+    let mut out: Vec<u8> = Vec::new();
+    out.try_reserve_exact(total)
+        .map_err(|_| Fault::OutOfMemory)?;
+    copy(segs, &mut out.spare_capacity_mut()[..total])?;
     // SAFETY: all `total` bytes were written by the complete copy above.
     unsafe { out.set_len(total) };
     Ok(out)

@@ -1647,9 +1647,11 @@ fn dlpack_array<'py>(
              cannot read"
         ))
     };
+    // The header (versioned) and the tensor in one copy.
+    let raw = crate::checked::bytes(p, offset + std::mem::size_of::<DLTensor>())
+        .map_err(|_| unreadable())?;
     if offset != 0 {
-        let head = crate::checked::bytes(p, 4).map_err(|_| unreadable())?;
-        let major = u32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
+        let major = u32::from_ne_bytes([raw[0], raw[1], raw[2], raw[3]]);
         if major != 1 {
             return Err(invalid_type(format!(
                 "{what}: __dlpack__() returned a DLPack {major}.x tensor (1.x or 0.x \
@@ -1657,12 +1659,9 @@ fn dlpack_array<'py>(
             )));
         }
     }
-    let addr = p.checked_add(offset).ok_or_else(unreadable)?;
-    let raw =
-        crate::checked::bytes(addr, std::mem::size_of::<DLTensor>()).map_err(|_| unreadable())?;
-    // SAFETY: `raw` holds the bytes of a `DLTensor` (plain integers and pointers, any
-    // bit pattern is a value); read unaligned from the copy.
-    let t = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const DLTensor) };
+    // SAFETY: `raw[offset..]` holds the bytes of a `DLTensor` (plain integers and
+    // pointers, any bit pattern is a value); read unaligned from the copy.
+    let t = unsafe { std::ptr::read_unaligned(raw[offset..].as_ptr() as *const DLTensor) };
     dltensor_array(obj, &t, Hold::Capsule(cap), what, true).map(Some)
 }
 
@@ -1730,13 +1729,24 @@ fn dltensor_array<'py>(
         size,
         swap: false,
     };
-    let len = dl_entry(t.shape, 0, untrusted).ok_or_else(|| bad("unreadable shape"))?;
+    // The length and the stride (in elements), from one copy when untrusted.
+    let (len, strides) = if untrusted && !t.shape.is_null() && !t.strides.is_null() {
+        let b = crate::checked::segments(&[(t.shape as usize, 8), (t.strides as usize, 8)])
+            .map_err(|_| bad("unreadable shape or strides"))?;
+        let word = |k: usize| i64::from_ne_bytes(std::array::from_fn(|j| b[k * 8 + j]));
+        (Some(word(0)), Some(word(1)))
+    } else {
+        (
+            dl_entry(t.shape, 0, untrusted),
+            dl_entry(t.strides, 0, untrusted),
+        )
+    };
+    let len = len.ok_or_else(|| bad("unreadable shape"))?;
     let n = usize::try_from(len).map_err(|_| bad(&format!("shape ({len},)")))?;
     let stride = if t.strides.is_null() {
         size as isize
     } else {
-        // In elements.
-        let s = dl_entry(t.strides, 0, untrusted).ok_or_else(|| bad("unreadable strides"))?;
+        let s = strides.ok_or_else(|| bad("unreadable strides"))?;
         s.checked_mul(size as i64)
             .and_then(|b| isize::try_from(b).ok())
             .ok_or_else(|| bad(&format!("stride {s}")))?
