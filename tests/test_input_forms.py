@@ -64,6 +64,13 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def sparse(values: list[int], dtype: Any, step: int) -> np.ndarray:
+    """`values` `step` elements apart (a view over a mostly unused span)."""
+    a = np.zeros(len(values) * step, dtype=dtype)
+    a[::step] = values
+    return a[::step]
+
+
 def unaligned(values: list[int], dtype: Any) -> np.ndarray:
     """An array of `values` at an odd address (numpy flags it unaligned)."""
     raw = np.array(values, dtype=dtype).tobytes()
@@ -88,6 +95,10 @@ def forms(values: list[int], signed_ok: bool = True) -> dict[str, Any]:
         "memoryview": memoryview(array.array("q", values)),
         "__array_interface__ int64": ArrayInterface(np.array(values, dtype=np.int64)),
         "__array_interface__ uint32 big-endian": ArrayInterface(np.array(values, dtype=">u4")),
+        "__array_interface__ int64 reversed strided": ArrayInterface(
+            np.repeat(np.array(values[::-1], dtype=np.int64), 2)[::-2]
+        ),
+        "__array_interface__ uint64 sparse": ArrayInterface(sparse(values, np.uint64, 9000)),
         "__dlpack__ int64": DLPackOnly(np.array(values, dtype=np.int64)),
         "__dlpack__ uint32 strided": DLPackOnly(np.repeat(np.array(values, np.uint32), 3)[::3]),
         "__dlpack__ read-only int64": DLPackOnly(read_only(np.array(values, dtype=np.int64))),
