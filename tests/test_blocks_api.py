@@ -144,10 +144,14 @@ def test_batch_calls_take_every_request_id_a_request_can_have() -> None:
     assert ev.tolist() == [0, 0]
     assert [m.num_tokens(r) for r in big] == [6, 6]
     before = [m.block_ids(r).tolist() for r in big], m.num_free_blocks
-    RANGE = "must be an int in [0, 2**64)"
+    # The conversion layer's messages for a sequence's items (as for token ids).
     for bad, exc, msg in [
-        ([2**64], InvalidInputError, f"request_ids[0] {RANGE}, got {2**64}"),
-        ([0, -1], InvalidInputError, f"request_ids[1] {RANGE}, got -1"),
+        (
+            [2**64],
+            InvalidInputError,
+            f"request_ids[0] = {2**64} is out of range: it must be in [0, 2**64)",
+        ),
+        ([0, -1], InvalidInputError, "request_ids[1] = -1 must be >= 0"),
         ([1.0], InvalidTypeError, "request_ids[0] must be an int, got float"),
     ]:
         with pytest.raises(exc) as e:

@@ -56,6 +56,13 @@ from prefixcache.sim.traces import TraceFormatError, read_mooncake, read_token_j
 ERRORS_MD = Path(__file__).resolve().parent.parent / "docs" / "ERRORS.md"
 
 
+class _LyingInterface:
+    """An object whose ``__array_interface__`` names an address nobody can read."""
+
+    def __init__(self) -> None:
+        self.__array_interface__ = {"shape": (4,), "typestr": "<i8", "data": (1, 0), "version": 3}
+
+
 class CliExit(Exception):
     """The CLI stopped with exit status 2; the message is what it wrote to stderr."""
 
@@ -667,6 +674,14 @@ CATALOGUE: list[Row] = [
         InvalidTypeError,
         "tokens[0] must be an int, got float",
         lambda w: w.obj.insert(array.array("d", [1.0])),
+    ),
+    radix(
+        "__array_interface__ pointing at unreadable memory",
+        'insert(obj)  # obj.__array_interface__["data"] == (1, False)',
+        InvalidInputError,
+        "tokens: its __array_interface__ or DLPack tensor points at memory this process "
+        "cannot read",
+        lambda w: w.obj.insert(_LyingInterface()),
     ),
     radix(
         "int beyond 2**127",
@@ -2055,7 +2070,10 @@ def render() -> str:
         "  with `__array_interface__` or `__dlpack__` (CPU), other sequences, or a",
         "  `TokenBuffer`; every form gives what the equivalent list gives. Sets, dicts, str",
         "  and bytes raise `InvalidTypeError`; arrays that are not 1-dimensional raise",
-        "  `InvalidInputError`.",
+        "  `InvalidInputError`. The memory an `__array_interface__` or a `__dlpack__`",
+        "  method describes is copied through the kernel before it is read: a pointer,",
+        "  length or stride that leaves the memory the process can read raises",
+        "  `InvalidInputError` instead of crashing the process.",
         "- A str argument with lone surrogates (not encodable as UTF-8) raises",
         "  `InvalidInputError` (hashed extra keys: `UnsupportedHashInputError`).",
         "",

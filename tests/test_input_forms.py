@@ -5,6 +5,7 @@ input, hook or concurrent writer can abort the process (docs/API.md, "Input form
 from __future__ import annotations
 
 import array
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,27 @@ class DLPackOnly:
         return (1, 0)
 
 
+class DLPackVersionedOnly(DLPackOnly):
+    """A producer that exports DLPack 1.x only (it needs ``max_version``)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("max_version") is None:
+            raise TypeError("__dlpack__() needs max_version")
+        return self._a.__dlpack__(max_version=kwargs["max_version"])
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def sparse(values: list[int], dtype: Any, step: int) -> np.ndarray:
+    """`values` `step` elements apart (a view over a mostly unused span)."""
+    a = np.zeros(len(values) * step, dtype=dtype)
+    a[::step] = values
+    return a[::step]
+
+
 def unaligned(values: list[int], dtype: Any) -> np.ndarray:
     """An array of `values` at an odd address (numpy flags it unaligned)."""
     raw = np.array(values, dtype=dtype).tobytes()
@@ -73,8 +95,14 @@ def forms(values: list[int], signed_ok: bool = True) -> dict[str, Any]:
         "memoryview": memoryview(array.array("q", values)),
         "__array_interface__ int64": ArrayInterface(np.array(values, dtype=np.int64)),
         "__array_interface__ uint32 big-endian": ArrayInterface(np.array(values, dtype=">u4")),
+        "__array_interface__ int64 reversed strided": ArrayInterface(
+            np.repeat(np.array(values[::-1], dtype=np.int64), 2)[::-2]
+        ),
+        "__array_interface__ uint64 sparse": ArrayInterface(sparse(values, np.uint64, 9000)),
         "__dlpack__ int64": DLPackOnly(np.array(values, dtype=np.int64)),
         "__dlpack__ uint32 strided": DLPackOnly(np.repeat(np.array(values, np.uint32), 3)[::3]),
+        "__dlpack__ read-only int64": DLPackOnly(read_only(np.array(values, dtype=np.int64))),
+        "__dlpack__ 1.x only uint32": DLPackVersionedOnly(np.array(values, dtype=np.uint32)),
         "range-like sequence": _Seq(values),
     }
     for code in "bBhHiIlLqQ":
@@ -277,6 +305,48 @@ def test_token_buffer_is_a_snapshot_per_call() -> None:
     assert len(buf) == 0
 
 
+TOKEN_BUFFER_OOM_SCRIPT = textwrap.dedent("""
+    import resource
+    import numpy as np
+    from prefixcache import RadixCache, TokenBuffer
+
+    n = 50_000_000
+    b = TokenBuffer(np.arange(n, dtype=np.uint32))
+    vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+    tree = RadixCache()
+    for call in (
+        lambda: tree.insert([1], values=b),  # the buffer widened to int64 values
+        lambda: TokenBuffer(b),  # a copy
+        lambda: b.extend(b),  # a copy, while a snapshot of b is alive
+        lambda: b.extend(np.zeros(n, np.uint32)),
+    ):
+        try:
+            call()
+        except MemoryError:
+            continue
+        raise AssertionError("no MemoryError")
+    assert tree.total_size() == 0 and len(b) == n
+    print("ok")
+""")
+
+
+def test_a_token_buffer_no_memory_can_copy_raises_memory_error() -> None:
+    """Copying or widening a TokenBuffer when memory runs out raises MemoryError (the
+    int64 widening and the copies were infallible allocations: the process aborted)."""
+    # Small allocator arenas, so that the address-space limit is what runs out.
+    env = {**os.environ, "MIMALLOC_ARENA_RESERVE": "16M"}
+    r = subprocess.run(
+        [sys.executable, "-c", TOKEN_BUFFER_OOM_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok"]
+
+
 RESIZE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from prefixcache import BlockHasher, KVCacheManager, RadixCache
@@ -314,6 +384,98 @@ def test_an_array_resized_by_a_hook_during_a_call_does_not_abort() -> None:
     assert r.stdout.split() == ["ok", "64"]
 
 
+LYING_SCRIPT = textwrap.dedent("""
+    import ctypes
+    import numpy as np
+    from prefixcache import BlockHasher, BlockPool, RadixCache, TokenBuffer
+    from prefixcache.errors import InvalidInputError
+
+    import mmap
+    a = np.arange(4, dtype=np.int64)
+    p = a.ctypes.data
+    # Two pages, the second unreadable: an array at the end of the first, whose length
+    # or stride claims more, runs into it.
+    m = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    page = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(page + mmap.PAGESIZE, mmap.PAGESIZE, 0) == 0
+    end = page + mmap.PAGESIZE - 32  # 4 int64 before the unreadable page
+
+    class AI:
+        def __init__(self, **d):
+            self.__array_interface__ = {"typestr": "<i8", "version": 3, **d}
+
+    class I64(ctypes.Structure):
+        _fields_ = [("v", ctypes.c_int64)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", ctypes.c_int32 * 2),
+                    ("ndim", ctypes.c_int32), ("dtype", ctypes.c_uint8 * 4),
+                    ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    keep = []
+
+    class DL:
+        def __init__(self, data, n=4, ndim=1, shape=True, at=None):
+            sh = I64(n)
+            t = DLTensor(data, (1, 0), ndim, (0, 64, 1, 0),
+                         ctypes.addressof(sh) if shape else None, None, 0)
+            keep.extend([sh, t])
+            self.c = new_capsule(ctypes.addressof(t) if at is None else at, b"dltensor", None)
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.c
+
+    lying = {
+        "pointer 1": AI(shape=(4,), data=(1, False)),
+        "pointer -8": AI(shape=(4,), data=(-8, False)),
+        "length beyond the array": AI(shape=(5,), data=(end, False)),
+        "stride beyond the array": AI(shape=(4,), data=(end, False), strides=(16,)),
+        "stride beyond the address space": AI(shape=(4,), data=(p, False), strides=(2**62,)),
+        "dlpack data 1": DL(1),
+        "dlpack length beyond": DL(end, n=5),
+        "dlpack no shape": DL(p, shape=False),
+        "dlpack huge ndim": DL(p, ndim=10**6),
+        "dlpack capsule at 8": DL(p, at=8),
+    }
+    tree = RadixCache()
+    tree.insert([1, 2, 3])
+    pool = BlockPool(8)
+    pool.get_new_blocks(3)
+    before = (tree.dump(), list(pool.free_block_ids()))
+    for name, obj in lying.items():
+        for call in (tree.insert, tree.match_prefix, pool.touch, BlockHasher(2).hash_blocks,
+                     TokenBuffer, lambda x: tree.insert([1, 2, 3, 4], values=x)):
+            try:
+                call(obj)
+            except InvalidInputError as e:
+                assert "tokens" in str(e) or "values" in str(e) or "block_ids" in str(e), e
+            else:
+                raise AssertionError(name)
+    assert (tree.dump(), list(pool.free_block_ids())) == before
+    # The honest forms still read: an interface and a capsule over live memory.
+    assert RadixCache().insert(AI(shape=(4,), data=(p, False))).prefix_len == 0
+    assert list(TokenBuffer(DL(p)).tolist()) == [0, 1, 2, 3]
+    assert TokenBuffer(AI(shape=(4,), data=(end, False))).tolist() == [0, 0, 0, 0]
+    print("ok")
+""")
+
+
+def test_lying_array_interfaces_and_capsules_are_refused_not_read() -> None:
+    """A data pointer, length or stride that leaves the memory the process can read
+    raises InvalidInputError naming the argument (was: segmentation fault)."""
+    r = subprocess.run(
+        [sys.executable, "-c", LYING_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["ok"]
+
+
 def test_request_ids_share_one_range() -> None:
     top = 2**64 - 1
     m = KVCacheManager(8, block_size=2)
@@ -327,6 +489,140 @@ def test_request_ids_share_one_range() -> None:
             call(2**64)
         with pytest.raises(InvalidTypeError):
             call(True)
+
+
+class _LyingList(list[Any]):
+    """A list whose ``__len__`` and ``__getitem__`` disagree with its items."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: Any) -> Any:
+        return 99
+
+
+def test_a_list_subclass_is_read_as_its_items_throughout() -> None:
+    """A list (tuple) subclass is read from its items, also past an item that is not an
+    exact int: its ``__len__`` / ``__getitem__`` overrides were called from there on (an
+    IndexError escaped, or other values were read)."""
+    items = [1, np.int64(2), 3, _IndexInt(4)]
+    for obj in (_LyingList(items), _LyingList(items[::-1])):
+        want = [int(v) for v in list.__iter__(obj)]
+        tree = RadixCache()
+        tree.insert(obj)
+        assert [t for n in tree.dump() for t in n["key"]] == want
+        assert TokenBuffer(obj).tolist() == want
+        assert BlockHasher(2).hash_blocks(obj) == BlockHasher(2).hash_blocks(want)
+
+
+def test_a_sequence_shorter_than_its_length_is_refused() -> None:
+    class Short:
+        def __len__(self) -> int:
+            return 5
+
+        def __getitem__(self, i: int) -> int:
+            if i >= 3:
+                raise IndexError(i)
+            return i
+
+    tree = RadixCache()
+    with pytest.raises(InvalidInputError, match="tokens: its __len__ gives 5 but item 3"):
+        tree.insert(Short())
+    assert tree.total_size() == 0
+
+
+HUGE_SEQUENCE_SCRIPT = textwrap.dedent("""
+    import resource
+    # Should the reader fill memory item by item, it fails here instead of the machine.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    from prefixcache import BlockHasher, RadixCache, TokenBuffer
+    for call in (RadixCache().insert, TokenBuffer, BlockHasher(4).hash_blocks):
+        try:
+            call(range(2**62))
+        except MemoryError as e:
+            assert "cannot allocate 4611686018427387904 elements for tokens" in str(e), e
+        else:
+            raise AssertionError(call)
+    print("ok")
+""")
+
+
+def test_a_sequence_no_memory_can_hold_raises_memory_error_at_once() -> None:
+    """``range(2**62)`` raises MemoryError at once, as ``list()`` does (it was read item by
+    item until memory ran out)."""
+    r = subprocess.run(
+        [sys.executable, "-c", HUGE_SEQUENCE_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok"]
+
+
+def test_a_masked_array_is_read_as_its_list() -> None:
+    """A numpy masked array gives what its list gives: its values when nothing is masked,
+    a refusal naming the first masked position otherwise (its hidden value was read)."""
+    hidden = np.ma.array([1, 2, 3, 4], mask=[0, 0, 1, 0])
+    with pytest.raises(TypeError):  # the list: the masked constant is not an int
+        RadixCache().insert(list(hidden))
+    tree = RadixCache()
+    tree.insert([9])
+    pool = BlockPool(8)
+    pool.get_new_blocks(5)
+    before = (tree.dump(), list(pool.free_block_ids()))
+    for call in (tree.insert, tree.match_prefix, TokenBuffer, pool.touch):
+        with pytest.raises(InvalidInputError, match=r"\[2\] is masked"):
+            call(hidden)
+    with pytest.raises(InvalidInputError, match=r"values\[2\] is masked"):
+        tree.insert([1, 2, 3, 4], values=hidden)
+    assert (tree.dump(), list(pool.free_block_ids())) == before
+    for shown in (np.ma.array([1, 2, 3, 4]), np.ma.array([1, 2, 3, 4], mask=[0, 0, 0, 0])):
+        assert TokenBuffer(shown).tolist() == [1, 2, 3, 4]
+
+
+def test_array_interface_offset_is_ignored_with_a_data_pointer_as_numpy_does() -> None:
+    a = np.arange(4, dtype=np.int64)
+    iface = ArrayInterface(a)
+    iface.__array_interface__ = {**a.__array_interface__, "shape": (2,), "offset": 8}
+    want = np.asarray(iface).tolist()
+    assert want == [0, 1]
+    assert TokenBuffer(iface).tolist() == want
+    tree = RadixCache()
+    tree.insert(iface)
+    assert tree.match_prefix([0, 1]).length == 2
+
+
+def test_lists_of_request_ids_take_the_whole_range() -> None:
+    """extend / decode_steps / max_decode_steps read their request ids in [0, 2**64), as
+    every call taking one id does (ids from 2**63 on were refused as not fitting int64)."""
+    top = 2**64 - 1
+    m = KVCacheManager(16, block_size=2)
+    for rid in (top, 2**63):
+        assert m.admit(rid, [1, 2, 3]) is not None
+    for ids in (
+        [top, 2**63],
+        (top, 2**63),
+        np.array([top, 2**63], np.uint64),
+        array.array("Q", [top, 2**63]),
+        [np.uint64(top), _IndexInt(2**63)],
+    ):
+        assert m.max_decode_steps(ids, 1) == 1
+    m.queue_tokens(top, [7])
+    m.queue_tokens(2**63, [7])
+    assert len(m.decode_steps(np.array([top, 2**63], np.uint64), 1)[0]) == 2
+    assert len(m.extend([top], [5], [1])[0]) == 1
+    assert m.num_tokens(top) == 5
+    before = (m.num_tokens(top), list(m.free_block_ids()))
+    for bad, message in [
+        ([2**64], r"request_ids\[0\] = 18446744073709551616 is out of range"),
+        ([top, -1], r"request_ids\[1\] = -1 must be >= 0"),
+        (np.array([-1], np.int64), r"request_ids\[0\] = -1 must be >= 0"),
+    ]:
+        with pytest.raises(InvalidInputError, match=message):
+            m.max_decode_steps(bad, 1)
+        with pytest.raises(InvalidInputError, match=message):
+            m.extend(bad, [5] * len(bad), [1] * len(bad))
+    with pytest.raises(InvalidTypeError, match=r"request_ids\[0\] must be an int, got bool"):
+        m.decode_steps([True], 1)
+    assert (m.num_tokens(top), list(m.free_block_ids())) == before
 
 
 @pytest.mark.parametrize("value", [2**63, 2**64, 2**127, 2**200, -(2**63) - 1])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from prefixcache import BlockTrie, RadixCache
+from prefixcache.errors import InvalidInputError
 from prefixcache.reference.radix import RadixCache as RefRadix
 from prefixcache.reference.trie import BlockTrie as RefTrie
 
@@ -534,3 +535,46 @@ def test_manager_request_ids_are_refused_as_the_core_refuses_them(label: str, ca
             worlds.append(got)
         assert worlds[0] == worlds[1], (label, rid)
         assert worlds[0][0] == "raised", (label, rid)
+
+
+class _LyingList(list[Any]):
+    """A list whose ``__len__`` and ``__getitem__`` disagree with its items."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: Any) -> Any:
+        return 99
+
+
+class _Short:
+    """A sequence that ends before the length it gives."""
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, i: int) -> int:
+        if i >= 3:
+            raise IndexError(i)
+        return i
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        _LyingList([1, np.int64(2), 3]),
+        _Short(),
+        np.ma.array([1, 2, 3], mask=[0, 1, 0]),
+        np.ma.array([1, 2, 3], mask=[0, 0, 0]),
+    ],
+    ids=["list subclass", "short sequence", "masked entry", "nothing masked"],
+)
+def test_reference_reads_token_forms_as_the_core(tokens: Any) -> None:
+    """A list subclass is read from its items, a sequence shorter than its length and a
+    masked entry are refused (InvalidInputError), in the core and its reference alike."""
+    got = []
+    for cls in (RadixCache, RefRadix):
+        c = cls()
+        got.append((outcome(lambda c=c: c.insert(tokens)), c.dump()))
+    assert got[0] == got[1]
+    assert got[0][0][1] in (None, InvalidInputError)

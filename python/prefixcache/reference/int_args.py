@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,14 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
     if isinstance(obj, (str, bytes, bytearray, set, frozenset, dict)):
         raise _not_a_sequence(what, obj)
     if isinstance(obj, np.ndarray):
+        if isinstance(obj, np.ma.MaskedArray):
+            mask = np.ma.getmaskarray(obj)
+            if mask.any():  # as the core: its list would hold the masked constant
+                at = int(mask.argmax())
+                raise InvalidInputError(
+                    f"{what}[{at}] is masked (a masked array's hidden values are not read)"
+                )
+            obj = obj.data
         if obj.ndim != 1:
             raise InvalidInputError(
                 f"{what} must be 1-dimensional, got an array of shape {list(obj.shape)}"
@@ -89,10 +98,23 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
         len(obj)  # type: ignore[arg-type]
     except TypeError:
         raise _not_a_sequence(what, obj) from None
+    # A list or tuple (subclasses too) is read from its items, as the core reads it: its
+    # own __len__ / __getitem__ overrides are not called.
+    seq: Any = obj
+    kind: Any = list if isinstance(obj, list) else tuple if isinstance(obj, tuple) else None
+
+    def size() -> int:
+        return int(kind.__len__(seq)) if kind else len(seq)
+
     out: list[int] = []
     i = 0
-    while i < len(obj):  # type: ignore[arg-type]
-        item = obj[i]  # type: ignore[index]
+    while i < (n := size()):
+        try:
+            item = kind.__getitem__(seq, i) if kind else seq[i]
+        except IndexError as e:
+            raise InvalidInputError(
+                f"{what}: its __len__ gives {n} but item {i} raised IndexError"
+            ) from e
         if isinstance(item, bool):
             raise InvalidTypeError(f"{what}[{i}] must be an int, got bool")
         try:

@@ -7,8 +7,12 @@
 //!    scalar, an int subclass) goes through `__index__`;
 //! 3. an object with the buffer protocol (`array.array` of any integer typecode, numpy
 //!    arrays of any integer dtype, `memoryview`): any alignment, byte order and stride;
-//! 4. an object with `__array_interface__` (typestr, shape, strides, data pointer);
-//! 5. an object with `__dlpack__` on the CPU (torch tensors, numpy, jax, ...);
+//! 4. an object with `__array_interface__` (typestr, shape, strides, data pointer),
+//!    copied through the kernel ([`crate::checked`]): a pointer the process cannot read
+//!    is refused, not read;
+//! 5. an object with `__dlpack__` on the CPU (torch tensors, numpy, jax, ...): DLPack
+//!    1.x when the producer takes `max_version`, else 0.x; any producer but torch is
+//!    read through [`crate::checked`] as in 4;
 //! 6. any other sequence (`__len__` + integer `__getitem__`), item by item.
 //!
 //! Rejected with `InvalidTypeError`: str, bytes, bytearray, sets, dicts, anything else;
@@ -33,7 +37,9 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::{Arc, OnceLock};
 
-use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyUnicodeEncodeError};
+use pyo3::exceptions::{
+    PyIndexError, PyMemoryError, PyOverflowError, PyTypeError, PyUnicodeEncodeError,
+};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -200,13 +206,76 @@ pub trait Elem: Copy + Send + Sync + 'static {
     fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String;
     /// This thread's spare buffer of this type (see [`scratch`]).
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>>;
-    /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened.
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>>;
+    /// A `TokenBuffer` snapshot as this type: shared when it is `u32`, else widened
+    /// (`Err(None)`: no memory for the widened copy).
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>>;
+    /// Whether the type holds values beyond i64 (`u64`: a `uint64` array's values above
+    /// 2**63, which [`Src::widen`] wraps, are in range).
+    const ABOVE_I64: bool = false;
+    /// An exact int beyond i64 as this type (`None`: out of range). Only `u64` has any.
+    ///
+    /// # Safety
+    /// `op` must be a live exact int, the GIL held.
+    unsafe fn from_big(op: *mut ffi::PyObject) -> Option<Self> {
+        let _ = op;
+        None
+    }
+}
+
+/// The bits of a widened `S` that must be clear for it to be a `T` (see `Elem::HIGH`).
+#[inline(always)]
+const fn out_mask<S: Src, T: Elem>() -> u64 {
+    if T::ABOVE_I64 && S::HIGH != 0 {
+        0 // u64 into u64: every value
+    } else {
+        S::HIGH | T::HIGH
+    }
 }
 
 thread_local! {
     static SPARE_U32: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
     static SPARE_I64: Cell<Vec<i64>> = const { Cell::new(Vec::new()) };
+    static SPARE_U64: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
+}
+
+/// Non-negative ids of 64 bits (request ids, token positions): `[0, 2**64)`.
+impl Elem for u64 {
+    #[inline(always)]
+    fn from_i64(v: i64) -> Option<Self> {
+        u64::try_from(v).ok()
+    }
+    /// The sign bit: a negative value of a signed source.
+    const HIGH: u64 = 1 << 63;
+    const ABOVE_I64: bool = true;
+    #[inline(always)]
+    fn truncate(v: i64) -> Self {
+        v as u64
+    }
+    fn out_of_range(what: &str, i: usize, v: &dyn std::fmt::Display) -> String {
+        let v = v.to_string();
+        if v.starts_with('-') {
+            format!("{what}[{i}] = {v} must be >= 0")
+        } else {
+            format!("{what}[{i}] = {v} is out of range: it must be in [0, 2**64)")
+        }
+    }
+    fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
+        &SPARE_U64
+    }
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
+        Err(widen_snapshot(&s))
+    }
+    unsafe fn from_big(op: *mut ffi::PyObject) -> Option<Self> {
+        // SAFETY: an exact int (caller): no `__index__` call, no Python code.
+        let v = unsafe { ffi::PyLong_AsUnsignedLongLong(op) };
+        // SAFETY: GIL held.
+        if v == u64::MAX && unsafe { !ffi::PyErr_Occurred().is_null() } {
+            // Negative or beyond 2**64: OverflowError, cleared (the caller reports it).
+            unsafe { ffi::PyErr_Clear() };
+            return None;
+        }
+        Some(v)
+    }
 }
 
 impl Elem for u32 {
@@ -225,7 +294,7 @@ impl Elem for u32 {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
         &SPARE_U32
     }
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
         Ok(s)
     }
 }
@@ -246,19 +315,23 @@ impl Elem for i64 {
     fn spare() -> &'static std::thread::LocalKey<Cell<Vec<Self>>> {
         &SPARE_I64
     }
-    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Vec<Self>> {
-        let n = s.len();
-        let Some(mut v) = scratch::<i64>(n) else {
-            return Err(s.iter().map(|&t| i64::from(t)).collect());
-        };
-        let dst = v.spare_capacity_mut()[..n].as_mut_ptr() as *mut i64;
-        // SAFETY: `n` u32 at `s`, room for `n` i64 at `dst`; every u32 fits.
-        unsafe {
-            narrow_any::<u32, i64>(s.as_ptr(), dst, n);
-            v.set_len(n);
-        }
-        Err(v)
+    fn from_snapshot(s: Arc<Vec<u32>>) -> Result<Arc<Vec<Self>>, Option<Vec<Self>>> {
+        Err(widen_snapshot(&s))
     }
+}
+
+/// Token ids widened to `T` in a buffer reserved fallibly (`None`: out of memory).
+fn widen_snapshot<T: Elem>(s: &[u32]) -> Option<Vec<T>> {
+    let n = s.len();
+    let mut v = scratch::<T>(n)?;
+    let dst = v.spare_capacity_mut()[..n].as_mut_ptr() as *mut T;
+    // SAFETY: `n` u32 at `s`, room for `n` elements at `dst`; every u32 fits in `T`
+    // (i64, u64).
+    unsafe {
+        narrow_any::<u32, T>(s.as_ptr(), dst, n);
+        v.set_len(n);
+    }
+    Some(v)
 }
 
 /// Buffers up to this many elements go back to their thread's spare slot when a call is
@@ -383,7 +456,7 @@ unsafe fn narrow_run_avx2<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize)
 unsafe fn narrow_contiguous<S: Src, T: Elem>(src: *const S, dst: *mut T, n: usize) -> bool {
     // SAFETY: forwarded contract.
     let all = unsafe { narrow_any::<S, T>(src, dst, n) };
-    all & (S::HIGH | T::HIGH) == 0
+    all & out_mask::<S, T>() == 0
 }
 
 /// [`narrow_run`] dispatched on the CPU's vector extensions.
@@ -444,7 +517,7 @@ unsafe fn gather<S: Src, T: Elem>(
             // SAFETY: i < n, room for n elements.
             unsafe { dst.add(i).write(T::truncate(w)) };
         }
-        all & (S::HIGH | T::HIGH) == 0
+        all & out_mask::<S, T>() == 0
     };
     // SAFETY: the first `n` elements were all written above.
     unsafe { out.set_len(n) };
@@ -454,7 +527,7 @@ unsafe fn gather<S: Src, T: Elem>(
     for i in 0..n {
         let x = read(i);
         let w = x.widen();
-        if (w as u64) & S::HIGH != 0 || T::from_i64(w).is_none() {
+        if (w as u64) & out_mask::<S, T>() != 0 {
             give_back(out);
             return Err((i, x.to_i128()));
         }
@@ -643,9 +716,27 @@ fn slow_item<T: Elem>(item: &Bound<'_, PyAny>, what: &str, i: usize) -> PyResult
     }
     match index(item) {
         Ok(Some(v)) => T::from_i64(v).ok_or_else(|| range_error::<T>(what, i, v)),
-        Ok(None) => Err(range_error::<T>(what, i, display(item))),
+        Ok(None) => big::<T>(item).ok_or_else(|| range_error::<T>(what, i, display(item))),
         Err(_) => Err(item_type_error(what, i, item)),
     }
+}
+
+/// An integer beyond i64 (its `__index__` already gave an int) as `T`, when `T` holds it.
+fn big<T: Elem>(item: &Bound<'_, PyAny>) -> Option<T> {
+    if !T::ABOVE_I64 {
+        return None;
+    }
+    let py = item.py();
+    // SAFETY: GIL held; a new reference or NULL with an error set.
+    let r = unsafe { ffi::PyNumber_Index(item.as_ptr()) };
+    if r.is_null() {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    // SAFETY: `r` is a new, owned reference to an exact int.
+    let r = unsafe { Bound::from_owned_ptr(py, r) };
+    // SAFETY: a live exact int, GIL held.
+    unsafe { T::from_big(r.as_ptr()) }
 }
 
 /// `operator.index(obj)` as i64: `Ok(None)` when beyond i64, `Err` when not an integer.
@@ -668,6 +759,38 @@ fn display(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// Item `i` of a list, tuple or sequence, `None` past its end. A list or tuple (subclasses
+/// too) is read at the C level, as the direct reader reads it: its own `__len__` and
+/// `__getitem__` overrides are not called, so one object is never read two ways.
+fn item_at<'py>(
+    obj: &Bound<'py, PyAny>,
+    i: usize,
+    what: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if let Ok(l) = obj.cast::<PyList>() {
+        return (i < l.len()).then(|| l.get_item(i)).transpose();
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return (i < t.len()).then(|| t.get_item(i)).transpose();
+    }
+    let n = obj.len()?;
+    if i >= n {
+        return Ok(None);
+    }
+    match obj.get_item(i) {
+        Ok(item) => Ok(Some(item)),
+        // The sequence ended before the length it gave.
+        Err(e) if e.is_instance_of::<PyIndexError>(obj.py()) => {
+            let err = invalid_input(format!(
+                "{what}: its __len__ gives {n} but item {i} raised IndexError"
+            ));
+            err.set_cause(obj.py(), Some(e));
+            Err(err)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Items `[from, len)` of a list or sequence, item by item through the safe API (Python
 /// code may run: the length is checked again for every item).
 fn items_slow<T: Elem>(
@@ -676,19 +799,11 @@ fn items_slow<T: Elem>(
     out: &mut Vec<T>,
     what: &str,
 ) -> PyResult<()> {
-    // Room for the items the sequence says it has, taken at once: a length no memory can
-    // hold (`range(2**40)`) fails here, at once, instead of growing the list item by item
-    // until the system has no memory left (the out-of-memory killer ends the process).
-    let want = obj.len()?.saturating_sub(from);
-    out.try_reserve_exact(want)
-        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {want} elements")))?;
     let mut i = from;
     loop {
-        let n = obj.len()?;
-        if i >= n {
+        let Some(item) = item_at(obj, i, what)? else {
             return Ok(());
-        }
-        let item = obj.get_item(i)?;
+        };
         // SAFETY (of the call below): `exact_int` only reads an exact int.
         let v = if item
             .get_type()
@@ -697,7 +812,11 @@ fn items_slow<T: Elem>(
             // SAFETY: `item` is a live exact int.
             match unsafe { exact_int(item.as_ptr(), fast_ints_ok(obj.py())) } {
                 Some(v) => T::from_i64(v).ok_or_else(|| range_error::<T>(what, i, v))?,
-                None => return Err(range_error::<T>(what, i, display(&item))),
+                // SAFETY: a live exact int.
+                None => match unsafe { T::from_big(item.as_ptr()) } {
+                    Some(v) => v,
+                    None => return Err(range_error::<T>(what, i, display(&item))),
+                },
             }
         } else {
             slow_item(&item, what, i)?
@@ -753,7 +872,8 @@ unsafe fn read_item_array<T: Elem>(
         }
         // SAFETY: a live exact int, GIL held.
         let v = unsafe { exact_int(item, fast) };
-        match v.and_then(T::from_i64) {
+        // SAFETY (`from_big`): a live exact int, GIL held; beyond i64 only.
+        match v.map_or_else(|| unsafe { T::from_big(item) }, T::from_i64) {
             Some(x) => {
                 d.write(x);
             }
@@ -994,6 +1114,9 @@ struct RawArray<'py> {
     /// In bytes.
     stride: isize,
     layout: Layout,
+    /// Only the exporter's word (a Python `__dlpack__`): read through
+    /// [`crate::checked`], never in place.
+    untrusted: bool,
 }
 
 /// Held only for its `Drop` (which releases the export).
@@ -1012,6 +1135,9 @@ impl RawArray<'_> {
         if self.n == 0 {
             return Ok(Vec::new());
         }
+        if self.untrusted {
+            return read_untrusted(self.base as usize, self.n, self.stride, self.layout, what);
+        }
         // SAFETY: the exporter guarantees `n` elements at `base + i * stride` while the
         // view / capsule is held (it is: `self` holds it); GIL held, no Python code runs
         // while reading.
@@ -1024,6 +1150,7 @@ impl RawArray<'_> {
         let size = std::mem::size_of::<T>();
         let signed = T::from_i64(-1).is_some();
         self.n > 0
+            && !self.untrusted
             && self.layout.size == size
             && self.layout.signed == signed
             && !self.layout.swap
@@ -1104,6 +1231,7 @@ fn buffer_array<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Option<Raw
         n,
         stride,
         layout,
+        untrusted: false,
     }))
 }
 
@@ -1150,6 +1278,7 @@ fn numpy_array<'py>(obj: &Bound<'py, PyAny>) -> Option<RawArray<'py>> {
         n,
         stride,
         layout: Layout { signed, size, swap },
+        untrusted: false,
     })
 }
 
@@ -1158,10 +1287,44 @@ fn from_buffer<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<V
     if let Some(a) = numpy_array(obj) {
         return a.read(what).map(Some);
     }
+    refuse_masked(obj, what)?;
     match buffer_array(obj, what)? {
         Some(a) => a.read(what).map(Some),
         None => Ok(None),
     }
+}
+
+/// A numpy masked array with a masked entry is refused, as its list is (the masked
+/// constant is not an int): its buffer holds whatever value lies under the mask. Checked
+/// before the export (it runs Python code); only for numpy subclasses.
+fn refuse_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    static MASKED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    if obj.get_type().is(py.get_type::<numpy::PyUntypedArray>())
+        || !obj.is_instance_of::<numpy::PyUntypedArray>()
+    {
+        return Ok(());
+    }
+    let ty = MASKED.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py
+            .import("numpy.ma")?
+            .getattr("MaskedArray")?
+            .cast_into::<PyType>()?
+            .unbind())
+    })?;
+    if !obj.is_instance(ty.bind(py))? {
+        return Ok(());
+    }
+    let mask = py
+        .import("numpy.ma")?
+        .call_method1("getmaskarray", (obj,))?;
+    if mask.call_method0("any")?.is_truthy()? {
+        let i: usize = mask.call_method0("argmax")?.extract()?;
+        return Err(invalid_input(format!(
+            "{what}[{i}] is masked (a masked array's hidden values are not read)"
+        )));
+    }
+    Ok(())
 }
 
 /// An int from a dict entry of `__array_interface__`.
@@ -1229,22 +1392,45 @@ fn from_array_interface<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult
         )));
     };
     let ptr = iface_int(&data.get_item(0)?, what)?;
-    let offset = match get("offset") {
-        Some(o) => iface_int(&o, what)?,
-        None => 0,
-    };
+    // `offset` applies to a `data` buffer object only (which is not supported): with a
+    // pointer, numpy ignores it, and so does this reader.
     if n == 0 {
         return Ok(Some(Vec::new()));
     }
     if ptr == 0 {
         return Err(bad());
     }
-    let base = (ptr as usize).wrapping_add(offset as usize) as *const u8;
-    // SAFETY: the object's `__array_interface__` promises `n` elements at `base + i *
-    // stride` while the object lives (we hold it); trusting it is the protocol's
-    // contract, as numpy does. GIL held; no Python code runs while reading.
-    let v = unsafe { read_array::<T>(base, n, stride, layout, what)? };
-    Ok(Some(v))
+    let base = ptr as usize;
+    // The dict is only the object's word: copied through the kernel, which refuses a
+    // pointer, length or stride that leaves the memory this process can read.
+    read_untrusted(base, n, stride, layout, what).map(Some)
+}
+
+/// Reads `n` elements at `base + i * stride` of memory a Python object only claims
+/// holds them ([`crate::checked`]): copied through the kernel first, so a wrong
+/// pointer, length or stride is refused with `InvalidInputError` instead of read.
+fn read_untrusted<T: Elem>(
+    base: usize,
+    n: usize,
+    stride: isize,
+    layout: Layout,
+    what: &str,
+) -> PyResult<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let packed = crate::checked::gather(base, n, stride, layout.size).map_err(|e| match e {
+        crate::checked::Fault::Unreadable => invalid_input(format!(
+            "{what}: its __array_interface__ or DLPack tensor points at memory this \
+             process cannot read ({n} elements of {} bytes at {base:#x}, stride {stride})",
+            layout.size
+        )),
+        crate::checked::Fault::OutOfMemory => {
+            PyMemoryError::new_err(format!("cannot allocate {n} elements"))
+        }
+    })?;
+    // SAFETY: `packed` holds `n` contiguous elements of `layout.size` bytes, owned here.
+    unsafe { read_array::<T>(packed.as_ptr(), n, layout.size as isize, layout, what) }
 }
 
 /// DLPack (dlpack.h v0.x, the `dltensor` capsule).
@@ -1396,50 +1582,113 @@ fn dlpack_array<'py>(
         if unsafe { view(obj.as_ptr().cast(), t.as_mut_ptr()) } == 0 {
             // SAFETY: filled by the successful call.
             let t = unsafe { t.assume_init() };
-            return dltensor_array(obj, &t, Hold::Object(obj.clone()), what).map(Some);
+            return dltensor_array(obj, &t, Hold::Object(obj.clone()), what, false).map(Some);
         }
         // Not describable as a view (e.g. a lazy conjugate): the exporting call below
         // either copes or raises the error the caller sees.
         let _ = PyErr::take(obj.py());
     }
+    let py = obj.py();
     let exported = match torch {
-        Some(t) => t.to_dlpack.bind(obj.py()).call1((obj,)),
+        Some(t) => t.to_dlpack.bind(py).call1((obj,)),
         None => match obj.getattr("__dlpack__") {
-            Ok(method) => method.call0(),
+            // DLPack 1.x first (it can describe read-only memory); a producer that does
+            // not take `max_version` raises TypeError and is asked the 0.x way.
+            Ok(method) => {
+                let kw = PyDict::new(py);
+                kw.set_item("max_version", (1, 0))?;
+                match method.call((), Some(&kw)) {
+                    Err(e) if e.is_instance_of::<PyTypeError>(py) => method.call0(),
+                    r => r,
+                }
+            }
             Err(_) => return Ok(None),
         },
     };
     let cap = exported.map_err(|e| {
         invalid_type(format!(
             "{what}: __dlpack__() failed ({}); only CPU tensors are accepted",
-            e.value(obj.py())
+            e.value(py)
         ))
     })?;
     let cap = cap
         .cast_into::<PyCapsule>()
         .map_err(|_| invalid_type(format!("{what}: __dlpack__() did not return a capsule")))?;
-    let name = c"dltensor";
-    // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
-    let p = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name.as_ptr()) };
-    if p.is_null() {
-        let _ = PyErr::take(obj.py());
+    // A versioned capsule (DLPack 1.x) holds the tensor after a 32-byte header: version,
+    // manager context, deleter, flags.
+    let mut found = None;
+    for (name, offset) in [(c"dltensor", 0usize), (c"dltensor_versioned", 32)] {
+        // SAFETY: GIL held; returns NULL (error set) when the capsule has another name.
+        let p = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name.as_ptr()) };
+        if p.is_null() {
+            let _ = PyErr::take(py);
+        } else {
+            found = Some((p as usize, offset));
+            break;
+        }
+    }
+    let Some((p, offset)) = found else {
         return Err(invalid_type(format!(
             "{what}: __dlpack__() returned an unknown capsule"
         )));
+    };
+    if torch.is_some() {
+        // SAFETY: torch's own "dltensor" capsule (offset 0) holds a DLManagedTensor,
+        // valid while the capsule lives (the result holds it and does not consume it:
+        // its destructor calls the producer's deleter).
+        let t = unsafe { &(*(p as *const DLManagedTensor)).dl_tensor };
+        return dltensor_array(obj, t, Hold::Capsule(cap), what, false).map(Some);
     }
-    // SAFETY: a "dltensor" capsule holds a DLManagedTensor, valid while the capsule lives
-    // (the result holds it and does not consume it: its destructor calls the producer's
-    // deleter).
-    let t = unsafe { &(*(p as *const DLManagedTensor)).dl_tensor };
-    dltensor_array(obj, t, Hold::Capsule(cap), what).map(Some)
+    // Any other producer is a Python method that may hand over any capsule: its
+    // structures are copied through the kernel ([`crate::checked`]) before they are read.
+    let unreadable = || {
+        invalid_input(format!(
+            "{what}: __dlpack__() returned a capsule pointing at memory this process \
+             cannot read"
+        ))
+    };
+    // The header (versioned) and the tensor in one copy.
+    let raw = crate::checked::bytes(p, offset + std::mem::size_of::<DLTensor>())
+        .map_err(|_| unreadable())?;
+    if offset != 0 {
+        let major = u32::from_ne_bytes([raw[0], raw[1], raw[2], raw[3]]);
+        if major != 1 {
+            return Err(invalid_type(format!(
+                "{what}: __dlpack__() returned a DLPack {major}.x tensor (1.x or 0.x \
+                 are read)"
+            )));
+        }
+    }
+    // SAFETY: `raw[offset..]` holds the bytes of a `DLTensor` (plain integers and
+    // pointers, any bit pattern is a value); read unaligned from the copy.
+    let t = unsafe { std::ptr::read_unaligned(raw[offset..].as_ptr() as *const DLTensor) };
+    dltensor_array(obj, &t, Hold::Capsule(cap), what, true).map(Some)
 }
 
-/// A validated 1-D integer array in CPU memory from a DLPack tensor, kept alive by `hold`.
+/// One entry of a DLPack shape or strides array (`untrusted`: copied through the kernel).
+fn dl_entry(p: *const i64, i: usize, untrusted: bool) -> Option<i64> {
+    if p.is_null() {
+        return None;
+    }
+    let addr = (p as usize).checked_add(i.checked_mul(8)?)?;
+    if untrusted {
+        let b = crate::checked::bytes(addr, 8).ok()?;
+        return Some(i64::from_ne_bytes(b.as_slice().try_into().ok()?));
+    }
+    // SAFETY: a trusted producer's (torch's) non-NULL shape and strides hold `ndim`
+    // entries, and `i < ndim`.
+    Some(unsafe { std::ptr::read_unaligned(addr as *const i64) })
+}
+
+/// A validated 1-D integer array in CPU memory from a DLPack tensor, kept alive by
+/// `hold`. `untrusted`: a producer reached through a Python `__dlpack__` method, whose
+/// shape, strides and data are only read through kernel-checked copies.
 fn dltensor_array<'py>(
     obj: &Bound<'py, PyAny>,
     t: &DLTensor,
     hold: Hold<'py>,
     what: &str,
+    untrusted: bool,
 ) -> PyResult<RawArray<'py>> {
     if t.device.device_type != DL_CPU && t.device.device_type != DL_CUDA_HOST {
         return Err(invalid_type(format!(
@@ -1447,11 +1696,20 @@ fn dltensor_array<'py>(
             t.device.device_type
         )));
     }
-    let ndim = usize::try_from(t.ndim).unwrap_or(0);
-    // SAFETY: `shape` holds `ndim` entries.
-    let shape: Vec<i64> = (0..ndim).map(|i| unsafe { *t.shape.add(i) }).collect();
-    if ndim != 1 {
-        return Err(not_1d(what, &shape));
+    let bad = |why: &str| invalid_input(format!("{what}: malformed DLPack tensor ({why})"));
+    if t.ndim != 1 {
+        // The shape only for the message, and only when it is short.
+        let shape: Option<Vec<i64>> = (0..usize::try_from(t.ndim).unwrap_or(usize::MAX))
+            .take_while(|&i| i < 32)
+            .map(|i| dl_entry(t.shape, i, untrusted))
+            .collect();
+        return Err(match shape {
+            Some(shape) if (0..=32).contains(&t.ndim) => not_1d(what, &shape),
+            _ => invalid_input(format!(
+                "{what} must be 1-dimensional, got a DLPack tensor of {} dimensions",
+                t.ndim
+            )),
+        });
     }
     let dt = &t.dtype;
     let size = usize::from(dt.bits / 8);
@@ -1471,12 +1729,27 @@ fn dltensor_array<'py>(
         size,
         swap: false,
     };
-    let n = usize::try_from(shape[0]).unwrap_or(0);
+    // The length and the stride (in elements), from one copy when untrusted.
+    let (len, strides) = if untrusted && !t.shape.is_null() && !t.strides.is_null() {
+        let b = crate::checked::segments(&[(t.shape as usize, 8), (t.strides as usize, 8)])
+            .map_err(|_| bad("unreadable shape or strides"))?;
+        let word = |k: usize| i64::from_ne_bytes(std::array::from_fn(|j| b[k * 8 + j]));
+        (Some(word(0)), Some(word(1)))
+    } else {
+        (
+            dl_entry(t.shape, 0, untrusted),
+            dl_entry(t.strides, 0, untrusted),
+        )
+    };
+    let len = len.ok_or_else(|| bad("unreadable shape"))?;
+    let n = usize::try_from(len).map_err(|_| bad(&format!("shape ({len},)")))?;
     let stride = if t.strides.is_null() {
         size as isize
     } else {
-        // SAFETY: `strides` holds `ndim` entries when not NULL (in elements).
-        (unsafe { *t.strides }) as isize * size as isize
+        let s = strides.ok_or_else(|| bad("unreadable strides"))?;
+        s.checked_mul(size as i64)
+            .and_then(|b| isize::try_from(b).ok())
+            .ok_or_else(|| bad(&format!("stride {s}")))?
     };
     if n == 0 {
         return Ok(RawArray {
@@ -1485,13 +1758,14 @@ fn dltensor_array<'py>(
             n: 0,
             stride,
             layout,
+            untrusted,
         });
     }
     if t.data.is_null() {
         return Err(invalid_type(format!("{what}: DLPack tensor without data")));
     }
-    // The producer guarantees `n` elements at `base + i * stride` in host memory while
-    // `hold` lives.
+    // The producer says `n` elements at `base + i * stride` in host memory while `hold`
+    // lives (checked when copied if `untrusted`).
     let base = (t.data as *const u8).wrapping_add(t.byte_offset as usize);
     Ok(RawArray {
         _hold: hold,
@@ -1499,6 +1773,7 @@ fn dltensor_array<'py>(
         n,
         stride,
         layout,
+        untrusted,
     })
 }
 
@@ -1558,10 +1833,17 @@ fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
         return Ok(v);
     }
     // SAFETY: GIL held.
-    if unsafe { ffi::PySequence_Check(obj.as_ptr()) } == 1 && obj.len().is_ok() {
-        let mut out = Vec::new();
-        items_slow(obj, 0, &mut out, what)?;
-        return Ok(out);
+    if unsafe { ffi::PySequence_Check(obj.as_ptr()) } == 1 {
+        if let Ok(n) = obj.len() {
+            // Room for the length it gives, up front (as `list()` takes it): a length no
+            // memory can hold raises MemoryError at once instead of after filling memory.
+            let mut out = Vec::new();
+            out.try_reserve_exact(n).map_err(|_| {
+                PyMemoryError::new_err(format!("cannot allocate {n} elements for {what}"))
+            })?;
+            items_slow(obj, 0, &mut out, what)?;
+            return Ok(out);
+        }
     }
     Err(not_ints(obj, what))
 }
@@ -1611,9 +1893,15 @@ pub fn input<'py, T: Elem>(
     in_place: bool,
 ) -> PyResult<Input<'py, T>> {
     if let Ok(b) = obj.cast::<TokenBuffer>() {
+        let n = b.get().snapshot().len();
         return Ok(Input(match T::from_snapshot(b.get().snapshot()) {
             Ok(s) => InputRepr::Shared(s),
-            Err(v) => InputRepr::Owned(v),
+            Err(Some(v)) => InputRepr::Owned(v),
+            Err(None) => {
+                return Err(PyMemoryError::new_err(format!(
+                    "cannot allocate {n} elements for {what}"
+                )))
+            }
         }));
     }
     if in_place {
@@ -1649,7 +1937,13 @@ pub fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tokens> {
 /// Token ids as an owned `Vec` (for building a `TokenBuffer`).
 pub fn token_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     if let Ok(b) = obj.cast::<TokenBuffer>() {
-        return Ok(b.get().snapshot().as_ref().clone());
+        let s = b.get().snapshot();
+        let mut v = Vec::new();
+        v.try_reserve_exact(s.len()).map_err(|_| {
+            PyMemoryError::new_err(format!("cannot allocate {} elements for {what}", s.len()))
+        })?;
+        v.extend_from_slice(&s);
+        return Ok(v);
     }
     read_ints::<u32>(obj, what)
 }
@@ -2078,26 +2372,8 @@ pub fn block_hash_at(
     })
 }
 
-/// Request ids (`extend`, `decode_steps`, ...): ints in `[0, 2**64)`, the range
-/// `request_id` takes. A list or tuple is read item by item (as `request_id` reads one),
-/// a numpy `uint64` array whole; any other form as `u64_list` reads it.
-pub fn request_id_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        let mut out = Vec::new();
-        for (i, item) in obj.try_iter()?.enumerate() {
-            let v = int_in(&item?, &format!("{what}[{i}]"), 0, U64_MAX)?;
-            out.push(u64::try_from(v).unwrap_or(u64::MAX));
-        }
-        return Ok(out);
-    }
-    if let Ok(arr) = obj.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
-        return Ok(arr.as_array().iter().copied().collect());
-    }
-    u64_list(obj, what)
-}
-
-/// A sequence of ints >= 0 (token positions).
-pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+/// A sequence of ints in `[0, 2**63)` (token positions), any form.
+pub fn position_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     let v = read_ints::<i64>(obj, what)?;
     v.iter()
         .enumerate()
@@ -2105,4 +2381,10 @@ pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
             u64::try_from(x).map_err(|_| invalid_input(format!("{what}[{i}] = {x} must be >= 0")))
         })
         .collect()
+}
+
+/// A sequence of ints in `[0, 2**64)` (request ids, counts), any form.
+pub fn u64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    // Read as u64 (not i64): request ids go up to 2**64 - 1 in every class.
+    read_ints::<u64>(obj, what)
 }

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod checked;
 mod convert;
 mod errors;
 mod fleet_events;

@@ -357,7 +357,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         counts: &Bound<'_, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
-        let ids = convert::request_id_list(request_ids, "request_ids")?;
+        let ids = convert::u64_list(request_ids, "request_ids")?;
         let counts = convert::u64_list(counts, "counts")?;
         if ids.len() != counts.len() {
             return Err(crate::errors::invalid_input(format!(
@@ -419,7 +419,7 @@ impl PyKVCacheManager {
         request_ids: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = convert::num_steps)] num_steps: usize,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
-        let ids = convert::request_id_list(request_ids, "request_ids")?;
+        let ids = convert::u64_list(request_ids, "request_ids")?;
         let (evicted, peak) = self
             .inner
             .with(py, |m| m.decode_steps(&ids, num_steps))?
@@ -434,7 +434,7 @@ impl PyKVCacheManager {
         request_ids: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = convert::max_steps)] max_steps: usize,
     ) -> PyResult<usize> {
-        let ids = convert::request_id_list(request_ids, "request_ids")?;
+        let ids = convert::u64_list(request_ids, "request_ids")?;
         self.inner
             .with(py, |m| m.max_decode_steps(&ids, max_steps))?
             .py_err()

@@ -204,7 +204,7 @@ impl PyCpuOffloadManager {
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
         let ks = self::keys(keys)?;
-        let ends = convert::u64_list(end_tokens, "end_tokens")?;
+        let ends = convert::position_list(end_tokens, "end_tokens")?;
         self.inner
             .with(py, |m| m.set_offload_key_positions(rid, &ks, &ends))?
             .py_err()

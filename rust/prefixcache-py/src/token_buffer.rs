@@ -37,12 +37,29 @@ impl TokenBuffer {
 
     fn extend_with(&self, more: &[u32]) -> PyResult<()> {
         let mut g = self.lock()?;
-        let v = Arc::make_mut(&mut g);
+        let len = g.len();
+        let v = unshared(&mut g, len, more.len())?;
         v.try_reserve(more.len())
             .map_err(|_| PyMemoryError::new_err("cannot grow the TokenBuffer"))?;
         v.extend_from_slice(more);
         Ok(())
     }
+}
+
+/// The buffer to change in place: `Arc::make_mut` with a fallible copy (of the first
+/// `keep` tokens, with room for `more`) when a snapshot still shares it, so that a
+/// buffer no memory can copy raises MemoryError instead of aborting the process.
+fn unshared(a: &mut Arc<Vec<u32>>, keep: usize, more: usize) -> PyResult<&mut Vec<u32>> {
+    if Arc::get_mut(a).is_none() {
+        let keep = keep.min(a.len());
+        let mut v = Vec::new();
+        keep.checked_add(more)
+            .and_then(|n| v.try_reserve_exact(n).ok())
+            .ok_or_else(|| PyMemoryError::new_err("cannot copy the TokenBuffer"))?;
+        v.extend_from_slice(&a[..keep]);
+        *a = Arc::new(v);
+    }
+    Arc::get_mut(a).ok_or_else(|| PyMemoryError::new_err("cannot copy the TokenBuffer"))
 }
 
 #[pymethods]
@@ -81,7 +98,7 @@ impl TokenBuffer {
         let n = convert::size_arg(length, "length")?;
         let mut g = self.lock()?;
         if n < g.len() {
-            Arc::make_mut(&mut g).truncate(n);
+            unshared(&mut g, n, 0)?.truncate(n);
         }
         Ok(())
     }
