@@ -75,3 +75,16 @@ def test_simulator_python_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     namespace: dict[str, object] = {}
     exec(compile(code, "SIMULATOR.md", "exec"), namespace)
     assert len(namespace["timed"]) == 2  # type: ignore[arg-type]
+
+
+def test_token_buffer_lifecycle_example_runs_and_prints_what_it_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/API.md's SGLang-style request lifecycle with a TokenBuffer runs as written."""
+    text = (ROOT / "docs" / "API.md").read_text()
+    section = text[text.index("### Convert once: `TokenBuffer`") :]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    exec(compile(code, "API.md", "exec"), {})
+    promised = re.search(r"print\(.*\)\s+# ([^:\n]+)", code)
+    assert promised is not None
+    assert capsys.readouterr().out.strip() == promised.group(1).strip()
