@@ -27,6 +27,7 @@ from prefixcache.sim.fleet_cli import (
     check_fleet_args,
     fleet_replay_command,
     fleet_sweep_command,
+    seed_arg,
 )
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, write_json
@@ -192,16 +193,6 @@ def _block_size(text: str) -> int:
     v = _positive_int(text)
     if v > 2**20:
         raise argparse.ArgumentTypeError(f"expected a block size of at most 2**20, got {text!r}")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v < 2**64:
-        raise argparse.ArgumentTypeError(f"expected a whole number in [0, 2**64), got {text!r}")
     return v
 
 
@@ -428,7 +419,7 @@ def _add_trace(p: argparse.ArgumentParser) -> None:
         help="skip malformed lines (counted) instead of stopping at the first",
     )
     p.add_argument(
-        "--seed", type=_seed, default=0, help="random seed of a built-in workload (default 0)"
+        "--seed", type=seed_arg, default=0, help="random seed of a built-in workload (default 0)"
     )
 
 
@@ -444,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="the A-F study table on built-in workloads A-F")
     c.add_argument("--workload", default="all", help="A..F, a comma list, or all (default)")
-    c.add_argument("--seed", type=_seed, default=0, help="random seed of the workloads (default 0)")
+    c.add_argument(
+        "--seed", type=seed_arg, default=0, help="random seed of the workloads (default 0)"
+    )
     _add_common(c)
     _add_model(c)
     _add_offload(c)

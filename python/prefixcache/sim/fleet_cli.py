@@ -28,6 +28,7 @@ __all__ = [
     "fleet_policy",
     "fleet_replay_command",
     "fleet_sweep_command",
+    "seed_arg",
 ]
 
 
@@ -104,7 +105,9 @@ def _weight(text: str) -> float:
     return v
 
 
-def _router_seed(text: str) -> int:
+def seed_arg(text: str) -> int:
+    """A random seed on the command line (``--seed``, ``--router-seed``): a whole number
+    in [0, 2**64)."""
     try:
         v = int(text)
     except ValueError:
@@ -163,7 +166,7 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     )
     g.add_argument(
         "--router-seed",
-        type=_router_seed,
+        type=seed_arg,
         default=None,  # 0; None: not given
         metavar="SEED",
         help="seed of the random router, ties and event losses",
