@@ -80,13 +80,16 @@ def _float_arg(text: str) -> float:
         return math.nan
 
 
-def _event_delay_ms(text: str) -> float:
+def _finite_at_least_zero(text: str, expected: str) -> float:
+    """``text`` as a finite float >= 0, else the argparse error ``expected``, got text."""
     v = _float_arg(text)
     if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(
-            f"expected a delay in milliseconds, a finite number >= 0, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
     return v
+
+
+def _event_delay_ms(text: str) -> float:
+    return _finite_at_least_zero(text, "expected a delay in milliseconds, a finite number >= 0")
 
 
 def _probability(text: str) -> float:
@@ -97,12 +100,7 @@ def _probability(text: str) -> float:
 
 
 def _weight(text: str) -> float:
-    v = _float_arg(text)
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(
-            f"overlap weight must be a finite number >= 0, got {text!r}"
-        )
-    return v
+    return _finite_at_least_zero(text, "overlap weight must be a finite number >= 0")
 
 
 def seed_arg(text: str) -> int:
