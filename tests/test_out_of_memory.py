@@ -148,10 +148,21 @@ CASES = {
         assert peak_kib < 512 * 1024, peak_kib
     """,
     "BlockTrie": """
-        assert oom(lambda: pc.BlockTrie(10**8, 4))
-        t = pc.BlockTrie(1000, 4)
+        # Blocks take memory when first handed out: the largest trie is free to make.
+        t = pc.BlockTrie(4_294_967_294, 4)
+        assert t.num_free_blocks == 4_294_967_294
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        h = pc.BlockTrie(2_000_000_000, 4, host_blocks=2_000_000_000)
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024
+        # A claim or an extension the memory cannot hold fails before changing anything.
+        assert oom(lambda: t.claim(1, [1, 2, 3], reserve_tokens=4 * 10**9))
+        assert t.num_free_blocks == 4_294_967_294 and t.num_requests == 0
         t.claim(1, list(range(9)))
+        assert oom(lambda: t.extend(1, 4 * 10**9))
+        assert t.request_blocks(1) == [0, 1, 2]
         t.check_invariants()
+        h.claim(1, list(range(9)))
+        h.check_invariants()
     """,
 }
 

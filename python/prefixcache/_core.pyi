@@ -358,7 +358,9 @@ class BlockTrie:
         blocks behind it: a GPU victim of priority >= ``secondary_offload_min_priority``
         (0..100) holding a cached block is offloaded there and a later match loads it back
         (docs/TRTLLM.md). ``enable_events=False`` records no KV events (``take_events``
-        stays empty): a caller that never takes them saves their memory."""
+        stays empty): a caller that never takes them saves their memory. Memory follows
+        the blocks in use or cached: a block takes memory when first handed out, so a
+        large ``num_blocks`` costs nothing up front."""
     @property
     def num_blocks(self) -> int:
         """GPU blocks (the primary pool)."""

@@ -87,13 +87,35 @@ impl BlockTrie {
         }
     }
 
+    /// Takes the first block of a level's eviction order and unlists it: the first of its
+    /// evictable set or its next never-used block, whichever comes first (a never-used
+    /// block ranks `(DEFAULT_PRIORITY, id, id)`, as if it were in the set: arena.rs).
+    pub(crate) fn pop_evictable(&mut self, host: bool) -> Option<u32> {
+        let set = if host {
+            &mut self.host_evictable
+        } else {
+            &mut self.evictable
+        };
+        let unused = self.blocks.next_unused(host);
+        let listed_first = match (set.first(), unused) {
+            (Some(&e), Some(u)) => e < (DEFAULT_PRIORITY, u64::from(u), u),
+            (first, _) => first.is_some(),
+        };
+        if listed_first {
+            let (_, _, b) = set.pop_first()?;
+            self.blocks[b as usize].listed = false;
+            Some(b)
+        } else {
+            self.blocks.take_unused(host)
+        }
+    }
+
     /// Takes the first evictable GPU block and returns a GPU block, unreferenced, unlisted
     /// and outside the trie: with a host tier a cached victim may be offloaded (it stays
     /// cached, in host memory, and a host block takes its place: host.rs); otherwise a
     /// cached victim leaves the trie with its host descendants (`Removed` events).
     pub(crate) fn pop_victim(&mut self) -> Option<u32> {
-        let (_, _, b) = self.evictable.pop_first()?;
-        self.blocks[b as usize].listed = false;
+        let b = self.pop_evictable(false)?;
         self.unexpire(b);
         let Some(k) = &self.blocks[b as usize].key else {
             return Some(b);

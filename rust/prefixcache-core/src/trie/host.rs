@@ -78,8 +78,7 @@ impl BlockTrie {
         if self.host_blocks == 0 || self.blocks[v as usize].priority < self.offload_min_priority {
             return None;
         }
-        let (_, _, h) = self.host_evictable.pop_first()?;
-        self.blocks[h as usize].listed = false;
+        let h = self.pop_evictable(true)?;
         self.unexpire(h);
         let len = self.blocks[v as usize]
             .key

@@ -20,11 +20,17 @@ impl BlockTrie {
     ///   of GPU children is right, and each level's evictable set holds exactly its
     ///   evictable blocks.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let n = self.blocks.len() - 1;
         let mut refs: FxHashMap<u32, u32> = FxHashMap::default();
         for (blocks, pins) in self.held() {
             for &b in blocks.iter().chain(pins) {
                 *refs.entry(b).or_default() += 1;
+            }
+            if let Some(&b) = blocks
+                .iter()
+                .chain(pins)
+                .find(|&&b| self.blocks.get(b).is_none())
+            {
+                return Err(format!("a request holds block {b}, which was never used"));
             }
             if let Some(&b) = blocks.iter().find(|&&b| self.blocks[b as usize].host) {
                 return Err(format!(
@@ -32,17 +38,19 @@ impl BlockTrie {
                 ));
             }
         }
-        let mut on_host = 0usize;
+        // Never-used blocks: free, uncached, on their range's level, in no set (arena.rs).
+        let (unused_gpu, unused_host) = self.blocks.num_unused();
+        let mut on_host = unused_host;
         let mut host_listed = 0usize;
         let mut host_cached = 0usize;
         let mut host_cached_tokens = 0usize;
-        let mut gpu_children = vec![0u32; n + 1];
-        let mut free = 0usize;
+        let mut gpu_children: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut free = unused_gpu;
         let mut cached = 0usize;
         let mut cached_tokens = 0usize;
         let mut listed = 0usize;
-        let mut partial_entries = vec![0usize; n + 1];
-        for b in 0..n as u32 {
+        let mut partial_entries: FxHashMap<u32, usize> = FxHashMap::default();
+        for b in self.blocks.used_ids() {
             let blk = &self.blocks[b as usize];
             let want_refs = refs.get(&b).copied().unwrap_or(0);
             if blk.ref_cnt != want_refs {
@@ -62,9 +70,12 @@ impl BlockTrie {
                 } else {
                     cached += 1;
                     cached_tokens += k.tokens.len();
-                    gpu_children[blk.parent as usize] += 1;
+                    *gpu_children.entry(blk.parent).or_default() += 1;
                 }
                 let p = blk.parent;
+                if self.blocks.get(p).is_none() {
+                    return Err(format!("block {b}: parent {p} was never used"));
+                }
                 if !blk.host && p != self.root && self.blocks[p as usize].host {
                     return Err(format!(
                         "block {b} is on the GPU but its parent {p} is in host memory"
@@ -96,6 +107,9 @@ impl BlockTrie {
                 return Err(format!("block {b} is not cached but has children"));
             }
             for c in blk.children.ids() {
+                if self.blocks.get(c).is_none() {
+                    return Err(format!("block {c} is filed under {b} but was never used"));
+                }
                 if self.blocks[c as usize].parent != b || self.blocks[c as usize].key.is_none() {
                     return Err(format!(
                         "block {c} is filed under {b} but does not point back"
@@ -141,16 +155,28 @@ impl BlockTrie {
                         "block {b} is missing from its parent's partial index"
                     ));
                 }
-                partial_entries[p] += 1;
+                *partial_entries.entry(blk.parent).or_default() += 1;
             }
         }
-        for (p, &cnt) in gpu_children.iter().enumerate() {
-            if self.blocks[p].gpu_children != cnt {
+        for (p, blk) in self
+            .blocks
+            .used_ids()
+            .chain([self.root])
+            .map(|p| (p, &self.blocks[p as usize]))
+        {
+            let cnt = gpu_children.get(&p).copied().unwrap_or(0);
+            let recorded = blk.gpu_children;
+            if recorded != cnt {
                 return Err(format!(
-                    "block {p}: {cnt} children on the GPU, recorded {}",
-                    self.blocks[p].gpu_children
+                    "block {p}: {cnt} children on the GPU, recorded {recorded}"
                 ));
             }
+        }
+        let sets = self.evictable.iter().chain(&self.host_evictable);
+        if let Some((_, _, b)) = sets.clone().find(|e| self.blocks.get(e.2).is_none()) {
+            return Err(format!(
+                "block {b} is in an evictable set but was never used"
+            ));
         }
         if on_host != self.host_blocks {
             return Err(format!(
@@ -173,8 +199,10 @@ impl BlockTrie {
                 self.num_host_cached, self.num_host_cached_tokens, self.host_stats.peak_host_tokens
             ));
         }
-        for (p, &cnt) in partial_entries.iter().enumerate() {
-            if self.blocks[p].children.num_partial() != cnt {
+        for p in self.blocks.used_ids().chain([self.root]) {
+            let cnt = partial_entries.get(&p).copied().unwrap_or(0);
+            let recorded = self.blocks[p as usize].children.num_partial();
+            if recorded != cnt {
                 return Err(format!("block {p}: partial index holds stale entries"));
             }
         }
@@ -196,7 +224,7 @@ impl BlockTrie {
         if self
             .expiring
             .iter()
-            .any(|&(t, b)| self.blocks[b as usize].expiry != Some(t))
+            .any(|&(t, b)| self.blocks.get(b).is_none_or(|blk| blk.expiry != Some(t)))
         {
             return Err("the expiry set holds stale entries".into());
         }

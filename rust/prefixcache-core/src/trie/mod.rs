@@ -3,6 +3,7 @@
 //!
 //! - [`key`]: the block key (LoRA id, tokens, multimodal keys, cache salt) and the split of
 //!   a prompt into block keys.
+//! - [`arena`]: the blocks by id, each made on its first use.
 //! - [`children`]: the per-block child index: exact keys in a hash map, partial-match
 //!   candidates in an ordered index so the longest common prefix is found in O(log n).
 //! - [`evict`]: the priority-LRU sets of evictable free blocks (one per level: GPU and
@@ -16,6 +17,7 @@
 //! - [`requests`]: claim (phase one) / complete (phase two) / store / extend / release.
 //! - [`invariants`]: the full consistency check used by tests.
 
+mod arena;
 mod children;
 mod evict;
 mod host;

@@ -67,6 +67,8 @@ impl BlockTrie {
                 available: self.num_free - leaving.min(self.num_free),
             });
         }
+        // Each block taken may be one never used before, and offload a victim to one.
+        self.blocks.try_reserve_unused(fresh)?;
 
         // Commit: intern (the request holds its salt and each multimodal item), tick the
         // clock, apply retention expiry.
@@ -213,6 +215,7 @@ impl BlockTrie {
                 available: self.num_free,
             });
         }
+        self.blocks.try_reserve_unused(need)?;
         let mut new = Vec::with_capacity(need);
         for _ in 0..need {
             new.push(self.alloc_fresh(DEFAULT_PRIORITY, None)?);

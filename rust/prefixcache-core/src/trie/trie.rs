@@ -26,6 +26,7 @@ use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
 
+use super::arena::BlockArena;
 use super::children::Children;
 use super::interner::Interner;
 use super::key::{
@@ -62,7 +63,7 @@ pub(crate) struct Block {
 }
 
 impl Block {
-    fn new(seq: u64) -> Self {
+    pub(super) fn new(seq: u64) -> Self {
         Block {
             key: None,
             parent: 0,
@@ -91,8 +92,10 @@ pub(super) struct Request {
 
 /// TensorRT-LLM's block manager with block reuse (one attention window, beam width 1).
 pub struct BlockTrie {
-    pub(crate) blocks: Vec<Block>,
+    pub(crate) blocks: BlockArena,
     pub(crate) root: u32,
+    /// GPU blocks (ids `0..num_gpu_blocks` at first).
+    pub(crate) num_gpu_blocks: usize,
     pub(super) tokens_per_block: usize,
     pub(super) enable_partial_reuse: bool,
     pub(super) copy_on_partial_reuse: bool,
@@ -174,37 +177,19 @@ impl BlockTrie {
                 "secondary_offload_min_priority must be in [0, {MAX_PRIORITY}], got {secondary_offload_min_priority}"
             )));
         }
-        // Every size here is the caller's: reserve fallibly (MemoryError, not an abort).
-        let oom = |e| Error::out_of_memory("the block trie", e);
-        let mut blocks: Vec<Block> = Vec::new();
-        blocks.try_reserve_exact(total + 1).map_err(oom)?;
-        // The evictable sets allocate node by node (no fallible API): check that their
-        // ~24 bytes per block (B-tree nodes at 11 entries of 16 bytes) can be had first.
-        let mut probe: Vec<u8> = Vec::new();
-        probe
-            .try_reserve_exact(total.saturating_mul(24))
-            .map_err(oom)?;
-        drop(probe);
-        let root = total as u32;
-        blocks.extend((0..=total).map(|i| {
-            let mut b = Block::new(i as u64);
-            b.parent = root;
-            b.host = i >= num_blocks && i < total;
-            b.listed = i < total;
-            b
-        }));
-        // Every block starts free at the default priority, in id order, on its level.
-        let entry = |b: usize| (DEFAULT_PRIORITY, b as u64, b as u32);
-        let evictable = (0..num_blocks).map(entry).collect();
-        let host_evictable = (num_blocks..total).map(entry).collect();
+        // Every block starts free at the default priority, in id order, on its level: the
+        // arena makes each on its first use (arena.rs), the evictable sets hold the used
+        // ones.
+        let blocks = BlockArena::new(num_blocks, host_blocks);
         Ok(BlockTrie {
+            root: blocks.root_id(),
             blocks,
-            root,
+            num_gpu_blocks: num_blocks,
             tokens_per_block,
             enable_partial_reuse,
             copy_on_partial_reuse,
-            evictable,
-            host_evictable,
+            evictable: BTreeSet::new(),
+            host_evictable: BTreeSet::new(),
             host_blocks,
             offload_min_priority: secondary_offload_min_priority,
             expiring: BTreeSet::new(),
@@ -227,7 +212,7 @@ impl BlockTrie {
 
     /// GPU blocks (the primary pool).
     pub fn num_blocks(&self) -> usize {
-        self.blocks.len() - 1 - self.host_blocks
+        self.num_gpu_blocks
     }
     /// Blocks of host memory (0: no host tier).
     pub fn host_blocks(&self) -> usize {
@@ -250,9 +235,12 @@ impl BlockTrie {
     }
     /// Per block id (GPU and host blocks): whether it is in host memory.
     pub fn host_dump(&self) -> Vec<bool> {
-        self.blocks[..self.blocks.len() - 1]
-            .iter()
-            .map(|b| b.host)
+        (0..self.root)
+            .map(|b| {
+                self.blocks
+                    .get(b)
+                    .map_or(b as usize >= self.num_gpu_blocks, |blk| blk.host)
+            })
             .collect()
     }
     pub fn tokens_per_block(&self) -> usize {
@@ -316,9 +304,10 @@ impl BlockTrie {
 
     /// Every block (GPU and host), by id.
     pub fn dump(&self) -> Vec<BlockDump> {
-        (0..(self.blocks.len() - 1) as u32)
+        let unused = Block::new(0);
+        (0..self.root)
             .map(|b| {
-                let blk = &self.blocks[b as usize];
+                let blk = self.blocks.get(b).unwrap_or(&unused);
                 let key = blk.key.as_ref();
                 BlockDump {
                     block_id: b,
