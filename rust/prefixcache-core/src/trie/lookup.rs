@@ -163,7 +163,7 @@ impl BlockTrie {
                 Some(b) => Some((b, k.tokens.len())),
                 None if self.enable_partial_reuse && k.mm.is_empty() => self.blocks[c as usize]
                     .children
-                    .best_partial(k.scope, &k.tokens),
+                    .best_partial(k.scope, &k.tokens, |x| self.key_of(x)),
                 None => None,
             };
             cur = None;

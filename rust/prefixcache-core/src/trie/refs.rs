@@ -67,6 +67,12 @@ impl BlockTrie {
         }
     }
 
+    /// The scope and tokens of block `b`'s key (None when it is not cached).
+    pub(crate) fn key_of(&self, b: u32) -> Option<(super::key::Scope, &[u32])> {
+        let k = self.blocks[b as usize].key.as_ref()?;
+        Some((k.scope, &k.tokens))
+    }
+
     pub(crate) fn sync_partial(&mut self, b: u32) {
         let want = self.wants_partial(b);
         if want == self.blocks[b as usize].in_partial {
@@ -74,13 +80,13 @@ impl BlockTrie {
         }
         if want {
             let parent = self.blocks[b as usize].parent;
-            if let Some(k) = self.blocks[b as usize].key.as_ref() {
-                let (scope, tokens) = (k.scope, k.tokens.clone());
-                self.blocks[parent as usize]
-                    .children
-                    .insert_partial(scope, &tokens, b);
+            // The parent's index is taken out while it reads the blocks' keys.
+            let mut children = std::mem::take(&mut self.blocks[parent as usize].children);
+            if let Some((scope, tokens)) = self.key_of(b) {
+                children.insert_partial(scope, tokens, b, |x| self.key_of(x));
                 self.blocks[b as usize].in_partial = true;
             }
+            self.blocks[parent as usize].children = children;
         } else {
             self.drop_partial(b);
         }
@@ -91,12 +97,11 @@ impl BlockTrie {
             return;
         }
         let parent = self.blocks[b as usize].parent;
-        if let Some(k) = self.blocks[b as usize].key.as_ref() {
-            let (scope, tokens) = (k.scope, k.tokens.clone());
-            self.blocks[parent as usize]
-                .children
-                .remove_partial(scope, &tokens);
+        let mut children = std::mem::take(&mut self.blocks[parent as usize].children);
+        if let Some((scope, tokens)) = self.key_of(b) {
+            children.remove_partial(scope, tokens, b);
         }
+        self.blocks[parent as usize].children = children;
         self.blocks[b as usize].in_partial = false;
     }
 
