@@ -88,3 +88,18 @@ def test_token_buffer_lifecycle_example_runs_and_prints_what_it_says(
     promised = re.search(r"print\(.*\)\s+# ([^:\n]+)", code)
     assert promised is not None
     assert capsys.readouterr().out.strip() == promised.group(1).strip()
+
+
+def test_simulator_token_jsonl_example_is_a_readable_trace_line(tmp_path: Path) -> None:
+    """docs/SIMULATOR.md's token JSONL example, saved as a file, is a one-request trace
+    with the fields it shows (a line of the format: the example is one line)."""
+    from prefixcache.sim.traces import read_trace
+
+    text = (ROOT / "docs" / "SIMULATOR.md").read_text()
+    section = text[text.index("**Token JSONL**") :]
+    (example,) = re.findall(r"```json\n(.*?)```", section, re.S)[:1]
+    path = tmp_path / "trace.jsonl"
+    path.write_text(example)
+    (req,) = read_trace(path).requests
+    assert (req.id, req.arrival, req.prompt.tolist(), req.output_len) == ("r1", 0.25, [1, 2, 3], 16)
+    assert (req.session, req.extra_key, req.cache_salt) == ("chat-7", "lora-a", "tenant-3")
