@@ -553,6 +553,12 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _UsageError(
                 f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
             )
+        # As every other list of the command line: each item once, no empty item.
+        if "" in (w.strip() for w in args.workload.split(",")):
+            raise _UsageError(f"--workload {args.workload!r}: an empty item")
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise _UsageError(f"--workload {args.workload!r}: {twice} is given twice")
 
 
 _TIME_FLAGS = (
