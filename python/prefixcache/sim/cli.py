@@ -499,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--out",
         default="docs/ATLAS.md",
-        help="the report (PNGs and JSON go to an atlas/ folder beside it)",
+        help="the report (default docs/ATLAS.md, under the current directory; PNGs and "
+        "JSON go to an atlas/ folder beside it)",
     )
     return ap
 
