@@ -396,7 +396,7 @@ def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
         default=None,
         metavar="N",
         help=f"worker processes running {what} in parallel, one process per "
-        "replay (default: the number of cores; 1 runs them one after the other "
+        "replay (default: the cores this process may run on; 1 runs them one after the other "
         "in this process)",
     )
 
