@@ -123,7 +123,8 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
             type=_instances_list,
             default=None,
             metavar="N,N,..",
-            help="sweep the fleet size (--capacities are then per instance)",
+            help="sweep the fleet size (--capacities are then per instance) of one "
+            "--policies policy (default vllm-blocks)",
         )
     else:
         g.add_argument(
@@ -131,14 +132,15 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
             type=_instances_list,
             default=None,
             metavar="N",
-            help="replay on N instances of the policy, --capacity each",
+            help="replay on N instances of one --policies policy (default vllm-blocks), "
+            "--capacity each",
         )
     g.add_argument(
         "--router",
         type=_router_list,
         default=None,  # round-robin; None: not given
         help=f"{', '.join(ROUTER_NAMES)}, or sticky-<router> (session "
-        "affinity); comma separated to compare several",
+        "affinity); comma separated to compare several (default round-robin)",
     )
     g.add_argument(
         "--event-delay",
