@@ -147,14 +147,14 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         type=_event_delay_ms,
         default=None,  # 0; None: not given
         metavar="MS",
-        help="cache-aware routers: the KV events reach the index MS late",
+        help="cache-aware routers: the KV events reach the index MS late (default 0)",
     )
     g.add_argument(
         "--event-loss",
         type=_probability,
         default=None,  # 0; None: not given
         metavar="P",
-        help="cache-aware routers: each event batch is lost with probability P",
+        help="cache-aware routers: each event batch is lost with probability P (default 0)",
     )
     g.add_argument(
         "--overlap-weight",
@@ -169,7 +169,7 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         type=seed_arg,
         default=None,  # 0; None: not given
         metavar="SEED",
-        help="seed of the random router, ties and event losses",
+        help="random seed of the random router, ties and event losses (default 0)",
     )
     g.add_argument(
         "--no-ceiling",
