@@ -339,8 +339,12 @@ def test_bad_event_objects_are_counted_and_change_nothing() -> None:
 def test_open_index_picks_the_backend() -> None:
     assert isinstance(open_index(), KvIndex)
     assert open_index(ttl=5.0).ttl == 5.0
-    with pytest.raises(ValueError):
+    # Misuse raises prefixcache.errors classes naming every accepted form (docs/FLEET.md),
+    # as every other bad argument does (it raised a plain ValueError naming redis:// only).
+    with pytest.raises(InvalidInputError, match="memory://, redis://, rediss://, unix://"):
         open_index("mongodb://x")
+    with pytest.raises(InvalidTypeError, match="Redis backend only"):
+        open_index(prefix="p")
 
 
 # -- differential: random operation sequences vs the plain-Python reference ----------------

@@ -141,3 +141,18 @@ def test_end_tokens_past_int64_are_refused() -> None:
     with pytest.raises(prefixcache.InvalidInputError, match="must fit in int64"):
         m.set_request_keys(1, keys[:2], 2**62)  # 2**63
     assert m.lookup_prefix_range(1, 0, 4) == 0  # request 1 got no keys
+
+
+def test_result_classes_are_exported_as_docs_api_says() -> None:
+    """docs/API.md: everything it describes is exported from ``prefixcache``, the
+    tier's results included (they were reachable only through ``prefixcache._core``)."""
+    from prefixcache import OffloadingEvent, PrepareStoreOutput
+
+    assert {"OffloadingEvent", "PrepareStoreOutput"} <= set(prefixcache.__all__)
+    tier = CpuOffloadManager(2, enable_events=True)
+    tier.on_new_request(1)
+    out = tier.prepare_store(1, [b"k" * 8])
+    assert isinstance(out, PrepareStoreOutput)
+    tier.complete_store(1, [b"k" * 8])
+    events = tier.take_events()
+    assert events and all(isinstance(e, OffloadingEvent) for e in events)

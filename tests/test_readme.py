@@ -88,3 +88,36 @@ def test_token_buffer_lifecycle_example_runs_and_prints_what_it_says(
     promised = re.search(r"print\(.*\)\s+# ([^:\n]+)", code)
     assert promised is not None
     assert capsys.readouterr().out.strip() == promised.group(1).strip()
+
+
+def test_simulator_token_jsonl_example_is_a_readable_trace_line(tmp_path: Path) -> None:
+    """docs/SIMULATOR.md's token JSONL example, saved as a file, is a one-request trace
+    with the fields it shows (a line of the format: the example is one line)."""
+    from prefixcache.sim.traces import read_trace
+
+    text = (ROOT / "docs" / "SIMULATOR.md").read_text()
+    section = text[text.index("**Token JSONL**") :]
+    (example,) = re.findall(r"```json\n(.*?)```", section, re.S)[:1]
+    path = tmp_path / "trace.jsonl"
+    path.write_text(example)
+    (req,) = read_trace(path).requests
+    assert (req.id, req.arrival, req.prompt.tolist(), req.output_len) == ("r1", 0.25, [1, 2, 3], 16)
+    assert (req.session, req.extra_key, req.cache_salt) == ("chat-7", "lora-a", "tenant-3")
+
+
+def test_fleet_replay_python_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/FLEET_REPLAY.md's Python example runs as written from a clone's root, and its
+    summary has the keys the comment lists."""
+    text = (ROOT / "docs" / "FLEET_REPLAY.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)[:1]
+    monkeypatch.chdir(ROOT)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "FLEET_REPLAY.md", "exec"), namespace)
+    summary = namespace["s"]
+    assert isinstance(summary, dict)
+    listed = re.search(r"s = res\.summary\(\)\s+# (.*)", code)
+    assert listed is not None
+    for key in (
+        listed.group(1).replace("ttft_p50/p90/p99", "ttft_p50, ttft_p90, ttft_p99").split(", ")
+    ):
+        assert key in summary, key

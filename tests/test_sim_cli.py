@@ -257,6 +257,11 @@ def test_capacity_refusals_are_one_line(
         (["compare", "--prefill-base-ms", "inf"], "--prefill-base-ms"),
         (["compare", "--seed", "-1"], "--seed"),
         (["compare", "--workload", "Z"], "--workload"),
+        # A workload list names each once, with no empty item, as every other list
+        # (A,A replayed A twice; A,,C and A, ran as if the empty items were not there).
+        (["compare", "--workload", "A,a"], "--workload 'A,a': A is given twice"),
+        (["compare", "--workload", "A,,C"], "--workload 'A,,C': an empty item"),
+        (["compare", "--workload", "A,"], "--workload 'A,': an empty item"),
         (["compare", "--eviction", "random"], "--eviction"),
         (["replay", "workload:D", "--format", "mooncake"], "--format mooncake"),
         (["sweep", "workload:A", "--capacities", ","], "at least one capacity"),

@@ -1195,3 +1195,18 @@ def test_event_losses_draw_apart_from_the_router_ties() -> None:
         # Still reproducible from the seed.
         again = _EventPath(sample, 2, "xxh3_64", 0.0, 0.1, seed)
         assert [again._rng.random() for _ in range(8)] == draws
+
+
+def test_cli_fleet_defaults_are_one_vllm_blocks_policy_behind_round_robin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As --help and docs/FLEET_REPLAY.md say: without --policies and --router a fleet
+    replay runs vllm-blocks behind round-robin, and it runs one policy only."""
+    out = tmp_path / "f.json"
+    argv = ["replay", "workload:F", "--instances", "2", "--quiet", "--no-ceiling"]
+    assert main([*argv, "--json", str(out)]) == 0
+    (s,) = json.loads(out.read_text())["fleet"]
+    assert (s["policy"], s["router"], s["instances"]) == ("vllm-blocks", "round-robin", 2)
+    capsys.readouterr()
+    assert main([*argv, "--policies", "radix,vllm-blocks"]) == 2
+    assert "a fleet replay runs one policy" in capsys.readouterr().err

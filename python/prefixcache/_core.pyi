@@ -766,7 +766,8 @@ class KVCacheManager:
         """``1 - free / (num_blocks - 1)``."""
     @property
     def stats(self) -> dict[str, int | bool]:
-        """Cumulative prefix-cache stats (vLLM's PrefixCacheStats fields)."""
+        """Prefix-cache stats (vLLM's PrefixCacheStats fields) since construction or the
+        last ``take_stats()``, which resets them."""
     def take_stats(self) -> dict[str, int | bool]:
         """The stats since the last call, resetting them."""
     def add_request(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prefixcache._core import FleetMatch, KvIndex, decode_kv_events, decode_kv_frames
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.fleet.match import RemoteFleetMatch, WorkerPrefix
 from prefixcache.fleet.redis_index import RedisKvIndex
 
@@ -40,13 +41,16 @@ def open_index(
     ``options`` go to ``RedisKvIndex`` (``prefix``, ``retries``, ``socket_timeout``)."""
     if url is None or url == "memory://":
         if options:
-            raise TypeError(f"options {sorted(options)} apply to the Redis backend only")
+            raise InvalidTypeError(f"options {sorted(options)} apply to the Redis backend only")
         return KvIndex(ttl=ttl, hash_bytes=hash_bytes)
     if url.startswith(REDIS_SCHEMES):
         if url.startswith("valkey"):
             url = "redis" + url[len("valkey") :]
         return RedisKvIndex(url, ttl=ttl, hash_bytes=hash_bytes, **options)
-    raise ValueError(f"unknown fleet index url {url!r} (expected redis://... or None)")
+    raise InvalidInputError(
+        f"unknown fleet index url {url!r} (expected None, memory://, redis://, rediss://, "
+        "unix://, valkey:// or valkeys://)"
+    )
 
 
 __all__ = [

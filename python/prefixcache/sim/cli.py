@@ -396,7 +396,7 @@ def _add_jobs(p: argparse.ArgumentParser, what: str) -> None:
         default=None,
         metavar="N",
         help=f"worker processes running {what} in parallel, one process per "
-        "replay (default: the number of cores; 1 runs them one after the other "
+        "replay (default: the cores this process may run on; 1 runs them one after the other "
         "in this process)",
     )
 
@@ -499,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--out",
         default="docs/ATLAS.md",
-        help="the report (PNGs and JSON go to an atlas/ folder beside it)",
+        help="the report (default docs/ATLAS.md, under the current directory; PNGs and "
+        "JSON go to an atlas/ folder beside it)",
     )
     return ap
 
@@ -553,6 +554,12 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _UsageError(
                 f"--workload {args.workload!r}: expected A..F, a comma list of them, or all"
             )
+        # As every other list of the command line: each item once, no empty item.
+        if "" in (w.strip() for w in args.workload.split(",")):
+            raise _UsageError(f"--workload {args.workload!r}: an empty item")
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise _UsageError(f"--workload {args.workload!r}: {twice} is given twice")
 
 
 _TIME_FLAGS = (

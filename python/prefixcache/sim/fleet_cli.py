@@ -123,7 +123,8 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
             type=_instances_list,
             default=None,
             metavar="N,N,..",
-            help="sweep the fleet size (--capacities are then per instance)",
+            help="sweep the fleet size (--capacities are then per instance) of one "
+            "--policies policy (default vllm-blocks)",
         )
     else:
         g.add_argument(
@@ -131,28 +132,29 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
             type=_instances_list,
             default=None,
             metavar="N",
-            help="replay on N instances of the policy, --capacity each",
+            help="replay on N instances of one --policies policy (default vllm-blocks), "
+            "--capacity each",
         )
     g.add_argument(
         "--router",
         type=_router_list,
         default=None,  # round-robin; None: not given
         help=f"{', '.join(ROUTER_NAMES)}, or sticky-<router> (session "
-        "affinity); comma separated to compare several",
+        "affinity); comma separated to compare several (default round-robin)",
     )
     g.add_argument(
         "--event-delay",
         type=_event_delay_ms,
         default=None,  # 0; None: not given
         metavar="MS",
-        help="cache-aware routers: the KV events reach the index MS late",
+        help="cache-aware routers: the KV events reach the index MS late (default 0)",
     )
     g.add_argument(
         "--event-loss",
         type=_probability,
         default=None,  # 0; None: not given
         metavar="P",
-        help="cache-aware routers: each event batch is lost with probability P",
+        help="cache-aware routers: each event batch is lost with probability P (default 0)",
     )
     g.add_argument(
         "--overlap-weight",
@@ -167,7 +169,7 @@ def add_fleet_args(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
         type=seed_arg,
         default=None,  # 0; None: not given
         metavar="SEED",
-        help="seed of the random router, ties and event losses",
+        help="random seed of the random router, ties and event losses (default 0)",
     )
     g.add_argument(
         "--no-ceiling",

@@ -186,7 +186,8 @@ impl PyKVCacheManager {
         self.inner.with(py, |m| m.usage())
     }
 
-    /// Cumulative prefix-cache stats (vLLM's PrefixCacheStats fields) as a dict.
+    /// Prefix-cache stats (vLLM's PrefixCacheStats fields) as a dict, since construction
+    /// or the last `take_stats()`, which resets them.
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.with(py, |m| m.stats())?;
