@@ -19,6 +19,7 @@ TokenFactory = Callable[[], TokenArray]
 RequestId = int | str
 
 __all__ = [
+    "MAX_ARRIVAL_SECONDS",
     "Request",
     "RequestId",
     "RequestRecord",
@@ -31,6 +32,30 @@ __all__ = [
 ]
 
 
+# The latest arrival a request may have, in seconds (about 317 years: a Unix time in
+# seconds, or a Mooncake timestamp in milliseconds, is far below it). The time model's
+# clock is a float of seconds; up to here it still tells 2 microseconds apart, where a
+# prefill takes milliseconds. A later arrival (1e300) would leave it nothing to count.
+MAX_ARRIVAL_SECONDS = 1e10
+
+
+def _arrival(value: object) -> float:
+    """An arrival time in seconds: a finite number in [0, MAX_ARRIVAL_SECONDS] (the time
+    model's clock starts at 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidTypeError(f"arrival must be a number of seconds, got {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int too large for a float
+        v = math.inf
+    if not (0.0 <= v <= MAX_ARRIVAL_SECONDS):
+        raise InvalidInputError(
+            f"arrival must be a finite number of seconds in [0, {MAX_ARRIVAL_SECONDS:.0e}], "
+            f"got {value!r}"
+        )
+    return v
+
+
 class Request:
     """One request: prompt tokens, output tokens and where it belongs.
 
@@ -41,9 +66,9 @@ class Request:
     """
 
     __slots__ = (
+        "_arrival",
         "_output",
         "_prompt",
-        "arrival",
         "cache_salt",
         "extra_key",
         "id",
@@ -76,10 +101,19 @@ class Request:
             raise InvalidInputError(f"request {id!r}: the prompt is empty")
         self.session = session
         self.turn = turn
-        self.arrival = float(arrival)
+        self._arrival = _arrival(arrival)
         self.extra_key = extra_key
         # SGLang and vLLM treat an empty salt as no salt.
         self.cache_salt = cache_salt or None
+
+    @property
+    def arrival(self) -> float:
+        """Seconds (the time model): a finite number in [0, MAX_ARRIVAL_SECONDS]."""
+        return self._arrival
+
+    @arrival.setter
+    def arrival(self, value: float) -> None:
+        self._arrival = _arrival(value)
 
     @property
     def prompt(self) -> TokenArray:
