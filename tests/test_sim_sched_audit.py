@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prefixcache.errors import PrefixCacheError
-from prefixcache.sim.policies import blocks_available
+from prefixcache.sim.policies import blocks_available, make_policy, offload_family
 from prefixcache.sim.replay import replay, summarize
 from prefixcache.sim.requests import MAX_ARRIVAL_SECONDS, Request
 from prefixcache.sim.workloads import shared_prefix_workload
@@ -58,3 +58,55 @@ def test_an_arrival_the_clock_cannot_take_is_refused_up_front(arrival: object) -
     assert r.arrival == 3.0 and isinstance(r.arrival, float)
     with pytest.raises(PrefixCacheError, match="request_rate"):
         shared_prefix_workload(prompts_per_group=3, request_rate=math.nan)
+
+
+ENGINE_POLICIES = ["radix", "radix-page4", "trtllm4", "trtllm-nopartial4", "lab-lru@4"] + (
+    ["vllm-blocks4"] if HAVE_BLOCKS else []
+)
+
+
+@pytest.mark.parametrize("cpu", [0, 64])
+@pytest.mark.parametrize("name", ENGINE_POLICIES)
+def test_an_admission_that_cannot_fit_evicts_nothing(name: str, cpu: int) -> None:
+    """``admit`` -> None leaves the cache as it was: SGLang's PrefillAdder refuses a
+    request needing more than the free plus evictable KV before allocating anything, as
+    vLLM's allocate_slots does. The radix adapter evicted every evictable token first,
+    so a request waiting for KV in the time model flushed the tree at every retry."""
+    if cpu and offload_family(name) is None:
+        pytest.skip("no host tier")
+    hits = []
+    for fail in (False, True):
+        p = make_policy(name, 100, cpu_capacity=cpu)
+        assert p.admit(0, _tokens(1, 40), 0) == 0  # running: 40 held
+        p.on_prefill_done(0)
+        assert p.admit(1, _tokens(1000, 40), 0) == 0  # cached, evictable
+        p.on_prefill_done(1)
+        p.finish(1, _tokens(0, 0))
+        if fail:
+            before = p.evicted_tokens()
+            assert p.admit(2, _tokens(5000, 80), 0) is None  # 80 > 20 free + 40 evictable
+            assert p.evicted_tokens() == before
+            p.check()
+        hits.append(p.admit(3, _tokens(1000, 41), 0))  # request 1's prompt
+    assert hits[0] == hits[1] and hits[0] >= 36
+
+
+@pytest.mark.parametrize("model", ["slots", "time", "sequence"])
+def test_a_rejected_request_leaves_the_cache_as_it_was(model: str) -> None:
+    """A request larger than the whole budget is rejected: the radix adapter evicted every
+    evictable token before finding out, so the next request missed a prefix every other
+    engine kept (and, in the time model, a request waiting for KV flushed the tree at
+    every retry)."""
+    shared = _tokens(1, 40)
+    reqs = [
+        Request(0, shared, _tokens(20_000, 3)),
+        Request(1, _tokens(500, 250), _tokens(40_000, 2)),  # never fits in 200
+        Request(2, np.concatenate([shared, _tokens(900, 5)]), _tokens(50_000, 2)),
+    ]
+    # (the lab policies serve it in the sequence model: docs/LAB.md)
+    names = [n for n in ENGINE_POLICIES if model != "sequence" or not n.startswith("lab")]
+    for res in replay(reqs, names, 200, model=model, check=True):
+        r = res.records
+        assert [x.rejected for x in r] == [False, True, False]
+        assert r[1].evicted_tokens == 0 and res.stats.evicted_tokens == 0, res.policy
+        assert r[2].hit_tokens >= 36, res.policy
