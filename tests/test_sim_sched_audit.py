@@ -8,11 +8,15 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from prefixcache.errors import PrefixCacheError
-from prefixcache.sim.policies import blocks_available, make_policy, offload_family
+from prefixcache.sim.policies import TrtllmPolicy, blocks_available, make_policy, offload_family
 from prefixcache.sim.replay import replay, summarize
 from prefixcache.sim.requests import MAX_ARRIVAL_SECONDS, Request
+from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
+from prefixcache.sim.sequence import SequenceScheduler
 from prefixcache.sim.workloads import shared_prefix_workload
 
 HAVE_BLOCKS = blocks_available()
@@ -110,3 +114,98 @@ def test_a_rejected_request_leaves_the_cache_as_it_was(model: str) -> None:
         assert [x.rejected for x in r] == [False, True, False]
         assert r[1].evicted_tokens == 0 and res.stats.evicted_tokens == 0, res.policy
         assert r[2].hit_tokens >= 36, res.policy
+
+
+# -- invariants over random workloads, every model, policy family and host tier ---------
+
+TIERED = {"radix": "write-through", "radix-page4": "write-back", "trtllm4": "host"}
+if HAVE_BLOCKS:
+    TIERED["vllm-blocks4"] = "lru"
+
+
+def _random_workload(data: st.DataObject) -> list[Request]:
+    """Sessions whose turns extend the previous turn's prompt and output, and unrelated
+    requests sharing a system prompt, arriving in bursts."""
+    system = _tokens(1, data.draw(st.integers(0, 12)))
+    history: dict[int, np.ndarray] = {}
+    reqs = []
+    for i in range(data.draw(st.integers(1, 14))):
+        s = data.draw(st.sampled_from([None, 0, 1, 2]))
+        base = history.get(s, system) if s is not None else system
+        prompt = np.concatenate([base, _tokens(1000 * (i + 1), data.draw(st.integers(1, 20)))])
+        out = _tokens(1_000_000 + 1000 * i, data.draw(st.integers(0, 15)))
+        if s is not None:
+            history[s] = np.concatenate([prompt, out])
+        arrival = 0.05 * data.draw(st.integers(0, 6))
+        reqs.append(Request(i, prompt, out, session=s, arrival=arrival))
+    return reqs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_accounting_invariants_in_every_model(data: st.DataObject) -> None:
+    reqs = _random_workload(data)
+    cap = data.draw(st.sampled_from([8, 24, 48, 96, 400]))
+    cpu = data.draw(st.sampled_from([0, 32, 128]))
+    model = data.draw(st.sampled_from(["slots", "time", "time-no-preemption", "sequence"]))
+    running = data.draw(st.integers(1, 4))
+    cost = PrefillCost()
+    sched = {
+        "slots": lambda: SlotScheduler(running),
+        "time": lambda: TimeScheduler(running, cost),
+        "time-no-preemption": lambda: TimeScheduler(running, cost, preemption=False),
+        "sequence": SequenceScheduler,
+    }[model]()
+    names = list(TIERED) if cpu else [*ENGINE_POLICIES, "opt@4"]
+    for name in names:
+        (res,) = replay(
+            reqs,
+            [name],
+            cap,
+            scheduler=sched,
+            check=True,
+            cpu_capacity=cpu,
+            offload=TIERED.get(name) if cpu else None,
+        )
+        recs, st_ = res.records, res.stats
+        # every eviction is charged to the request that made room
+        assert sum(r.evicted_tokens for r in recs) == st_.evicted_tokens, name
+        if model != "sequence":  # (the lab policies overcommit there: docs/LAB.md)
+            assert st_.peak_used_tokens <= cap and st_.peak_cached_tokens <= cap, name
+        finished_at: dict[object, float] = {}
+        for r, q in zip(recs, reqs, strict=True):
+            assert r.prompt_tokens == q.prompt_len and r.output_tokens == q.output_len
+            if r.rejected:
+                continue
+            assert 0 <= r.loaded_tokens <= r.host_hit_tokens <= q.prompt_len - 1, name
+            assert r.loaded_tokens <= r.hit_tokens <= q.prompt_len - 1, name
+            if not model.startswith("time"):
+                continue
+            assert r.arrival >= q.arrival and r.ttft == r.first_token - r.arrival
+            own = cost.prefill_ms(q.prompt_len, r.hit_tokens) / 1000 + r.load_time
+            assert r.ttft >= own - 1e-9 and r.finished >= r.first_token, name
+            assert (r.preemptions > 0) == (r.recomputed_tokens > 0), name
+            if q.session is not None:  # a turn starts after the previous one finished
+                assert r.first_token > finished_at.get(q.session, -1.0), name
+                finished_at[q.session] = r.finished
+        s = summarize(res)
+        assert s["requests"] == len(reqs) and 0 <= s["hit_rate"] < 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_core_and_reference_trie_replay_identically(data: st.DataObject) -> None:
+    """TrtllmPolicy over the Rust trie and over the plain-Python reference, host tier
+    included, under both clocked and unclocked models."""
+    from prefixcache.reference.trie import BlockTrie as RefTrie
+
+    reqs = _random_workload(data)
+    cap = data.draw(st.sampled_from([8, 24, 48, 96]))
+    cpu = data.draw(st.sampled_from([0, 32]))
+    model = data.draw(st.sampled_from(["slots", "time"]))
+    tier = {"cpu_capacity": cpu, "offload": "host"} if cpu else {}
+    a = TrtllmPolicy(cap, tokens_per_block=4, **tier)  # type: ignore[arg-type]
+    b = TrtllmPolicy(cap, tokens_per_block=4, trie_cls=RefTrie, **tier)  # type: ignore[arg-type]
+    ra, rb = replay(reqs, [a, b], model=model, check=True)
+    assert [repr(r) for r in ra.records] == [repr(r) for r in rb.records]
+    assert ra.stats == rb.stats
