@@ -209,3 +209,30 @@ def test_core_and_reference_trie_replay_identically(data: st.DataObject) -> None
     ra, rb = replay(reqs, [a, b], model=model, check=True)
     assert [repr(r) for r in ra.records] == [repr(r) for r in rb.records]
     assert ra.stats == rb.stats
+
+
+def test_a_zero_decode_step_is_refused_as_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--decode-step-ms 0 passed the flag's [0, 1e9] check and was refused later in the
+    API's terms ("decode_step_ms must be > 0"); the flag now names itself and its range."""
+    from prefixcache.sim.cli import main
+
+    argv = ["replay", "workload:A", "--model", "time", "--decode-step-ms", "0", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--decode-step-ms" in err[0] and "(0, 1e+09]" in err[0], err
+    assert main(["replay", "workload:A", "--model", "time", "--decode-step-ms", "0.5"]) == 0
+
+
+@pytest.mark.parametrize("bad", ["8", 2.5, True, None])
+def test_scheduler_arguments_of_the_wrong_type_are_refused(bad: object) -> None:
+    """SlotScheduler("8") failed at its first comparison with a bare TypeError, and 2.5
+    or True ran as a bound on the running requests."""
+    for make in (SlotScheduler, TimeScheduler):
+        with pytest.raises(PrefixCacheError, match="max_running"):
+            make(bad)  # type: ignore[arg-type]
+    if not isinstance(bad, bool):
+        with pytest.raises(PrefixCacheError, match="preemption"):
+            TimeScheduler(4, preemption=bad)  # type: ignore[arg-type]
+    if bad is not None:  # (None: the default cost)
+        with pytest.raises(PrefixCacheError, match="cost"):
+            TimeScheduler(4, cost=bad)  # type: ignore[arg-type]
