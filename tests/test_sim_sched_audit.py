@@ -236,3 +236,42 @@ def test_scheduler_arguments_of_the_wrong_type_are_refused(bad: object) -> None:
     if bad is not None:  # (None: the default cost)
         with pytest.raises(PrefixCacheError, match="cost"):
             TimeScheduler(4, cost=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error"),
+    [
+        (np.array([1, -1, 3]), "token ids"),
+        (np.array([1.0, 2.5]), "integers"),
+        (np.array([1, 2**32]), "token ids"),
+        (np.array([[1, 2]]), "one-dimensional"),
+        (["a", "b"], "integers"),
+    ],
+)
+def test_token_ids_are_checked_once_for_every_policy(tokens: object, error: str) -> None:
+    """The engine adapters refused a negative or fractional token id when the request
+    reached them, the lab policies cast it to uint32 (-1 became 4294967295) and replayed.
+    A Request checks its tokens itself, and reading them gives uint32 as documented."""
+    for prompt, output in ((tokens, _tokens(9, 2)), (_tokens(1, 3), tokens)):
+        with pytest.raises(PrefixCacheError, match=error):
+            Request(0, prompt, output)  # type: ignore[arg-type]
+    r = Request(0, [5, 6, 7], np.array([8, 9], dtype=np.int64))  # type: ignore[arg-type]
+    assert r.prompt.dtype == np.uint32 and r.output.dtype == np.uint32
+    assert r.prompt.tolist() == [5, 6, 7] and (r.prompt_len, r.output_len) == (3, 2)
+
+
+def test_a_lazy_prompt_or_output_must_have_the_length_it_declared() -> None:
+    """A lazy prompt producing 10 tokens for a declared prompt_len of 5 was replayed as
+    is: hits of up to 9 tokens over a 5-token prompt (a hit rate above what the prompt
+    allows), and vllm-blocks failed mid-decode on a lazy output shorter than declared
+    ("0 queued tokens, fewer than the 4 steps")."""
+    lying = Request(0, lambda: _tokens(1, 10), lambda: _tokens(100, 3), prompt_len=5, output_len=8)
+    with pytest.raises(PrefixCacheError, match="prompt_len 5"):
+        lying.prompt  # noqa: B018
+    with pytest.raises(PrefixCacheError, match="output_len 8"):
+        lying.output  # noqa: B018
+    reqs = [lying, Request(1, _tokens(1, 12), _tokens(200, 4))]
+    with pytest.raises(PrefixCacheError, match="prompt_len 5"):
+        replay(reqs, ["radix"], 1000)
+    ok = Request(0, lambda: [1, 2, 3], lambda: _tokens(7, 2), prompt_len=3, output_len=2)
+    assert ok.prompt.dtype == np.uint32 and ok.output_head(1).tolist() == [7]

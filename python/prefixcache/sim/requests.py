@@ -56,6 +56,40 @@ def _arrival(value: object) -> float:
     return v
 
 
+_TOKEN_LIMIT = 2**32
+
+
+def _token_array(tokens: object, rid: object, what: str) -> TokenArray:
+    """``tokens`` as a one-dimensional uint32 array of token ids (as given when it is
+    one already), or InvalidInputError / InvalidTypeError naming the request."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.uint32 and tokens.ndim == 1:
+        return tokens
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise InvalidTypeError(
+            f"request {rid!r}: the {what} is not an array of token ids: {e}"
+        ) from None
+    if arr.ndim != 1:
+        raise InvalidInputError(
+            f"request {rid!r}: the {what} must be a one-dimensional array of token ids, "
+            f"got {arr.ndim} dimensions"
+        )
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.uint32)
+    if arr.dtype.kind not in "iu":
+        raise InvalidTypeError(
+            f"request {rid!r}: the {what} must hold integers, got an array of dtype {arr.dtype}"
+        )
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= _TOKEN_LIMIT:
+        bad = lo if lo < 0 else hi
+        raise InvalidInputError(
+            f"request {rid!r}: the {what} holds {bad}: token ids must be in [0, 2**32)"
+        )
+    return arr.astype(np.uint32)
+
+
 class Request:
     """One request: prompt tokens, output tokens and where it belongs.
 
@@ -93,6 +127,10 @@ class Request:
         output_len: int | None = None,
     ) -> None:
         self.id = id
+        if not callable(prompt):
+            prompt = _token_array(prompt, id, "prompt")
+        if not callable(output):
+            output = _token_array(output, id, "output")
         self._prompt = prompt
         self._output = output
         self.prompt_len = _length(prompt, prompt_len, "prompt")
@@ -118,12 +156,22 @@ class Request:
     @property
     def prompt(self) -> TokenArray:
         p = self._prompt
-        return p() if callable(p) else p
+        return self._produced(p(), self.prompt_len, "prompt") if callable(p) else p
 
     @property
     def output(self) -> TokenArray:
         o = self._output
-        return o() if callable(o) else o
+        return self._produced(o(), self.output_len, "output") if callable(o) else o
+
+    def _produced(self, tokens: object, n: int, what: str) -> TokenArray:
+        """What a lazy prompt or output produced: token ids, as many as declared."""
+        arr = _token_array(tokens, self.id, what)
+        if len(arr) != n:
+            raise InvalidInputError(
+                f"request {self.id!r}: the lazy {what} produced {len(arr)} tokens, "
+                f"{what}_len {n} declared"
+            )
+        return arr
 
     def output_head(self, k: int) -> TokenArray:
         """The first ``k`` output tokens; a lazy output that can produce only its head
@@ -131,8 +179,7 @@ class Request:
         o = self._output
         head = getattr(o, "head", None)
         if callable(o) and callable(head):
-            out: TokenArray = head(k)
-            return out
+            return self._produced(head(k), min(max(k, 0), self.output_len), "output")
         return self.output[:k]
 
     def __repr__(self) -> str:
