@@ -275,3 +275,24 @@ def test_a_lazy_prompt_or_output_must_have_the_length_it_declared() -> None:
         replay(reqs, ["radix"], 1000)
     ok = Request(0, lambda: [1, 2, 3], lambda: _tokens(7, 2), prompt_len=3, output_len=2)
     assert ok.prompt.dtype == np.uint32 and ok.output_head(1).tolist() == [7]
+
+
+@pytest.mark.skipif(not HAVE_BLOCKS, reason="KVCacheManager not built")
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_reference_block_manager_with_a_cpu_tier_replays_as_the_core(data: st.DataObject) -> None:
+    """BlocksPolicy(manager_cls=<reference KVCacheManager>, cpu_capacity=...) failed at
+    its first admission ("'KVCacheManager' object is not an instance of
+    'KVCacheManager'": the tier read the keys from the core manager only)."""
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+    from prefixcache.sim.policies import BlocksPolicy
+
+    reqs = _random_workload(data)
+    cap = data.draw(st.sampled_from([16, 32, 64, 128]))
+    model = data.draw(st.sampled_from(["slots", "time"]))
+    offload = data.draw(st.sampled_from(["lru", "arc", "lru:2"]))
+    a = BlocksPolicy(cap, block_size=4, cpu_capacity=32, offload=offload)
+    b = BlocksPolicy(cap, block_size=4, cpu_capacity=32, offload=offload, manager_cls=RefManager)
+    ra, rb = replay(reqs, [a, b], model=model, check=True)
+    assert [repr(r) for r in ra.records] == [repr(r) for r in rb.records]
+    assert ra.stats == rb.stats
