@@ -1856,6 +1856,11 @@ CATALOGUE: list[Row] = [
         "number of ms in [0, 1e+09]",
     ),
     cmd(
+        "a decode step of zero (the clock would not advance)",
+        ["replay", "workload:A", "--model", "time", "--decode-step-ms", "0"],
+        "number of ms in (0, 1e+09]",
+    ),
+    cmd(
         "output directory missing", ["compare", "--json", "/nonexistent/out.json"], "does not exist"
     ),
     cmd(

@@ -212,6 +212,16 @@ def _milliseconds(text: str) -> float:
     return v
 
 
+def _step_milliseconds(text: str) -> float:
+    """A decode step: a number of ms in (0, MAX_MILLISECONDS] (the clock must advance)."""
+    v = _milliseconds(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of ms in (0, {MAX_MILLISECONDS:.0e}], got {text!r}"
+        )
+    return v
+
+
 def _policies(values: Sequence[str]) -> list[str]:
     out = [p.strip() for v in values for p in v.split(",")]
     if not any(out):  # none given (or only commas): the default policies
@@ -322,7 +332,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--decode-step-ms",
-        type=_milliseconds,
+        type=_step_milliseconds,
         default=None,  # d.decode_step_ms; None: not given (a time model flag)
         metavar="MS",
         help=f"time model: one decode step (default {d.decode_step_ms})",

@@ -18,7 +18,7 @@ import numpy as np
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
-from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy
+from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy, policy_block_size
 from prefixcache.sim.requests import Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 from prefixcache.sim.sequence import SequenceScheduler
@@ -68,7 +68,10 @@ class ReplayResult:
 
 
 def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
-    """A KV budget nothing is ever evicted from: every token of every request, padded."""
+    """A KV budget nothing is ever evicted from: every token of every request, padded
+    with a block per request (``block_size`` tokens, at least 16): each request's KV,
+    prompt and output, fits in its own blocks, partial last block included."""
+    block_size = max(16, block_size)
     total = sum(r.prompt_len + r.output_len for r in requests)
     pad = block_size * (len(requests) + 1)
     return (total + pad + block_size - 1) // block_size * block_size
@@ -119,15 +122,16 @@ def replay(
 ) -> list[ReplayResult]:
     """Run ``requests`` through each policy (names or built policies) with one scheduler.
 
-    ``capacity`` in tokens (None: :func:`default_capacity`, nothing evicted) is used for
-    policies given by name, and so are ``cpu_capacity`` (tokens of host memory behind the
-    GPU, 0: none) and ``offload`` (the host tier's policy: one name for every policy, or a
-    mapping from policy names; docs/SIMULATOR.md, "Offload"). ``check`` verifies the
-    policy's invariants after every step.
+    ``capacity`` in tokens (None: :func:`default_capacity` for the policy's block size,
+    nothing evicted) is used for policies given by name, and so are ``cpu_capacity``
+    (tokens of host memory behind the GPU, 0: none) and ``offload`` (the host tier's
+    policy: one name for every policy, or a mapping from policy names;
+    docs/SIMULATOR.md, "Offload"). ``check`` verifies the policy's invariants after
+    every step.
     """
     if not policies:
         raise InvalidInputError("no policies given")
-    cap = default_capacity(requests) if capacity is None else int(capacity)
+    cap = 0 if capacity is None else int(capacity)
     if cap < 0:
         raise InvalidInputError(f"capacity must be >= 0, got {cap}")
     sched = scheduler or make_scheduler(model)
@@ -139,6 +143,8 @@ def replay(
             gc.collect()
         reset_peak_rss()
         off = offload_for(p, offload) if isinstance(p, str) and cpu_capacity else None
+        if isinstance(p, str) and capacity is None:  # unlimited: whatever its block size
+            cap = default_capacity(requests, policy_block_size(p))
         pol = (
             make_policy(
                 p,

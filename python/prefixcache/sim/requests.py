@@ -19,6 +19,7 @@ TokenFactory = Callable[[], TokenArray]
 RequestId = int | str
 
 __all__ = [
+    "MAX_ARRIVAL_SECONDS",
     "Request",
     "RequestId",
     "RequestRecord",
@@ -31,6 +32,64 @@ __all__ = [
 ]
 
 
+# The latest arrival a request may have, in seconds (about 317 years: a Unix time in
+# seconds, or a Mooncake timestamp in milliseconds, is far below it). The time model's
+# clock is a float of seconds; up to here it still tells 2 microseconds apart, where a
+# prefill takes milliseconds. A later arrival (1e300) would leave it nothing to count.
+MAX_ARRIVAL_SECONDS = 1e10
+
+
+def _arrival(value: object) -> float:
+    """An arrival time in seconds: a finite number in [0, MAX_ARRIVAL_SECONDS] (the time
+    model's clock starts at 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidTypeError(f"arrival must be a number of seconds, got {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int too large for a float
+        v = math.inf
+    if not (0.0 <= v <= MAX_ARRIVAL_SECONDS):
+        raise InvalidInputError(
+            f"arrival must be a finite number of seconds in [0, {MAX_ARRIVAL_SECONDS:.0e}], "
+            f"got {value!r}"
+        )
+    return v
+
+
+_TOKEN_LIMIT = 2**32
+
+
+def _token_array(tokens: object, rid: object, what: str) -> TokenArray:
+    """``tokens`` as a one-dimensional uint32 array of token ids (as given when it is
+    one already), or InvalidInputError / InvalidTypeError naming the request."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.uint32 and tokens.ndim == 1:
+        return tokens
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise InvalidTypeError(
+            f"request {rid!r}: the {what} is not an array of token ids: {e}"
+        ) from None
+    if arr.ndim != 1:
+        raise InvalidInputError(
+            f"request {rid!r}: the {what} must be a one-dimensional array of token ids, "
+            f"got {arr.ndim} dimensions"
+        )
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.uint32)
+    if arr.dtype.kind not in "iu":
+        raise InvalidTypeError(
+            f"request {rid!r}: the {what} must hold integers, got an array of dtype {arr.dtype}"
+        )
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= _TOKEN_LIMIT:
+        bad = lo if lo < 0 else hi
+        raise InvalidInputError(
+            f"request {rid!r}: the {what} holds {bad}: token ids must be in [0, 2**32)"
+        )
+    return arr.astype(np.uint32)
+
+
 class Request:
     """One request: prompt tokens, output tokens and where it belongs.
 
@@ -41,9 +100,9 @@ class Request:
     """
 
     __slots__ = (
+        "_arrival",
         "_output",
         "_prompt",
-        "arrival",
         "cache_salt",
         "extra_key",
         "id",
@@ -68,6 +127,10 @@ class Request:
         output_len: int | None = None,
     ) -> None:
         self.id = id
+        if not callable(prompt):
+            prompt = _token_array(prompt, id, "prompt")
+        if not callable(output):
+            output = _token_array(output, id, "output")
         self._prompt = prompt
         self._output = output
         self.prompt_len = _length(prompt, prompt_len, "prompt")
@@ -76,20 +139,39 @@ class Request:
             raise InvalidInputError(f"request {id!r}: the prompt is empty")
         self.session = session
         self.turn = turn
-        self.arrival = float(arrival)
+        self._arrival = _arrival(arrival)
         self.extra_key = extra_key
         # SGLang and vLLM treat an empty salt as no salt.
         self.cache_salt = cache_salt or None
 
     @property
+    def arrival(self) -> float:
+        """Seconds (the time model): a finite number in [0, MAX_ARRIVAL_SECONDS]."""
+        return self._arrival
+
+    @arrival.setter
+    def arrival(self, value: float) -> None:
+        self._arrival = _arrival(value)
+
+    @property
     def prompt(self) -> TokenArray:
         p = self._prompt
-        return p() if callable(p) else p
+        return self._produced(p(), self.prompt_len, "prompt") if callable(p) else p
 
     @property
     def output(self) -> TokenArray:
         o = self._output
-        return o() if callable(o) else o
+        return self._produced(o(), self.output_len, "output") if callable(o) else o
+
+    def _produced(self, tokens: object, n: int, what: str) -> TokenArray:
+        """What a lazy prompt or output produced: token ids, as many as declared."""
+        arr = _token_array(tokens, self.id, what)
+        if len(arr) != n:
+            raise InvalidInputError(
+                f"request {self.id!r}: the lazy {what} produced {len(arr)} tokens, "
+                f"{what}_len {n} declared"
+            )
+        return arr
 
     def output_head(self, k: int) -> TokenArray:
         """The first ``k`` output tokens; a lazy output that can produce only its head
@@ -97,8 +179,7 @@ class Request:
         o = self._output
         head = getattr(o, "head", None)
         if callable(o) and callable(head):
-            out: TokenArray = head(k)
-            return out
+            return self._produced(head(k), min(max(k, 0), self.output_len), "output")
         return self.output[:k]
 
     def __repr__(self) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from prefixcache.errors import InvalidInputError
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.sim.policies import CachePolicy
 from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
 
@@ -63,15 +63,21 @@ _EMPTY: TokenArray = np.zeros(0, dtype=np.uint32)
 Progress = Callable[[int], None]  # called with the number of requests just completed
 
 
+def _max_running(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidTypeError(f"max_running must be an int >= 1, got {value!r}")
+    if value < 1:
+        raise InvalidInputError(f"max_running must be >= 1, got {value}")
+    return int(value)
+
+
 class SlotScheduler:
     """The A-F study's model (see the module docstring)."""
 
     model = "slots"
 
     def __init__(self, max_running: int = 8) -> None:
-        if max_running < 1:
-            raise InvalidInputError(f"max_running must be >= 1, got {max_running}")
-        self.max_running = max_running
+        self.max_running = _max_running(max_running)
 
     def run(
         self,
@@ -575,11 +581,13 @@ class TimeScheduler:
     def __init__(
         self, max_running: int = 256, cost: PrefillCost | None = None, preemption: bool = True
     ) -> None:
-        if max_running < 1:
-            raise InvalidInputError(f"max_running must be >= 1, got {max_running}")
-        self.max_running = max_running
+        self.max_running = _max_running(max_running)
+        if cost is not None and not isinstance(cost, PrefillCost):
+            raise InvalidTypeError(f"cost must be a PrefillCost, got {cost!r}")
+        if not isinstance(preemption, bool | np.bool_):
+            raise InvalidTypeError(f"preemption must be True or False, got {preemption!r}")
         self.cost = cost or PrefillCost()
-        self.preemption = preemption
+        self.preemption = bool(preemption)
         if self.cost.decode_step_ms <= 0:
             raise InvalidInputError("decode_step_ms must be > 0")
 

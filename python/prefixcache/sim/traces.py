@@ -46,7 +46,7 @@ import numpy as np
 
 from prefixcache._core import expand_block_ids
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.requests import Request, TokenArray
+from prefixcache.sim.requests import MAX_ARRIVAL_SECONDS, Request, TokenArray
 
 __all__ = [
     "MAX_ARRIVAL_SECONDS",
@@ -165,11 +165,6 @@ class HashIdPrompt:
 # The most output tokens one request may ask for (2**40): a bound on what a trace can
 # claim, far past any KV budget; the simulators produce a request's output tokens lazily.
 MAX_OUTPUT_LEN = 2**40
-# The latest arrival a trace may give, in seconds (about 317 years: a Unix time in
-# seconds, or a Mooncake timestamp in milliseconds, is far below it). The time model's
-# clock is a float of seconds; up to here it still tells 2 microseconds apart, where a
-# prefill takes milliseconds. A later arrival (1e300) would leave it nothing to count.
-MAX_ARRIVAL_SECONDS = 1e10
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:

@@ -16,6 +16,7 @@ requests):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -148,8 +149,8 @@ def multi_turn_workload(
 def _set_arrivals(reqs: list[Request], rng: np.random.Generator, rate: float | None) -> None:
     if rate is None:
         return
-    if rate <= 0:
-        raise InvalidInputError("request_rate must be > 0")
+    if not (math.isfinite(rate) and rate > 0):
+        raise InvalidInputError(f"request_rate must be a finite number > 0, got {rate!r}")
     times = np.cumsum(rng.exponential(1.0 / rate, size=len(reqs)))
     for r, t in zip(reqs, times.tolist(), strict=True):
         r.arrival = t

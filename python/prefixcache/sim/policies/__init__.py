@@ -29,7 +29,7 @@ from typing import Any
 
 from prefixcache.errors import InvalidInputError
 from prefixcache.sim.policies.base import CachePolicy, PolicyStats
-from prefixcache.sim.policies.lab import LabPolicy, make_lab_policy
+from prefixcache.sim.policies.lab import LabPolicy, make_lab_policy, parse_lab_name
 from prefixcache.sim.policies.sglang import RadixPolicy, SlotBudget
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_name
 from prefixcache.sim.policies.vllm import BlocksPolicy, blocks_available
@@ -50,6 +50,7 @@ __all__ = [
     "check_tier",
     "make_policy",
     "offload_family",
+    "policy_block_size",
 ]
 
 POLICY_NAMES = ("radix", "radix-page16", "vllm-blocks")
@@ -93,6 +94,23 @@ def offload_family(name: str) -> str | None:
     if parse_trtllm_name(name) is not None:
         return "trtllm"
     return None
+
+
+def policy_block_size(name: str) -> int:
+    """The tokens per block (or page) of a policy name, 1 for a token-level tree; 1 also
+    for a name no policy has (``make_policy`` refuses it)."""
+    if name.startswith("radix-page") and _decimal(name[len("radix-page") :]):
+        return int(name[len("radix-page") :])
+    if name.startswith("vllm-blocks") and _decimal(name[len("vllm-blocks") :] or "16"):
+        return int(name[len("vllm-blocks") :] or 16)
+    trt = parse_trtllm_name(name)
+    if trt is not None:
+        return trt[0]
+    try:
+        lab = parse_lab_name(name)
+    except InvalidInputError:
+        return 1
+    return int(lab["block_size"]) if lab is not None else 1
 
 
 def check_offload(policy: str, offload: str | None) -> None:

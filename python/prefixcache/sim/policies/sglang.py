@@ -179,9 +179,15 @@ class RadixPolicy:
         return freed
 
     def _ensure_free(self, need: int) -> bool:
+        """Free ``need`` slots, evicting the shortfall; False, with nothing evicted, when
+        even evicting every evictable token would not do (SGLang's PrefillAdder refuses
+        such a request against free + evictable before anything is allocated)."""
         short = need - self.pool.free
-        if short > 0 and self.tree.evictable_size() > 0:
-            self._evict(short)
+        if short <= 0:
+            return True
+        if short > int(self.tree.evictable_size()):
+            return False
+        self._evict(short)
         return self.pool.free >= need
 
     def _note_used(self) -> None:

@@ -175,7 +175,10 @@ class BlocksPolicy:
             )
         if cpu_capacity > 0:
             import prefixcache
+            from prefixcache import _core
 
+            core_cls = getattr(_core, "KVCacheManager", None)
+            self._core_manager = core_cls is not None and isinstance(self.mgr, core_cls)
             policy, threshold = parse_offload(offload)
             self.tier = prefixcache.CpuOffloadManager(
                 cpu_capacity // block_size,
@@ -269,7 +272,12 @@ class BlocksPolicy:
         st = _TierRequest(prompt_len // bs)
         self._tier_req[i] = st
         tier.on_new_request(i)
-        tier.set_request_keys_from(self.mgr, i)  # the prompt's full blocks, in order
+        # The prompt's full blocks, in order (read in the core when the manager is the
+        # core's; another manager, the plain-Python reference, lists its hashes).
+        if self._core_manager:
+            tier.set_request_keys_from(self.mgr, i)
+        else:
+            tier.set_request_keys(i, self.mgr.block_hashes(i), bs)
         start, cap = gpu_hit // bs, (prompt_len - 1) // bs
         n = 0
         if cap > start:
