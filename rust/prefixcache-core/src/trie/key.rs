@@ -47,6 +47,11 @@ pub(crate) struct BlockKey {
 }
 
 impl BlockKey {
+    /// Whether this is the key with these parts (compared without building it).
+    pub fn is(&self, scope: Scope, mm: &[(u32, i64)], tokens: &[u32]) -> bool {
+        self.scope == scope && self.tokens == tokens && self.mm == mm
+    }
+
     /// The hash of the whole key, for the exact child map.
     pub fn exact_hash(&self) -> u64 {
         let mut h = FxHasher::default();
@@ -81,18 +86,21 @@ pub(crate) fn chop(
         .enumerate()
         .map(|(i, chunk)| {
             let b0 = i * tokens_per_block;
-            let b1 = b0 + chunk.len();
-            let mm_keys = mm
-                .iter()
-                .filter(|it| it.start < b1 && it.start + it.len > b0)
-                .map(|it| (it.id, it.start as i64 - b0 as i64))
-                .collect();
             BlockKey {
                 scope,
-                mm: mm_keys,
+                mm: block_mm(mm, b0, b0 + chunk.len()),
                 tokens: chunk.to_vec(),
             }
         })
+        .collect()
+}
+
+/// The multimodal keys of the block over tokens `[b0, b1)`: `(item, item start - b0)` for
+/// every item overlapping it, in item order (allocates only when there is one).
+pub(crate) fn block_mm(mm: &[MmItem], b0: usize, b1: usize) -> Vec<(u32, i64)> {
+    mm.iter()
+        .filter(|it| it.start < b1 && it.start + it.len > b0)
+        .map(|it| (it.id, it.start as i64 - b0 as i64))
         .collect()
 }
 

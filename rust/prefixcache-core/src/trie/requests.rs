@@ -1,6 +1,6 @@
 //! Requests: claim (phase one), complete (phase two), extend, store, release.
 
-use super::key::{chop, context_blocks, DEFAULT_PRIORITY, MAX_PRIORITY};
+use super::key::{block_mm, chop, context_blocks, BlockKey, DEFAULT_PRIORITY, MAX_PRIORITY};
 use super::lookup::Step;
 use super::trie::{invalid, BlockTrie, Request};
 use super::types::{ClaimOutcome, ClaimParams, CopyOp, TrieEvent};
@@ -241,27 +241,39 @@ impl BlockTrie {
                 r.tokens.len()
             )));
         }
-        let keys = chop(tokens, self.tokens_per_block, r.scope, &r.mm);
-        if keys.len() > r.blocks.len() {
+        // The keys of `chop`, each built only when it is filed (most of a request's
+        // blocks are cached already at its second store).
+        let tpb = self.tokens_per_block;
+        let usable = &tokens[..tokens.len().saturating_sub(1)];
+        let num_keys = usable.len().div_ceil(tpb);
+        if num_keys > r.blocks.len() {
             return Err(invalid(format!(
-                "request {request_id} holds {} blocks but {} tokens need {}: call extend first",
+                "request {request_id} holds {} blocks but {} tokens need {num_keys}: call extend first",
                 r.blocks.len(),
                 tokens.len(),
-                keys.len()
             )));
         }
+        let (scope, mm) = (r.scope, r.mm.clone());
         let blocks = r.blocks.clone();
         let mut cur = self.root;
         let mut new_ids = Vec::new();
-        for (k, &b) in keys.into_iter().zip(&blocks) {
+        for ((i, chunk), &b) in usable.chunks(tpb).enumerate().zip(&blocks) {
+            let mm_keys = block_mm(&mm, i * tpb, i * tpb + chunk.len());
             if let Some(old) = self.blocks[b as usize].key.as_ref() {
                 if self.blocks[b as usize].parent != cur {
                     break;
                 }
-                if *old == k {
+                if old.is(scope, &mm_keys, chunk) {
                     cur = b;
                     continue;
                 }
+            }
+            let k = BlockKey {
+                scope,
+                mm: mm_keys,
+                tokens: chunk.to_vec(),
+            };
+            if let Some(old) = self.blocks[b as usize].key.as_ref() {
                 // The request's own non-full last block grew: re-file it.
                 if self.full(old) || !self.blocks[b as usize].children.is_empty() {
                     break;
