@@ -20,7 +20,10 @@ HOST_CLAIM_FIELDS = (*CLAIM_FIELDS, "num_host_blocks", "num_host_tokens")
 
 
 def host_state(impl: Any) -> Any:
+    left = impl.stats["evicted_tokens"] + impl.host_stats()["stored_tokens"]
+    assert impl.num_tokens_left_gpu == left
     return (
+        impl.num_tokens_left_gpu,
         impl.host_blocks,
         impl.secondary_offload_min_priority,
         impl.num_host_cached_blocks,

@@ -401,6 +401,11 @@ class BlockTrie:
     def num_cached_tokens(self) -> int:
         """Tokens in the keys of the cached GPU blocks."""
     @property
+    def num_tokens_left_gpu(self) -> int:
+        """Tokens of cached blocks that left the GPU since construction: evicted, or
+        offloaded to host memory (``stats["evicted_tokens"] +
+        host_stats()["stored_tokens"]``)."""
+    @property
     def num_requests(self) -> int:
         """Requests holding blocks."""
     @property

@@ -303,6 +303,10 @@ class BlockTrie:
         return [b.host for b in self.blocks]
 
     @property
+    def num_tokens_left_gpu(self) -> int:
+        return self._stats["evicted_tokens"] + self._host_stats["stored_tokens"]
+
+    @property
     def num_requests(self) -> int:
         return len(self.requests)
 

@@ -338,6 +338,12 @@ impl BlockTrie {
     fn num_cached_tokens(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |t| t.num_cached_tokens())
     }
+    /// Tokens of cached blocks that left the GPU since construction: evicted, or
+    /// offloaded to host memory (stats["evicted_tokens"] + host_stats()["stored_tokens"]).
+    #[getter]
+    fn num_tokens_left_gpu(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, |t| t.num_tokens_left_gpu())
+    }
     /// Requests holding blocks.
     #[getter]
     fn num_requests(&self, py: Python<'_>) -> PyResult<usize> {

@@ -298,10 +298,7 @@ class TrtllmPolicy:
 
     def evicted_tokens(self) -> int:
         """Tokens of cached blocks that left the GPU (evicted, or offloaded to host)."""
-        n = int(self.trie.stats["evicted_tokens"])
-        if self.host_blocks:
-            n += int(self.trie.host_stats()["stored_tokens"])
-        return n
+        return int(self.trie.num_tokens_left_gpu)
 
     def stats(self) -> PolicyStats:
         s = self.trie.stats

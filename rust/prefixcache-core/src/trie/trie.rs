@@ -271,6 +271,12 @@ impl BlockTrie {
     pub fn clock(&self) -> u64 {
         self.clock
     }
+    /// Tokens of cached blocks that left the GPU since construction: evicted, or
+    /// offloaded to host memory (`stats().evicted_tokens + host_stats().stored_tokens`),
+    /// without building either.
+    pub fn num_tokens_left_gpu(&self) -> u64 {
+        self.stats.evicted_tokens + self.host_stats.stored_tokens
+    }
     pub fn stats(&self) -> TrieStats {
         self.stats.clone()
     }
