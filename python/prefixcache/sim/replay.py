@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from prefixcache.errors import InvalidInputError
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy, policy_block_size
 from prefixcache.sim.requests import Request, RequestRecord
@@ -84,6 +84,13 @@ def make_scheduler(
     cost: PrefillCost | None = None,
     preemption: bool = True,
 ) -> Scheduler:
+    """The scheduler of ``model`` (slots, time or sequence; docs/SIMULATOR.md). ``cost``
+    is the time model's; ``max_running`` applies to slots and time, ``preemption=False``
+    to time only: given to a model without it, InvalidInputError, as the command line."""
+    if model == "sequence" and max_running is not None:
+        raise InvalidInputError("max_running applies to the slots and time models, not sequence")
+    if model in ("slots", "sequence") and preemption is False:
+        raise InvalidInputError(f"preemption=False applies to the time model only, not {model}")
     if model == "slots":
         return SlotScheduler(8 if max_running is None else max_running)
     if model == "time":
@@ -111,7 +118,7 @@ def replay(
     policies: Sequence[str | CachePolicy],
     capacity: int | None = None,
     *,
-    model: str = "slots",
+    model: str | None = None,
     scheduler: Scheduler | None = None,
     eviction_policy: str = "lru",
     hash_algo: str = "sha256",
@@ -127,14 +134,23 @@ def replay(
     (tokens of host memory behind the GPU, 0: none) and ``offload`` (the host tier's
     policy: one name for every policy, or a mapping from policy names;
     docs/SIMULATOR.md, "Offload"). ``check`` verifies the policy's invariants after
-    every step.
+    every step. The scheduler is ``scheduler``, else :func:`make_scheduler` of ``model``
+    (default slots); both given, they must agree.
     """
     if not policies:
         raise InvalidInputError("no policies given")
+    if capacity is not None and (
+        isinstance(capacity, bool) or not isinstance(capacity, int | np.integer)
+    ):
+        raise InvalidTypeError(f"capacity must be an int of tokens or None, got {capacity!r}")
     cap = 0 if capacity is None else int(capacity)
     if cap < 0:
         raise InvalidInputError(f"capacity must be >= 0, got {cap}")
-    sched = scheduler or make_scheduler(model)
+    if scheduler is not None and model is not None and model != scheduler.model:
+        raise InvalidInputError(
+            f"model={model!r} but the scheduler given runs the {scheduler.model} model"
+        )
+    sched = scheduler or make_scheduler(model or "slots")
     results = []
     for i, p in enumerate(policies):
         if i and len(requests) >= _COLLECT_MIN_REQUESTS:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prefixcache.errors import PrefixCacheError
 from prefixcache.sim.policies import TrtllmPolicy, blocks_available, make_policy, offload_family
-from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.replay import make_scheduler, replay, summarize
 from prefixcache.sim.requests import MAX_ARRIVAL_SECONDS, Request
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 from prefixcache.sim.sequence import SequenceScheduler
@@ -296,3 +296,19 @@ def test_reference_block_manager_with_a_cpu_tier_replays_as_the_core(data: st.Da
     ra, rb = replay(reqs, [a, b], model=model, check=True)
     assert [repr(r) for r in ra.records] == [repr(r) for r in rb.records]
     assert ra.stats == rb.stats
+
+
+def test_arguments_a_model_does_not_take_are_refused() -> None:
+    reqs = shared_prefix_workload(num_groups=1, prompts_per_group=2).requests
+    with pytest.raises(PrefixCacheError, match="max_running applies"):
+        make_scheduler("sequence", max_running=4)
+    for model in ("slots", "sequence"):
+        with pytest.raises(PrefixCacheError, match="preemption=False applies"):
+            make_scheduler(model, preemption=False)
+    with pytest.raises(PrefixCacheError, match="runs the slots model"):
+        replay(reqs, ["radix"], 1000, model="time", scheduler=SlotScheduler())
+    with pytest.raises(PrefixCacheError, match="capacity must be an int"):
+        replay(reqs, ["radix"], 2500.5)  # type: ignore[arg-type]
+    # The same scheduler named twice, or a numpy int capacity, is fine.
+    (r,) = replay(reqs, ["radix"], np.int64(4000), model="time", scheduler=TimeScheduler())
+    assert r.capacity == 4000
