@@ -32,6 +32,19 @@ def mooncake_file(tmp_path: Path) -> Path:
     return p
 
 
+def test_compare_of_an_unlimited_workload_gives_each_policy_its_own_budget(
+    tmp_path: Path,
+) -> None:
+    js = tmp_path / "c.json"
+    args = ["compare", "--workload", "A", "--quiet", "--policies", "radix", "trtllm"]
+    assert main([*args, "--json", str(js)]) == 0
+    (w,) = json.loads(js.read_text())["workloads"]
+    radix, trtllm = w["summaries"]
+    # Every request fits in its own blocks: 64-token ones for the trie.
+    assert w["capacity"] is None and trtllm["capacity"] > radix["capacity"]
+    assert radix["evicted_tokens"] == trtllm["evicted_tokens"] == 0
+
+
 def test_compare_prints_and_writes_the_same_numbers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,6 +76,8 @@ def test_compare_prints_and_writes_the_same_numbers(
         for k in ("policy", "prompt_tokens", "hit_tokens", "evicted_tokens", "evictions"):
             assert a[k] == b[k]
         assert f"{a['hit_tokens']:,}" in out
+    # A and C run unlimited: no budget of their own.
+    assert [w["capacity"] for w in data["workloads"]] == [None, None]
     diff = data["workloads"][0]["differences"][0]
     assert (diff["a"], diff["b"], diff["total_diff"]) == ("radix", "radix-page16", 2040)
     rows = list(csv.DictReader(cs.open()))

@@ -923,7 +923,8 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
             {
                 "workload": w.name,
                 "description": w.description,
-                "capacity": sums[0]["capacity"],
+                # None: unlimited (each summary has the budget its policy ran at).
+                "capacity": cap,
                 "summaries": sums,
                 "differences": diffs,
                 "gap": gap_rows(sums),
