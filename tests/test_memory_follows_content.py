@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import gc, os, sys
@@ -66,3 +68,57 @@ def test_radix_namespaces_do_not_accumulate() -> None:
 def test_trie_salts_and_multimodal_hashes_do_not_accumulate() -> None:
     # Keeping them cost ~21 MB here (~120 bytes per request); now flat.
     assert grown("trie", 200_000) < 4 << 20
+
+
+LAB_SCRIPT = textwrap.dedent(
+    """
+    import gc, os, sys
+    import numpy as np
+    from prefixcache._core import LabCache
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    rule, admit, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    per = 8  # blocks a request: n requests of distinct 8-block chains, all kept
+    keys = np.arange(1, n * per + 1, dtype=np.uint64)
+    c = LabCache(10**12, rule, admit)
+    if rule == "opt":  # every block used again once, by a later request
+        offsets = np.arange(0, n * per + 1, per, dtype=np.uint64)
+        c.set_future(keys, offsets, np.full(n, per, dtype=np.uint32))
+    gc.collect()
+    before = rss()
+    for r in range(n):
+        k = keys[r * per : (r + 1) * per]
+        c.acquire(r, k, per, per)
+        c.release(r)
+    gc.collect()
+    assert c.num_used == (n * per if admit == 1 else 0)
+    print((rss() - before) / (n * per))
+    """
+)
+
+
+def lab_bytes_per_block(rule: str, admit: int = 1, n: int = 250_000) -> float:
+    r = subprocess.run(
+        [sys.executable, "-c", LAB_SCRIPT, rule, str(admit), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+# Bytes per cached block now (2M blocks of 250k 8-block chains): 52 lru, 27 opt, 56 lfu,
+# 69 cost, 64 density, 57 slru, 52 session; before: 160, 74, 203, 203, 197, 203, 142.
+LIMITS = {"lru": 60, "opt": 40, "lfu": 64, "cost": 80, "density": 80, "slru": 64, "session": 60}
+
+
+@pytest.mark.parametrize("rule", sorted(LIMITS))
+def test_lab_cache_block_costs_what_its_rule_keeps(rule: str) -> None:
+    # Each block held every rule's fields (~100 bytes), a copy of its eviction key (32)
+    # and a 16-byte key-map entry; now 24 bytes plus the stamps its rule reads (8 for
+    # recency, 4 for a count or a next use, 8 for a priority) and a 4-byte map slot.
+    assert lab_bytes_per_block(rule) < LIMITS[rule]
