@@ -17,6 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::density::Density;
 use super::future::{NextUse, NEVER};
 use super::rule::{Admission, Rule};
+use super::seen::SeenTable;
 use crate::error::{Error, Result};
 use crate::sys_vec::SysVec;
 
@@ -48,7 +49,7 @@ struct Block {
 /// The key map's hash of a block key (keys given by a caller need not be uniform: every
 /// bit reaches the bucket bits; MurmurHash3's finaliser).
 #[inline]
-fn key_hash(k: u64) -> u64 {
+pub(super) fn key_hash(k: u64) -> u64 {
     let h = (k ^ (k >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
     let h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
     h ^ (h >> 33)
@@ -127,10 +128,19 @@ pub struct LabCache {
     cached: usize,
     clock: u64,
     held: FxHashMap<u64, Held>,
-    seen: FxHashMap<u64, u32>,
+    /// Rule::TwoQ and Admission::Seen: how often requests brought each key, per slot for
+    /// the live blocks and in `seen` for the keys no longer cached.
+    seen_live: SysVec<u32>,
+    seen: SeenTable,
     future: Option<NextUse>,
     aging: f64,
+    /// Slru and Session: the protected blocks by recency, `(last use, slot)`, for
+    /// demotion. Built when the segment first outgrows its cap (until then nothing is
+    /// demoted and no order is needed; with an unlimited budget, never).
     protected: BTreeSet<(u64, u32)>,
+    protected_ordered: bool,
+    /// Slru and Session: the protected blocks.
+    protected_len: usize,
     protected_cap: usize,
     /// Live blocks outside the protected / main segment (Rule::TwoQ).
     window_len: usize,
@@ -139,7 +149,7 @@ pub struct LabCache {
     /// from (with each slot's position in it), the sampler's state.
     density: Density,
     pool: Vec<u32>,
-    pool_pos: Vec<u32>,
+    pool_pos: SysVec<u32>,
     rng: u64,
     stats: LabStats,
 }
@@ -172,10 +182,13 @@ impl LabCache {
             cached: 0,
             clock: 0,
             held: FxHashMap::default(),
-            seen: FxHashMap::default(),
+            seen_live: SysVec::new(),
+            seen: SeenTable::default(),
             future: None,
             aging: 0.0,
             protected: BTreeSet::new(),
+            protected_ordered: false,
+            protected_len: 0,
             protected_cap,
             window_len: 0,
             window_cap: match rule {
@@ -184,7 +197,7 @@ impl LabCache {
             },
             density: Density::default(),
             pool: Vec::new(),
-            pool_pos: Vec::new(),
+            pool_pos: SysVec::new(),
             rng: 0x9E37_79B9_7F4A_7C15,
             stats: LabStats::default(),
         }
@@ -212,6 +225,7 @@ impl LabCache {
                     self.capacity
                 )));
             }
+            self.reserve_departures(self.used - self.capacity)?;
             while self.used > self.capacity && self.evict_one() {}
         }
         self.overcommit = on;
@@ -351,13 +365,16 @@ impl LabCache {
             if matches!(rule, Rule::Cost { .. }) {
                 room(&mut self.priority, slots)?;
             }
+            if self.counts_keys() {
+                room(&mut self.seen_live, slots)?;
+            }
         }
         if matches!(self.rule, Rule::Density { .. }) {
             // The sampling pool and its positions index every slot there may be.
             let oom = |e| Error::out_of_memory("the lab cache's sampling pool", e);
             let slots_after = self.blocks.len() + slots;
             let more = slots_after.saturating_sub(self.pool_pos.len());
-            self.pool_pos.try_reserve(more).map_err(oom)?;
+            room(&mut self.pool_pos, more)?;
             let more = slots_after.saturating_sub(self.pool.len());
             self.pool.try_reserve(more).map_err(oom)?;
         }
@@ -365,12 +382,27 @@ impl LabCache {
         self.map
             .try_reserve(fresh, |&s| key_hash(blocks[s as usize].key))
             .map_err(|e| Error::out_of_memory("the lab cache's key map", format!("{e:?}")))?;
-        if matches!(self.admission, Admission::Seen(_)) || matches!(self.rule, Rule::TwoQ { .. }) {
-            self.seen
-                .try_reserve(fresh)
-                .map_err(|e| Error::out_of_memory("the lab cache's seen keys", e))?;
+        Ok(())
+    }
+
+    /// Whether keys' use counts are kept (2Q, the admission filter).
+    fn counts_keys(&self) -> bool {
+        matches!(self.admission, Admission::Seen(_)) || matches!(self.rule, Rule::TwoQ { .. })
+    }
+
+    /// Room for `n` blocks to leave the cache (their keys' counts move to `seen`).
+    fn reserve_departures(&mut self, n: usize) -> Result<()> {
+        if self.counts_keys() && n > 0 {
+            self.seen.reserve(n)?;
         }
         Ok(())
+    }
+
+    /// A block leaves the cache: its key's count moves to `seen` (reserved).
+    fn depart(&mut self, key: u64, slot: u32) {
+        if self.counts_keys() {
+            self.seen.put(key, self.seen_live[slot as usize]);
+        }
     }
 
     /// The block's key in the evictable set, from its fields (which do not change while
@@ -516,6 +548,7 @@ impl LabCache {
         if let Rule::Cost { .. } = self.rule {
             self.aging = self.aging.max(self.priority[slot as usize]);
         }
+        self.depart(key, slot);
         self.map_remove(key);
         self.free_slots.push(slot);
         self.used -= 1;
@@ -563,6 +596,10 @@ impl LabCache {
         if matches!(rule, Rule::Cost { .. }) {
             put(&mut self.priority, slot, 0.0);
         }
+        if self.counts_keys() {
+            let n = self.seen.take(key);
+            put(&mut self.seen_live, slot, n);
+        }
         if parent != NONE {
             self.blocks[parent as usize].children += 1;
         }
@@ -602,7 +639,10 @@ impl LabCache {
 
     fn unprotect_entry(&mut self, last: u64, slot: u32) {
         if self.tracks_protected() {
-            self.protected.remove(&(last, slot));
+            self.protected_len -= 1;
+            if self.protected_ordered {
+                self.protected.remove(&(last, slot));
+            }
         }
     }
 
@@ -618,7 +658,10 @@ impl LabCache {
         }
         self.set(slot, PROTECTED, true);
         if self.tracks_protected() {
-            self.protected.insert((self.last_of(slot), slot));
+            self.protected_len += 1;
+            if self.protected_ordered {
+                self.protected.insert((self.last_of(slot), slot));
+            }
         }
         self.window_len -= 1;
         if listed {
@@ -627,10 +670,20 @@ impl LabCache {
         if matches!(self.rule, Rule::TwoQ { .. }) {
             return; // the main segment is not capped
         }
-        while self.protected.len() > self.protected_cap {
+        while self.protected_len > self.protected_cap {
+            if !self.protected_ordered {
+                // A protected block's last use is its entry's (both change together).
+                for s in 0..self.blocks.len() as u32 {
+                    if self.has(s, LIVE) && self.has(s, PROTECTED) {
+                        self.protected.insert((self.last_of(s), s));
+                    }
+                }
+                self.protected_ordered = true;
+            }
             let Some((_, s)) = self.protected.pop_first() else {
                 break;
             };
+            self.protected_len -= 1;
             let listed = self.has(s, LISTED);
             if listed {
                 self.unlist(s);
@@ -678,18 +731,17 @@ impl LabCache {
             self.priority[i] = self.aging + (f64::from(self.hits[i]) + 1.0) * cost;
         }
         if was_protected {
-            if self.tracks_protected() {
+            if self.tracks_protected() && self.protected_ordered {
                 self.protected.remove(&(old_last, slot));
                 self.protected.insert((clock, slot));
             }
         } else if promote {
             self.protect(slot);
         }
-        if matches!(self.admission, Admission::Seen(_)) || matches!(rule, Rule::TwoQ { .. }) {
-            let key = self.blocks[i].key;
-            let n = self.seen.entry(key).or_insert(0);
-            *n += 1;
-            if *n >= 2 && matches!(rule, Rule::TwoQ { .. }) {
+        if self.counts_keys() {
+            let n = self.seen_live[i].saturating_add(1);
+            self.seen_live[i] = n;
+            if n >= 2 && matches!(rule, Rule::TwoQ { .. }) {
                 self.protect(slot);
             }
         }
@@ -733,6 +785,11 @@ impl LabCache {
         self.check_total(total)?;
         let fresh = keys.iter().filter(|k| self.slot_of(**k).is_none()).count();
         self.reserve_blocks(fresh)?;
+        if !self.overcommit {
+            let free = self.capacity.saturating_sub(self.used);
+            let evictions = (fresh + anon).saturating_sub(free).min(self.cached);
+            self.reserve_departures(evictions)?;
+        }
         self.held
             .try_reserve(1)
             .map_err(|e| Error::out_of_memory("the lab cache's requests", e))?;
@@ -833,6 +890,11 @@ impl LabCache {
             .filter(|k| self.slot_of(**k).is_none())
             .count();
         self.reserve_blocks(fresh)?;
+        if !self.overcommit {
+            let free = self.capacity.saturating_sub(self.used);
+            let need = (fresh + (total - keyed)).saturating_sub(old_anon);
+            self.reserve_departures(need.saturating_sub(free).min(self.cached))?;
+        }
         let mut present: Vec<Option<u32>> = Vec::with_capacity(new_keys.len());
         for k in new_keys {
             let s = self.slot_of(*k);
@@ -886,10 +948,10 @@ impl LabCache {
         Ok(true)
     }
 
-    fn admitted(&self, key: u64) -> bool {
+    fn admitted(&self, slot: u32) -> bool {
         match self.admission {
             Admission::All => true,
-            Admission::Seen(k) => self.seen.get(&key).copied().unwrap_or(0) >= k,
+            Admission::Seen(k) => self.seen_live[slot as usize] >= k,
         }
     }
 
@@ -897,6 +959,15 @@ impl LabCache {
     /// says), its anonymous blocks freed; with overcommit the cache then evicts down to
     /// its budget.
     pub fn release(&mut self, rid: u64) -> Result<()> {
+        // Blocks that may leave: the request's (not admitted) and, with overcommit, those
+        // evicted back down to the budget.
+        let leaving = self.held.get(&rid).map_or(0, |h| h.blocks.len());
+        let over = if self.overcommit {
+            self.used.saturating_sub(self.capacity)
+        } else {
+            0
+        };
+        self.reserve_departures(leaving.saturating_add(over))?;
         let Some(h) = self.held.remove(&rid) else {
             return Err(Error::UnknownRequest(format!(
                 "request {rid} holds no blocks"
@@ -914,7 +985,7 @@ impl LabCache {
                 continue;
             }
             let key = b.key;
-            if self.admitted(key) {
+            if self.admitted(s) {
                 self.list(s);
             } else {
                 let parent = self.blocks[s as usize].parent;
@@ -925,6 +996,7 @@ impl LabCache {
                 } else {
                     self.window_len -= 1;
                 }
+                self.depart(key, s);
                 self.map_remove(key);
                 self.free_slots.push(s);
                 self.used -= 1;
@@ -1003,18 +1075,38 @@ impl LabCache {
         if window != self.window_len {
             return fail(format!("window count {} != {window}", self.window_len));
         }
-        if self.tracks_protected() && self.protected.len() != live - window {
-            return fail(format!(
-                "{} protected entries for {} protected blocks",
-                self.protected.len(),
-                live - window
-            ));
+        if self.tracks_protected() {
+            if self.protected_len != live - window {
+                return fail(format!(
+                    "{} protected blocks counted, {} flagged",
+                    self.protected_len,
+                    live - window
+                ));
+            }
+            if self.protected_ordered
+                && (self.protected.len() != self.protected_len
+                    || self.protected.iter().any(|&(last, s)| {
+                        !(live_at(s as usize) && self.has(s, PROTECTED) && self.last_of(s) == last)
+                    }))
+            {
+                return fail("protected order".into());
+            }
         }
         let cached = (0..self.blocks.len())
             .filter(|&i| live_at(i) && self.blocks[i].refs == 0)
             .count();
         if cached != self.cached {
             return fail(format!("cached count {} != {cached}", self.cached));
+        }
+        if self.counts_keys() {
+            if !self.seen.consistent() {
+                return fail("seen keys table".into());
+            }
+            if let Some(i) = (0..self.blocks.len())
+                .find(|&i| live_at(i) && self.seen.contains(self.blocks[i].key))
+            {
+                return fail(format!("block {i}'s key is also among the departed keys"));
+            }
         }
         if self.map.len() != live || self.evictable.len() > live {
             return fail("map / evictable sizes".into());
