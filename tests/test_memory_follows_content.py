@@ -115,14 +115,14 @@ def lab_bytes_per_block(rule: str, admit: int = 1, n: int = 250_000, again: bool
 
 
 # Bytes per cached block now (2M blocks of 250k 8-block chains): 52-57 lru, 27 opt, 56 lfu,
-# 69 cost, 64-70 density, 57 slru, 52-57 session, 61 2q; before: 160, 74, 203, 203, 197,
+# 69 cost, 59 density, 57 slru, 52-57 session, 61 2q; before: 160, 74, 203, 203, 197,
 # 203, 142, 216.
 LIMITS = {
     "lru": 64,
     "opt": 40,
     "lfu": 64,
     "cost": 80,
-    "density": 80,
+    "density": 64,
     "slru": 64,
     "session": 64,
     "2q": 72,

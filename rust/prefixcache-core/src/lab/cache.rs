@@ -18,7 +18,7 @@ use super::density::Density;
 use super::future::{NextUse, NEVER};
 use super::rule::{Admission, Rule};
 use super::seen::SeenTable;
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 use crate::sys_vec::SysVec;
 
 const NONE: u32 = u32::MAX;
@@ -31,6 +31,11 @@ const PROTECTED: u8 = 2;
 /// In the evictable set, under the key [`LabCache::evict_key`] computes from the block's
 /// fields (they do not change while it is listed).
 const LISTED: u8 = 4;
+/// Bits 3-4: the uses (`Density`), saturating at 3: only whether a block was used and its
+/// class (once, twice, more; [`Density::class`]) are read, which 3 keeps exact.
+const USES_SHIFT: u32 = 3;
+const USES_MASK: u8 = 3 << USES_SHIFT;
+const USES_MAX: u32 = 3;
 
 type EvictKey = (u64, u64, u32, u32); // (primary, secondary, u32::MAX - depth, slot)
 
@@ -114,8 +119,6 @@ pub struct LabCache {
     next_use: SysVec<u32>,
     /// Per slot, the hits (`Lfu`, `Cost`).
     hits: SysVec<u32>,
-    /// Per slot, the uses (`Density`).
-    uses: SysVec<u32>,
     /// Per slot, the GDSF priority (`Cost`).
     priority: SysVec<f64>,
     free_slots: Vec<u32>,
@@ -173,7 +176,6 @@ impl LabCache {
             last: SysVec::new(),
             next_use: SysVec::new(),
             hits: SysVec::new(),
-            uses: SysVec::new(),
             priority: SysVec::new(),
             free_slots: Vec::new(),
             map: HashTable::new(),
@@ -319,6 +321,12 @@ impl LabCache {
         self.flags[slot as usize] & flag != 0
     }
 
+    /// `Density`'s use count of `slot` (saturating at [`USES_MAX`]).
+    #[inline]
+    fn uses_of(&self, slot: u32) -> u32 {
+        u32::from((self.flags[slot as usize] & USES_MASK) >> USES_SHIFT)
+    }
+
     #[inline]
     fn set(&mut self, slot: u32, flag: u8, on: bool) {
         let f = &mut self.flags[slot as usize];
@@ -346,6 +354,13 @@ impl LabCache {
             return Ok(());
         }
         let slots = fresh.saturating_sub(self.free_slots.len());
+        // Slots are u32 and u32::MAX means none.
+        if self.blocks.len().saturating_add(slots) >= NONE as usize {
+            return Err(Error::out_of_memory(
+                "the lab cache's blocks",
+                format!("more than {} blocks", NONE - 1),
+            ));
+        }
         if slots > 0 {
             room(&mut self.blocks, slots)?;
             room(&mut self.flags, slots)?;
@@ -358,9 +373,6 @@ impl LabCache {
             }
             if matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
                 room(&mut self.hits, slots)?;
-            }
-            if matches!(rule, Rule::Density { .. }) {
-                room(&mut self.uses, slots)?;
             }
             if matches!(rule, Rule::Cost { .. }) {
                 room(&mut self.priority, slots)?;
@@ -490,7 +502,7 @@ impl LabCache {
             let s = self.pool[idx];
             let b = &self.blocks[s as usize];
             let age = self.clock - self.last_of(s).min(self.clock);
-            let d = self.density.get(Density::class(self.uses[s as usize]), age);
+            let d = self.density.get(Density::class(self.uses_of(s)), age);
             let better = match best {
                 None => true,
                 Some((bd, ba, bdep, _)) => {
@@ -534,12 +546,12 @@ impl LabCache {
                 self.last_of(slot),
             )
         };
-        self.flags[slot as usize] = 0; // free: not live, protected or listed
         if matches!(self.rule, Rule::Density { .. }) {
-            let uses = self.uses[slot as usize];
+            let uses = self.uses_of(slot);
             self.density
                 .evicted(Density::class(uses), self.clock - last.min(self.clock));
         }
+        self.flags[slot as usize] = 0; // free: not live, protected or listed, no uses
         if protected {
             self.unprotect_entry(last, slot);
         } else {
@@ -589,9 +601,6 @@ impl LabCache {
         }
         if matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
             put(&mut self.hits, slot, 0);
-        }
-        if matches!(rule, Rule::Density { .. }) {
-            put(&mut self.uses, slot, 0);
         }
         if matches!(rule, Rule::Cost { .. }) {
             put(&mut self.priority, slot, 0.0);
@@ -715,12 +724,13 @@ impl LabCache {
         let was_protected = self.has(slot, PROTECTED);
         let old_last = self.last_of(slot);
         if matches!(rule, Rule::Density { .. }) {
-            let uses = self.uses[i];
+            let uses = self.uses_of(slot);
             if uses > 0 {
                 let (class, age) = (Density::class(uses), clock - old_last.min(clock));
                 self.density.hit(class, age);
             }
-            self.uses[i] = uses.saturating_add(1);
+            let f = &mut self.flags[i];
+            *f = (*f & !USES_MASK) | ((uses + 1).min(USES_MAX) << USES_SHIFT) as u8;
         }
         self.set_last(slot, clock);
         if hit && matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
@@ -795,7 +805,8 @@ impl LabCache {
             .map_err(|e| Error::out_of_memory("the lab cache's requests", e))?;
         let hit = self.lookup(keys, hittable);
         // Pin every present block first, so eviction cannot take them.
-        let mut present: Vec<Option<u32>> = Vec::with_capacity(keys.len());
+        let mut present: Vec<Option<u32>> = try_vec(keys.len(), "a request's blocks")?;
+        let mut slots: Vec<u32> = try_vec(keys.len(), "a request's blocks")?;
         for k in keys {
             let s = self.slot_of(*k);
             if let Some(s) = s {
@@ -825,7 +836,6 @@ impl LabCache {
             Rule::Session { min_hit, .. } => hit > 0 && hit as f64 >= min_hit * hittable as f64,
             _ => false,
         };
-        let mut slots = Vec::with_capacity(keys.len());
         let mut parent = NONE;
         for (i, (k, p)) in keys.iter().zip(present).enumerate() {
             let s = match p {
@@ -895,7 +905,13 @@ impl LabCache {
             let need = (fresh + (total - keyed)).saturating_sub(old_anon);
             self.reserve_departures(need.saturating_sub(free).min(self.cached))?;
         }
-        let mut present: Vec<Option<u32>> = Vec::with_capacity(new_keys.len());
+        if let Some(h) = self.held.get_mut(&rid) {
+            h.blocks
+                .try_reserve(new_keys.len())
+                .map_err(|e| Error::out_of_memory("a request's blocks", e))?;
+        }
+        let mut present: Vec<Option<u32>> = try_vec(new_keys.len(), "a request's blocks")?;
+        let mut slots: Vec<u32> = try_vec(new_keys.len(), "a request's blocks")?;
         for k in new_keys {
             let s = self.slot_of(*k);
             if let Some(s) = s {
@@ -920,7 +936,6 @@ impl LabCache {
             }
         }
         self.clock += 1;
-        let mut slots = Vec::with_capacity(new_keys.len());
         for (i, (k, p)) in new_keys.iter().zip(present).enumerate() {
             let s = match p {
                 Some(s) => s,
