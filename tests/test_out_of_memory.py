@@ -88,6 +88,32 @@ CASES = {
         assert ix.apply("w", [stored([7, 8])], seq=2) == "applied"
         assert ix.cached_hashes("w") == [7, 8] and ix.num_hashes == 2
     """,
+    "LabCache": """
+        # A request of 20M new blocks: the cache's per-block arrays are reserved before
+        # anything changes (MemoryError, state unchanged); they grew infallibly (abort).
+        import numpy as np
+        from prefixcache._core import LabCache
+        n = 20_000_000
+        keys = np.arange(1, n + 1, dtype=np.uint64)
+        for rule in ["lru", "opt", "2q", "slru", "density", "cost"]:
+            c = LabCache(10**12, rule, overcommit=True)
+            if rule == "opt":
+                c.set_future(keys[:4], np.array([0, 4], dtype=np.uint64),
+                             np.array([4], dtype=np.uint32))
+            assert c.acquire(0, keys[:3], 3, 3) == 0
+            c.release(0)
+            with open("/proc/self/status") as f:
+                vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), hard))
+            assert oom(lambda: c.acquire(1, keys, n, n)), rule
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+            assert (c.num_used, c.num_evictable, c.lookup(keys[:4], 4)) == (3, 3, 3), rule
+            c.check_invariants()
+            assert c.acquire(1, keys[:10], 10, 10) == 3
+            c.release(1)
+            c.check_invariants()
+    """,
     "KvIndex frames": """
         import struct
         # 10 MB claiming 10M events: memory follows the bytes, not the header's count.

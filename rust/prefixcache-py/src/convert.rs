@@ -2174,6 +2174,21 @@ pub fn u32_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     exact_array(obj, what, "uint32")
 }
 
+/// A 1-D numpy `uint64` array, borrowed read-only (no copy; `what` names the argument
+/// in messages).
+pub fn u64_array_view<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {
+    obj.extract::<numpy::PyReadonlyArray1<'py, u64>>()
+        .map_err(|_| {
+            invalid_type(format!(
+                "{what} must be a 1-D numpy uint64 array, got {}",
+                type_name(obj)
+            ))
+        })
+}
+
 /// A 1-D numpy array of exactly `T` (`dtype` its name in messages), copied.
 fn exact_array<T: numpy::Element + Copy>(
     obj: &Bound<'_, PyAny>,

@@ -125,10 +125,15 @@ impl LabCache {
         offsets: &Bound<'_, PyAny>,
         hittable: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let keys = convert::u64_array(keys, "keys")?;
         let offsets = convert::u64_array(offsets, "offsets")?;
         let hittable = convert::u32_array(hittable, "hittable")?;
-        let f = NextUse::new(&keys, &offsets, &hittable).py_err()?;
+        // The keys (every block of the sequence) are read in place, not copied.
+        let keys = convert::u64_array_view(keys, "keys")?;
+        let Ok(slice) = keys.as_slice() else {
+            return Err(invalid_input("keys must be contiguous"));
+        };
+        let f = NextUse::new(slice, &offsets, &hittable).py_err()?;
+        drop(keys);
         self.inner.with(py, |c| c.set_future(f))
     }
 

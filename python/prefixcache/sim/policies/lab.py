@@ -136,7 +136,6 @@ class LabPolicy:
         self._peak_cached = 0  # blocks holding a key (in use or evictable)
         self._anonymous = 0  # blocks requests hold without a key, all requests
         self._prepared = False
-        self._future_keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None
 
     # -- the future (opt) and the request-sequence model --------------------------------
     def prepare(self, requests: Sequence[Request], *, outputs: bool = True) -> None:
@@ -148,24 +147,29 @@ class LabPolicy:
         from prefixcache._core import lab_block_keys
 
         bs = self.block_size
-        keys: list[npt.NDArray[np.uint64]] = []
+        # Every request's keys go straight into one array (sized from the lengths), which
+        # is dropped once the future is built: admissions hash their prompts again
+        # (cheap) rather than hold a key per block of the whole sequence.
+        with_output = [outputs and r.output_len > 0 for r in requests]
+        lengths = [
+            (r.prompt_len + (r.output_len if w else 0)) // bs
+            for r, w in zip(requests, with_output, strict=True)
+        ]
         offsets = np.zeros(len(requests) + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
         hittable = np.zeros(len(requests), dtype=np.uint32)
+        flat = np.empty(int(offsets[-1]), dtype=np.uint64)
         for i, r in enumerate(requests):
-            with_output = outputs and r.output_len > 0
-            toks = np.concatenate([r.prompt, r.output]) if with_output else r.prompt
+            toks = np.concatenate([r.prompt, r.output]) if with_output[i] else r.prompt
             k = lab_block_keys(
                 np.ascontiguousarray(toks, dtype=np.uint32),
                 bs,
                 namespace_seed(r.extra_key, r.cache_salt),
             )
-            keys.append(k)
-            offsets[i + 1] = offsets[i] + len(k)
+            flat[int(offsets[i]) : int(offsets[i + 1])] = k
             hittable[i] = (r.prompt_len - 1) // bs
-        flat = np.concatenate(keys) if keys else _EMPTY_KEYS
         self.cache.set_future(flat, offsets, hittable)
         self._prepared = True
-        self._future_keys = (flat, offsets)  # reused at admission instead of rehashing
 
     def set_sequence_model(self) -> None:
         """Request-sequence model: take a request's blocks over the budget, then evict
@@ -201,9 +205,7 @@ class LabPolicy:
         prompt = np.ascontiguousarray(prompt, dtype=np.uint32)
         seed = namespace_seed(extra_key, cache_salt)
         n = len(prompt)
-        keys = self._known_keys(rid, n // bs)
-        if keys is None:
-            keys = lab_block_keys(prompt, bs, seed)
+        keys = lab_block_keys(prompt, bs, seed)
         total = -(-(n + reserve) // bs)
         got = self.cache.acquire(int(rid), keys, (n - 1) // bs, total)
         if got is None:
@@ -218,17 +220,6 @@ class LabPolicy:
 
     def host_hit(self, rid: RequestId) -> int:
         return 0
-
-    def _known_keys(self, rid: RequestId, count: int) -> npt.NDArray[np.uint64] | None:
-        """Request ``rid``'s first ``count`` block keys as :meth:`prepare` computed them
-        (a prompt, or a prompt plus generated tokens, is a prefix of what it hashed)."""
-        if self._future_keys is None or not isinstance(rid, int):
-            return None
-        flat, offsets = self._future_keys
-        if not 0 <= rid < len(offsets) - 1:
-            return None
-        a, b = int(offsets[rid]), int(offsets[rid + 1])
-        return flat[a : a + count] if count <= b - a else None
 
     def on_prefill_done(self, rid: RequestId) -> None:
         return None

@@ -11,32 +11,75 @@
 
 use std::collections::BTreeSet;
 
+use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::density::Density;
 use super::future::{NextUse, NEVER};
 use super::rule::{Admission, Rule};
-use crate::error::{Error, Result};
+use super::seen::SeenTable;
+use crate::error::{try_vec, Error, Result};
+use crate::sys_vec::SysVec;
 
 const NONE: u32 = u32::MAX;
+/// `next_use` of a block never used again (the future's u32 form of [`NEVER`]).
+const NEVER_U32: u32 = u32::MAX;
+
+/// Block flags.
+const LIVE: u8 = 1;
+const PROTECTED: u8 = 2;
+/// In the evictable set, under the key [`LabCache::evict_key`] computes from the block's
+/// fields (they do not change while it is listed).
+const LISTED: u8 = 4;
+/// Bits 3-4: the uses (`Density`), saturating at 3: only whether a block was used and its
+/// class (once, twice, more; [`Density::class`]) are read, which 3 keeps exact.
+const USES_SHIFT: u32 = 3;
+const USES_MASK: u8 = 3 << USES_SHIFT;
+const USES_MAX: u32 = 3;
 
 type EvictKey = (u64, u64, u32, u32); // (primary, secondary, u32::MAX - depth, slot)
 
-#[derive(Debug, Clone)]
+/// What every rule keeps of a block (24 bytes). The rest lives in side arrays indexed by
+/// slot, each kept only by the rules that read it (see [`LabCache`]'s fields), so that a
+/// block costs what its rule needs.
+#[derive(Debug, Clone, Copy)]
 struct Block {
     key: u64,
     parent: u32,
     depth: u32,
     children: u32,
     refs: u32,
-    last: u64,
-    hits: u32,
-    uses: u32,
-    next_use: u64,
-    protected: bool,
-    live: bool,
-    listed: Option<EvictKey>,
-    priority: f64, // Rule::Cost
+}
+
+/// The key map's hash of a block key (keys given by a caller need not be uniform: every
+/// bit reaches the bucket bits; MurmurHash3's finaliser).
+#[inline]
+pub(super) fn key_hash(k: u64) -> u64 {
+    let h = (k ^ (k >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    let h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
+}
+
+/// Room for `fresh` more elements, growing by half at least (fallible; nothing changes
+/// on error).
+fn room<T: Copy>(v: &mut SysVec<T>, fresh: usize) -> Result<()> {
+    if v.capacity() - v.len() >= fresh {
+        return Ok(());
+    }
+    let oom = |e| Error::out_of_memory("the lab cache's blocks", e);
+    let more = fresh.max(v.capacity() / 2).max(64);
+    v.try_reserve_exact(more)
+        .or_else(|_| v.try_reserve_exact(fresh))
+        .map_err(oom)
+}
+
+/// Writes `value` at `slot` (`slot == len`: appends, within a reservation).
+#[inline]
+fn put<T: Copy>(v: &mut SysVec<T>, slot: u32, value: T) {
+    match v.get_mut(slot as usize) {
+        Some(x) => *x = value,
+        None => v.push(value),
+    }
 }
 
 #[derive(Debug, Default)]
@@ -67,9 +110,20 @@ pub struct LabCache {
     rule: Rule,
     admission: Admission,
     overcommit: bool,
-    blocks: Vec<Block>,
+    blocks: SysVec<Block>,
+    /// Per slot: [`LIVE`], [`PROTECTED`], [`LISTED`].
+    flags: SysVec<u8>,
+    /// Per slot, the clock of the last use (every rule but `Opt`).
+    last: SysVec<u64>,
+    /// Per slot, the next hittable use ([`NEVER_U32`]: never; `Opt` only).
+    next_use: SysVec<u32>,
+    /// Per slot, the hits (`Lfu`, `Cost`).
+    hits: SysVec<u32>,
+    /// Per slot, the GDSF priority (`Cost`).
+    priority: SysVec<f64>,
     free_slots: Vec<u32>,
-    map: FxHashMap<u64, u32>,
+    /// The live blocks' slots, found by their keys (read from `blocks`): 4 bytes a slot.
+    map: HashTable<u32>,
     evictable: BTreeSet<EvictKey>,
     used: usize,
     /// Unreferenced cached blocks. A request holds a whole root path, so every one of
@@ -77,10 +131,19 @@ pub struct LabCache {
     cached: usize,
     clock: u64,
     held: FxHashMap<u64, Held>,
-    seen: FxHashMap<u64, u32>,
+    /// Rule::TwoQ and Admission::Seen: how often requests brought each key, per slot for
+    /// the live blocks and in `seen` for the keys no longer cached.
+    seen_live: SysVec<u32>,
+    seen: SeenTable,
     future: Option<NextUse>,
     aging: f64,
+    /// Slru and Session: the protected blocks by recency, `(last use, slot)`, for
+    /// demotion. Built when the segment first outgrows its cap (until then nothing is
+    /// demoted and no order is needed; with an unlimited budget, never).
     protected: BTreeSet<(u64, u32)>,
+    protected_ordered: bool,
+    /// Slru and Session: the protected blocks.
+    protected_len: usize,
     protected_cap: usize,
     /// Live blocks outside the protected / main segment (Rule::TwoQ).
     window_len: usize,
@@ -89,7 +152,7 @@ pub struct LabCache {
     /// from (with each slot's position in it), the sampler's state.
     density: Density,
     pool: Vec<u32>,
-    pool_pos: Vec<u32>,
+    pool_pos: SysVec<u32>,
     rng: u64,
     stats: LabStats,
 }
@@ -108,18 +171,26 @@ impl LabCache {
             rule,
             admission,
             overcommit,
-            blocks: Vec::new(),
+            blocks: SysVec::new(),
+            flags: SysVec::new(),
+            last: SysVec::new(),
+            next_use: SysVec::new(),
+            hits: SysVec::new(),
+            priority: SysVec::new(),
             free_slots: Vec::new(),
-            map: FxHashMap::default(),
+            map: HashTable::new(),
             evictable: BTreeSet::new(),
             used: 0,
             cached: 0,
             clock: 0,
             held: FxHashMap::default(),
-            seen: FxHashMap::default(),
+            seen_live: SysVec::new(),
+            seen: SeenTable::default(),
             future: None,
             aging: 0.0,
             protected: BTreeSet::new(),
+            protected_ordered: false,
+            protected_len: 0,
             protected_cap,
             window_len: 0,
             window_cap: match rule {
@@ -128,7 +199,7 @@ impl LabCache {
             },
             density: Density::default(),
             pool: Vec::new(),
-            pool_pos: Vec::new(),
+            pool_pos: SysVec::new(),
             rng: 0x9E37_79B9_7F4A_7C15,
             stats: LabStats::default(),
         }
@@ -156,6 +227,7 @@ impl LabCache {
                     self.capacity
                 )));
             }
+            self.reserve_departures(self.used - self.capacity)?;
             while self.used > self.capacity && self.evict_one() {}
         }
         self.overcommit = on;
@@ -191,8 +263,8 @@ impl LabCache {
     fn check_chain(&self, keys: &[u64], mut parent: u32) -> Result<()> {
         let mut gone = false;
         for (i, k) in keys.iter().enumerate() {
-            match self.map.get(k) {
-                Some(&s) if !gone && self.blocks[s as usize].parent == parent => parent = s,
+            match self.slot_of(*k) {
+                Some(s) if !gone && self.blocks[s as usize].parent == parent => parent = s,
                 Some(_) => {
                     return Err(Error::InvalidArgument(format!(
                         "key {k} (position {i}) is cached after another key than the one \
@@ -221,31 +293,163 @@ impl LabCache {
     pub fn lookup(&self, keys: &[u64], hittable: usize) -> usize {
         keys[..hittable.min(keys.len())]
             .iter()
-            .take_while(|k| self.map.contains_key(k))
+            .take_while(|k| self.slot_of(**k).is_some())
             .count()
     }
 
-    fn evict_key(&self, b: &Block, slot: u32) -> EvictKey {
-        let (p, s) = match self.rule {
-            Rule::Lru => (b.last, 0),
-            Rule::Opt => (u64::MAX - b.next_use, 0),
-            Rule::Slru { .. } | Rule::Session { .. } | Rule::TwoQ { .. } => {
-                (u64::from(b.protected), b.last)
+    /// The slot of the live block of key `k`.
+    #[inline]
+    fn slot_of(&self, k: u64) -> Option<u32> {
+        let blocks = &self.blocks;
+        self.map
+            .find(key_hash(k), |&s| blocks[s as usize].key == k)
+            .copied()
+    }
+
+    fn map_remove(&mut self, k: u64) {
+        let blocks = &self.blocks;
+        if let Ok(e) = self
+            .map
+            .find_entry(key_hash(k), |&s| blocks[s as usize].key == k)
+        {
+            e.remove();
+        }
+    }
+
+    #[inline]
+    fn has(&self, slot: u32, flag: u8) -> bool {
+        self.flags[slot as usize] & flag != 0
+    }
+
+    /// `Density`'s use count of `slot` (saturating at [`USES_MAX`]).
+    #[inline]
+    fn uses_of(&self, slot: u32) -> u32 {
+        u32::from((self.flags[slot as usize] & USES_MASK) >> USES_SHIFT)
+    }
+
+    #[inline]
+    fn set(&mut self, slot: u32, flag: u8, on: bool) {
+        let f = &mut self.flags[slot as usize];
+        *f = if on { *f | flag } else { *f & !flag };
+    }
+
+    /// The clock of `slot`'s last use (0 for a rule that does not keep it).
+    #[inline]
+    fn last_of(&self, slot: u32) -> u64 {
+        self.last.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    #[inline]
+    fn set_last(&mut self, slot: u32, clock: u64) {
+        if let Some(x) = self.last.get_mut(slot as usize) {
+            *x = clock;
+        }
+    }
+
+    /// Room for `fresh` more blocks (the map's entries and, past the free slots, every
+    /// per-slot array the rule keeps), before anything changes: `OutOfMemory` otherwise,
+    /// nothing changed.
+    fn reserve_blocks(&mut self, fresh: usize) -> Result<()> {
+        if fresh == 0 {
+            return Ok(());
+        }
+        let slots = fresh.saturating_sub(self.free_slots.len());
+        // Slots are u32 and u32::MAX means none.
+        if self.blocks.len().saturating_add(slots) >= NONE as usize {
+            return Err(Error::out_of_memory(
+                "the lab cache's blocks",
+                format!("more than {} blocks", NONE - 1),
+            ));
+        }
+        if slots > 0 {
+            room(&mut self.blocks, slots)?;
+            room(&mut self.flags, slots)?;
+            let rule = self.rule;
+            if rule != Rule::Opt {
+                room(&mut self.last, slots)?;
             }
-            Rule::Lfu => (u64::from(b.hits), b.last),
+            if rule == Rule::Opt {
+                room(&mut self.next_use, slots)?;
+            }
+            if matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
+                room(&mut self.hits, slots)?;
+            }
+            if matches!(rule, Rule::Cost { .. }) {
+                room(&mut self.priority, slots)?;
+            }
+            if self.counts_keys() {
+                room(&mut self.seen_live, slots)?;
+            }
+        }
+        if matches!(self.rule, Rule::Density { .. }) {
+            // The sampling pool and its positions index every slot there may be.
+            let oom = |e| Error::out_of_memory("the lab cache's sampling pool", e);
+            let slots_after = self.blocks.len() + slots;
+            let more = slots_after.saturating_sub(self.pool_pos.len());
+            room(&mut self.pool_pos, more)?;
+            let more = slots_after.saturating_sub(self.pool.len());
+            self.pool.try_reserve(more).map_err(oom)?;
+        }
+        let blocks = &self.blocks;
+        self.map
+            .try_reserve(fresh, |&s| key_hash(blocks[s as usize].key))
+            .map_err(|e| Error::out_of_memory("the lab cache's key map", format!("{e:?}")))?;
+        Ok(())
+    }
+
+    /// Whether keys' use counts are kept (2Q, the admission filter).
+    fn counts_keys(&self) -> bool {
+        matches!(self.admission, Admission::Seen(_)) || matches!(self.rule, Rule::TwoQ { .. })
+    }
+
+    /// Room for `n` blocks to leave the cache (their keys' counts move to `seen`).
+    fn reserve_departures(&mut self, n: usize) -> Result<()> {
+        if self.counts_keys() && n > 0 {
+            self.seen.reserve(n)?;
+        }
+        Ok(())
+    }
+
+    /// A block leaves the cache: its key's count moves to `seen` (reserved).
+    fn depart(&mut self, key: u64, slot: u32) {
+        if self.counts_keys() {
+            self.seen.put(key, self.seen_live[slot as usize]);
+        }
+    }
+
+    /// The block's key in the evictable set, from its fields (which do not change while
+    /// it is listed: a block is unlisted before its stamps change).
+    fn evict_key(&self, slot: u32) -> EvictKey {
+        let i = slot as usize;
+        let last = self.last_of(slot);
+        let (p, s) = match self.rule {
+            Rule::Lru => (last, 0),
+            Rule::Opt => {
+                let next = match self.next_use[i] {
+                    NEVER_U32 => NEVER,
+                    j => u64::from(j),
+                };
+                (u64::MAX - next, 0)
+            }
+            Rule::Slru { .. } | Rule::Session { .. } | Rule::TwoQ { .. } => {
+                (u64::from(self.has(slot, PROTECTED)), last)
+            }
+            Rule::Lfu => (u64::from(self.hits[i]), last),
             Rule::Density { .. } => (0, 0),
             // Priorities are >= 0, so their IEEE bits order as the values do.
-            Rule::Cost { .. } => (b.priority.to_bits(), b.last),
+            Rule::Cost { .. } => (self.priority[i].to_bits(), last),
         };
-        (p, s, u32::MAX - b.depth, slot)
+        (p, s, u32::MAX - self.blocks[i].depth, slot)
     }
 
     fn list(&mut self, slot: u32) {
         let b = &self.blocks[slot as usize];
-        debug_assert!(b.live && b.refs == 0 && b.children == 0 && b.listed.is_none());
-        let k = self.evict_key(b, slot);
+        debug_assert!(
+            self.has(slot, LIVE) && b.refs == 0 && b.children == 0 && !self.has(slot, LISTED)
+        );
+        let k = self.evict_key(slot);
         self.evictable.insert(k);
-        self.blocks[slot as usize].listed = Some(k);
+        self.set(slot, LISTED, true);
         if matches!(self.rule, Rule::Density { .. }) {
             if self.pool_pos.len() <= slot as usize {
                 self.pool_pos.resize(slot as usize + 1, NONE);
@@ -256,8 +460,10 @@ impl LabCache {
     }
 
     fn unlist(&mut self, slot: u32) {
-        if let Some(k) = self.blocks[slot as usize].listed.take() {
+        if self.has(slot, LISTED) {
+            let k = self.evict_key(slot);
             self.evictable.remove(&k);
+            self.set(slot, LISTED, false);
             if matches!(self.rule, Rule::Density { .. }) {
                 let i = self.pool_pos[slot as usize] as usize;
                 self.pool.swap_remove(i);
@@ -295,8 +501,8 @@ impl LabCache {
             };
             let s = self.pool[idx];
             let b = &self.blocks[s as usize];
-            let age = self.clock - b.last.min(self.clock);
-            let d = self.density.get(Density::class(b.uses), age);
+            let age = self.clock - self.last_of(s).min(self.clock);
+            let d = self.density.get(Density::class(self.uses_of(s)), age);
             let better = match best {
                 None => true,
                 Some((bd, ba, bdep, _)) => {
@@ -310,19 +516,13 @@ impl LabCache {
         best.map(|b| b.3)
     }
 
-    fn relist(&mut self, slot: u32) {
-        if self.blocks[slot as usize].listed.is_some() {
-            self.unlist(slot);
-            self.list(slot);
-        }
-    }
-
     fn evict_one(&mut self) -> bool {
         let main_first =
             matches!(self.rule, Rule::TwoQ { .. }) && self.window_len <= self.window_cap;
         let pick = if let Rule::Density { samples } = self.rule {
             self.density_victim(samples)
-                .and_then(|s| self.blocks[s as usize].listed)
+                .filter(|&s| self.has(s, LISTED))
+                .map(|s| self.evict_key(s))
         } else if main_first {
             self.evictable
                 .range((1, 0, 0, 0)..)
@@ -337,24 +537,31 @@ impl LabCache {
         };
         let slot = k.3;
         self.unlist(slot);
-        let (key, parent, protected, last, priority, uses) = {
-            let b = &mut self.blocks[slot as usize];
-            b.live = false;
-            (b.key, b.parent, b.protected, b.last, b.priority, b.uses)
+        let (key, parent, protected, last) = {
+            let b = &self.blocks[slot as usize];
+            (
+                b.key,
+                b.parent,
+                self.has(slot, PROTECTED),
+                self.last_of(slot),
+            )
         };
         if matches!(self.rule, Rule::Density { .. }) {
+            let uses = self.uses_of(slot);
             self.density
                 .evicted(Density::class(uses), self.clock - last.min(self.clock));
         }
+        self.flags[slot as usize] = 0; // free: not live, protected or listed, no uses
         if protected {
-            self.protected.remove(&(last, slot));
+            self.unprotect_entry(last, slot);
         } else {
             self.window_len -= 1;
         }
         if let Rule::Cost { .. } = self.rule {
-            self.aging = self.aging.max(priority);
+            self.aging = self.aging.max(self.priority[slot as usize]);
         }
-        self.map.remove(&key);
+        self.depart(key, slot);
+        self.map_remove(key);
         self.free_slots.push(slot);
         self.used -= 1;
         self.cached -= 1;
@@ -367,12 +574,13 @@ impl LabCache {
         if parent != NONE {
             let p = &mut self.blocks[parent as usize];
             p.children -= 1;
-            if p.children == 0 && p.refs == 0 && p.live {
+            if p.children == 0 && p.refs == 0 && self.has(parent, LIVE) {
                 self.list(parent);
             }
         }
     }
 
+    /// A new live block (within a [`reserve_blocks`](Self::reserve_blocks) reservation).
     fn new_block(&mut self, key: u64, parent: u32, depth: u32) -> u32 {
         let b = Block {
             key,
@@ -380,29 +588,33 @@ impl LabCache {
             depth,
             children: 0,
             refs: 0,
-            last: 0,
-            hits: 0,
-            uses: 0,
-            next_use: NEVER,
-            protected: false,
-            live: true,
-            listed: None,
-            priority: 0.0,
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.blocks[s as usize] = b;
-                s
-            }
-            None => {
-                self.blocks.push(b);
-                (self.blocks.len() - 1) as u32
-            }
-        };
+        let slot = self.free_slots.pop().unwrap_or(self.blocks.len() as u32);
+        put(&mut self.blocks, slot, b);
+        put(&mut self.flags, slot, LIVE);
+        let rule = self.rule;
+        if rule != Rule::Opt {
+            put(&mut self.last, slot, 0);
+        }
+        if rule == Rule::Opt {
+            put(&mut self.next_use, slot, NEVER_U32);
+        }
+        if matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
+            put(&mut self.hits, slot, 0);
+        }
+        if matches!(rule, Rule::Cost { .. }) {
+            put(&mut self.priority, slot, 0.0);
+        }
+        if self.counts_keys() {
+            let n = self.seen.take(key);
+            put(&mut self.seen_live, slot, n);
+        }
         if parent != NONE {
             self.blocks[parent as usize].children += 1;
         }
-        self.map.insert(key, slot);
+        let blocks = &self.blocks;
+        self.map
+            .insert_unique(key_hash(key), slot, |&s| key_hash(blocks[s as usize].key));
         self.used += 1;
         self.window_len += 1;
         slot
@@ -428,71 +640,118 @@ impl LabCache {
         }
     }
 
-    /// Promote `slot` to the protected segment (SLRU) and demote the least recent
-    /// protected blocks beyond the segment's size.
-    fn protect(&mut self, slot: u32) {
-        let b = &mut self.blocks[slot as usize];
-        if b.protected {
-            return;
-        }
-        b.protected = true;
-        self.protected.insert((b.last, slot));
-        self.window_len -= 1;
-        if matches!(self.rule, Rule::TwoQ { .. }) {
-            self.relist(slot);
-            return; // the main segment is not capped
-        }
-        while self.protected.len() > self.protected_cap {
-            let Some((_, s)) = self.protected.pop_first() else {
-                break;
-            };
-            let c = &mut self.blocks[s as usize];
-            c.protected = false;
-            self.window_len += 1;
-            c.last = self.clock; // to the probationary segment's most recent end
-            self.relist(s);
+    /// The protected segment's recency order is kept for the rules that demote from it
+    /// (`Slru`, `Session`); 2Q's main segment is not capped, so it needs none.
+    fn tracks_protected(&self) -> bool {
+        matches!(self.rule, Rule::Slru { .. } | Rule::Session { .. })
+    }
+
+    fn unprotect_entry(&mut self, last: u64, slot: u32) {
+        if self.tracks_protected() {
+            self.protected_len -= 1;
+            if self.protected_ordered {
+                self.protected.remove(&(last, slot));
+            }
         }
     }
 
-    /// Stamp an access at request `rid`: recency, frequency, next use, priority.
+    /// Promote `slot` to the protected segment (SLRU) and demote the least recent
+    /// protected blocks beyond the segment's size.
+    fn protect(&mut self, slot: u32) {
+        if self.has(slot, PROTECTED) {
+            return;
+        }
+        let listed = self.has(slot, LISTED);
+        if listed {
+            self.unlist(slot);
+        }
+        self.set(slot, PROTECTED, true);
+        if self.tracks_protected() {
+            self.protected_len += 1;
+            if self.protected_ordered {
+                self.protected.insert((self.last_of(slot), slot));
+            }
+        }
+        self.window_len -= 1;
+        if listed {
+            self.list(slot);
+        }
+        if matches!(self.rule, Rule::TwoQ { .. }) {
+            return; // the main segment is not capped
+        }
+        while self.protected_len > self.protected_cap {
+            if !self.protected_ordered {
+                // A protected block's last use is its entry's (both change together).
+                for s in 0..self.blocks.len() as u32 {
+                    if self.has(s, LIVE) && self.has(s, PROTECTED) {
+                        self.protected.insert((self.last_of(s), s));
+                    }
+                }
+                self.protected_ordered = true;
+            }
+            let Some((_, s)) = self.protected.pop_first() else {
+                break;
+            };
+            self.protected_len -= 1;
+            let listed = self.has(s, LISTED);
+            if listed {
+                self.unlist(s);
+            }
+            self.set(s, PROTECTED, false);
+            self.window_len += 1;
+            self.set_last(s, self.clock); // to the probationary segment's most recent end
+            if listed {
+                self.list(s);
+            }
+        }
+    }
+
+    /// Stamp an access at request `rid`: recency, frequency, next use, priority. The
+    /// block is not listed (pinned or new), so its eviction key may change.
     fn touch(&mut self, slot: u32, rid: u64, hit: bool, promote: bool) {
         let clock = self.clock;
-        let next = match &self.future {
-            Some(f) if self.rule == Rule::Opt => {
-                f.at(rid, self.blocks[slot as usize].depth as usize)
+        let i = slot as usize;
+        let rule = self.rule;
+        if rule == Rule::Opt {
+            let next = match &self.future {
+                Some(f) => f.at(rid, self.blocks[i].depth as usize),
+                None => NEVER,
+            };
+            // The future's uses are request indices below u32::MAX; NEVER maps to its
+            // u32 form.
+            self.next_use[i] = u32::try_from(next).unwrap_or(NEVER_U32);
+        }
+        let was_protected = self.has(slot, PROTECTED);
+        let old_last = self.last_of(slot);
+        if matches!(rule, Rule::Density { .. }) {
+            let uses = self.uses_of(slot);
+            if uses > 0 {
+                let (class, age) = (Density::class(uses), clock - old_last.min(clock));
+                self.density.hit(class, age);
             }
-            _ => NEVER,
-        };
-        let aging = self.aging;
-        let b = &mut self.blocks[slot as usize];
-        let was_protected = b.protected;
-        let old_last = b.last;
-        if b.uses > 0 && matches!(self.rule, Rule::Density { .. }) {
-            let (class, age) = (Density::class(b.uses), clock - old_last.min(clock));
-            self.density.hit(class, age);
+            let f = &mut self.flags[i];
+            *f = (*f & !USES_MASK) | ((uses + 1).min(USES_MAX) << USES_SHIFT) as u8;
         }
-        let b = &mut self.blocks[slot as usize];
-        b.uses = b.uses.saturating_add(1);
-        b.last = clock;
-        b.next_use = next;
-        if hit {
-            b.hits += 1;
+        self.set_last(slot, clock);
+        if hit && matches!(rule, Rule::Lfu | Rule::Cost { .. }) {
+            self.hits[i] = self.hits[i].saturating_add(1);
         }
-        if let Rule::Cost { depth_cost } = self.rule {
-            let cost = 1.0 + depth_cost * (f64::from(b.depth) + 0.5);
-            b.priority = aging + f64::from(b.hits + 1) * cost;
+        if let Rule::Cost { depth_cost } = rule {
+            let cost = 1.0 + depth_cost * (f64::from(self.blocks[i].depth) + 0.5);
+            self.priority[i] = self.aging + (f64::from(self.hits[i]) + 1.0) * cost;
         }
         if was_protected {
-            self.protected.remove(&(old_last, slot));
-            self.protected.insert((clock, slot));
+            if self.tracks_protected() && self.protected_ordered {
+                self.protected.remove(&(old_last, slot));
+                self.protected.insert((clock, slot));
+            }
         } else if promote {
             self.protect(slot);
         }
-        if matches!(self.admission, Admission::Seen(_)) || matches!(self.rule, Rule::TwoQ { .. }) {
-            let key = self.blocks[slot as usize].key;
-            let n = self.seen.entry(key).or_insert(0);
-            *n += 1;
-            if *n >= 2 && matches!(self.rule, Rule::TwoQ { .. }) {
+        if self.counts_keys() {
+            let n = self.seen_live[i].saturating_add(1);
+            self.seen_live[i] = n;
+            if n >= 2 && matches!(rule, Rule::TwoQ { .. }) {
                 self.protect(slot);
             }
         }
@@ -534,11 +793,22 @@ impl LabCache {
         self.check_chain(keys, NONE)?;
         let anon = total - keys.len();
         self.check_total(total)?;
+        let fresh = keys.iter().filter(|k| self.slot_of(**k).is_none()).count();
+        self.reserve_blocks(fresh)?;
+        if !self.overcommit {
+            let free = self.capacity.saturating_sub(self.used);
+            let evictions = (fresh + anon).saturating_sub(free).min(self.cached);
+            self.reserve_departures(evictions)?;
+        }
+        self.held
+            .try_reserve(1)
+            .map_err(|e| Error::out_of_memory("the lab cache's requests", e))?;
         let hit = self.lookup(keys, hittable);
         // Pin every present block first, so eviction cannot take them.
-        let mut present: Vec<Option<u32>> = Vec::with_capacity(keys.len());
+        let mut present: Vec<Option<u32>> = try_vec(keys.len(), "a request's blocks")?;
+        let mut slots: Vec<u32> = try_vec(keys.len(), "a request's blocks")?;
         for k in keys {
-            let s = self.map.get(k).copied();
+            let s = self.slot_of(*k);
             if let Some(s) = s {
                 self.pin(s);
             }
@@ -566,7 +836,6 @@ impl LabCache {
             Rule::Session { min_hit, .. } => hit > 0 && hit as f64 >= min_hit * hittable as f64,
             _ => false,
         };
-        let mut slots = Vec::with_capacity(keys.len());
         let mut parent = NONE;
         for (i, (k, p)) in keys.iter().zip(present).enumerate() {
             let s = match p {
@@ -615,7 +884,7 @@ impl LabCache {
         distinct(new_keys)?;
         if let Some(k) = new_keys
             .iter()
-            .find(|k| self.map.get(k).is_some_and(|s| h.blocks.contains(s)))
+            .find(|k| self.slot_of(**k).is_some_and(|s| h.blocks.contains(&s)))
         {
             return Err(Error::InvalidArgument(format!(
                 "key {k} is already one of request {rid}'s blocks"
@@ -626,9 +895,25 @@ impl LabCache {
         let old_anon = h.anon;
         let mut parent = h.blocks.last().copied().unwrap_or(NONE);
         let depth0 = h.blocks.len();
-        let mut present: Vec<Option<u32>> = Vec::with_capacity(new_keys.len());
+        let fresh = new_keys
+            .iter()
+            .filter(|k| self.slot_of(**k).is_none())
+            .count();
+        self.reserve_blocks(fresh)?;
+        if !self.overcommit {
+            let free = self.capacity.saturating_sub(self.used);
+            let need = (fresh + (total - keyed)).saturating_sub(old_anon);
+            self.reserve_departures(need.saturating_sub(free).min(self.cached))?;
+        }
+        if let Some(h) = self.held.get_mut(&rid) {
+            h.blocks
+                .try_reserve(new_keys.len())
+                .map_err(|e| Error::out_of_memory("a request's blocks", e))?;
+        }
+        let mut present: Vec<Option<u32>> = try_vec(new_keys.len(), "a request's blocks")?;
+        let mut slots: Vec<u32> = try_vec(new_keys.len(), "a request's blocks")?;
         for k in new_keys {
-            let s = self.map.get(k).copied();
+            let s = self.slot_of(*k);
             if let Some(s) = s {
                 self.pin(s);
             }
@@ -651,7 +936,6 @@ impl LabCache {
             }
         }
         self.clock += 1;
-        let mut slots = Vec::with_capacity(new_keys.len());
         for (i, (k, p)) in new_keys.iter().zip(present).enumerate() {
             let s = match p {
                 Some(s) => s,
@@ -662,7 +946,7 @@ impl LabCache {
                 }
             };
             let promote = match self.rule {
-                Rule::Session { .. } => self.blocks[parent_of(s, &self.blocks)].protected,
+                Rule::Session { .. } => self.has(parent_of(s, &self.blocks) as u32, PROTECTED),
                 _ => false,
             };
             self.touch(s, rid, false, promote);
@@ -679,10 +963,10 @@ impl LabCache {
         Ok(true)
     }
 
-    fn admitted(&self, key: u64) -> bool {
+    fn admitted(&self, slot: u32) -> bool {
         match self.admission {
             Admission::All => true,
-            Admission::Seen(k) => self.seen.get(&key).copied().unwrap_or(0) >= k,
+            Admission::Seen(k) => self.seen_live[slot as usize] >= k,
         }
     }
 
@@ -690,6 +974,15 @@ impl LabCache {
     /// says), its anonymous blocks freed; with overcommit the cache then evicts down to
     /// its budget.
     pub fn release(&mut self, rid: u64) -> Result<()> {
+        // Blocks that may leave: the request's (not admitted) and, with overcommit, those
+        // evicted back down to the budget.
+        let leaving = self.held.get(&rid).map_or(0, |h| h.blocks.len());
+        let over = if self.overcommit {
+            self.used.saturating_sub(self.capacity)
+        } else {
+            0
+        };
+        self.reserve_departures(leaving.saturating_add(over))?;
         let Some(h) = self.held.remove(&rid) else {
             return Err(Error::UnknownRequest(format!(
                 "request {rid} holds no blocks"
@@ -707,18 +1000,19 @@ impl LabCache {
                 continue;
             }
             let key = b.key;
-            if self.admitted(key) {
+            if self.admitted(s) {
                 self.list(s);
             } else {
-                let b = &mut self.blocks[s as usize];
-                let (parent, protected, last) = (b.parent, b.protected, b.last);
-                b.live = false;
+                let parent = self.blocks[s as usize].parent;
+                let (protected, last) = (self.has(s, PROTECTED), self.last_of(s));
+                self.flags[s as usize] = 0; // free
                 if protected {
-                    self.protected.remove(&(last, s));
+                    self.unprotect_entry(last, s);
                 } else {
                     self.window_len -= 1;
                 }
-                self.map.remove(&key);
+                self.depart(key, s);
+                self.map_remove(key);
                 self.free_slots.push(s);
                 self.used -= 1;
                 self.cached -= 1;
@@ -744,53 +1038,90 @@ impl LabCache {
             }
         }
         let mut children = vec![0u32; self.blocks.len()];
+        let live_at = |i: usize| self.flags[i] & LIVE != 0;
         let mut live = 0usize;
+        let mut listed = 0usize;
         for (i, b) in self.blocks.iter().enumerate() {
-            if !b.live {
+            if !live_at(i) {
+                if self.flags[i] != 0 {
+                    return fail(format!("free slot {i} has flags {}", self.flags[i]));
+                }
                 continue;
             }
             live += 1;
             if b.parent != NONE {
-                if !self.blocks[b.parent as usize].live {
+                if !live_at(b.parent as usize) {
                     return fail(format!("block {i} has an evicted parent"));
                 }
                 children[b.parent as usize] += 1;
             }
-            if self.map.get(&b.key) != Some(&(i as u32)) {
+            if self.slot_of(b.key) != Some(i as u32) {
                 return fail(format!("block {i} missing from the key map"));
             }
         }
         for (i, b) in self.blocks.iter().enumerate() {
-            if !b.live {
+            if !live_at(i) {
                 continue;
             }
             if b.refs != refs[i] || b.children != children[i] {
                 return fail(format!("block {i}: refs/children counts are off"));
             }
             let should = b.refs == 0 && b.children == 0;
-            if should != b.listed.is_some() {
-                return fail(format!(
-                    "block {i}: listed {} but evictable {should}",
-                    b.listed.is_some()
-                ));
+            let is = self.has(i as u32, LISTED);
+            if should != is {
+                return fail(format!("block {i}: listed {is} but evictable {should}"));
             }
-            if let Some(k) = b.listed {
-                if !self.evictable.contains(&k) || k != self.evict_key(b, i as u32) {
+            if is {
+                listed += 1;
+                if !self.evictable.contains(&self.evict_key(i as u32)) {
                     return fail(format!("block {i}: stale eviction key"));
                 }
             }
         }
-        let window = self
-            .blocks
-            .iter()
-            .filter(|b| b.live && !b.protected)
+        if listed != self.evictable.len() {
+            return fail(format!(
+                "{listed} blocks listed, {} in the evictable set",
+                self.evictable.len()
+            ));
+        }
+        let window = (0..self.blocks.len())
+            .filter(|&i| live_at(i) && self.flags[i] & PROTECTED == 0)
             .count();
         if window != self.window_len {
             return fail(format!("window count {} != {window}", self.window_len));
         }
-        let cached = self.blocks.iter().filter(|b| b.live && b.refs == 0).count();
+        if self.tracks_protected() {
+            if self.protected_len != live - window {
+                return fail(format!(
+                    "{} protected blocks counted, {} flagged",
+                    self.protected_len,
+                    live - window
+                ));
+            }
+            if self.protected_ordered
+                && (self.protected.len() != self.protected_len
+                    || self.protected.iter().any(|&(last, s)| {
+                        !(live_at(s as usize) && self.has(s, PROTECTED) && self.last_of(s) == last)
+                    }))
+            {
+                return fail("protected order".into());
+            }
+        }
+        let cached = (0..self.blocks.len())
+            .filter(|&i| live_at(i) && self.blocks[i].refs == 0)
+            .count();
         if cached != self.cached {
             return fail(format!("cached count {} != {cached}", self.cached));
+        }
+        if self.counts_keys() {
+            if !self.seen.consistent() {
+                return fail("seen keys table".into());
+            }
+            if let Some(i) = (0..self.blocks.len())
+                .find(|&i| live_at(i) && self.seen.contains(self.blocks[i].key))
+            {
+                return fail(format!("block {i}'s key is also among the departed keys"));
+            }
         }
         if self.map.len() != live || self.evictable.len() > live {
             return fail("map / evictable sizes".into());
@@ -812,7 +1143,8 @@ impl LabCache {
 fn distinct(keys: &[u64]) -> Result<()> {
     if keys.len() > 1 {
         let mut seen = FxHashSet::default();
-        seen.reserve(keys.len());
+        seen.try_reserve(keys.len())
+            .map_err(|e| Error::out_of_memory("a request's keys", e))?;
         if let Some(k) = keys.iter().find(|k| !seen.insert(**k)) {
             return Err(Error::InvalidArgument(format!(
                 "key {k} repeats: a request's block keys are a chain (lab_block_keys)"

@@ -2,9 +2,10 @@
 //! request sequence) in which that key is next *hittable* - inside the prefix the request may
 //! reuse (the engines cap reuse at `len(prompt) - 1` tokens).
 
-use rustc_hash::FxHashMap;
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
 
-use crate::error::{Error, Result};
+use crate::error::{try_copy, try_filled, Error, Result};
 
 /// "Never used again".
 pub const NEVER: u64 = u64::MAX;
@@ -19,6 +20,64 @@ pub struct NextUse {
 }
 
 const NEVER_U32: u32 = u32::MAX;
+
+/// A position in the keys (u32 while they fit: a table slot costs 4 bytes then).
+trait Pos: Copy + TryFrom<usize> + Into<u64> {}
+impl Pos for u32 {}
+impl Pos for u64 {}
+
+/// The backward pass of [`NextUse::new`] (arguments checked). Each key's latest later
+/// hittable use is held as the position of that use in `keys` (the key is read from
+/// there, the request found from `offsets`), so the table costs a position per key.
+fn next_uses<P: Pos>(keys: &[u64], offsets: &[u64], hittable: &[u32]) -> Result<Vec<u32>> {
+    let hash = |k: u64| {
+        // MurmurHash3's finaliser: caller-given keys need not be uniform.
+        let h = (k ^ (k >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        let h = (h ^ (h >> 33)).wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+        h ^ (h >> 33)
+    };
+    let key_at = |p: P| keys[Into::<u64>::into(p) as usize];
+    // The request holding position p: the last r with offsets[r] <= p (requests are
+    // never empty there: p is one of their keys).
+    let request_of = |p: P| {
+        let p: u64 = p.into();
+        (offsets.partition_point(|&o| o <= p) - 1) as u32
+    };
+    let mut next = try_filled(keys.len(), NEVER_U32, "the future")?;
+    let mut later: HashTable<P> = HashTable::new();
+    let oom = |e: hashbrown::TryReserveError| {
+        Error::out_of_memory("the future's key table", format!("{e:?}"))
+    };
+    for r in (0..hittable.len()).rev() {
+        let a = offsets[r] as usize;
+        let b = offsets[r + 1] as usize;
+        for (slot, &k) in next[a..b].iter_mut().zip(&keys[a..b]) {
+            if let Some(&p) = later.find(hash(k), |&p| key_at(p) == k) {
+                *slot = request_of(p);
+            }
+        }
+        let h = hittable[r] as usize;
+        let fresh = keys[a..a + h]
+            .iter()
+            .filter(|&&k| later.find(hash(k), |&p| key_at(p) == k).is_none())
+            .count();
+        later
+            .try_reserve(fresh, |&p| hash(key_at(p)))
+            .map_err(oom)?;
+        for (i, &k) in keys.iter().enumerate().skip(a).take(h) {
+            let Ok(p) = P::try_from(i) else {
+                return Err(Error::InvalidArgument("too many keys".into()));
+            };
+            match later.entry(hash(k), |&q| key_at(q) == k, |&q| hash(key_at(q))) {
+                Entry::Occupied(mut e) => *e.get_mut() = p,
+                Entry::Vacant(e) => {
+                    e.insert(p);
+                }
+            }
+        }
+    }
+    Ok(next)
+}
 
 impl NextUse {
     /// `keys` holds every request's block keys back to back, request r's from
@@ -50,22 +109,13 @@ impl NextUse {
                 "offsets must start at 0 and end at the number of keys".into(),
             ));
         }
-        let mut next = vec![NEVER_U32; keys.len()];
-        let mut later: FxHashMap<u64, u32> = FxHashMap::default();
-        for r in (0..n).rev() {
-            let a = offsets[r] as usize;
-            let b = offsets[r + 1] as usize;
-            for (slot, k) in next[a..b].iter_mut().zip(&keys[a..b]) {
-                if let Some(&j) = later.get(k) {
-                    *slot = j;
-                }
-            }
-            for k in &keys[a..a + hittable[r] as usize] {
-                later.insert(*k, r as u32);
-            }
-        }
+        let next = if u32::try_from(keys.len()).is_ok() {
+            next_uses::<u32>(keys, offsets, hittable)?
+        } else {
+            next_uses::<u64>(keys, offsets, hittable)?
+        };
         Ok(NextUse {
-            offsets: offsets.to_vec(),
+            offsets: try_copy(offsets, "the future's offsets")?,
             next,
         })
     }

@@ -11,6 +11,7 @@
 //! | `keys.rs` | chained 64-bit block keys (xxh3 of the parent key and the block's tokens) |
 //! | `future.rs` | [`NextUse`]: the next hittable use of every block of every request (one backward pass), for Belady |
 //! | `rule.rs` | [`Rule`] (eviction order) and [`Admission`] (what is kept at release) |
+//! | `seen.rs` | use counts of the keys no longer cached (2Q, the admission filter) |
 //! | `density.rs` | hit density by age and use count, learned online ([`Rule::Density`]) |
 //! | `cache.rs` | [`LabCache`]: blocks, requests, eviction, admission, invariants |
 //!
@@ -24,6 +25,7 @@ mod density;
 mod future;
 mod keys;
 mod rule;
+mod seen;
 
 pub use cache::{LabCache, LabStats};
 pub use future::{NextUse, NEVER};
