@@ -49,15 +49,20 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def grown(kind: str, n: int) -> int:
+def last_line(script: str, *args: str) -> str:
+    """The last line ``script`` prints, run in a fresh interpreter (its own memory)."""
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, kind, str(n)],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=600,
         check=True,
     )
-    return int(r.stdout.strip().splitlines()[-1])
+    return r.stdout.strip().splitlines()[-1]
+
+
+def grown(kind: str, n: int) -> int:
+    return int(last_line(SCRIPT, kind, str(n)))
 
 
 def test_radix_namespaces_do_not_accumulate() -> None:
@@ -104,14 +109,7 @@ LAB_SCRIPT = textwrap.dedent(
 
 
 def lab_bytes_per_block(rule: str, admit: int = 1, n: int = 250_000, again: bool = False) -> float:
-    r = subprocess.run(
-        [sys.executable, "-c", LAB_SCRIPT, rule, str(admit), str(n), str(int(again))],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    return float(r.stdout.strip().splitlines()[-1])
+    return float(last_line(LAB_SCRIPT, rule, str(admit), str(n), str(int(again))))
 
 
 # Bytes per cached block now (2M blocks of 250k 8-block chains): 52-57 lru, 27-32 opt, 56 lfu,
@@ -181,14 +179,7 @@ TRIE_CHAINS = textwrap.dedent(
 
 
 def test_trie_memory_follows_its_cached_tokens() -> None:
-    r = subprocess.run(
-        [sys.executable, "-c", TRIE_CHAINS],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    made, grew, cached = map(int, r.stdout.split())
+    made, grew, cached = map(int, last_line(TRIE_CHAINS).split())
     assert cached == 1000 * 3200
     # Blocks made up front cost ~230 bytes each (23 GB here); now nothing.
     assert made < 8 << 20, made
