@@ -835,6 +835,10 @@ def test_cli_fleet_tables_fit_80_columns(
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
+# A fleet of two instances at 16k tokens each, as the cases below start.
+FLEET = ["replay", "--capacity", "16k", "--instances", "2"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -844,16 +848,12 @@ def test_cli_fleet_tables_fit_80_columns(
         (["sweep", "--capacities", "16k", "--no-ceiling"], "--no-ceiling applies to a fleet"),
         # A router list was checked one router at a time, the earlier ones already run.
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--router", "round-robin,nope"],
+            [*FLEET, "--router", "round-robin,nope"],
             "unknown router 'nope'",
         ),
         (
             [
-                "replay",
-                "--capacity",
-                "16k",
-                "--instances",
-                "2",
+                *FLEET,
                 "--policies",
                 "lab-lru",
                 "--router",
@@ -862,20 +862,16 @@ def test_cli_fleet_tables_fit_80_columns(
             "does not publish KV events",
         ),
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,random"],
+            [*FLEET, "--router", "random,random"],
             "router random given twice",
         ),
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--router", "random,"],
+            [*FLEET, "--router", "random,"],
             "an empty item",
         ),
         (
             [
-                "replay",
-                "--capacity",
-                "16k",
-                "--instances",
-                "2",
+                *FLEET,
                 "--router",
                 "round-robin,cache-aware",
                 "--overlap-weight",
@@ -885,20 +881,16 @@ def test_cli_fleet_tables_fit_80_columns(
         ),
         # A router flag no router of the run reads.
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "-1"],
+            [*FLEET, "--overlap-weight", "-1"],
             "overlap weight must be a finite number >= 0",
         ),
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--overlap-weight", "2"],
+            [*FLEET, "--overlap-weight", "2"],
             "--overlap-weight applies to the cache-aware routers only, not round-robin",
         ),
         (
             [
-                "replay",
-                "--capacity",
-                "16k",
-                "--instances",
-                "2",
+                *FLEET,
                 "--event-loss",
                 "0.5",
                 "--router",
@@ -907,17 +899,13 @@ def test_cli_fleet_tables_fit_80_columns(
             "--event-loss applies to the cache-aware routers only",
         ),
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--router-seed", "3"],
+            [*FLEET, "--router-seed", "3"],
             "--router-seed applies to the random and cache-aware routers only",
         ),
         # The delay is given in ms: the message said "got -0.001" for -1.
         (
             [
-                "replay",
-                "--capacity",
-                "16k",
-                "--instances",
-                "2",
+                *FLEET,
                 "--router",
                 "cache-aware",
                 "--event-delay",
@@ -928,11 +916,7 @@ def test_cli_fleet_tables_fit_80_columns(
         # Seeds -1 and 1 drew the same numbers (Python's Random seeds by |seed|).
         (
             [
-                "replay",
-                "--capacity",
-                "16k",
-                "--instances",
-                "2",
+                *FLEET,
                 "--router",
                 "random",
                 "--router-seed",
@@ -942,7 +926,7 @@ def test_cli_fleet_tables_fit_80_columns(
         ),
         # Options the fleet ignored: no records file, no plot, no worker processes.
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--records-csv", "r.csv"],
+            [*FLEET, "--records-csv", "r.csv"],
             "--records-csv does not apply to a fleet replay",
         ),
         (
@@ -950,7 +934,7 @@ def test_cli_fleet_tables_fit_80_columns(
             "--plot does not apply to a fleet replay",
         ),
         (
-            ["replay", "--capacity", "16k", "--instances", "2", "--jobs", "2"],
+            [*FLEET, "--jobs", "2"],
             "--jobs does not apply to a fleet replay",
         ),
         # Instance lists as capacity lists: no empty item, no repeat.
