@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile_sequences import LyingList, ShortSequence
 
 from prefixcache import (
     BlockHasher,
@@ -491,22 +492,12 @@ def test_request_ids_share_one_range() -> None:
             call(True)
 
 
-class _LyingList(list[Any]):
-    """A list whose ``__len__`` and ``__getitem__`` disagree with its items."""
-
-    def __len__(self) -> int:
-        return 10
-
-    def __getitem__(self, i: Any) -> Any:
-        return 99
-
-
 def test_a_list_subclass_is_read_as_its_items_throughout() -> None:
     """A list (tuple) subclass is read from its items, also past an item that is not an
     exact int: its ``__len__`` / ``__getitem__`` overrides were called from there on (an
     IndexError escaped, or other values were read)."""
     items = [1, np.int64(2), 3, _IndexInt(4)]
-    for obj in (_LyingList(items), _LyingList(items[::-1])):
+    for obj in (LyingList(items), LyingList(items[::-1])):
         want = [int(v) for v in list.__iter__(obj)]
         tree = RadixCache()
         tree.insert(obj)
@@ -516,18 +507,9 @@ def test_a_list_subclass_is_read_as_its_items_throughout() -> None:
 
 
 def test_a_sequence_shorter_than_its_length_is_refused() -> None:
-    class Short:
-        def __len__(self) -> int:
-            return 5
-
-        def __getitem__(self, i: int) -> int:
-            if i >= 3:
-                raise IndexError(i)
-            return i
-
     tree = RadixCache()
     with pytest.raises(InvalidInputError, match="tokens: its __len__ gives 5 but item 3"):
-        tree.insert(Short())
+        tree.insert(ShortSequence())
     assert tree.total_size() == 0
 
 

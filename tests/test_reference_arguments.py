@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile_sequences import LyingList, ShortSequence
 
 from prefixcache import BlockTrie, RadixCache
 from prefixcache.errors import InvalidInputError
@@ -537,33 +538,11 @@ def test_manager_request_ids_are_refused_as_the_core_refuses_them(label: str, ca
         assert worlds[0][0] == "raised", (label, rid)
 
 
-class _LyingList(list[Any]):
-    """A list whose ``__len__`` and ``__getitem__`` disagree with its items."""
-
-    def __len__(self) -> int:
-        return 10
-
-    def __getitem__(self, i: Any) -> Any:
-        return 99
-
-
-class _Short:
-    """A sequence that ends before the length it gives."""
-
-    def __len__(self) -> int:
-        return 5
-
-    def __getitem__(self, i: int) -> int:
-        if i >= 3:
-            raise IndexError(i)
-        return i
-
-
 @pytest.mark.parametrize(
     "tokens",
     [
-        _LyingList([1, np.int64(2), 3]),
-        _Short(),
+        LyingList([1, np.int64(2), 3]),
+        ShortSequence(),
         np.ma.array([1, 2, 3], mask=[0, 1, 0]),
         np.ma.array([1, 2, 3], mask=[0, 0, 0]),
     ],
