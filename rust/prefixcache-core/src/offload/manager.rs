@@ -120,10 +120,6 @@ impl RequestState {
         self.find(k).and_then(|e| self.position_at(e))
     }
 
-    fn has(&self, e: u32, flag: u8) -> bool {
-        self.infos[e as usize].flags & flag != 0
-    }
-
     /// Sets `flag` on entry `e`; true when it was not set.
     fn flag(&mut self, e: u32, flag: u8) -> bool {
         let f = &mut self.infos[e as usize].flags;
@@ -788,21 +784,28 @@ impl CpuOffloadManager {
         let mut any = false;
         let mut ranked = std::mem::take(&mut self.scratch.ranked);
         ranked.clear();
-        let is_offered = |i: usize| offered.is_none_or(|o| o[i]);
         for (i, c) in keys.iter().enumerate() {
-            if !is_offered(i) {
+            let info = &mut st.infos[c.ent as usize];
+            // Of the offered keys, the stored ones are those ready to reuse.
+            let (accessed, reused) = match offered {
+                Some(o) => (o[i], o[i] && c.slot != NIL),
+                None => (true, true),
+            };
+            if reused && info.flags & INSERTED == 0 {
+                info.flags |= REUSED;
+            }
+            if !accessed {
                 continue;
             }
             if c.slot != NIL {
-                st.infos[c.ent as usize].hint = c.slot;
+                info.hint = c.slot;
             }
-            if st.flag(c.ent, SEEN) {
+            if info.flags & SEEN == 0 {
+                info.flags |= SEEN;
                 st.seen.push(c.ent);
                 any = true;
-                if c.slot != NIL {
-                    if let Some(p) = st.position_at(c.ent) {
-                        ranked.push((c.slot, p));
-                    }
+                if c.slot != NIL && info.position != NO_POSITION {
+                    ranked.push((c.slot, info.position));
                 }
             }
         }
@@ -812,16 +815,6 @@ impl CpuOffloadManager {
             }
         }
         self.scratch.ranked = ranked;
-        for (i, c) in keys.iter().enumerate() {
-            // Of the offered keys, the stored ones are those ready to reuse.
-            let reused = match offered {
-                Some(o) => o[i] && c.slot != NIL,
-                None => true,
-            };
-            if reused && !st.has(c.ent, INSERTED) {
-                st.flag(c.ent, REUSED);
-            }
-        }
     }
 
     /// `on_request_finished`: the policy sees the request's accesses in prefix order
