@@ -2,11 +2,11 @@
 //! slots with reference counts, the store-threshold tracker, request access state, the
 //! LRU / ARC policies and the stored / removed events (SEMANTICS.md section 2.4).
 
-use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::arc::{Arc, Finished};
 use super::chunks::{ChunkTable, Slot, LIVE, MAX_SLOTS, NIL, PROTECTED};
+use super::entry_index::EntryIndex;
 use super::index::pipelined;
 use super::lru::Lru;
 use super::order::{hash_of, Ordered};
@@ -42,11 +42,11 @@ struct KeyInfo {
 
 /// What vLLM keeps per request in its `ReqContext` (key positions, the LRU request
 /// rank) and in the manager's `_RequestCacheAccess`: one entry per distinct key, found
-/// by a hash table of entry indices.
+/// by their key hash ([`EntryIndex`]).
 #[derive(Debug, Clone, Default)]
 pub struct RequestState {
     infos: Vec<KeyInfo>,
-    index: HashTable<u32>,
+    index: EntryIndex,
     /// Entries in first-access order (`key_groups`).
     seen: Vec<u32>,
     /// The request's keys in block order (the connector's `offload_keys`), as entries,
@@ -65,9 +65,10 @@ impl RequestState {
 
     fn find_hashed(&self, k: &BlockHash, h: u64) -> Option<u32> {
         let infos = &self.infos;
-        self.index
-            .find(h, |&i| infos[i as usize].key == *k)
-            .copied()
+        self.index.find(h, |i| {
+            let info = &infos[i as usize];
+            info.hash == h && info.key == *k
+        })
     }
 
     /// Room for `n` more keys.
@@ -89,8 +90,8 @@ impl RequestState {
             .map_err(|e| Error::out_of_memory("request keys", e))?;
         let infos = &self.infos;
         self.index
-            .try_reserve(n, |&i| infos[i as usize].hash)
-            .map_err(|e| Error::out_of_memory("request keys", format!("{e:?}")))
+            .try_reserve(n, |i| infos[i as usize].hash)
+            .map_err(|e| Error::out_of_memory("request keys", e))
     }
 
     /// The entry of `k`, added (no position, no flags) when new.
@@ -107,8 +108,7 @@ impl RequestState {
             position: NO_POSITION,
             hash: h,
         });
-        let infos = &self.infos;
-        self.index.insert_unique(h, i, |&j| infos[j as usize].hash);
+        self.index.insert(h, i);
         i
     }
 

@@ -5,6 +5,7 @@
 //! - [`chunks`]: the chunk table (one 64-byte slot per chunk id, found through
 //!   [`index`]) and the intrusive lists the policies link slots into.
 //! - [`index`]: a hash index of 8-byte words (linear probing), prefetchable.
+//! - `entry_index`: a request's key entries by key hash (linear probing, 4-byte slots).
 //! - [`lru`], [`arc`]: the two cache policies vLLM ships.
 //! - [`order`]: insertion-ordered key maps (Python's `OrderedDict`).
 //!
@@ -13,6 +14,7 @@
 
 pub mod arc;
 pub mod chunks;
+mod entry_index;
 pub mod index;
 pub mod lru;
 pub mod manager;
