@@ -718,10 +718,10 @@ impl CpuOffloadManager {
                     key: i.key,
                     hash: i.hash,
                     ent: e,
-                    slot: NIL,
+                    slot: i.hint,
                 }
             }));
-            self.resolve(st, &mut out);
+            self.resolve(&mut out);
         }
         out
     }
@@ -732,13 +732,16 @@ impl CpuOffloadManager {
         st.try_reserve(keys.len())?;
         let mut out = std::mem::take(&mut self.scratch.keys);
         out.clear();
-        out.extend(keys.iter().map(|k| CallKey {
-            key: *k,
-            hash: hash_of(k),
-            ent: st.entry(k),
-            slot: NIL,
+        out.extend(keys.iter().map(|k| {
+            let ent = st.entry(k);
+            CallKey {
+                key: *k,
+                hash: st.infos[ent as usize].hash,
+                ent,
+                slot: st.infos[ent as usize].hint,
+            }
         }));
-        self.resolve(st, &mut out);
+        self.resolve(&mut out);
         Ok(out)
     }
 
@@ -749,26 +752,26 @@ impl CpuOffloadManager {
             .map_or(0, |st| st.range(start, stop).len())
     }
 
-    /// Finds the keys' slots: the request's hint when it still holds, else a lookup.
-    /// Pipelined so that the cache misses of later keys overlap: a key's index line
-    /// (or hinted slot) is fetched some keys ahead, then the slot its lookup will land on.
-    fn resolve(&self, st: &RequestState, keys: &mut [CallKey]) {
+    /// Finds the keys' slots: each key comes with its request's hint in `slot` (NIL:
+    /// none), kept when it still holds, else replaced by a lookup. Pipelined so that the
+    /// cache misses of later keys overlap: a key's index line (or hinted slot) is fetched
+    /// some keys ahead, then the slot its lookup will land on.
+    fn resolve(&self, keys: &mut [CallKey]) {
         let table = &self.table;
-        let hint_of = |c: &CallKey| st.infos[c.ent as usize].hint;
         pipelined(
             &mut (),
             keys,
-            |_, c| match hint_of(c) {
+            |_, c| match c.slot {
                 NIL => table.prefetch_hash(c.hash),
                 hint => table.prefetch_slot(hint),
             },
             |_, c| {
-                if hint_of(c) == NIL {
+                if c.slot == NIL {
                     table.prefetch_candidate(c.hash);
                 }
             },
             |_, c| {
-                let hint = hint_of(c);
+                let hint = c.slot;
                 c.slot = match table.slots.get(hint as usize) {
                     Some(s) if s.live() && s.key == c.key => hint,
                     _ => table.find_hashed(&c.key, c.hash).unwrap_or(NIL),
