@@ -839,9 +839,16 @@ impl CpuOffloadManager {
     fn finish_request(&mut self, st: &mut RequestState) {
         let mut ordered = std::mem::take(&mut st.seen);
         let position = |e: u32| st.infos[e as usize].position;
-        if ordered.iter().all(|&e| st.position_at(e).is_some())
-            && !ordered.windows(2).all(|w| position(w[0]) <= position(w[1]))
-        {
+        // Sorted when every key has a position and they are not in order already.
+        let mut in_order = true;
+        let mut last = 0;
+        let all_placed = ordered.iter().all(|&e| {
+            let p = position(e);
+            in_order &= last <= p;
+            last = p;
+            p != NO_POSITION
+        });
+        if all_placed && !in_order {
             // A stable sort by position, as Python's sort: by (position, first access),
             // in place.
             let mut sorted = std::mem::take(&mut self.scratch.sorted);
