@@ -1,5 +1,6 @@
 //! The chunk table's index: key hash -> chunk slot, open addressing with linear probing
-//! in one array of 8-byte words (`hash tag << 32 | slot`), at most half full. A lookup
+//! in one array of 8-byte words (`hash tag << 32 | slot + 1`; 0 is the empty word, so a
+//! new array comes zeroed from the allocator, untouched), at most half full. A lookup
 //! reads one cache line of the array in the common case (a `hashbrown` table reads its
 //! control bytes, then its slot array), and a caller that knows its keys ahead can
 //! prefetch their lines ([`SlotIndex::prefetch`]). Deletion shifts the following run
@@ -7,7 +8,39 @@
 
 use crate::error::{Error, Result};
 
-const EMPTY: u64 = u64::MAX;
+const EMPTY: u64 = 0;
+
+/// The word of `slot` (below `u32::MAX`) under tag `t`: never [`EMPTY`].
+#[inline]
+fn word(t: u32, slot: u32) -> u64 {
+    (u64::from(t) << 32) | u64::from(slot + 1)
+}
+
+/// The slot a (non-empty) word names.
+#[inline]
+fn slot_of(w: u64) -> u32 {
+    (w as u32).wrapping_sub(1)
+}
+
+/// `n` empty words (n > 0), allocated fallibly and zeroed by the allocator: memory fresh
+/// from the system is zero already, so nothing is written and the pages are faulted in
+/// only when first used.
+fn try_zeroed_words(n: usize) -> Result<Vec<u64>> {
+    let oom = |e: &dyn std::fmt::Display| {
+        Error::out_of_memory("the offload tier's chunk index", e.to_string())
+    };
+    let layout = std::alloc::Layout::array::<u64>(n.max(1)).map_err(|e| oom(&e))?;
+    // SAFETY: the layout's size is nonzero (at least one 8-byte word).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+    if p.is_null() {
+        return Err(oom(&"allocation refused"));
+    }
+    // SAFETY: `p` comes from the global allocator with the layout of `n.max(1)` u64s
+    // (their size and alignment), which is the layout a `Vec<u64>` of that capacity
+    // frees with; its first `n` words are initialised (zero bytes are a valid u64) and
+    // the vector owns the allocation from here on.
+    Ok(unsafe { Vec::from_raw_parts(p, n, n.max(1)) })
+}
 
 /// The largest array: 2^31 words.
 const MAX_BITS: u32 = 31;
@@ -60,7 +93,7 @@ impl SlotIndex {
     #[inline]
     pub fn first_candidate(&self, h: u64) -> Option<u32> {
         let w = *self.words.get(self.home_of(h))?;
-        (w != EMPTY && (w >> 32) as u32 == tag(h)).then_some(w as u32)
+        (w != EMPTY && (w >> 32) as u32 == tag(h)).then_some(slot_of(w))
     }
 
     #[inline]
@@ -85,8 +118,8 @@ impl SlotIndex {
             if w == EMPTY {
                 return None;
             }
-            if (w >> 32) as u32 == t && eq(w as u32) {
-                return Some(w as u32);
+            if (w >> 32) as u32 == t && eq(slot_of(w)) {
+                return Some(slot_of(w));
             }
             i = (i + 1) & mask;
         }
@@ -115,11 +148,7 @@ impl SlotIndex {
                 ));
             }
         }
-        let mut words: Vec<u64> = Vec::new();
-        words
-            .try_reserve_exact(1usize << bits)
-            .map_err(|e| Error::out_of_memory("the offload tier's chunk index", e))?;
-        words.resize(1usize << bits, EMPTY);
+        let words = try_zeroed_words(1usize << bits)?;
         let old = std::mem::replace(&mut self.words, words);
         self.bits = bits;
         let mask = self.mask();
@@ -133,15 +162,22 @@ impl SlotIndex {
         Ok(())
     }
 
-    /// Adds `slot` under hash `h` (room reserved by `try_reserve`; grows otherwise).
+    /// Adds `slot` (below `u32::MAX`) under hash `h` (room reserved by `try_reserve`;
+    /// grows otherwise).
+    #[inline]
     pub fn insert(&mut self, h: u64, slot: u32) -> Result<()> {
+        if slot == u32::MAX {
+            return Err(Error::InvalidArgument(
+                "the chunk index holds slots below 2^32 - 1".to_owned(),
+            ));
+        }
         self.try_reserve(1)?;
         let (t, mask) = (tag(h), self.mask());
         let mut i = self.home(t);
         while self.words[i] != EMPTY {
             i = (i + 1) & mask;
         }
-        self.words[i] = (u64::from(t) << 32) | u64::from(slot);
+        self.words[i] = word(t, slot);
         self.len += 1;
         Ok(())
     }
@@ -152,7 +188,10 @@ impl SlotIndex {
             return false;
         }
         let (t, mask) = (tag(h), self.mask());
-        let want = (u64::from(t) << 32) | u64::from(slot);
+        if slot == u32::MAX {
+            return false;
+        }
+        let want = word(t, slot);
         let mut i = self.home(t);
         loop {
             let w = self.words[i];

@@ -42,7 +42,7 @@ struct KeyInfo {
 
 /// What vLLM keeps per request in its `ReqContext` (key positions, the LRU request
 /// rank) and in the manager's `_RequestCacheAccess`: one entry per distinct key, found
-/// by their key hash ([`EntryIndex`]).
+/// by their key hash (`EntryIndex`).
 #[derive(Debug, Clone, Default)]
 pub struct RequestState {
     infos: Vec<KeyInfo>,
