@@ -190,6 +190,16 @@ CASES = {
         h.claim(1, list(range(9)))
         h.check_invariants()
     """,
+    "BlockTrie dumps": """
+        # dump() and host_dump() list every block id: for the largest trie that is more
+        # than any memory, refused before anything is built (it aborted the process).
+        t = pc.BlockTrie(4_294_967_294, 4)
+        t.claim(1, list(range(9)))
+        assert oom(t.host_dump) and oom(t.dump)
+        assert t.request_blocks(1) == [0, 1, 2] and t.num_free_blocks == 4_294_967_291
+        t.check_invariants()
+        assert len(pc.BlockTrie(3, 4).dump()) == len(pc.BlockTrie(3, 4).host_dump()) == 3
+    """,
 }
 
 

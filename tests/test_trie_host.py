@@ -151,6 +151,62 @@ def test_seeded_random_runs_with_a_host_tier_equal_the_reference() -> None:
     assert min(seen.values()) > 0, seen
 
 
+def test_seeded_runs_with_a_wide_host_range_and_every_priority_equal_the_reference() -> None:
+    """Host ranges up to 30 blocks, so never-used host blocks (made on first use, ranked
+    at the default priority by id) compete with freed ones of every priority (0, just
+    below and above the default, 100), minimum offload priorities at the default and
+    just above it, retention, LoRA, salts, multimodal items, extend and complete."""
+    import random
+
+    seen = dict.fromkeys(("offloaded_blocks", "onboarded_blocks", "host_evicted_blocks"), 0)
+    mm_choices = [None, [(b"img", 1, 2)], [(b"a", 0, 1), (b"a", 2, 1)], [(b"b", 0, 3)]]
+    for seed in range(300):
+        rng = random.Random(1000 + seed)
+        args = (rng.randint(2, 8), rng.choice([1, 2, 3]), rng.random() < 0.8, rng.random() < 0.6)
+        host, min_pr = rng.randint(1, 30), rng.choice([0, 30, 35, 36, 100])
+        core = BlockTrie(*args, host_blocks=host, secondary_offload_min_priority=min_pr)
+        ref = RefTrie(*args, host_blocks=host, secondary_offload_min_priority=min_pr)
+        prompts: dict[int, list[int]] = {}
+        for _ in range(80):
+            p = rng.choice(PREFIXES)[: rng.randint(1, 7)]
+            p = p + [rng.randrange(3) for _ in range(rng.randint(0, 4))]
+            r = rng.random()
+            pr = rng.choice([None, 0, 10, 34, 35, 36, 100])
+            ret = rng.choice([None, 1, 3])
+            rid = rng.randint(0, 2)
+            op: tuple[Any, ...]
+            if r < 0.55:
+                op = ("cycle", rng.randint(6, 9), p, pr, ret)
+            elif r < 0.7:
+                lora, salt = rng.choice([None, 1]), rng.choice([None, "s", "t"])
+                mm = rng.choice(mm_choices) if len(p) >= 3 else None
+                op = ("claim", rid, p, lora, salt, mm, pr, ret, rng.randint(0, 3))
+            elif r < 0.8:
+                op = ("release", rid)
+            elif r < 0.87:
+                op = ("store", rid, [rng.randrange(3) for _ in range(rng.randint(0, 3))])
+            elif r < 0.92:
+                op = ("extend", rid, rng.randint(0, 20))
+            elif r < 0.95:
+                op = ("complete", rid)
+            else:
+                op = ("tick", rng.randint(0, 3))
+            a, b = host_outcome(core, op, prompts), host_outcome(ref, op, prompts)
+            assert a == b, (seed, op)
+            if a[0] == "ok" and op[0] == "claim":
+                prompts[op[1]] = list(op[2])
+            elif a[0] == "ok" and op[0] == "store":
+                prompts[op[1]] = prompts.get(op[1], [0]) + list(op[2])
+            elif a[0] == "ok" and op[0] == "release":
+                prompts.pop(op[1], None)
+            core.check_invariants()
+            assert host_state(core) == host_state(ref), (seed, op)
+            assert state(core) == state(ref), (seed, op)
+        for k in seen:
+            seen[k] += core.host_stats()[k] > 0
+    assert min(seen.values()) > 0, seen
+
+
 def test_a_shared_prefix_workload_with_a_host_tier_equals_the_reference() -> None:
     """Requests sharing system prompts on a GPU pool too small for them: blocks are
     offloaded, onboarded, copied from host and evicted from host memory."""

@@ -309,7 +309,7 @@ impl BlockTrie {
     }
     /// Per block id (GPU and host blocks, as `dump()`): whether it is in host memory.
     fn host_dump(&self, py: Python<'_>) -> PyResult<Vec<bool>> {
-        self.with(py, |t| t.host_dump())
+        self.with(py, |t| t.host_dump())?.py_err()
     }
     #[getter]
     fn tokens_per_block(&self, py: Python<'_>) -> PyResult<usize> {
@@ -549,7 +549,7 @@ impl BlockTrie {
     /// Every block by id (GPU and host blocks): block_id, cached, parent, tokens, lora_id,
     /// cache_salt, mm_keys, ref_cnt, priority.
     fn dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let blocks = self.with(py, |t| t.dump())?;
+        let blocks = self.with(py, |t| t.dump())?.py_err()?;
         let out = PyList::empty(py);
         for b in blocks {
             let d = PyDict::new(py);

@@ -123,7 +123,7 @@ fn eviction_is_lowest_priority_first_then_lru_and_retention_expires() {
     t.check_invariants().unwrap();
     // After the retention, c1's block is at priority 35 at the back of that queue.
     t.advance_clock(10);
-    let d = t.dump();
+    let d = t.dump().unwrap();
     assert_eq!(d[c1.block_ids[0] as usize].priority, DEFAULT_PRIORITY);
     t.check_invariants().unwrap();
 }
@@ -309,7 +309,10 @@ fn a_gpu_victim_is_offloaded_and_a_match_onboards_it() {
     // 2 GPU blocks (ids 0, 1) and 4 host blocks (ids 2..6) of 2 tokens.
     let mut t = BlockTrie::with_host_tier(2, 2, true, true, 4, 30).unwrap();
     assert_eq!((t.num_blocks(), t.host_blocks()), (2, 4));
-    assert_eq!(t.host_dump(), vec![false, false, true, true, true, true]);
+    assert_eq!(
+        t.host_dump().unwrap(),
+        vec![false, false, true, true, true, true]
+    );
     cache(&mut t, 1, &[1, 2, 3], &params()); // [1, 2] cached in block 0
     t.take_events();
     // The next claim needs both GPU blocks: block 0 (priority 35 >= 30) goes to host
@@ -319,7 +322,10 @@ fn a_gpu_victim_is_offloaded_and_a_match_onboards_it() {
     let ev = t.take_events();
     assert_eq!(moved(&ev), vec![(0, Medium::Cpu)]);
     assert!(removed(&ev).is_empty());
-    assert_eq!(t.host_dump(), vec![true, false, false, true, true, true]);
+    assert_eq!(
+        t.host_dump().unwrap(),
+        vec![true, false, false, true, true, true]
+    );
     assert_eq!((t.num_cached_blocks(), t.num_host_cached_blocks()), (1, 1));
     let hs = t.host_stats();
     assert_eq!((hs.offloaded_blocks, hs.stored_tokens), (1, 2));
@@ -336,7 +342,10 @@ fn a_gpu_victim_is_offloaded_and_a_match_onboards_it() {
     assert_eq!((c.num_host_blocks, c.num_host_tokens), (1, 2));
     let ev = t.take_events();
     assert_eq!(moved(&ev), vec![(0, Medium::Gpu), (1, Medium::Cpu)]);
-    assert_eq!(t.host_dump(), vec![false, true, true, false, true, true]);
+    assert_eq!(
+        t.host_dump().unwrap(),
+        vec![false, true, true, false, true, true]
+    );
     let hs = t.host_stats();
     assert_eq!((hs.onboarded_blocks, hs.loaded_tokens), (1, 2));
     assert_eq!((hs.offloaded_blocks, hs.peak_host_tokens), (2, 2));
@@ -425,7 +434,7 @@ fn a_partial_match_copies_from_a_host_block() {
     assert_eq!(c.partial.unwrap().kind, PartialKind::Copied);
     assert_eq!((c.num_host_blocks, c.num_host_tokens), (1, 1));
     let src = c.copies[0].src;
-    assert!(t.host_dump()[src as usize]);
+    assert!(t.host_dump().unwrap()[src as usize]);
     t.check_invariants().unwrap();
     t.complete(3).unwrap();
     t.release(3).unwrap();
@@ -434,7 +443,10 @@ fn a_partial_match_copies_from_a_host_block() {
     // An exact match of the host chain onboards both, in order.
     let c = t.claim(4, &[1, 2, 3, 4, 5], &params()).unwrap();
     assert_eq!((c.num_host_blocks, c.num_host_tokens), (2, 4));
-    assert!(c.block_ids.iter().all(|&b| !t.host_dump()[b as usize]));
+    assert!(c
+        .block_ids
+        .iter()
+        .all(|&b| !t.host_dump().unwrap()[b as usize]));
     t.check_invariants().unwrap();
 }
 
@@ -444,7 +456,7 @@ fn host_tier_arguments_are_checked() {
     assert!(BlockTrie::with_host_tier(4, 2, true, true, u32::MAX as usize, 30).is_err());
     let t = BlockTrie::with_host_tier(4, 2, true, true, 0, 30).unwrap();
     assert_eq!(t.host_blocks(), 0);
-    assert_eq!(t.dump().len(), 4);
+    assert_eq!(t.dump().unwrap().len(), 4);
 }
 
 proptest! {

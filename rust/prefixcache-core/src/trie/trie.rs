@@ -33,6 +33,7 @@ use super::key::{
     BlockKey, MmItem, Scope, DEFAULT_PRIORITY, DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY, MAX_PRIORITY,
 };
 use super::types::{BlockDump, TrieEvent, TrieHostStats, TrieStats};
+use crate::error::try_vec;
 use crate::{Error, Result};
 
 pub(crate) struct Block {
@@ -233,15 +234,16 @@ impl BlockTrie {
     pub fn host_stats(&self) -> TrieHostStats {
         self.host_stats.clone()
     }
-    /// Per block id (GPU and host blocks): whether it is in host memory.
-    pub fn host_dump(&self) -> Vec<bool> {
-        (0..self.root)
-            .map(|b| {
-                self.blocks
-                    .get(b)
-                    .map_or(b as usize >= self.num_gpu_blocks, |blk| blk.host)
-            })
-            .collect()
+    /// Per block id (GPU and host blocks): whether it is in host memory. `OutOfMemory`
+    /// (nothing built) when a list of every block id does not fit.
+    pub fn host_dump(&self) -> Result<Vec<bool>> {
+        let mut out = try_vec(self.root as usize, "the trie's host dump")?;
+        out.extend((0..self.root).map(|b| {
+            self.blocks
+                .get(b)
+                .map_or(b as usize >= self.num_gpu_blocks, |blk| blk.host)
+        }));
+        Ok(out)
     }
     pub fn tokens_per_block(&self) -> usize {
         self.tokens_per_block
@@ -308,34 +310,35 @@ impl BlockTrie {
         k.tokens.len() == self.tokens_per_block
     }
 
-    /// Every block (GPU and host), by id.
-    pub fn dump(&self) -> Vec<BlockDump> {
+    /// Every block (GPU and host), by id. `OutOfMemory` (nothing built) when a list of
+    /// every block id does not fit.
+    pub fn dump(&self) -> Result<Vec<BlockDump>> {
         let unused = Block::new(0);
-        (0..self.root)
-            .map(|b| {
-                let blk = self.blocks.get(b).unwrap_or(&unused);
-                let key = blk.key.as_ref();
-                BlockDump {
-                    block_id: b,
-                    cached: key.is_some(),
-                    parent: (key.is_some() && blk.parent != self.root).then_some(blk.parent),
-                    tokens: key.map(|k| k.tokens.clone()).unwrap_or_default(),
-                    lora_id: key.and_then(|k| k.scope.lora),
-                    cache_salt: key
-                        .and_then(|k| k.scope.salt)
-                        .map(|s| String::from_utf8_lossy(self.salts.bytes(s)).into_owned()),
-                    mm_keys: key
-                        .map(|k| {
-                            k.mm.iter()
-                                .map(|&(id, off)| (self.mm_hashes.bytes(id).to_vec(), off))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    ref_cnt: blk.ref_cnt,
-                    priority: blk.priority,
-                }
-            })
-            .collect()
+        let mut out = try_vec(self.root as usize, "the trie's dump")?;
+        out.extend((0..self.root).map(|b| {
+            let blk = self.blocks.get(b).unwrap_or(&unused);
+            let key = blk.key.as_ref();
+            BlockDump {
+                block_id: b,
+                cached: key.is_some(),
+                parent: (key.is_some() && blk.parent != self.root).then_some(blk.parent),
+                tokens: key.map(|k| k.tokens.clone()).unwrap_or_default(),
+                lora_id: key.and_then(|k| k.scope.lora),
+                cache_salt: key
+                    .and_then(|k| k.scope.salt)
+                    .map(|s| String::from_utf8_lossy(self.salts.bytes(s)).into_owned()),
+                mm_keys: key
+                    .map(|k| {
+                        k.mm.iter()
+                            .map(|&(id, off)| (self.mm_hashes.bytes(id).to_vec(), off))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                ref_cnt: blk.ref_cnt,
+                priority: blk.priority,
+            }
+        }));
+        Ok(out)
     }
 
     /// Per request: its interned salt and multimodal ids, for the invariant check.
