@@ -67,6 +67,24 @@ def host_outcome(impl: Any, op: tuple[Any, ...], prompts: dict[int, list[int]]) 
     return outcome(impl, op, prompts)
 
 
+def step_both(
+    core: BlockTrie, ref: RefTrie, op: tuple[Any, ...], prompts: dict[int, list[int]], seed: int
+) -> None:
+    """Applies `op` to both tries: the same outcome, the same state, the core's invariants
+    hold; `prompts` follows each request's tokens."""
+    a, b = host_outcome(core, op, prompts), host_outcome(ref, op, prompts)
+    assert a == b, (seed, op)
+    if a[0] == "ok" and op[0] == "claim":
+        prompts[op[1]] = list(op[2])
+    elif a[0] == "ok" and op[0] == "store":
+        prompts[op[1]] = prompts.get(op[1], [0]) + list(op[2])
+    elif a[0] == "ok" and op[0] == "release":
+        prompts.pop(op[1], None)
+    core.check_invariants()
+    assert host_state(core) == host_state(ref), (seed, op)
+    assert state(core) == state(ref), (seed, op)
+
+
 @settings(max_examples=250, deadline=None)
 @given(
     ops=st.lists(host_op_st, min_size=5, max_size=50),
@@ -137,15 +155,7 @@ def test_seeded_random_runs_with_a_host_tier_equal_the_reference() -> None:
                 op = ("store", rng.randint(0, 2), [])
             else:
                 op = ("tick", rng.randint(0, 3))
-            a, b = host_outcome(core, op, prompts), host_outcome(ref, op, prompts)
-            assert a == b, (seed, op)
-            if a[0] == "ok" and op[0] == "claim":
-                prompts[op[1]] = list(op[2])
-            elif a[0] == "ok" and op[0] == "release":
-                prompts.pop(op[1], None)
-            core.check_invariants()
-            assert host_state(core) == host_state(ref), (seed, op)
-            assert state(core) == state(ref), (seed, op)
+            step_both(core, ref, op, prompts, seed)
         for k in seen:
             seen[k] += core.host_stats()[k] > 0
     assert min(seen.values()) > 0, seen
@@ -191,17 +201,7 @@ def test_seeded_runs_with_a_wide_host_range_and_every_priority_equal_the_referen
                 op = ("complete", rid)
             else:
                 op = ("tick", rng.randint(0, 3))
-            a, b = host_outcome(core, op, prompts), host_outcome(ref, op, prompts)
-            assert a == b, (seed, op)
-            if a[0] == "ok" and op[0] == "claim":
-                prompts[op[1]] = list(op[2])
-            elif a[0] == "ok" and op[0] == "store":
-                prompts[op[1]] = prompts.get(op[1], [0]) + list(op[2])
-            elif a[0] == "ok" and op[0] == "release":
-                prompts.pop(op[1], None)
-            core.check_invariants()
-            assert host_state(core) == host_state(ref), (seed, op)
-            assert state(core) == state(ref), (seed, op)
+            step_both(core, ref, op, prompts, seed)
         for k in seen:
             seen[k] += core.host_stats()[k] > 0
     assert min(seen.values()) > 0, seen
