@@ -10,7 +10,7 @@
 //!   objects fetched 64 items ahead;
 //! - uint32: the same tokens as u32, summed (the cold read of the uint32 path).
 //!
-//! docs/BENCHMARKS.md ("Input forms: the memory floor") sets these beside the radix
+//! docs/BENCHMARKS.md ("Cold input: what reading a prompt costs") sets these beside the radix
 //! figures. Each figure is the best of several passes; a 256 MB write before each pass
 //! evicts the inputs from the caches.
 
