@@ -114,9 +114,10 @@ pub struct Lru {
     /// Tests: every rank change chunk by chunk (no runs), the reference for the runs.
     #[cfg(test)]
     pub(crate) per_chunk: bool,
-    /// Tests: the runs moved by `fresh_in_order`, `on_access` and `insert_all`.
+    /// Tests: the runs moved by `fresh_in_order`, `on_access` and `insert_all`, and the
+    /// evictions that left as one run (`remove_evicted`).
     #[cfg(test)]
-    pub(crate) runs: [usize; 3],
+    pub(crate) runs: [usize; 4],
 }
 
 /// `-(position)` as vLLM's rank holds it.
@@ -227,6 +228,55 @@ impl Lru {
             sents: &mut self.sents,
         };
         self.list.unlink(&mut nodes, id);
+    }
+
+    /// Unlinks the chunks `evict` picked, in its order. When they are the list's first
+    /// chunks (none skipped, no group reached: the usual eviction), they leave as one run;
+    /// else one by one, as `remove` does.
+    pub fn remove_evicted(&mut self, slots: &mut [Slot], picked: &[u32]) {
+        let Some(&last) = picked.last() else {
+            return;
+        };
+        if self.runs() && self.is_front(slots, picked) {
+            let next = slots[last as usize].next;
+            self.list.head = next;
+            if next == NIL {
+                self.list.tail = NIL;
+            } else {
+                let mut nodes = Nodes {
+                    slots,
+                    sents: &mut self.sents,
+                };
+                nodes.set_prev(next, NIL);
+            }
+            self.list.len -= picked.len();
+            for &id in picked {
+                let s = &mut slots[id as usize];
+                s.prev = NIL;
+                s.next = NIL;
+            }
+            #[cfg(test)]
+            {
+                self.runs[3] += 1;
+            }
+            return;
+        }
+        for &id in picked {
+            self.remove(slots, id);
+        }
+    }
+
+    /// Whether `picked` are the list's first chunks, in order, none in a group.
+    fn is_front(&self, slots: &[Slot], picked: &[u32]) -> bool {
+        let mut at = self.list.head;
+        for &id in picked {
+            // A sentinel's node id is never a chunk id.
+            if at != id || slots[id as usize].flags & GROUPED != 0 {
+                return false;
+            }
+            at = slots[id as usize].next;
+        }
+        true
     }
 
     /// Links unlinked chunk `id` at rank `rank`.

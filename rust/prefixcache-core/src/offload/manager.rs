@@ -404,12 +404,12 @@ impl CpuOffloadManager {
         }
     }
 
-    /// Tests: the LRU's runs so far (finishes, accesses, stores); zeros under ARC.
+    /// Tests: the LRU's runs so far (finishes, accesses, stores, evictions); zeros under ARC.
     #[cfg(test)]
-    pub(crate) fn lru_runs(&self) -> [usize; 3] {
+    pub(crate) fn lru_runs(&self) -> [usize; 4] {
         match &self.policy {
             Policy::Lru(l) => l.runs,
-            Policy::Arc(_) => [0; 3],
+            Policy::Arc(_) => [0; 4],
         }
     }
 
@@ -1355,9 +1355,7 @@ impl CpuOffloadManager {
                         for &id in &picked {
                             hashes.push(hash_of(&self.table.slots[id as usize].key));
                         }
-                        for &id in &picked {
-                            l.remove(&mut self.table.slots, id);
-                        }
+                        l.remove_evicted(&mut self.table.slots, &picked);
                     }
                     ok
                 }
