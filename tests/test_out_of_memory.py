@@ -36,6 +36,8 @@ CASES = {
         assert oom(lambda: p.get_new_blocks(2_000_000_000))
         assert p.num_free_blocks == 4_294_967_291
         assert p.get_new_blocks(3).tolist() == [1, 2, 3]
+        assert oom(p.free_block_ids)  # 4,294,967,288 ids: 17 GB as uint32
+        assert p.num_free_blocks == 4_294_967_288
         assert oom(lambda: p.touch([4_000_000_000]))  # gives storage to every id below
         assert p.ref_cnt(4_000_000_000) == 0
         p.check_invariants()
@@ -46,6 +48,8 @@ CASES = {
         m.add_request(1, list(range(100)))
         assert oom(lambda: m.allocate_slots(1, 16 * 300_000_000))
         assert m.allocate_slots(1, 100) is not None
+        assert oom(m.free_block_ids)  # 999,999,992 ids: 4 GB as uint32
+        assert m.num_free_blocks == 10**9 - 8
         m.check_invariants()
     """,
     "CpuOffloadManager": """

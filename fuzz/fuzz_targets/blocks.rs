@@ -121,7 +121,7 @@ fn pool_snapshot(p: &BlockPool) -> Snapshot {
         })
         .collect();
     (
-        p.free_block_ids(),
+        p.free_block_ids().expect("free ids"),
         blocks,
         p.num_cached_keys(),
         p.num_free_blocks(),

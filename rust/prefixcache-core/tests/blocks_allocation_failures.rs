@@ -59,7 +59,7 @@ fn state(m: &KVCacheManager) -> String {
     let events = m.clone().take_events().expect("events");
     format!(
         "{:?} {blocks:?} {requests:?} {:?} {events:?} {} {} {}",
-        pool.free_block_ids(),
+        pool.free_block_ids().expect("free ids"),
         m.stats(),
         pool.num_evicted_blocks(),
         pool.num_cached_blocks(),

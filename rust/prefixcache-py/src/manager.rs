@@ -245,7 +245,7 @@ impl PyKVCacheManager {
             .inner
             .with(py, |m| m.get_computed_blocks(request_id))?
             .py_err()?;
-        Ok((ids_array(py, &blocks), hit))
+        Ok((ids_array(py, &blocks)?, hit))
     }
 
     #[pyo3(
@@ -277,7 +277,7 @@ impl PyKVCacheManager {
                 m.allocate_slots(request_id, new, computed, &hit_blocks, lookahead)
             })?
             .py_err()?;
-        Ok(got.map(|ids| ids_array(py, &ids)))
+        got.map(|ids| ids_array(py, &ids)).transpose()
     }
 
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -321,7 +321,8 @@ impl PyKVCacheManager {
             .inner
             .with_gil_released_if(py, long, |m| m.admit_owned(request_id, t, opts, lookahead))?
             .py_err()?;
-        Ok(got.map(|a| (a.num_hit_tokens, ids_array(py, &a.block_ids))))
+        got.map(|a| Ok((a.num_hit_tokens, ids_array(py, &a.block_ids)?)))
+            .transpose()
     }
 
     /// append_tokens(output) + allocate_slots(len(output)) + free. False when the pool
@@ -391,7 +392,7 @@ impl PyKVCacheManager {
             .inner
             .with(py, |m| m.block_ids(request_id).map(<[u32]>::to_vec))?
             .py_err()?;
-        Ok(ids_array(py, &ids))
+        ids_array(py, &ids)
     }
 
     /// Queue tokens that the request appends over its next decode steps (decode_steps).
@@ -523,8 +524,9 @@ impl PyKVCacheManager {
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = self
             .inner
-            .with_gil_released(py, |m| m.pool().free_block_ids())?;
-        Ok(ids_array(py, &ids))
+            .with_gil_released(py, |m| m.pool().free_block_ids())?
+            .py_err()?;
+        ids_array(py, &ids)
     }
 
     fn ref_cnt(

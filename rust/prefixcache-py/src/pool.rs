@@ -3,6 +3,7 @@
 
 use numpy::PyArray1;
 use prefixcache_core::blocks::{BlockPool, StoreInfo};
+use prefixcache_core::error::try_vec;
 use prefixcache_core::events::{coalesce_removals, KvEvent};
 use prefixcache_core::hash::{BlockHash, KeyValue};
 use pyo3::prelude::*;
@@ -234,8 +235,11 @@ fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     convert::u32_list(obj, "group_ids")
 }
 
-pub fn ids_array<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i64>> {
-    convert::i64_array(py, ids.iter().map(|&b| i64::from(b)).collect())
+/// Block ids as an int64 array; `MemoryError` when it cannot be allocated.
+pub fn ids_array<'py>(py: Python<'py>, ids: &[u32]) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let mut v = try_vec(ids.len(), "the block ids").py_err()?;
+    v.extend(ids.iter().map(|&b| i64::from(b)));
+    Ok(convert::i64_array(py, v))
 }
 
 /// vLLM v1's block pool: N blocks, block 0 reserved as the null block, an LRU free queue
@@ -319,7 +323,7 @@ impl PyBlockPool {
             .inner
             .with_gil_released_if(py, n >= DETACH_MIN_BLOCKS, |p| p.get_new_blocks(n))?
             .py_err()?;
-        Ok(ids_array(py, &ids))
+        ids_array(py, &ids)
     }
 
     fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -435,8 +439,11 @@ impl PyBlockPool {
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = self.inner.with_gil_released(py, |p| p.free_block_ids())?;
-        Ok(ids_array(py, &ids))
+        let ids = self
+            .inner
+            .with_gil_released(py, |p| p.free_block_ids())?
+            .py_err()?;
+        ids_array(py, &ids)
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).

@@ -1124,10 +1124,10 @@ mod tests {
         let new = m.allocate_slots(0, 0, 1, &[3], 1).unwrap().unwrap();
         assert_eq!(new, vec![1]);
         assert_eq!(m.block_ids(0).unwrap(), &[3, 1]);
-        assert_eq!(m.pool().free_block_ids(), vec![2]);
+        assert_eq!(m.pool().free_block_ids().unwrap(), vec![2]);
         m.check_invariants().unwrap();
         m.free(0).unwrap();
-        assert_eq!(m.pool().free_block_ids(), vec![1, 3, 2]);
+        assert_eq!(m.pool().free_block_ids().unwrap(), vec![1, 3, 2]);
         m.check_invariants().unwrap();
     }
 
@@ -1140,7 +1140,10 @@ mod tests {
             .unwrap();
         assert_eq!(a.block_ids, vec![1, 2, 3]);
         m.free(1).unwrap();
-        assert_eq!(m.pool().free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        assert_eq!(
+            m.pool().free_block_ids().unwrap(),
+            vec![3, 4, 5, 6, 7, 2, 1]
+        );
         // A fully cached 32-token prompt hits 16 (the last token is recomputed).
         let b = m
             .admit(2, &toks(0..32), RequestOptions::default(), 0)
@@ -1196,15 +1199,15 @@ mod tests {
         let mut m = mgr(4, 4, None);
         m.add_request(1, &toks(0..20), RequestOptions::default())
             .unwrap();
-        let free = m.pool().free_block_ids();
+        let free = m.pool().free_block_ids().unwrap();
         assert_eq!(m.allocate_slots(1, 20, 0, &[], 0).unwrap(), None);
-        assert_eq!(m.pool().free_block_ids(), free);
+        assert_eq!(m.pool().free_block_ids().unwrap(), free);
         assert!(matches!(m.free(7), Err(Error::UnknownRequest(_))));
         assert!(m.allocate_slots(1, 0, 0, &[], 0).is_err());
         assert!(m.allocate_slots(1, 1, 4, &[9], 0).is_err());
         assert!(m.add_request(1, &[1], RequestOptions::default()).is_err());
         assert!(m.add_request(2, &[], RequestOptions::default()).is_err());
-        assert_eq!(m.pool().free_block_ids(), free);
+        assert_eq!(m.pool().free_block_ids().unwrap(), free);
         m.preempt(1).unwrap();
         assert!(KVCacheManager::new(4, m.hasher().clone(), true, Some(1), false).is_err());
     }
@@ -1244,7 +1247,10 @@ mod tests {
             b.free(id).unwrap();
         }
         assert_eq!(a.stats(), b.stats());
-        assert_eq!(a.pool().free_block_ids(), b.pool().free_block_ids());
+        assert_eq!(
+            a.pool().free_block_ids().unwrap(),
+            b.pool().free_block_ids().unwrap()
+        );
         // A known id is refused before anything is hashed or looked up.
         a.add_request(7, &[1, 2, 3], RequestOptions::default())
             .unwrap();
@@ -1292,7 +1298,10 @@ mod tests {
         assert!(peak >= b.pool().num_cached_blocks());
         assert_eq!(b.block_ids(1).unwrap(), a.block_ids(1).unwrap());
         assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
-        assert_eq!(b.pool().free_block_ids(), a.pool().free_block_ids());
+        assert_eq!(
+            b.pool().free_block_ids().unwrap(),
+            a.pool().free_block_ids().unwrap()
+        );
         // Too long for the pool: the first item applies, the second changes nothing.
         let free = b.pool().num_free_blocks();
         let (got, _) = b
@@ -1303,12 +1312,12 @@ mod tests {
         assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
         b.check_invariants().unwrap();
         // Bad items change nothing.
-        let ids = b.pool().free_block_ids();
+        let ids = b.pool().free_block_ids().unwrap();
         assert!(b.extend(&[(1, 1), (9, 1)], &[5, 6]).is_err());
         assert!(b.extend(&[(1, 0)], &[]).is_err());
         assert!(b.extend(&[(1, 2)], &[5]).is_err());
         assert_eq!(b.num_tokens(1).unwrap(), a.num_tokens(1).unwrap() + 1);
-        assert_eq!(b.pool().free_block_ids(), ids);
+        assert_eq!(b.pool().free_block_ids().unwrap(), ids);
     }
 
     #[test]
@@ -1327,21 +1336,24 @@ mod tests {
             assert_eq!(b.decode_steps(&[1, 3], k).unwrap(), want);
             assert_eq!(b.block_ids(1).unwrap(), a.block_ids(1).unwrap());
             assert_eq!(b.block_hashes(3).unwrap(), a.block_hashes(3).unwrap());
-            assert_eq!(b.pool().free_block_ids(), a.pool().free_block_ids());
+            assert_eq!(
+                b.pool().free_block_ids().unwrap(),
+                a.pool().free_block_ids().unwrap()
+            );
             assert_eq!(b.pool().num_evicted_blocks(), a.pool().num_evicted_blocks());
         }
         assert_eq!(b.num_queued_tokens(1).unwrap(), 1);
         b.check_invariants().unwrap();
         // Bad calls change nothing: too few queued tokens, an unknown or repeated id,
         // zero steps.
-        let ids = b.pool().free_block_ids();
+        let ids = b.pool().free_block_ids().unwrap();
         assert!(b.decode_steps(&[1, 3], 2).is_err());
         assert!(b.decode_steps(&[3, 9], 1).is_err());
         assert!(b.decode_steps(&[3, 3], 1).is_err());
         assert!(b.decode_steps(&[3], 0).is_err());
         assert_eq!(b.num_tokens(3).unwrap(), a.num_tokens(3).unwrap());
         assert_eq!(b.num_queued_tokens(3).unwrap(), 1);
-        assert_eq!(b.pool().free_block_ids(), ids);
+        assert_eq!(b.pool().free_block_ids().unwrap(), ids);
     }
 
     #[test]

@@ -410,9 +410,12 @@ impl BlockPool {
         Ok(self.key_of(id))
     }
 
-    /// Free block ids from the head (next reused) to the tail.
-    pub fn free_block_ids(&self) -> Vec<u32> {
-        self.free.iter().collect()
+    /// Free block ids from the head (next reused) to the tail. `OutOfMemory` (nothing
+    /// built) when a list of every free id does not fit.
+    pub fn free_block_ids(&self) -> Result<Vec<u32>> {
+        let mut out = try_vec(self.free.len(), "the free block ids")?;
+        out.extend(self.free.iter());
+        Ok(out)
     }
 
     /// Whether block `id` is in the free queue.
@@ -1135,7 +1138,7 @@ mod tests {
     fn new_pool_reserves_the_null_block() {
         let p = BlockPool::new(6, true, false).unwrap();
         assert_eq!(p.num_free_blocks(), 5);
-        assert_eq!(p.free_block_ids(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(p.free_block_ids().unwrap(), vec![1, 2, 3, 4, 5]);
         assert_eq!(p.usage(), 0.0);
         assert!(BlockPool::new(0, true, false).is_err());
         assert_eq!(BlockPool::new(1, true, false).unwrap().usage(), 0.0);
@@ -1150,7 +1153,7 @@ mod tests {
         p.cache_full_blocks(&ids, &[h(1), h(2)], 0, 2, 16, 0, StoreInfo::default())
             .unwrap();
         p.free_blocks(&[3, 2, 1]).unwrap();
-        assert_eq!(p.free_block_ids(), vec![3, 4, 5, 6, 7, 2, 1]);
+        assert_eq!(p.free_block_ids().unwrap(), vec![3, 4, 5, 6, 7, 2, 1]);
         p.check_invariants().unwrap();
         let ev = p.take_events().unwrap();
         assert_eq!(ev.len(), 1);
@@ -1186,7 +1189,7 @@ mod tests {
         ));
         assert!(matches!(p.free_blocks(&[0]), Err(Error::BlockState(_))));
         assert_eq!(p.ref_cnt(1).unwrap(), 1);
-        assert_eq!(p.free_block_ids(), vec![3, 4]);
+        assert_eq!(p.free_block_ids().unwrap(), vec![3, 4]);
         p.cache_full_blocks(&ids, &[h(1)], 0, 1, 4, 0, StoreInfo::default())
             .unwrap();
         let short = BlockHash::from_bytes(&[1; 16]).unwrap();
@@ -1228,7 +1231,7 @@ mod tests {
         // Touch twice, free in one call with a duplicate: reaches zero once.
         p.touch(&[2]).unwrap();
         p.free_blocks(&[1, 2, 2]).unwrap();
-        assert_eq!(p.free_block_ids(), vec![1, 3, 4, 5, 2]);
+        assert_eq!(p.free_block_ids().unwrap(), vec![1, 3, 4, 5, 2]);
         p.check_invariants().unwrap();
     }
 
