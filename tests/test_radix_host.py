@@ -379,7 +379,14 @@ class HostLockstep(Lockstep):
         self._same(
             "sizes",
             [
-                (c.evictable_size(), c.protected_size(), c.total_size(), c.num_nodes, c.clock)
+                (
+                    c.evictable_size(),
+                    c.protected_size(),
+                    c.total_size(),
+                    c.num_nodes,
+                    c.num_host_only_nodes,
+                    c.clock,
+                )
                 for c in self.caches
             ],
         )

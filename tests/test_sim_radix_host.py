@@ -70,6 +70,33 @@ def test_core_and_reference_replay_the_tier_identically(offload: str) -> None:
     assert a.stats.host_hit_tokens > 0
 
 
+class _CountedRadix(RadixPolicy):
+    """Counts the nodes each eviction takes off the GPU from the per-node host dump."""
+
+    device_nodes_evicted = 0
+
+    def _evict(self, n: int) -> int:
+        def on_device() -> int:
+            return sum(not host_only for _, host_only in self.tree.host_dump())
+
+        before = on_device()
+        freed = super()._evict(n)
+        self.device_nodes_evicted += before - on_device()
+        return freed
+
+
+@pytest.mark.parametrize("offload", RADIX_OFFLOADS)
+@pytest.mark.parametrize("cache_cls", [None, ReferenceRadix])
+def test_evictions_count_the_nodes_that_left_the_gpu(offload: str, cache_cls: Any) -> None:
+    """A demoted leaf (backed up, kept host-only) is an eviction as a deleted one is: the
+    count matches the host dump's, and it is not zero when every victim stays in the tree."""
+    extra = {} if cache_cls is None else {"cache_cls": cache_cls}
+    pol = _CountedRadix(30_000, page_size=16, cpu_capacity=60_000, offload=offload, **extra)
+    res = replay(_requests(120), [pol], check=True)[0]
+    assert res.stats.evicted_tokens > 0
+    assert res.stats.evictions == pol.device_nodes_evicted > 0
+
+
 def test_bad_tier_arguments() -> None:
     with pytest.raises(InvalidInputError, match="offload"):
         RadixPolicy(1000, cpu_capacity=10, offload="host")

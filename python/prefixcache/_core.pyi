@@ -175,6 +175,9 @@ class RadixCache:
         """When nodes are copied to host memory (None without a host tier)."""
     def host_size(self) -> int:
         """Tokens in host memory (backed-up nodes, on the device or host-only)."""
+    @property
+    def num_host_only_nodes(self) -> int:
+        """Host-only nodes: backed up, their device KV evicted (0 without a host tier)."""
     def host_stats(self) -> dict[str, int]:
         """Host tier counters in tokens: stored_tokens, host_evicted_tokens,
         loaded_tokens, peak_host_tokens."""

@@ -538,6 +538,10 @@ class RadixCache:
     def host_size(self) -> int:
         return self._host_used
 
+    @property
+    def num_host_only_nodes(self) -> int:
+        return sum(1 for n in self._walk() if n.evicted)
+
     def host_stats(self) -> dict[str, int]:
         return dict(self._host_stats)
 

@@ -218,6 +218,12 @@ impl RadixCache {
         self.inner.with(py, |t| t.host_size())
     }
 
+    /// Host-only nodes: backed up, their device KV evicted (0 without a host tier).
+    #[getter]
+    fn num_host_only_nodes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |t| t.num_host_only_nodes())
+    }
+
     /// Host tier counters in tokens: stored_tokens, host_evicted_tokens, loaded_tokens,
     /// peak_host_tokens.
     fn host_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -163,8 +163,13 @@ class RadixPolicy:
             self._zeros = np.zeros(max(n, 2 * len(self._zeros)), dtype=np.int64)
         return self._zeros[:n]
 
+    def _device_nodes(self) -> int:
+        """Nodes holding device KV: an eviction takes one each leaf (with a host tier a
+        backed-up leaf stays in the tree, host-only)."""
+        return self.tree.num_nodes - self.tree.num_host_only_nodes
+
     def _evict(self, n: int) -> int:
-        before = self.tree.num_nodes
+        before = self._device_nodes()
         if self.events is None:  # only the count matters: no array of freed indices
             freed = int(self.tree.evict_count(n))
         else:
@@ -173,7 +178,7 @@ class RadixPolicy:
                 self.events.host(*self.tree.take_host_events(nonzero=True))
             self.events.freed(values)
             freed = len(values)
-        self._evicted_nodes += before - self.tree.num_nodes
+        self._evicted_nodes += before - self._device_nodes()
         self._evicted_tokens += freed
         self.pool.give(freed)
         return freed

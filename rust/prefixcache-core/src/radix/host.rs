@@ -338,6 +338,11 @@ impl RadixTree {
         self.host.as_ref().map_or(0, |h| h.used)
     }
 
+    /// Host-only nodes: backed up, their device KV evicted (0 without a tier).
+    pub fn num_host_only_nodes(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.evicted_nodes)
+    }
+
     /// The write policy (None without a tier).
     pub fn write_policy(&self) -> Option<WritePolicy> {
         self.host.as_ref().map(|h| h.policy)
