@@ -275,6 +275,47 @@ def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
     assert "Traceback" not in err and not js.exists()
 
 
+def test_ctrl_c_while_the_command_loads_is_one_line_and_130() -> None:
+    """Ctrl-C before the simulator has loaded (numpy, the core: a fifth of a second) ends
+    as Ctrl-C during a replay does. Deterministic: an import hook raises it where the
+    signal would land."""
+    code = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from prefixcache.__main__ import run\n"
+        "sys.argv = ['prefixcache', 'replay', 'workload:F']\n"
+        "sys.exit(run())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "interrupted: prefixcache stopped while starting\n"
+
+
+def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
+    """`import prefixcache` (and so the command's first import) loads neither numpy nor the
+    core; each public name loads its module on first use, and `__all__` holds them all."""
+    code = (
+        "import sys, prefixcache as pc\n"
+        "assert 'numpy' not in sys.modules and 'prefixcache._core' not in sys.modules\n"
+        "from prefixcache import RadixCache, InvalidInputError, BlockStored, LoRAKey\n"
+        "assert RadixCache.__module__ == 'prefixcache._core'\n"
+        "assert all(getattr(pc, n) is not None for n in pc.__all__)\n"
+        "assert set(pc.__all__) <= set(dir(pc))\n"
+        "try:\n"
+        "    pc.NoSuchName\n"
+        "except AttributeError as e:\n"
+        "    assert 'NoSuchName' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_json_output_is_the_standard_encoding_with_a_record_per_line(tmp_path: Path) -> None:
     """``write_json`` gives what ``json.dumps(indent=2)`` of the cleaned data parses to
     (NaN as null, numpy scalars as numbers), with each object of a list on one line."""

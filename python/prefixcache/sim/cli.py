@@ -1162,7 +1162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         # Files are written only once everything ran: nothing partial was left behind.
-        err.print(f"interrupted: {args.command} stopped, no output files written")
+        # `args` is unset when Ctrl-C came while the arguments were read.
+        command = argv[0] if argv[0] in COMMANDS else "prefixcache"
+        err.print(f"interrupted: {command} stopped, no output files written")
         return 130
 
 
