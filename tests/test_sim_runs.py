@@ -304,7 +304,7 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
         "from prefixcache import RadixCache, InvalidInputError, BlockStored, LoRAKey\n"
         "assert RadixCache.__module__ == 'prefixcache._core'\n"
         "assert all(getattr(pc, n) is not None for n in pc.__all__)\n"
-        "assert set(pc.__all__) <= set(dir(pc))\n"
+        "assert set(pc.__all__) <= set(dir(pc)) and sorted(pc.__all__) == sorted(pc._HOME)\n"
         "try:\n"
         "    pc.NoSuchName\n"
         "except AttributeError as e:\n"
