@@ -55,7 +55,7 @@ from prefixcache.sim.report import (
     write_grid_plot,
     write_sweep_plot,
 )
-from prefixcache.sim.requests import Request
+from prefixcache.sim.requests import Request, record_fields
 from prefixcache.sim.scheduler import (
     DEFAULT_KV_MODEL,
     KV_DTYPE_BYTES,
@@ -947,7 +947,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     record_json: dict[int, JsonLines] = {}
 
     def encode_records(i: int, r: ReplayResult) -> None:
-        record_json[i] = record_lines(r.records, host_tier=r.stats.cpu_capacity > 0)
+        record_json[i] = record_lines(r.columns, host_tier=r.stats.cpu_capacity > 0)
 
     results = _replay_runs(args, reqs, err, encode_records if args.json else None)
     sums = [summarize(r) for r in results]
@@ -971,13 +971,18 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.records_csv:
         write_csv(
             args.records_csv,
-            [
-                {"policy": r.policy, **x.to_dict(host_tier=r.stats.cpu_capacity > 0)}
-                for r in results
-                for x in r.records
-            ],
+            [row for r in results for row in _record_rows(r)],
         )
     return 0
+
+
+def _record_rows(res: ReplayResult) -> list[dict[str, Any]]:
+    """The ``--records-csv`` rows of one replay: its policy, then each record's fields
+    (:meth:`RequestRecord.to_dict`)."""
+    names = ("policy", *record_fields(host_tier=res.stats.cpu_capacity > 0))
+    c = res.columns
+    columns = [[res.policy] * len(c), *(c.column(k) for k in names[1:])]
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:

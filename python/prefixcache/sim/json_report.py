@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.sim.output_files import write_text
-from prefixcache.sim.requests import RequestRecord, record_fields
+from prefixcache.sim.requests import RecordColumns, RequestRecord, record_fields
 
 __all__ = ["JsonLines", "clean", "json_text", "record_lines", "write_json"]
 
@@ -117,10 +117,15 @@ def _column_text(values: list[Any]) -> list[str]:
     return [_value_text(v) for v in values]
 
 
-def record_lines(records: Sequence[RequestRecord], host_tier: bool = False) -> JsonLines:
-    """The records as :func:`write_json` writes ``[r.to_dict(host_tier) for r in
-    records]``, line for line (the same text), for a fraction of the time."""
+def record_lines(
+    records: Sequence[RequestRecord] | RecordColumns, host_tier: bool = False
+) -> JsonLines:
+    """The records (objects or columns) as :func:`write_json` writes ``[r.to_dict(host_tier)
+    for r in records]``, line for line (the same text), for a fraction of the time."""
     names = record_fields(host_tier)
     template = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in names) + "}"
-    columns = [_column_text([getattr(r, k) for r in records]) for k in names]
+    if isinstance(records, RecordColumns):
+        columns = [_column_text(records.column(k)) for k in names]
+    else:
+        columns = [_column_text([getattr(r, k) for r in records]) for k in names]
     return JsonLines([template % row for row in zip(*columns, strict=True)])
