@@ -63,9 +63,7 @@ from prefixcache.sim.scheduler import (
     KvModel,
     PrefillCost,
 )
-from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
-from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
 
 if TYPE_CHECKING:
     from prefixcache.sim.sweep import OnResult
@@ -558,6 +556,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
+        from prefixcache.sim.workloads import STUDY_WORKLOADS
+
         names = _workload_names(args.workload)
         bad = [n for n in names if n not in STUDY_WORKLOADS]
         if bad or not names:
@@ -748,6 +748,8 @@ def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequen
 
 def _workload_names(text: str) -> list[str]:
     if text.strip().lower() == "all":
+        from prefixcache.sim.workloads import STUDY_WORKLOADS
+
         return list(STUDY_WORKLOADS)
     return [w.strip().upper() for w in text.split(",") if w.strip()]
 
@@ -755,6 +757,8 @@ def _workload_names(text: str) -> list[str]:
 def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
     spec: str = args.trace
     if spec.startswith("workload:"):
+        from prefixcache.sim.workloads import study_workload
+
         w = study_workload(spec.split(":", 1)[1], args.seed)
         if getattr(args, "capacity", None) is None and "capacity" in args:
             args.capacity = w.capacity  # a built-in workload runs at its own budget
@@ -907,6 +911,8 @@ def _print_results(
 
 
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.workloads import study_workload
+
     names = _workload_names(args.workload)
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
@@ -1089,6 +1095,8 @@ def _grid_sweep(
 
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.trace_stats import trace_stats
+
     label, tr = _load(args, console)
     bs = (
         args.block_size if args.block_size is not None else (512 if tr.format == "mooncake" else 16)

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from prefixcache.sim.json_report import clean
@@ -442,6 +441,8 @@ def progress_bars(
     if not enabled:
         yield None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     prog = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
