@@ -13,7 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixcache.sim.json_report import JsonLines, clean, record_lines, write_json
+from prefixcache.sim.json_report import (
+    JsonLines,
+    clean,
+    json_pieces,
+    json_text,
+    record_lines,
+    write_json,
+)
 from prefixcache.sim.requests import RequestRecord, record_fields
 
 ids = st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=6))
@@ -114,3 +121,50 @@ def test_every_json_counts_the_skipped_lines(tmp_path: Path, argv: list[str]) ->
     cmd = [argv[0], str(trace), *argv[1:], *extra, "--skip-bad-lines", "--json", str(js)]
     assert main(cmd) == 0
     assert json.loads(js.read_text())["skipped_lines"] == 1
+
+
+def test_the_json_layout_is_indented_by_level_with_an_object_per_line(tmp_path: Path) -> None:
+    """The text is the standard encoding, laid out as before it was written in pieces."""
+    data: dict[str, Any] = {
+        "command": "replay",
+        "none": None,
+        "nan": math.nan,
+        "summaries": [{"policy": "radix", "hit_rate": 0.5}, {"policy": "x", "n": [1, 2]}],
+        "nested": [[1, 2], {"a": {}}, []],
+        "flat": [1, "two", None],
+        "empty": {},
+        "records": {"radix": JsonLines(['{"id": 1}', '{"id": 2}']), "none": JsonLines([])},
+    }
+    want = """{
+  "command": "replay",
+  "none": null,
+  "nan": null,
+  "summaries": [
+    {"policy": "radix", "hit_rate": 0.5},
+    {"policy": "x", "n": [1, 2]}
+  ],
+  "nested": [
+    [1, 2],
+    {
+      "a": {}
+    },
+    []
+  ],
+  "flat": [1, "two", null],
+  "empty": {},
+  "records": {
+    "radix": [
+      {"id": 1},
+      {"id": 2}
+    ],
+    "none": []
+  }
+}
+"""
+    write_json(tmp_path / "out.json", data)
+    assert (tmp_path / "out.json").read_text() == want
+    assert json_text(clean(data)) + "\n" == want
+    assert "".join(json_pieces(clean(data))) + "\n" == want
+    # The records' lines come as one piece: no piece per record.
+    pieces = list(json_pieces({"r": JsonLines([f'{{"id": {i}}}' for i in range(1000)])}))
+    assert len(pieces) < 10

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from prefixcache.sim.output_files import write_text
+from prefixcache.sim.output_files import write_pieces
 from prefixcache.sim.requests import RecordColumns, RequestRecord, record_fields
 
-__all__ = ["JsonLines", "clean", "json_text", "record_lines", "write_json"]
+__all__ = ["JsonLines", "clean", "json_pieces", "json_text", "record_lines", "write_json"]
 
 _PLAIN = frozenset({int, str, bool, type(None)})
 
@@ -67,24 +67,45 @@ def json_text(obj: Any, indent: str = "") -> str:
     that a list of objects (per-request records, summaries) holds one object per line:
     each line then comes from the C encoder (``indent`` makes ``json`` encode in
     Python), or from :class:`JsonLines` as given."""
+    return "".join(json_pieces(obj, indent))
+
+
+def json_pieces(obj: Any, indent: str = "") -> Iterator[str]:
+    """The text of :func:`json_text` in pieces, in order: a :class:`JsonLines` list is one
+    piece (its lines joined), so the whole text is never copied into one string."""
     inner = indent + "  "
     if isinstance(obj, JsonLines):
         if not obj.lines:
-            return "[]"
-        return "[\n" + ",\n".join(inner + line for line in obj.lines) + "\n" + indent + "]"
-    if isinstance(obj, dict) and obj:
-        items = [f"{inner}{json.dumps(k)}: {json_text(v, inner)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
+            yield "[]"
+            return
+        yield "[\n" + inner
+        yield (",\n" + inner).join(obj.lines)
+        yield "\n" + indent + "]"
+    elif isinstance(obj, dict) and obj:
+        sep = "{\n"
+        for k, v in obj.items():
+            yield f"{sep}{inner}{json.dumps(k)}: "
+            yield from json_pieces(v, inner)
+            sep = ",\n"
+        yield "\n" + indent + "}"
+    elif isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
         flat = all(isinstance(v, dict) for v in obj)
-        items = [inner + (json.dumps(v) if flat else json_text(v, inner)) for v in obj]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    return json.dumps(obj)
+        sep = "[\n"
+        for v in obj:
+            yield sep + inner
+            if flat:
+                yield json.dumps(v)
+            else:
+                yield from json_pieces(v, inner)
+            sep = ",\n"
+        yield "\n" + indent + "]"
+    else:
+        yield json.dumps(obj)
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    """``data`` as JSON in ``path`` (written by :func:`write_text`)."""
-    write_text(path, json_text(clean(data)) + "\n")
+    """``data`` as JSON in ``path``, written piece by piece (:func:`write_pieces`)."""
+    write_pieces(path, [*json_pieces(clean(data)), "\n"])
 
 
 # -- the per-request records ------------------------------------------------------------
