@@ -30,8 +30,8 @@ from prefixcache.sim.fleet_cli import (
     seed_arg,
 )
 from prefixcache.sim.gap import gap_rows, gap_table
-from prefixcache.sim.json_report import JsonLines, record_lines, write_json
-from prefixcache.sim.output_files import check_writable
+from prefixcache.sim.json_report import JsonLines, record_lines, record_texts, write_json
+from prefixcache.sim.output_files import check_writable, write_pieces
 from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
@@ -49,6 +49,8 @@ from prefixcache.sim.report import (
     latency_table,
     partial_reuse_table,
     progress_bars,
+    record_csv_header,
+    record_csv_rows,
     sweep_table,
     trace_stats_table,
     write_csv,
@@ -949,13 +951,21 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
-    # The records' JSON text is written as each replay ends, while the others still run.
+    # The records' JSON text (and CSV rows) are made as each replay ends, while the others
+    # still run; the CSV rows share the JSON text of the columns where the two agree.
     record_json: dict[int, JsonLines] = {}
+    record_csv: dict[int, str] = {}
 
     def encode_records(i: int, r: ReplayResult) -> None:
-        record_json[i] = record_lines(r.columns, host_tier=r.stats.cpu_capacity > 0)
+        host_tier = r.stats.cpu_capacity > 0
+        texts = record_texts(r.columns, host_tier)
+        if args.json:
+            record_json[i] = record_lines(r.columns, host_tier, texts)
+        if args.records_csv:
+            record_csv[i] = record_csv_rows(r.policy, r.columns, host_tier, texts)
 
-    results = _replay_runs(args, reqs, err, encode_records if args.json else None)
+    encode = encode_records if args.json or args.records_csv else None
+    results = _replay_runs(args, reqs, err, encode)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
     _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
@@ -975,10 +985,12 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.csv:
         write_csv(args.csv, sums)
     if args.records_csv:
-        write_csv(
-            args.records_csv,
-            [row for r in results for row in _record_rows(r)],
-        )
+        tiers = {r.stats.cpu_capacity > 0 for r in results}
+        if len(tiers) == 1 and any(record_csv.values()):
+            header = record_csv_header(tiers.pop())
+            write_pieces(args.records_csv, [header, *(record_csv[i] for i in range(len(results)))])
+        else:  # no rows, or policies with and without a host tier: fields differ
+            write_csv(args.records_csv, [row for r in results for row in _record_rows(r)])
     return 0
 
 

@@ -22,7 +22,15 @@ import numpy as np
 from prefixcache.sim.output_files import write_pieces
 from prefixcache.sim.requests import RecordColumns, RequestRecord, record_fields
 
-__all__ = ["JsonLines", "clean", "json_pieces", "json_text", "record_lines", "write_json"]
+__all__ = [
+    "JsonLines",
+    "clean",
+    "json_pieces",
+    "json_text",
+    "record_lines",
+    "record_texts",
+    "write_json",
+]
 
 _PLAIN = frozenset({int, str, bool, type(None)})
 
@@ -138,14 +146,26 @@ def _column_text(values: list[Any]) -> list[str]:
     return [_value_text(v) for v in values]
 
 
+def record_texts(records: RecordColumns, host_tier: bool = False) -> dict[str, list[str]]:
+    """Each reported field's values (:func:`record_fields`) as JSON text, by field name:
+    what :func:`record_lines` fills in, made once for the ``--json`` lines and the
+    ``--records-csv`` rows (:func:`prefixcache.sim.report.record_csv_rows`) alike."""
+    return {k: _column_text(records.column(k)) for k in record_fields(host_tier)}
+
+
 def record_lines(
-    records: Sequence[RequestRecord] | RecordColumns, host_tier: bool = False
+    records: Sequence[RequestRecord] | RecordColumns,
+    host_tier: bool = False,
+    texts: dict[str, list[str]] | None = None,
 ) -> JsonLines:
     """The records (objects or columns) as :func:`write_json` writes ``[r.to_dict(host_tier)
-    for r in records]``, line for line (the same text), for a fraction of the time."""
+    for r in records]``, line for line (the same text), for a fraction of the time.
+    ``texts``: the columns' :func:`record_texts`, when already made."""
     names = record_fields(host_tier)
     template = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in names) + "}"
-    if isinstance(records, RecordColumns):
+    if texts is not None:
+        columns = [texts[k] for k in names]
+    elif isinstance(records, RecordColumns):
         columns = [_column_text(records.column(k)) for k in names]
     else:
         columns = [_column_text([getattr(r, k) for r in records]) for k in names]
