@@ -126,11 +126,6 @@ def _value_text(v: Any) -> str:
     return json.dumps(clean(v))
 
 
-def _float_text(v: float) -> str:
-    # json.dumps(clean(v)): float.__repr__ for finite values, null for NaN and infinities.
-    return _FLOAT_REPR(v) if v - v == 0 else "null"
-
-
 def _column_text(values: list[Any]) -> list[str]:
     """Each value as JSON text: one pass of one converter when the column holds one
     plain type (ints, floats, bools), else value by value."""
@@ -138,7 +133,8 @@ def _column_text(values: list[Any]) -> list[str]:
     if kinds <= {int}:
         return list(map(_INT_REPR, values))
     if kinds <= {float}:
-        return [_FLOAT_REPR(v) if v == v and v - v == 0 else _float_text(v) for v in values]
+        # v - v is 0 for a finite v, NaN for NaN and the infinities (written as null).
+        return [_FLOAT_REPR(v) if v - v == 0 else "null" for v in values]
     if kinds <= {bool}:
         return ["true" if v else "false" for v in values]
     if kinds <= {type(None)}:
