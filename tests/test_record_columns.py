@@ -183,6 +183,11 @@ def test_changed_records_change_the_summary() -> None:
     assert res.columns.hit_tokens[0] == res.records[0].hit_tokens
     res.records = []
     assert summarize(res)["requests"] == 0
+    given = _records()
+    res.records = given
+    assert res.records is given  # held as given, not copied
+    given.pop()
+    assert summarize(res)["requests"] == 2
 
 
 def test_pickled_result_ships_columns() -> None:

@@ -112,8 +112,8 @@ class ReplayResult:
     def records(self, value: Sequence[RequestRecord] | RecordColumns) -> None:
         if isinstance(value, RecordColumns):
             self._columns, self._records = value, None
-        else:
-            self._columns, self._records = None, list(value)
+        else:  # a list is held as given, as the result held it before columns
+            self._columns, self._records = None, value if isinstance(value, list) else list(value)
 
     @property
     def columns(self) -> RecordColumns:
