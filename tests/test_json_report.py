@@ -13,8 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixcache.sim.json_report import JsonLines, clean, record_lines, write_json
-from prefixcache.sim.requests import RequestRecord, record_fields
+from prefixcache.sim.json_report import (
+    JsonLines,
+    clean,
+    json_pieces,
+    json_text,
+    record_lines,
+    record_texts,
+    write_json,
+)
+from prefixcache.sim.report import record_csv_header, record_csv_rows, write_csv
+from prefixcache.sim.requests import RecordColumns, RequestRecord, record_fields
 
 ids = st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=6))
 counts = st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70))
@@ -114,3 +123,85 @@ def test_every_json_counts_the_skipped_lines(tmp_path: Path, argv: list[str]) ->
     cmd = [argv[0], str(trace), *argv[1:], *extra, "--skip-bad-lines", "--json", str(js)]
     assert main(cmd) == 0
     assert json.loads(js.read_text())["skipped_lines"] == 1
+
+
+def test_the_json_layout_is_indented_by_level_with_an_object_per_line(tmp_path: Path) -> None:
+    """The text is the standard encoding, laid out as before it was written in pieces."""
+    data: dict[str, Any] = {
+        "command": "replay",
+        "none": None,
+        "nan": math.nan,
+        "summaries": [{"policy": "radix", "hit_rate": 0.5}, {"policy": "x", "n": [1, 2]}],
+        "nested": [[1, 2], {"a": {}}, []],
+        "flat": [1, "two", None],
+        "empty": {},
+        "records": {"radix": JsonLines(['{"id": 1}', '{"id": 2}']), "none": JsonLines([])},
+    }
+    want = """{
+  "command": "replay",
+  "none": null,
+  "nan": null,
+  "summaries": [
+    {"policy": "radix", "hit_rate": 0.5},
+    {"policy": "x", "n": [1, 2]}
+  ],
+  "nested": [
+    [1, 2],
+    {
+      "a": {}
+    },
+    []
+  ],
+  "flat": [1, "two", null],
+  "empty": {},
+  "records": {
+    "radix": [
+      {"id": 1},
+      {"id": 2}
+    ],
+    "none": []
+  }
+}
+"""
+    write_json(tmp_path / "out.json", data)
+    assert (tmp_path / "out.json").read_text() == want
+    assert json_text(clean(data)) + "\n" == want
+    assert "".join(json_pieces(clean(data))) + "\n" == want
+    # The records' lines come as one piece: no piece per record.
+    pieces = list(json_pieces({"r": JsonLines([f'{{"id": {i}}}' for i in range(1000)])}))
+    assert len(pieces) < 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(records(), max_size=8),
+    st.booleans(),
+    st.booleans(),
+    st.one_of(st.just("radix"), st.text(max_size=6)),
+)
+def test_record_csv_rows_are_what_write_csv_writes(
+    tmp_path_factory: pytest.TempPathFactory,
+    recs: list[RequestRecord],
+    host_tier: bool,
+    uniform: bool,
+    policy: str,
+) -> None:
+    """The ``--records-csv`` rows made from the columns' JSON text are the text of the
+    general CSV writer, quoting, NaN and numpy scalars included."""
+    if uniform:
+        for r in recs:
+            r.id, r.session, r.rejected = len(recs), None, bool(r.rejected)
+            r.hit_tokens = int(r.hit_tokens)
+            for name in ("arrival", "first_token", "finished", "ttft", "load_time"):
+                setattr(r, name, float(getattr(r, name)))
+    cols = RecordColumns.from_records(recs)
+    texts = record_texts(cols, host_tier)
+    assert record_lines(cols, host_tier, texts).lines == _general(recs, host_tier)
+    path = tmp_path_factory.mktemp("csv") / "r.csv"
+    rows = [{"policy": policy, **r.to_dict(host_tier=host_tier)} for r in recs]
+    write_csv(path, rows)
+    general = path.read_bytes().decode()
+    header = record_csv_header(host_tier)
+    if recs:
+        assert general.startswith(header)
+    assert record_csv_rows(policy, cols, host_tier, texts) == general[len(header) :]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from prefixcache.sim.cli import main
-from prefixcache.sim.output_files import check_writable, write_text
+from prefixcache.sim.output_files import check_writable, write_pieces, write_text
 
 
 def test_a_failed_write_leaves_the_old_file_or_none_and_no_temporary(
@@ -114,3 +114,20 @@ def test_a_write_error_after_the_run_names_the_path(capsys: pytest.CaptureFixtur
     argv = ["replay", "workload:A", "--quiet", "--policies", "radix", "--json", "/dev/full"]
     assert main(argv) == 2
     assert "error: /dev/full: No space left on device" in capsys.readouterr().err
+
+
+def test_pieces_are_written_as_their_text_or_not_at_all(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    pieces = ["{\n", '  "a": ', "[1, 2]", "\n}", "\n"]
+    write_pieces(out, iter(pieces))  # a new file
+    assert out.read_text() == "".join(pieces)
+    write_pieces(out, ["é", "x\n"])  # in place, UTF-8
+    assert out.read_bytes() == "éx\n".encode()
+    with pytest.raises(UnicodeEncodeError):
+        write_pieces(out, ["new\n", "\ud800"])  # the last piece refused before any write
+    assert out.read_bytes() == "éx\n".encode()
+    with pytest.raises(UnicodeEncodeError):
+        write_pieces(tmp_path / "new.json", ["ok", "\udc80"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    write_pieces(out, [])
+    assert out.read_bytes() == b""

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import multiprocessing.context as mp_context
 import os
 import signal
 import subprocess
@@ -129,6 +131,28 @@ def test_each_result_is_handed_over_once_as_it_arrives(jobs: int) -> None:
     for i, r in seen:
         assert (r.policy, r.capacity) == (out[i].policy, out[i].capacity) == pairs[i][::-1]
         assert r.records == out[i].records and len(r.records) == len(reqs)
+
+
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="fork start method")
+def test_the_next_replay_starts_before_a_result_is_handed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a worker free, the parent starts the next replay first, then hands over the
+    result that freed it (so writing that result out overlaps the next replay)."""
+    events: list[str] = []
+    start = mp_context.ForkProcess.start
+
+    def counted_start(self: Any) -> None:
+        events.append("start")
+        start(self)
+
+    monkeypatch.setattr(mp_context.ForkProcess, "start", counted_start)
+    spec = SweepSpec("workload:F", policies=["radix"], model="time")
+    reqs = load_requests(spec)
+    pairs = [(8192, "radix"), (16384, "radix"), (24576, "radix")]
+    run_pairs(spec, reqs, pairs, jobs=2, on_result=lambda i, r: events.append("result"))
+    assert events.count("start") == 3 and events.count("result") == 3
+    assert events.index("result") > events.index("start", 2)  # the third before the first
 
 
 def test_workers_start_the_longest_replays_first() -> None:

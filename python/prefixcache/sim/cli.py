@@ -30,8 +30,8 @@ from prefixcache.sim.fleet_cli import (
     seed_arg,
 )
 from prefixcache.sim.gap import gap_rows, gap_table
-from prefixcache.sim.json_report import JsonLines, record_lines, write_json
-from prefixcache.sim.output_files import check_writable
+from prefixcache.sim.json_report import JsonLines, record_lines, record_texts, write_json
+from prefixcache.sim.output_files import check_writable, write_pieces
 from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
 from prefixcache.sim.replay import (
     ReplayResult,
@@ -49,13 +49,15 @@ from prefixcache.sim.report import (
     latency_table,
     partial_reuse_table,
     progress_bars,
+    record_csv_header,
+    record_csv_rows,
     sweep_table,
     trace_stats_table,
     write_csv,
     write_grid_plot,
     write_sweep_plot,
 )
-from prefixcache.sim.requests import Request
+from prefixcache.sim.requests import Request, record_fields
 from prefixcache.sim.scheduler import (
     DEFAULT_KV_MODEL,
     KV_DTYPE_BYTES,
@@ -63,9 +65,7 @@ from prefixcache.sim.scheduler import (
     KvModel,
     PrefillCost,
 )
-from prefixcache.sim.trace_stats import trace_stats
 from prefixcache.sim.traces import Trace, read_trace
-from prefixcache.sim.workloads import STUDY_WORKLOADS, study_workload
 
 if TYPE_CHECKING:
     from prefixcache.sim.sweep import OnResult
@@ -558,6 +558,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if "cpu_capacity" in args:
         _check_tier_args(args)
     if getattr(args, "workload", None) is not None:
+        from prefixcache.sim.workloads import STUDY_WORKLOADS
+
         names = _workload_names(args.workload)
         bad = [n for n in names if n not in STUDY_WORKLOADS]
         if bad or not names:
@@ -748,6 +750,8 @@ def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequen
 
 def _workload_names(text: str) -> list[str]:
     if text.strip().lower() == "all":
+        from prefixcache.sim.workloads import STUDY_WORKLOADS
+
         return list(STUDY_WORKLOADS)
     return [w.strip().upper() for w in text.split(",") if w.strip()]
 
@@ -755,6 +759,8 @@ def _workload_names(text: str) -> list[str]:
 def _load(args: argparse.Namespace, console: Console) -> tuple[str, Trace]:
     spec: str = args.trace
     if spec.startswith("workload:"):
+        from prefixcache.sim.workloads import study_workload
+
         w = study_workload(spec.split(":", 1)[1], args.seed)
         if getattr(args, "capacity", None) is None and "capacity" in args:
             args.capacity = w.capacity  # a built-in workload runs at its own budget
@@ -907,6 +913,8 @@ def _print_results(
 
 
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.workloads import study_workload
+
     names = _workload_names(args.workload)
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
@@ -943,13 +951,21 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
-    # The records' JSON text is written as each replay ends, while the others still run.
+    # The records' JSON text (and CSV rows) are made as each replay ends, while the others
+    # still run; the CSV rows share the JSON text of the columns where the two agree.
     record_json: dict[int, JsonLines] = {}
+    record_csv: dict[int, str] = {}
 
     def encode_records(i: int, r: ReplayResult) -> None:
-        record_json[i] = record_lines(r.records, host_tier=r.stats.cpu_capacity > 0)
+        host_tier = r.stats.cpu_capacity > 0
+        texts = record_texts(r.columns, host_tier)
+        if args.json:
+            record_json[i] = record_lines(r.columns, host_tier, texts)
+        if args.records_csv:
+            record_csv[i] = record_csv_rows(r.policy, r.columns, host_tier, texts)
 
-    results = _replay_runs(args, reqs, err, encode_records if args.json else None)
+    encode = encode_records if args.json or args.records_csv else None
+    results = _replay_runs(args, reqs, err, encode)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
     _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
@@ -969,15 +985,22 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.csv:
         write_csv(args.csv, sums)
     if args.records_csv:
-        write_csv(
-            args.records_csv,
-            [
-                {"policy": r.policy, **x.to_dict(host_tier=r.stats.cpu_capacity > 0)}
-                for r in results
-                for x in r.records
-            ],
-        )
+        tiers = {r.stats.cpu_capacity > 0 for r in results}
+        if len(tiers) == 1 and any(record_csv.values()):
+            header = record_csv_header(tiers.pop())
+            write_pieces(args.records_csv, [header, *(record_csv[i] for i in range(len(results)))])
+        else:  # no rows, or policies with and without a host tier: fields differ
+            write_csv(args.records_csv, [row for r in results for row in _record_rows(r)])
     return 0
+
+
+def _record_rows(res: ReplayResult) -> list[dict[str, Any]]:
+    """The ``--records-csv`` rows of one replay: its policy, then each record's fields
+    (:meth:`RequestRecord.to_dict`)."""
+    names = ("policy", *record_fields(host_tier=res.stats.cpu_capacity > 0))
+    c = res.columns
+    columns = [[res.policy] * len(c), *(c.column(k) for k in names[1:])]
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
@@ -1084,6 +1107,8 @@ def _grid_sweep(
 
 
 def cmd_trace_stats(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from prefixcache.sim.trace_stats import trace_stats
+
     label, tr = _load(args, console)
     bs = (
         args.block_size if args.block_size is not None else (512 if tr.format == "mooncake" else 16)

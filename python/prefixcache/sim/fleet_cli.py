@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
-from prefixcache.sim.fleet import fleet_replay, summarize_fleet
 from prefixcache.sim.json_report import write_json
 from prefixcache.sim.policies import offload_family
 from prefixcache.sim.policies.lab import parse_lab_name
@@ -286,6 +285,8 @@ def _run(
 ) -> dict[str, Any]:
     if capacity is None:
         raise InvalidInputError("a fleet replay needs --capacity (KV tokens per instance)")
+    from prefixcache.sim.fleet import fleet_replay, summarize_fleet
+
     with progress_bars(err, enabled=not args.quiet) as bars:
         res = fleet_replay(
             tr.requests,

@@ -13,16 +13,24 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from prefixcache.sim.output_files import write_text
-from prefixcache.sim.requests import RequestRecord, record_fields
+from prefixcache.sim.output_files import write_pieces
+from prefixcache.sim.requests import RecordColumns, RequestRecord, record_fields
 
-__all__ = ["JsonLines", "clean", "json_text", "record_lines", "write_json"]
+__all__ = [
+    "JsonLines",
+    "clean",
+    "json_pieces",
+    "json_text",
+    "record_lines",
+    "record_texts",
+    "write_json",
+]
 
 _PLAIN = frozenset({int, str, bool, type(None)})
 
@@ -67,24 +75,45 @@ def json_text(obj: Any, indent: str = "") -> str:
     that a list of objects (per-request records, summaries) holds one object per line:
     each line then comes from the C encoder (``indent`` makes ``json`` encode in
     Python), or from :class:`JsonLines` as given."""
+    return "".join(json_pieces(obj, indent))
+
+
+def json_pieces(obj: Any, indent: str = "") -> Iterator[str]:
+    """The text of :func:`json_text` in pieces, in order: a :class:`JsonLines` list is one
+    piece (its lines joined), so the whole text is never copied into one string."""
     inner = indent + "  "
     if isinstance(obj, JsonLines):
         if not obj.lines:
-            return "[]"
-        return "[\n" + ",\n".join(inner + line for line in obj.lines) + "\n" + indent + "]"
-    if isinstance(obj, dict) and obj:
-        items = [f"{inner}{json.dumps(k)}: {json_text(v, inner)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
+            yield "[]"
+            return
+        yield "[\n" + inner
+        yield (",\n" + inner).join(obj.lines)
+        yield "\n" + indent + "]"
+    elif isinstance(obj, dict) and obj:
+        sep = "{\n"
+        for k, v in obj.items():
+            yield f"{sep}{inner}{json.dumps(k)}: "
+            yield from json_pieces(v, inner)
+            sep = ",\n"
+        yield "\n" + indent + "}"
+    elif isinstance(obj, list) and obj and any(isinstance(v, dict | list) for v in obj):
         flat = all(isinstance(v, dict) for v in obj)
-        items = [inner + (json.dumps(v) if flat else json_text(v, inner)) for v in obj]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    return json.dumps(obj)
+        sep = "[\n"
+        for v in obj:
+            yield sep + inner
+            if flat:
+                yield json.dumps(v)
+            else:
+                yield from json_pieces(v, inner)
+            sep = ",\n"
+        yield "\n" + indent + "]"
+    else:
+        yield json.dumps(obj)
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    """``data`` as JSON in ``path`` (written by :func:`write_text`)."""
-    write_text(path, json_text(clean(data)) + "\n")
+    """``data`` as JSON in ``path``, written piece by piece (:func:`write_pieces`)."""
+    write_pieces(path, [*json_pieces(clean(data)), "\n"])
 
 
 # -- the per-request records ------------------------------------------------------------
@@ -97,11 +126,6 @@ def _value_text(v: Any) -> str:
     return json.dumps(clean(v))
 
 
-def _float_text(v: float) -> str:
-    # json.dumps(clean(v)): float.__repr__ for finite values, null for NaN and infinities.
-    return _FLOAT_REPR(v) if v - v == 0 else "null"
-
-
 def _column_text(values: list[Any]) -> list[str]:
     """Each value as JSON text: one pass of one converter when the column holds one
     plain type (ints, floats, bools), else value by value."""
@@ -109,7 +133,8 @@ def _column_text(values: list[Any]) -> list[str]:
     if kinds <= {int}:
         return list(map(_INT_REPR, values))
     if kinds <= {float}:
-        return [_FLOAT_REPR(v) if v == v and v - v == 0 else _float_text(v) for v in values]
+        # v - v is 0 for a finite v, NaN for NaN and the infinities (written as null).
+        return [_FLOAT_REPR(v) if v - v == 0 else "null" for v in values]
     if kinds <= {bool}:
         return ["true" if v else "false" for v in values]
     if kinds <= {type(None)}:
@@ -117,10 +142,27 @@ def _column_text(values: list[Any]) -> list[str]:
     return [_value_text(v) for v in values]
 
 
-def record_lines(records: Sequence[RequestRecord], host_tier: bool = False) -> JsonLines:
-    """The records as :func:`write_json` writes ``[r.to_dict(host_tier) for r in
-    records]``, line for line (the same text), for a fraction of the time."""
+def record_texts(records: RecordColumns, host_tier: bool = False) -> dict[str, list[str]]:
+    """Each reported field's values (:func:`record_fields`) as JSON text, by field name:
+    what :func:`record_lines` fills in, made once for the ``--json`` lines and the
+    ``--records-csv`` rows (:func:`prefixcache.sim.report.record_csv_rows`) alike."""
+    return {k: _column_text(records.column(k)) for k in record_fields(host_tier)}
+
+
+def record_lines(
+    records: Sequence[RequestRecord] | RecordColumns,
+    host_tier: bool = False,
+    texts: dict[str, list[str]] | None = None,
+) -> JsonLines:
+    """The records (objects or columns) as :func:`write_json` writes ``[r.to_dict(host_tier)
+    for r in records]``, line for line (the same text), for a fraction of the time.
+    ``texts``: the columns' :func:`record_texts`, when already made."""
     names = record_fields(host_tier)
     template = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in names) + "}"
-    columns = [_column_text([getattr(r, k) for r in records]) for k in names]
+    if texts is not None:
+        columns = [texts[k] for k in names]
+    elif isinstance(records, RecordColumns):
+        columns = [_column_text(records.column(k)) for k in names]
+    else:
+        columns = [_column_text([getattr(r, k) for r in records]) for k in names]
     return JsonLines([template % row for row in zip(*columns, strict=True)])

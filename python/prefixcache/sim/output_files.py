@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["check_writable", "write_text"]
+__all__ = ["check_writable", "write_pieces", "write_text"]
 
 
 def _named(path: str | Path, e: OSError) -> OSError:
@@ -44,17 +46,28 @@ def write_text(path: str | Path, text: str) -> None:
     interrupt) leaves no part of it; an existing file (or what a link names: a file, a
     pipe, ``/dev/stdout``) is written in place, keeping its owner, mode and links. Errors
     name ``path``."""
-    data = text.encode("utf-8")  # before any file is touched
+    write_pieces(path, [text])
+
+
+def write_pieces(path: str | Path, pieces: Iterable[str]) -> None:
+    """Writes the concatenation of ``pieces`` as :func:`write_text` writes a text, one
+    piece at a time: no copy of the whole text is made, in characters or in bytes. The
+    pieces are all taken, and checked to be UTF-8 encodable, before any file is
+    touched."""
+    parts = list(pieces)
+    for part in parts:
+        if not part.isascii():
+            part.encode("utf-8")  # raises here, before any file is touched
     p = Path(path)
     try:
         if p.exists() or p.is_symlink():
             with p.open("wb") as f:
-                f.write(data)
+                _write_all(f, parts)
             return
         fd, tmp = _new_temporary(p)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                _write_all(f, parts)
             os.replace(tmp, p)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -62,6 +75,11 @@ def write_text(path: str | Path, text: str) -> None:
             raise
     except OSError as e:
         raise _named(path, e) from None
+
+
+def _write_all(f: BinaryIO, parts: Sequence[str]) -> None:
+    for part in parts:
+        f.write(part.encode("utf-8"))
 
 
 def _new_temporary(path: Path) -> tuple[int, str]:

@@ -11,7 +11,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from itertools import compress
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy, policy_block_size
-from prefixcache.sim.requests import Request, RequestRecord
+from prefixcache.sim.requests import RecordColumns, Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 from prefixcache.sim.sequence import SequenceScheduler
 
@@ -51,20 +51,115 @@ class ProgressTask(Protocol):
 ProgressFactory = Callable[[str, int], ProgressTask]  # (label, number of requests)
 
 
-@dataclass
 class ReplayResult:
-    policy: str
-    model: str
-    capacity: int
-    records: list[RequestRecord]
-    stats: PolicyStats
-    seconds: float  # wall time of the replay
-    peak_rss_bytes: int = 0  # the process's peak resident memory during the replay
-    summary_only: dict[str, Any] | None = None  # the summary, when records were dropped
-    offload: str | None = None  # the host tier's policy as asked (None: the default)
+    """One policy's replay: its per-request records, counters and wall time.
+
+    The records are held as :class:`RecordColumns` (``columns``); ``records`` builds the
+    :class:`RequestRecord` list from them on first use (a replay that is only summarised
+    and written out never makes one object per request). Once built, the list is what
+    the result holds: changes to its records show in ``columns`` and the summary, as
+    they would in a result made from records. ``records`` may be assigned a list (or
+    columns) to replace them.
+    """
+
+    __slots__ = (
+        "_columns",
+        "_records",
+        "capacity",
+        "model",
+        "offload",
+        "peak_rss_bytes",
+        "policy",
+        "seconds",
+        "stats",
+        "summary_only",
+    )
+
+    def __init__(
+        self,
+        policy: str,
+        model: str,
+        capacity: int,
+        records: Sequence[RequestRecord] | RecordColumns,
+        stats: PolicyStats,
+        seconds: float,  # wall time of the replay
+        peak_rss_bytes: int = 0,  # the process's peak resident memory during the replay
+        summary_only: dict[str, Any] | None = None,  # the summary, when records were dropped
+        offload: str | None = None,  # the host tier's policy as asked (None: the default)
+    ) -> None:
+        self.policy = policy
+        self.model = model
+        self.capacity = capacity
+        self._columns: RecordColumns | None = None
+        self._records: list[RequestRecord] | None = None
+        self.records = records
+        self.stats = stats
+        self.seconds = seconds
+        self.peak_rss_bytes = peak_rss_bytes
+        self.summary_only = summary_only
+        self.offload = offload
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """One record per request, in request order (built from the columns once)."""
+        if self._records is None:
+            assert self._columns is not None
+            self._records = self._columns.records()
+            self._columns = None  # the list is the truth from now on
+        return self._records
+
+    @records.setter
+    def records(self, value: Sequence[RequestRecord] | RecordColumns) -> None:
+        if isinstance(value, RecordColumns):
+            self._columns, self._records = value, None
+        else:  # a list is held as given, as the result held it before columns
+            self._columns, self._records = None, value if isinstance(value, list) else list(value)
+
+    @property
+    def columns(self) -> RecordColumns:
+        """The records as columns (taken from the record list when one was built)."""
+        if self._columns is not None:
+            return self._columns
+        assert self._records is not None
+        return RecordColumns.from_records(self._records)
 
     def summary(self) -> dict[str, Any]:
         return summarize(self)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self.policy,
+            self.model,
+            self.capacity,
+            self.columns,
+            self.stats,
+            self.seconds,
+            self.peak_rss_bytes,
+            self.summary_only,
+            self.offload,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReplayResult):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self._fields()  # the columns: what a worker process sends back
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        ReplayResult.__init__(self, *state)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayResult(policy={self.policy!r}, model={self.model!r}, "
+            f"capacity={self.capacity!r}, records=<{len(self.columns)} records>, "
+            f"stats={self.stats!r}, seconds={self.seconds!r}, "
+            f"peak_rss_bytes={self.peak_rss_bytes!r}, summary_only={self.summary_only!r}, "
+            f"offload={self.offload!r})"
+        )
 
 
 def default_capacity(requests: Sequence[Request], block_size: int = 16) -> int:
@@ -178,7 +273,9 @@ def replay(
         prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)
         if prepare is not None:  # outputs are never cached in the sequence model
             prepare(requests, outputs=sched.model != "sequence")
-        records = sched.run(requests, pol, task.advance if task is not None else None, check)
+        records = sched.run_columns(
+            requests, pol, task.advance if task is not None else None, check
+        )
         dt = time.perf_counter() - t0
         if task is not None:
             task.done()
@@ -206,17 +303,19 @@ def _percentile(values: list[float], q: float) -> float:
 def summarize(res: ReplayResult) -> dict[str, Any]:
     if res.summary_only is not None:  # the records were dropped after summarising
         return dict(res.summary_only)
-    recs = res.records
-    served = [r for r in recs if not r.rejected]
-    prompt = sum(r.prompt_tokens for r in served)
-    hit = sum(r.hit_tokens for r in served)
+    c = res.columns
+    n = len(c)
+    served = [not r for r in c.rejected]  # one flag per request
+    every = all(served)
+    prompt = sum(c.prompt_tokens if every else compress(c.prompt_tokens, served))
+    hit = sum(c.hit_tokens if every else compress(c.hit_tokens, served))
     s = res.stats
     out: dict[str, Any] = {
         "policy": res.policy,
         "model": res.model,
         "capacity": res.capacity,
-        "requests": len(recs),
-        "rejected": len(recs) - len(served),
+        "requests": n,
+        "rejected": n - sum(served),
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "hit_rate": hit / prompt if prompt else 0.0,
@@ -230,17 +329,18 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
         **s.extra,
     }
     if s.cpu_capacity:
-        out.update(host_tier_summary(res, served, prompt))
+        out.update(_host_tier_summary(res, c, served, prompt))
     if res.model == "time":
-        ttft = [r.ttft for r in served]
+        ttft = list(compress(c.ttft, served))
+        finished = [f for f in compress(c.finished, served) if not math.isnan(f)]
         out.update(
-            preemptions=sum(r.preemptions for r in recs),
-            recompute_hit_tokens=sum(r.recompute_hit_tokens for r in recs),
-            recomputed_tokens=sum(r.recomputed_tokens for r in recs),
+            preemptions=sum(c.preemptions),
+            recompute_hit_tokens=sum(c.recompute_hit_tokens),
+            recomputed_tokens=sum(c.recomputed_tokens),
             ttft_p50=_percentile(ttft, 50),
             ttft_p90=_percentile(ttft, 90),
             ttft_p99=_percentile(ttft, 99),
-            makespan=max((r.finished for r in served if not math.isnan(r.finished)), default=0.0),
+            makespan=max(finished, default=0.0),
         )
     return out
 
@@ -251,10 +351,22 @@ def host_tier_summary(
     """The second tier's part of a summary (docs/SIMULATOR.md, "Offload"): the reuse split
     into GPU hits and loaded host hits (``hit_tokens`` is their sum), the host hits left
     to recomputation, and the tier's own counters."""
+    return _host_tier_summary(res, RecordColumns.from_records(served), None, prompt)
+
+
+def _host_tier_summary(
+    res: ReplayResult, c: RecordColumns, served: list[bool] | None, prompt: int
+) -> dict[str, Any]:
+    """:func:`host_tier_summary` of the records ``c`` whose ``served`` flag is set (None:
+    every one)."""
+
+    def total(values: list[Any]) -> Any:
+        return sum(values if served is None else compress(values, served))
+
     s = res.stats
-    hit = sum(r.hit_tokens for r in served)
-    host = sum(r.host_hit_tokens for r in served)
-    loaded = sum(r.loaded_tokens for r in served)
+    hit = total(c.hit_tokens)
+    host = total(c.host_hit_tokens)
+    loaded = total(c.loaded_tokens)
     return {
         "cpu_capacity": s.cpu_capacity,
         "offload": res.offload,
@@ -264,7 +376,7 @@ def host_tier_summary(
         "host_unloaded_tokens": host - loaded,  # host hits not worth loading: recomputed
         "gpu_hit_rate": (hit - loaded) / prompt if prompt else 0.0,
         "host_hit_rate": loaded / prompt if prompt else 0.0,
-        "load_seconds": sum(r.load_time for r in served),
+        "load_seconds": total(c.load_time),
         "stored_tokens": s.stored_tokens,
         "host_evicted_tokens": s.host_evicted_tokens,
         "peak_host_tokens": s.peak_host_tokens,
@@ -273,13 +385,16 @@ def host_tier_summary(
 
 def hit_difference(a: ReplayResult, b: ReplayResult) -> dict[str, Any]:
     """Per-request hit tokens of ``a`` minus ``b`` (requests served by both)."""
-    if len(a.records) != len(b.records):
+    ca, cb = a.columns, b.columns
+    if len(ca) != len(cb):
         raise InvalidInputError("the two results replayed different request lists")
     d = np.array(
         [
-            ra.hit_tokens - rb.hit_tokens
-            for ra, rb in zip(a.records, b.records, strict=True)
-            if not (ra.rejected or rb.rejected)
+            ha - hb
+            for ha, hb, ra, rb in zip(
+                ca.hit_tokens, cb.hit_tokens, ca.rejected, cb.rejected, strict=True
+            )
+            if not (ra or rb)
         ],
         dtype=np.int64,
     )

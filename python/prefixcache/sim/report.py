@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from prefixcache.sim.json_report import clean
 from prefixcache.sim.output_files import write_text
 from prefixcache.sim.replay import ProgressFactory
+from prefixcache.sim.requests import RecordColumns, record_fields
 
 __all__ = [
     "comparison_table",
@@ -433,6 +433,52 @@ def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
     write_text(path, f.getvalue())
 
 
+# -- --records-csv -----------------------------------------------------------------------
+_CSV_SPECIAL = frozenset(',"\r\n')
+
+
+def _csv_value(v: Any) -> str:
+    """One value as :func:`write_csv` writes it (cleaned, quoted where needed)."""
+    if type(v) is str and _CSV_SPECIAL.isdisjoint(v):
+        return v
+    f = io.StringIO(newline="")
+    csv.writer(f).writerow([clean(v), ""])  # a second field: an empty one is not quoted
+    return f.getvalue()[: -len(",\r\n")]
+
+
+def _csv_column(values: list[Any], json_text: list[str]) -> list[str]:
+    """A record column as :func:`write_csv` writes it, from its JSON text where the two
+    agree: ints, and finite floats (NaN and infinities: null in JSON, empty here)."""
+    kinds = set(map(type, values))
+    if kinds <= {int}:
+        return json_text
+    if kinds <= {float}:
+        return ["" if t == "null" else t for t in json_text]
+    if kinds <= {bool}:
+        return ["True" if v else "False" for v in values]
+    return [_csv_value(v) for v in values]
+
+
+def record_csv_header(host_tier: bool) -> str:
+    """The ``--records-csv`` header: the policy, then the record's fields."""
+    return ",".join(("policy", *record_fields(host_tier))) + "\r\n"
+
+
+def record_csv_rows(
+    policy: str, records: RecordColumns, host_tier: bool, json_texts: dict[str, list[str]]
+) -> str:
+    """One replay's ``--records-csv`` rows (after the header), the text :func:`write_csv`
+    writes for ``{"policy": policy, **r.to_dict(host_tier)}`` per record, made from the
+    columns and their JSON text (:func:`prefixcache.sim.json_report.record_texts`)."""
+    n = len(records)
+    if not n:
+        return ""
+    names = record_fields(host_tier)
+    columns = [[_csv_value(policy)] * n]
+    columns += [_csv_column(records.column(k), json_texts[k]) for k in names]
+    return "\r\n".join(map(",".join, zip(*columns, strict=True))) + "\r\n"
+
+
 @contextmanager
 def progress_bars(
     console: Console, enabled: bool = True, delay: float = 1.0
@@ -442,6 +488,8 @@ def progress_bars(
     if not enabled:
         yield None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     prog = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -45,7 +45,14 @@ import numpy.typing as npt
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.sim.policies import CachePolicy
-from prefixcache.sim.requests import Request, RequestId, RequestRecord, TokenArray, new_record
+from prefixcache.sim.requests import (
+    RecordColumns,
+    Request,
+    RequestId,
+    RequestRecord,
+    TokenArray,
+    new_record,
+)
 
 __all__ = [
     "KV_DTYPE_BYTES",
@@ -86,7 +93,23 @@ class SlotScheduler:
         progress: Progress | None = None,
         check: bool = False,
     ) -> list[RequestRecord]:
-        records = [new_record(r) for r in requests]
+        return self.run_columns(requests, policy, progress, check).records()
+
+    def run_columns(
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Progress | None = None,
+        check: bool = False,
+    ) -> RecordColumns:
+        """What :meth:`run` records, as columns."""
+        records = RecordColumns.for_requests(requests)
+        hit_tokens, evicted_tokens, rejected = (
+            records.hit_tokens,
+            records.evicted_tokens,
+            records.rejected,
+        )
+        host_hit_tokens, loaded_tokens = records.host_hit_tokens, records.loaded_tokens
         running: deque[int] = deque()
         active: dict[RequestId, int] = {}  # session -> running request index
         done = 0
@@ -111,23 +134,22 @@ class SlotScheduler:
             while len(running) >= self.max_running:
                 finish_oldest()
             prompt = req.prompt
-            rec = records[i]
             while True:
                 before = policy.evicted_tokens()
                 hit = policy.admit(i, prompt, req.output_len, req.extra_key, req.cache_salt)
-                rec.evicted_tokens += policy.evicted_tokens() - before
+                evicted_tokens[i] += policy.evicted_tokens() - before
                 if hit is not None or not running:
                     break
                 finish_oldest()
             if hit is None:
-                rec.rejected = True
+                rejected[i] = True
                 if progress is not None:
                     progress(1)
                 continue
-            rec.hit_tokens = hit
+            hit_tokens[i] = hit
             if hit:
                 # No clock: a host hit is loaded, free.
-                rec.host_hit_tokens = rec.loaded_tokens = policy.host_hit(i)
+                host_hit_tokens[i] = loaded_tokens[i] = policy.host_hit(i)
             policy.on_prefill_done(i)
             if check:
                 policy.check()
@@ -630,6 +652,16 @@ class TimeScheduler:
             inst.step(None)
         gate.check_drained()
         return records
+
+    def run_columns(
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Progress | None = None,
+        check: bool = False,
+    ) -> RecordColumns:
+        """What :meth:`run` records, as columns."""
+        return RecordColumns.from_records(self.run(requests, policy, progress, check))
 
 
 class SessionGate:

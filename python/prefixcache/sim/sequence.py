@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from prefixcache.sim.policies import CachePolicy
-from prefixcache.sim.requests import Request, RequestRecord, TokenArray, new_record
+from prefixcache.sim.requests import RecordColumns, Request, RequestRecord, TokenArray
 
 __all__ = ["SequenceScheduler"]
 
@@ -46,23 +46,32 @@ class SequenceScheduler:
         progress: Callable[[int], None] | None = None,
         check: bool = False,
     ) -> list[RequestRecord]:
+        return self.run_columns(requests, policy, progress, check).records()
+
+    def run_columns(
+        self,
+        requests: Sequence[Request],
+        policy: CachePolicy,
+        progress: Callable[[int], None] | None = None,
+        check: bool = False,
+    ) -> RecordColumns:
+        """What :meth:`run` records, as columns."""
         hook = getattr(policy, "set_sequence_model", None)
         if hook is not None:
             hook()
-        records = [new_record(r) for r in requests]
+        records = RecordColumns.for_requests(requests)
         for i, req in enumerate(requests):
-            rec = records[i]
             before = policy.evicted_tokens()
             hit = policy.admit(i, req.prompt, 0, req.extra_key, req.cache_salt)
             if hit is None:
-                rec.rejected = True  # the prompt alone exceeds the budget
+                records.rejected[i] = True  # the prompt alone exceeds the budget
             else:
-                rec.hit_tokens = hit
+                records.hit_tokens[i] = hit
                 if hit:  # no clock: a host hit is loaded, free
-                    rec.host_hit_tokens = rec.loaded_tokens = policy.host_hit(i)
+                    records.host_hit_tokens[i] = records.loaded_tokens[i] = policy.host_hit(i)
                 policy.on_prefill_done(i)
                 policy.finish(i, _EMPTY)
-            rec.evicted_tokens += policy.evicted_tokens() - before
+            records.evicted_tokens[i] += policy.evicted_tokens() - before
             if check:
                 policy.check()
             if progress is not None:

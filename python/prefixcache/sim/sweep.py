@@ -379,8 +379,6 @@ def _run_tasks(
         if b is not None:
             b.advance(n - counted[key])
             b.done()
-        if on_result is not None:
-            on_result(key, value)
 
     try:
         while len(results) < len(tasks):
@@ -392,9 +390,18 @@ def _run_tasks(
             handles = [r for _, r in running.values()] + [p.sentinel for p, _ in running.values()]
             ready = mp_connection.wait(handles, timeout=0.1)
             drain()
-            for key in sorted({waits[id(h)] for h in ready}):
+            arrived = sorted({waits[id(h)] for h in ready})
+            for key in arrived:
                 # A result that was sent is read even when its process has ended since.
                 finish(key)
+            # The next replays start before this process works on the results that
+            # arrived (on_result: writing records out), which then overlaps them.
+            while started < len(order) and len(running) < jobs:
+                start(order[started])
+                started += 1
+            if on_result is not None:
+                for key in arrived:
+                    on_result(key, results[key])
         out = [results[key] for key in range(len(tasks))]
     except BaseException:
         for proc, _ in running.values():
