@@ -232,7 +232,7 @@ impl PyCpuOffloadManager {
     fn set_request_keys_from(
         &self,
         py: Python<'_>,
-        manager: &Bound<'_, PyKVCacheManager>,
+        #[pyo3(from_py_with = convert::kv_cache_manager)] manager: Bound<'_, PyKVCacheManager>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
