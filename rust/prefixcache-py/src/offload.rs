@@ -408,7 +408,7 @@ impl PyCpuOffloadManager {
     /// publishes for them (`prefixcache.events`, medium "CPU"); `compact` merges runs of
     /// removals.
     #[pyo3(signature = (event_hash_format = "u64".to_owned(), compact = false))]
-    #[pyo3(text_signature = "(self, event_hash_format='u64', compact=False)")]
+    #[pyo3(text_signature = "($self, event_hash_format='u64', compact=False)")]
     fn take_kv_events<'py>(
         &self,
         py: Python<'py>,
