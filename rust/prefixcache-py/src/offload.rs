@@ -228,7 +228,8 @@ impl PyCpuOffloadManager {
     }
 
     /// `set_request_keys` with a KVCacheManager's request: its full blocks' hashes, its
-    /// block size (read without Python objects per block).
+    /// block size (read without Python objects per block). UnknownRequestError when the
+    /// manager has no such request.
     fn set_request_keys_from(
         &self,
         py: Python<'_>,
@@ -294,9 +295,9 @@ impl PyCpuOffloadManager {
             .py_err()
     }
 
-    /// `prepare_store` of the request's keys `start:stop`: (keys to store, keys
-    /// evicted), or None when eviction cannot free enough. With `complete`, the stored
-    /// keys' `complete_store` follows at once.
+    /// `prepare_store` of the request's keys `start:stop`: (how many keys were stored,
+    /// how many evicted), or None when eviction cannot free enough. With `complete`, the
+    /// stored keys' `complete_store` follows at once.
     #[pyo3(signature = (request_id, start, stop, complete = false))]
     fn prepare_store_range(
         &self,
