@@ -196,3 +196,19 @@ def test_a_manager_argument_of_another_type_is_refused_and_changes_nothing() -> 
     ]
     assert got[0] == got[1]
     assert got[0][2] == 3  # the request's keys are still the manager's three blocks
+
+
+def test_a_repeated_key_in_a_store_is_named() -> None:
+    """A store refused for a repeated key says which key, by name or through the
+    request's block order."""
+    m = CpuOffloadManager(4)
+    with pytest.raises(prefixcache.InvalidInputError, match=f"key {k(2).hex()} is offered twice"):
+        m.prepare_store(0, [k(1), k(2), k(3), k(2)])
+    m.set_request_keys(0, [k(1), k(5), k(1)], 16)
+    with pytest.raises(
+        prefixcache.InvalidInputError,
+        match=f"key {k(1).hex()} is named twice by the request's keys in the range",
+    ):
+        m.prepare_store_range(0, 0, 3)
+    assert m.prepare_store_range(0, 0, 2) == (2, 0)
+    assert m.num_stored == 2
