@@ -664,7 +664,7 @@ class CpuOffloadManager:
     def on_new_request(self, request_id: int) -> None:
         """Open the request's context (vLLM's ``on_new_request``)."""
     def set_offload_key_positions(
-        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], end_tokens: Any
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], end_tokens: _Ids
     ) -> None:
         """Each key's end token in the request (vLLM's
         ``ReqContext.set_offload_key_position``): orders the request's accesses."""
