@@ -981,6 +981,13 @@ CATALOGUE: list[Row] = [
         "must be >= 0",
         lambda w: w.obj.set_offload_key_positions(0, [b"\x01" * 8], [-1]),
     ),
+    offload(
+        "manager not a KVCacheManager",
+        "set_request_keys_from(BlockPool(4), 0)",
+        InvalidTypeError,
+        "manager must be a KVCacheManager, got BlockPool",
+        lambda w: w.obj.set_request_keys_from(BlockPool(4), 0),
+    ),
     # ---------------- KVCacheManager ----------------
     mgr(
         "block size zero",

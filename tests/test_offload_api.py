@@ -156,3 +156,59 @@ def test_result_classes_are_exported_as_docs_api_says() -> None:
     tier.complete_store(1, [b"k" * 8])
     events = tier.take_events()
     assert events and all(isinstance(e, OffloadingEvent) for e in events)
+
+
+def test_a_manager_argument_of_another_type_is_refused_and_changes_nothing() -> None:
+    """set_request_keys_from takes a KVCacheManager; anything else raises
+    InvalidTypeError naming the type, and the tier is as before: a twin tier that never
+    saw the refused calls answers the same calls the same way afterwards."""
+    mgr = prefixcache.KVCacheManager(16, block_size=4)
+    mgr.add_request(0, list(range(12)))
+    tiers = [CpuOffloadManager(4, enable_events=True) for _ in range(2)]
+    for t in tiers:
+        t.set_request_keys_from(mgr, 0)
+        assert t.prepare_store_range(0, 0, 2, True) == (2, 0)
+        t.take_events()
+    refused, twin = tiers
+    for bad, name in [
+        (1, "int"),
+        (None, "NoneType"),
+        (prefixcache.BlockPool(4), "BlockPool"),
+        (refused, "CpuOffloadManager"),
+        ("mgr", "str"),
+    ]:
+        with pytest.raises(
+            prefixcache.InvalidTypeError, match=f"manager must be a KVCacheManager, got {name}"
+        ):
+            refused.set_request_keys_from(bad, 0)  # type: ignore[arg-type]
+    for t in tiers:
+        t.check_invariants()
+    assert [(t.num_stored, t.num_idle, t.num_free_chunks) for t in tiers] == [(2, 2, 2)] * 2
+    assert refused.take_events() == twin.take_events() == []
+    got = [
+        (
+            t.lookup_prefix_range(0, 0, 3),
+            t.prepare_store_range(0, 0, 3, True),
+            t.lookup_prefix_range(0, 0, 3),
+            [(e.keys, e.removed) for e in t.take_events()],
+        )
+        for t in tiers
+    ]
+    assert got[0] == got[1]
+    assert got[0][2] == 3  # the request's keys are still the manager's three blocks
+
+
+def test_a_repeated_key_in_a_store_is_named() -> None:
+    """A store refused for a repeated key says which key, by name or through the
+    request's block order."""
+    m = CpuOffloadManager(4)
+    with pytest.raises(prefixcache.InvalidInputError, match=f"key {k(2).hex()} is offered twice"):
+        m.prepare_store(0, [k(1), k(2), k(3), k(2)])
+    m.set_request_keys(0, [k(1), k(5), k(1)], 16)
+    with pytest.raises(
+        prefixcache.InvalidInputError,
+        match=f"key {k(1).hex()} is named twice by the request's keys in the range",
+    ):
+        m.prepare_store_range(0, 0, 3)
+    assert m.prepare_store_range(0, 0, 2) == (2, 0)
+    assert m.num_stored == 2

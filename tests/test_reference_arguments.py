@@ -3,7 +3,8 @@
 RadixCache and BlockTrie, core and reference raise the same exception class and leave
 their state unchanged; the argument forms the core accepts (numpy scalars, None for a
 default) the reference accepts too, with the same result. KVCacheManager: the same for
-its request ids."""
+its request ids. CpuOffloadManager: the same for every argument, the reference opening
+no request context for a refused call."""
 
 from __future__ import annotations
 
@@ -557,3 +558,121 @@ def test_reference_reads_token_forms_as_the_core(tokens: Any) -> None:
         got.append((outcome(lambda c=c: c.insert(tokens)), c.dump()))
     assert got[0] == got[1]
     assert got[0][0][1] in (None, InvalidInputError)
+
+
+K1, K2, K3 = b"\x01" * 8, b"\x02" * 8, b"\x03" * 8
+
+# (label, call): every argument of CpuOffloadManager bad in turn, the others valid.
+OFFLOAD_CALLS: list[tuple[str, Call]] = [
+    ("request id 2**64", lambda m, _: m.on_new_request(2**64)),
+    ("request id -1", lambda m, _: m.prepare_store(-1, [K3])),
+    ("request id bool", lambda m, _: m.on_request_finished(True)),
+    ("request id float", lambda m, _: m.prepare_load(1.0, [K1])),
+    ("request id str", lambda m, _: m.touch("0", [K1])),
+    ("key str", lambda m, _: m.lookup("ab")),
+    ("key bytearray", lambda m, _: m.lookup(bytearray(b"ab"))),
+    ("key empty", lambda m, _: m.lookup(b"")),
+    ("key of 33 bytes", lambda m, _: m.lookup(b"x" * 33)),
+    ("keys item str", lambda m, _: m.prepare_store(0, [K3, "ab"])),
+    ("keys item of 33 bytes", lambda m, _: m.prepare_store(0, [K3, b"x" * 33])),
+    ("keys bytes", lambda m, _: m.touch(0, b"ab")),
+    ("keys iterator", lambda m, _: m.lookup_prefix(iter([K1]))),
+    ("keys set", lambda m, _: m.complete_load(0, {K1})),
+    ("keys repeated in a store", lambda m, _: m.prepare_store(0, [K3, K3])),
+    ("load of a key being stored", lambda m, _: m.prepare_load(0, [K1, K2])),
+    ("load of a key not stored", lambda m, _: m.prepare_load(7, [K3])),
+    ("complete_load with no load", lambda m, _: m.complete_load(0, [K1])),
+    ("end tokens of another length", lambda m, _: m.set_offload_key_positions(5, [K1], [1, 2])),
+    ("end token -1", lambda m, _: m.set_offload_key_positions(5, [K1], [-1])),
+    ("end token 2**63", lambda m, _: m.set_offload_key_positions(5, [K1], [2**63])),
+    ("end token float", lambda m, _: m.set_offload_key_positions(5, [K1], [1.5])),
+    ("end token bool", lambda m, _: m.set_offload_key_positions(5, [K1], [True])),
+    ("end tokens str", lambda m, _: m.set_offload_key_positions(5, [K1], "1")),
+    ("success None", lambda m, _: m.complete_store(0, [K2], None)),
+    ("success int", lambda m, _: m.complete_store(0, [K2], 1)),
+]
+
+OFFLOAD_CONSTRUCTORS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("num_chunks -1", (-1,), {}),
+    ("num_chunks 2**63", (2**63,), {}),
+    ("num_chunks float", (2.0,), {}),
+    ("num_chunks bool", (True,), {}),
+    ("cache_policy unknown", (2, "fifo"), {}),
+    ("cache_policy int", (2, 3), {}),
+    ("store_threshold 0", (2,), {"store_threshold": 0}),
+    ("store_threshold 2**32", (2,), {"store_threshold": 2**32}),
+    ("store_threshold float", (2,), {"store_threshold": 2.0}),
+    ("max_tracker_size 0", (2,), {"max_tracker_size": 0}),
+    ("max_tracker_size 2**63", (2,), {"max_tracker_size": 2**63}),
+    ("enable_events str", (2,), {"enable_events": "yes"}),
+]
+
+
+def _offload_world(cls: Any) -> Any:
+    """Key 1 stored, key 2 being stored, request 0 with end tokens, events on."""
+    m = cls(3, store_threshold=1, enable_events=True)
+    m.set_offload_key_positions(0, [K1, K2], [16, 32])
+    m.complete_store(0, m.prepare_store(0, [K1]).keys_to_store)
+    m.prepare_store(0, [K2])
+    return m
+
+
+def _offload_state(m: Any) -> Any:
+    keys = [K1, K2, K3]
+    return (
+        m.num_stored,
+        m.num_idle,
+        m.num_free_chunks,
+        [m.lookup(k) for k in keys],
+        m.lookup_prefix(keys),
+    )
+
+
+@pytest.mark.parametrize(("label", "call"), OFFLOAD_CALLS, ids=[c[0] for c in OFFLOAD_CALLS])
+def test_offload_reference_refuses_as_the_core(label: str, call: Call) -> None:
+    """The offload tier's reference reads arguments as the core does: the same
+    exception class for each bad argument, and neither side changed (the reference
+    opens no request context for a refused call)."""
+    from prefixcache import CpuOffloadManager
+    from prefixcache.reference.offload import CpuOffloadManager as RefOffload
+
+    got = []
+    for cls in (CpuOffloadManager, RefOffload):
+        m = _offload_world(cls)
+        before = _offload_state(m)
+        requests = dict(m.requests) if cls is RefOffload else None
+        got.append(outcome(lambda m=m: call(m, None)))
+        assert _offload_state(m) == before, (label, cls)
+        if requests is not None:
+            assert m.requests == requests, label
+    assert got[0] == got[1], label
+    assert got[0][0] == "raised", label
+
+
+@pytest.mark.parametrize(
+    ("label", "args", "kwargs"), OFFLOAD_CONSTRUCTORS, ids=[c[0] for c in OFFLOAD_CONSTRUCTORS]
+)
+def test_offload_reference_constructor_refuses_as_the_core(
+    label: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    from prefixcache import CpuOffloadManager
+    from prefixcache.reference.offload import CpuOffloadManager as RefOffload
+
+    got = [outcome(lambda cls=cls: cls(*args, **kwargs)) for cls in (CpuOffloadManager, RefOffload)]
+    assert got[0] == got[1], label
+    assert got[0][0] == "raised", label
+
+
+def test_offload_reference_takes_the_forms_the_core_takes() -> None:
+    """numpy integers and bools where ints and bools go, end tokens as an array."""
+    from prefixcache import CpuOffloadManager
+    from prefixcache.reference.offload import CpuOffloadManager as RefOffload
+
+    states = []
+    for cls in (CpuOffloadManager, RefOffload):
+        m = cls(np.int64(3), store_threshold=np.int64(1), enable_events=np.bool_(True))
+        m.set_offload_key_positions(np.uint64(4), (K1, K3), np.array([16, 32]))
+        out = m.prepare_store(np.int64(4), (K1, K3))
+        m.complete_store(4, out.keys_to_store, np.bool_(False))
+        states.append((_offload_state(m), [(e.keys, e.removed) for e in m.take_events()]))
+    assert states[0] == states[1]

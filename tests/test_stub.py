@@ -46,3 +46,27 @@ def test_stub_token_types_refuse_str_and_bytes(tmp_path: Path) -> None:
     )
     errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
     assert [e.split(":")[1] for e in errors] == ["15", "16"], proc.stdout
+
+
+def test_bound_methods_do_not_list_self() -> None:
+    """``inspect.signature`` of a bound method (what help() and IDEs show) names only
+    the arguments a call passes: a text signature written ``(self, ...)`` instead of
+    ``($self, ...)`` made ``self`` look like the first argument."""
+    import inspect
+
+    from test_no_panic import instances
+
+    listed = []
+    for name, make in instances():
+        obj = make()
+        for method in dir(obj):
+            bound = getattr(obj, method)
+            if method.startswith("_") or not callable(bound):
+                continue
+            try:
+                params = inspect.signature(bound).parameters
+            except (TypeError, ValueError):
+                continue
+            if "self" in params:
+                listed.append(f"{name}.{method}")
+    assert not listed, listed

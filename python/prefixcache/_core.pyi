@@ -667,7 +667,7 @@ class CpuOffloadManager:
     def on_new_request(self, request_id: int) -> None:
         """Open the request's context (vLLM's ``on_new_request``)."""
     def set_offload_key_positions(
-        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], end_tokens: Any
+        self, request_id: int, keys: list[bytes] | tuple[bytes, ...], end_tokens: _Ids
     ) -> None:
         """Each key's end token in the request (vLLM's
         ``ReqContext.set_offload_key_position``): orders the request's accesses."""
@@ -679,7 +679,8 @@ class CpuOffloadManager:
         calls name slices of them."""
     def set_request_keys_from(self, manager: KVCacheManager, request_id: int) -> None:
         """``set_request_keys`` with the full blocks' hashes and the block size of a
-        KVCacheManager's request (no Python object per block)."""
+        KVCacheManager's request (no Python object per block). UnknownRequestError when
+        the manager has no such request."""
     def lookup_prefix_range(self, request_id: int, start: int, stop: int) -> int | None:
         """``lookup_prefix`` over the request's keys ``start:stop``."""
     def prepare_load_range(self, request_id: int, start: int, stop: int) -> int:
@@ -689,9 +690,9 @@ class CpuOffloadManager:
     def prepare_store_range(
         self, request_id: int, start: int, stop: int, complete: bool = False
     ) -> tuple[int, int] | None:
-        """``prepare_store`` of the request's keys ``start:stop``: (keys stored, keys
-        evicted), or None when eviction cannot free enough; with ``complete`` the
-        stored keys' ``complete_store`` follows at once."""
+        """``prepare_store`` of the request's keys ``start:stop``: (how many keys were
+        stored, how many evicted), or None when eviction cannot free enough; with
+        ``complete`` the stored keys' ``complete_store`` follows at once."""
     def lookup(self, key: bytes) -> str:
         """ "HIT" (stored, loadable), "HIT_PENDING" (being stored) or "MISS"."""
     def lookup_prefix(self, keys: list[bytes] | tuple[bytes, ...]) -> int | None:

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixcache.errors import BlockStateError, InvalidInputError
+from prefixcache.errors import BlockStateError, InvalidInputError, InvalidTypeError
+from prefixcache.reference.int_args import (
+    SIZE_MAX,
+    flag_arg,
+    int_arg,
+    request_id_arg,
+    size_arg,
+    str_arg,
+    value_list,
+)
 
 MEDIUM_CPU = "CPU"
 MISS, HIT, HIT_PENDING = "MISS", "HIT", "HIT_PENDING"
@@ -61,17 +70,22 @@ class RequestState:
 
 
 def _rid(request_id: object) -> int:
-    if isinstance(request_id, bool) or not isinstance(request_id, int) or request_id < 0:
-        raise InvalidInputError(f"request_id must be an int >= 0, got {request_id!r}")
-    return request_id
+    return request_id_arg(request_id)
+
+
+def _key(k: object, what: str) -> bytes:
+    if not isinstance(k, bytes):
+        raise InvalidTypeError(f"{what} must be bytes, got {type(k).__name__}")
+    if not 1 <= len(k) <= 32:
+        raise InvalidInputError(f"{what}: a block hash has 1 to 32 bytes, got {len(k)}")
+    return k
 
 
 def _keys(keys: object) -> list[bytes]:
-    out: list[bytes] = list(keys)  # type: ignore[call-overload]
-    for k in out:
-        if not isinstance(k, bytes) or not 1 <= len(k) <= 32:
-            raise InvalidInputError(f"keys must be block hashes of 1 to 32 bytes, got {k!r}")
-    return out
+    """A list or tuple of block hashes (bytes of 1 to 32), as the core reads them."""
+    if not isinstance(keys, list | tuple):
+        raise InvalidTypeError(f"keys must be a list or tuple of bytes, got {type(keys).__name__}")
+    return [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
 
 
 class _Lru:
@@ -297,12 +311,13 @@ class CpuOffloadManager:
         max_tracker_size: int = 64_000,
         enable_events: bool = False,
     ) -> None:
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
-            raise InvalidInputError(f"num_chunks must be an int >= 0, got {num_chunks!r}")
+        num_chunks = size_arg(num_chunks, "num_chunks")
+        cache_policy = str_arg(cache_policy, "cache_policy")
         if cache_policy not in ("lru", "arc"):
             raise InvalidInputError(f"cache_policy must be lru or arc, got {cache_policy!r}")
-        if store_threshold < 1 or max_tracker_size < 1:
-            raise InvalidInputError("store_threshold and max_tracker_size must be >= 1")
+        store_threshold = int_arg(store_threshold, "store_threshold", 1, 2**32 - 1)
+        max_tracker_size = int_arg(max_tracker_size, "max_tracker_size", 1, SIZE_MAX)
+        enable_events = flag_arg(enable_events, "enable_events")
         self.num_chunks = num_chunks
         self.cache_policy = cache_policy
         self.store_threshold = store_threshold
@@ -330,11 +345,14 @@ class CpuOffloadManager:
     def set_offload_key_positions(
         self, request_id: int, keys: list[bytes], end_tokens: list[int]
     ) -> None:
-        st = self._state(_rid(request_id))
-        ks = _keys(keys)
-        ends = [int(e) for e in end_tokens]
-        if len(ends) != len(ks) or any(e < 0 for e in ends):
-            raise InvalidInputError("end_tokens must be one int >= 0 per key")
+        rid, ks = _rid(request_id), _keys(keys)
+        ends = value_list(end_tokens, "end_tokens")
+        for i, e in enumerate(ends):
+            if e < 0:
+                raise InvalidInputError(f"end_tokens[{i}] = {e} must be >= 0")
+        if len(ends) != len(ks):
+            raise InvalidInputError(f"{len(ks)} keys but {len(ends)} end_tokens")
+        st = self._state(rid)
         st.positions.update(zip(ks, ends, strict=True))
 
     def _record(self, st: RequestState, keys: list[bytes], reused: list[bytes]) -> None:
@@ -356,7 +374,7 @@ class CpuOffloadManager:
 
     # -- lookups and loads ----------------------------------------------------------
     def lookup(self, key: bytes) -> str:
-        c = self.policy.get(_keys([key])[0])
+        c = self.policy.get(_key(key, "key"))
         return MISS if c is None else HIT if c.ready else HIT_PENDING
 
     def lookup_prefix(self, keys: list[bytes]) -> int | None:
@@ -480,8 +498,10 @@ class CpuOffloadManager:
 
     def complete_store(self, request_id: int, keys: list[bytes], success: bool = True) -> None:
         _rid(request_id)
+        ks = _keys(keys)
+        success = flag_arg(success, "success")
         done: list[bytes] = []
-        for k in _keys(keys):
+        for k in ks:
             c = self.policy.get(k)
             if c is None or c.ready:
                 continue

@@ -2163,6 +2163,20 @@ pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     int_in(obj, "request_id", 0, U64_MAX).map(|v| v as u64)
 }
 
+/// A `KVCacheManager` argument; anything else raises `InvalidTypeError` naming its type.
+pub fn kv_cache_manager<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, crate::manager::PyKVCacheManager>> {
+    obj.cast::<crate::manager::PyKVCacheManager>()
+        .cloned()
+        .map_err(|_| {
+            invalid_type(format!(
+                "manager must be a KVCacheManager, got {}",
+                type_name(obj)
+            ))
+        })
+}
+
 /// A 1-D numpy uint64 array (the lab's block keys), copied out in one stretch with the
 /// GIL held and no Python code running while it is borrowed.
 pub fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {

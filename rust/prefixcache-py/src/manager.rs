@@ -250,7 +250,7 @@ impl PyKVCacheManager {
 
     #[pyo3(
         signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = None),
-        text_signature = "(self, request_id, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, num_lookahead_tokens=0)"
+        text_signature = "($self, request_id, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, num_lookahead_tokens=0)"
     )]
     fn allocate_slots<'py>(
         &self,
@@ -294,7 +294,7 @@ impl PyKVCacheManager {
     /// (hit tokens, the request's block ids), or None (request forgotten) when short.
     #[pyo3(
         signature = (request_id, prompt_tokens, num_lookahead_tokens = None, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None),
-        text_signature = "(self, request_id, prompt_tokens, num_lookahead_tokens=0, extra_keys=None, default_extra_keys=None, lora_id=None, lora_name=None)"
+        text_signature = "($self, request_id, prompt_tokens, num_lookahead_tokens=0, extra_keys=None, default_extra_keys=None, lora_id=None, lora_name=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn admit<'py>(

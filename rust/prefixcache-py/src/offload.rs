@@ -228,11 +228,12 @@ impl PyCpuOffloadManager {
     }
 
     /// `set_request_keys` with a KVCacheManager's request: its full blocks' hashes, its
-    /// block size (read without Python objects per block).
+    /// block size (read without Python objects per block). UnknownRequestError when the
+    /// manager has no such request.
     fn set_request_keys_from(
         &self,
         py: Python<'_>,
-        manager: &Bound<'_, PyKVCacheManager>,
+        #[pyo3(from_py_with = convert::kv_cache_manager)] manager: Bound<'_, PyKVCacheManager>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let rid = convert::request_id(request_id)?;
@@ -294,9 +295,9 @@ impl PyCpuOffloadManager {
             .py_err()
     }
 
-    /// `prepare_store` of the request's keys `start:stop`: (keys to store, keys
-    /// evicted), or None when eviction cannot free enough. With `complete`, the stored
-    /// keys' `complete_store` follows at once.
+    /// `prepare_store` of the request's keys `start:stop`: (how many keys were stored,
+    /// how many evicted), or None when eviction cannot free enough. With `complete`, the
+    /// stored keys' `complete_store` follows at once.
     #[pyo3(signature = (request_id, start, stop, complete = false))]
     fn prepare_store_range(
         &self,
@@ -408,7 +409,7 @@ impl PyCpuOffloadManager {
     /// publishes for them (`prefixcache.events`, medium "CPU"); `compact` merges runs of
     /// removals.
     #[pyo3(signature = (event_hash_format = "u64".to_owned(), compact = false))]
-    #[pyo3(text_signature = "(self, event_hash_format='u64', compact=False)")]
+    #[pyo3(text_signature = "($self, event_hash_format='u64', compact=False)")]
     fn take_kv_events<'py>(
         &self,
         py: Python<'py>,

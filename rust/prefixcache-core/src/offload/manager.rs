@@ -1164,10 +1164,10 @@ impl CpuOffloadManager {
         distinct
             .try_reserve(keys.len())
             .map_err(|e| Error::out_of_memory("the offered keys", e))?;
-        if !keys.iter().all(|k| distinct.insert(*k)) {
-            return Err(Error::InvalidArgument(
-                "prepare_store keys must be distinct".into(),
-            ));
+        if let Some(k) = keys.iter().find(|k| !distinct.insert(**k)) {
+            return Err(Error::InvalidArgument(format!(
+                "prepare_store keys must be distinct: key {k:?} is offered twice"
+            )));
         }
         drop(distinct);
         let n = keys.len();
@@ -1223,17 +1223,20 @@ impl CpuOffloadManager {
     ) -> Result<Option<(usize, usize)>> {
         if let Some(st) = self.requests.get_mut(&rid).filter(|st| !st.distinct) {
             // Distinct entries are distinct keys.
-            let mut dup = false;
+            let mut dup = None;
             for c in ks {
-                dup |= !st.flag(c.ent, IN_CALL);
+                if !st.flag(c.ent, IN_CALL) && dup.is_none() {
+                    dup = Some(c.key);
+                }
             }
             for c in ks {
                 st.infos[c.ent as usize].flags &= !IN_CALL;
             }
-            if dup {
-                return Err(Error::InvalidArgument(
-                    "prepare_store keys must be distinct".into(),
-                ));
+            if let Some(k) = dup {
+                return Err(Error::InvalidArgument(format!(
+                    "prepare_store keys must be distinct: key {k:?} is named twice by the \
+                     request's keys in the range"
+                )));
             }
         }
         self.reserve_store(ks.len())?;

@@ -261,3 +261,138 @@ pub(super) fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
         x % n
     }
 }
+
+/// Every call the manager refuses (lengths that disagree, end tokens past int64, keys
+/// not stored and ready to load, a load completed with no load in flight, keys offered
+/// twice in one store, by name or through a request's block order naming a key twice),
+/// on known and unknown requests, under each policy, with and without the store
+/// threshold's tracker: the call returns an error and the whole state (`state_dump`,
+/// the request contexts) is as before, and the manager then answers every call as a
+/// copy taken before the refusal does.
+#[test]
+fn refused_calls_change_nothing() {
+    type Call = fn(&mut CpuOffloadManager) -> crate::error::Result<()>;
+    /// Request 0 stored 1..=4 through its block order and finished; request 1's block
+    /// order names key 3 twice; request 2 is storing key 6; request 3 loads 1 and 2
+    /// (positions set by hand); request 5 is new; requests 6 and 7 name stored keys
+    /// and, after them, a key being stored (6) or a key with no load (3). Request 9 is
+    /// unknown. Events untaken.
+    fn world(policy: CachePolicy, threshold: u32) -> CpuOffloadManager {
+        let mut m = CpuOffloadManager::new(6, policy, threshold, 4, true).unwrap();
+        m.set_request_keys(0, &ks(&[1, 2, 3, 4]), 16).unwrap();
+        for _ in 0..threshold {
+            m.prepare_store_range(0, 0, 4, true).unwrap();
+        }
+        m.on_request_finished(0).unwrap();
+        m.set_request_keys(1, &ks(&[3, 5, 3]), 16).unwrap();
+        for _ in 0..threshold {
+            m.prepare_store(2, &ks(&[6])).unwrap();
+        }
+        m.set_offload_key_positions(3, &ks(&[1, 2]), &[32, 16])
+            .unwrap();
+        assert_eq!(m.prepare_load(3, &ks(&[1, 2])).unwrap(), vec![0, 1]);
+        m.on_new_request(5).unwrap();
+        m.set_request_keys(6, &ks(&[1, 2, 6]), 16).unwrap();
+        m.set_request_keys(7, &ks(&[1, 2, 3]), 16).unwrap();
+        assert_eq!(m.lookup(&k(6)), LookupResult::HitPending);
+        m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        m
+    }
+    let refused: [(&str, Call); 20] = [
+        ("positions of another length", |m| {
+            m.set_offload_key_positions(3, &ks(&[1, 2]), &[16])
+        }),
+        ("positions of another length, unknown request", |m| {
+            m.set_offload_key_positions(9, &ks(&[1]), &[16, 32])
+        }),
+        ("end tokens past int64", |m| {
+            m.set_request_keys(1, &ks(&[7, 8]), 1 << 62)
+        }),
+        ("end tokens past u64", |m| {
+            m.set_request_keys(1, &ks(&[7, 8, 9]), u64::MAX / 2)
+        }),
+        ("end tokens past int64, unknown request", |m| {
+            m.set_request_keys(9, &ks(&[7]), u64::MAX)
+        }),
+        ("load of a key not stored", |m| {
+            m.prepare_load(3, &ks(&[1, 7])).map(drop)
+        }),
+        ("load of a key being stored", |m| {
+            m.prepare_load(5, &ks(&[3, 6])).map(drop)
+        }),
+        ("load, unknown request", |m| {
+            m.prepare_load(9, &ks(&[2, 7])).map(drop)
+        }),
+        ("range load of a key not stored", |m| {
+            m.prepare_load_range(1, 0, 3).map(drop)
+        }),
+        ("range load of a key being stored", |m| {
+            m.prepare_load_range(6, 0, 3).map(drop)
+        }),
+        ("complete_load with no load in flight", |m| {
+            m.complete_load(3, &ks(&[1, 3]))
+        }),
+        ("complete_load of a key listed twice, one load", |m| {
+            m.complete_load(3, &ks(&[2, 1, 2]))
+        }),
+        ("complete_load of a key being stored", |m| {
+            m.complete_load(2, &ks(&[6]))
+        }),
+        ("complete_load, unknown request", |m| {
+            m.complete_load(9, &ks(&[1, 7]))
+        }),
+        ("range complete_load with no load in flight", |m| {
+            m.complete_load_range(1, 0, 1)
+        }),
+        ("range complete_load past the loads", |m| {
+            m.complete_load_range(7, 0, 3)
+        }),
+        ("store of a key twice", |m| {
+            m.prepare_store(2, &ks(&[7, 8, 7])).map(drop)
+        }),
+        ("store of a key twice, unknown request", |m| {
+            m.prepare_store(9, &ks(&[1, 1])).map(drop)
+        }),
+        ("range store naming a key twice", |m| {
+            m.prepare_store_range(1, 0, 3, true).map(drop)
+        }),
+        ("range store naming a key twice, not completing", |m| {
+            m.prepare_store_range(1, 0, 3, false).map(drop)
+        }),
+    ];
+    for policy in [CachePolicy::Lru, CachePolicy::Arc] {
+        for threshold in [1, 2] {
+            for (what, call) in refused {
+                let mut m = world(policy, threshold);
+                let copy = m.clone();
+                let (dump, requests) = (m.state_dump(), m.num_requests());
+                let err = call(&mut m).err();
+                assert!(err.is_some(), "{what} ({policy:?}, {threshold}): accepted");
+                assert_eq!(
+                    m.state_dump(),
+                    dump,
+                    "{what} ({policy:?}, {threshold}): {err:?}"
+                );
+                assert_eq!(m.num_requests(), requests, "{what}");
+                m.check_invariants()
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                // The same calls afterwards: the same answers and states.
+                let answers = [m, copy].map(|mut m| {
+                    let out = (
+                        m.complete_load(3, &ks(&[1, 2])),
+                        m.prepare_store_range(7, 0, 3, true),
+                        m.prepare_store(4, &ks(&[7, 8, 9, 10])),
+                        m.complete_store(2, &ks(&[6]), true),
+                        (0..10)
+                            .map(|r| m.on_request_finished(r))
+                            .collect::<Vec<_>>(),
+                        m.prepare_store(4, &ks(&[11, 12, 13])),
+                        m.take_events().map(|e| to_kv_events(&e)),
+                    );
+                    format!("{out:?} {}", m.state_dump())
+                });
+                assert_eq!(answers[0], answers[1], "{what}: afterwards");
+            }
+        }
+    }
+}
