@@ -1198,8 +1198,8 @@ impl CpuOffloadManager {
     }
 
     /// `prepare_store` of the request's keys `start..stop` (clamped); with `complete`,
-    /// the stored keys' `complete_store(success)` follows at once. Returns (keys stored,
-    /// keys evicted), or None when eviction cannot free enough.
+    /// the stored keys' `complete_store(success)` follows at once. Returns how many keys
+    /// were stored and how many evicted, or None when eviction cannot free enough.
     pub fn prepare_store_range(
         &mut self,
         rid: u64,
