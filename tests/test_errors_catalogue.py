@@ -834,6 +834,13 @@ CATALOGUE: list[Row] = [
         lambda w: w.obj.cache_full_blocks([3], [b"x" * 16], 0, 1, 16),
     ),
     pool(
+        "hashes not iterable",
+        "cache_full_blocks([3], 5, 0, 1, 16)",
+        InvalidTypeError,
+        "block_hashes must be an iterable of block hashes, got int",
+        lambda w: w.obj.cache_full_blocks([3], 5, 0, 1, 16),
+    ),
+    pool(
         "hash longer than 32 bytes",
         "cache_full_blocks([3], [b'x' * 33], 0, 1, 16)",
         InvalidInputError,
@@ -1403,6 +1410,13 @@ CATALOGUE: list[Row] = [
         lambda w: w.obj.lookup([1, 2], mm_items=[("\ud800", 0, 1)]),
     ),
     trie(
+        "multimodal items not a sequence",
+        "lookup([1, 2], mm_items=5)",
+        InvalidTypeError,
+        "mm_items must be None or a sequence of (hash, start, length) tuples, got int",
+        lambda w: w.obj.lookup([1, 2], mm_items=5),
+    ),
+    trie(
         "salt with a lone surrogate",
         'lookup([1, 2], cache_salt="\\ud800")',
         InvalidInputError,
@@ -1416,6 +1430,13 @@ CATALOGUE: list[Row] = [
         InvalidInputError,
         "ttl must be a positive",
         lambda w: KvIndex(ttl=0),
+    ),
+    kv(
+        "ttl not a number",
+        'KvIndex(ttl="10")',
+        InvalidTypeError,
+        "ttl must be None or a number of seconds, got str",
+        lambda w: KvIndex(ttl="10"),
     ),
     kv(
         "include_unhealthy not a bool",

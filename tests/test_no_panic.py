@@ -93,7 +93,7 @@ HOSTILE: list[Any] = [
 
 # Classes whose bad arguments all raise a PrefixCacheError: a bare TypeError from them
 # must be Python's own complaint about the number or names of the arguments.
-STRICT = ("CpuOffloadManager",)
+STRICT = ("CpuOffloadManager", "BlockTrie", "BlockPool", "KvIndex")
 ARGUMENT_COUNT = re.compile(
     r"positional argument|keyword argument|missing|takes|expected \d+ argument"
 )

@@ -45,8 +45,8 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyCapsule, PyDict, PyFrozenSet, PyInt, PyList, PyMemoryView,
-    PySet, PyString, PyTuple, PyType,
+    PyBool, PyByteArray, PyBytes, PyCapsule, PyDict, PyFrozenSet, PyInt, PyIterator, PyList,
+    PyMemoryView, PySet, PyString, PyTuple, PyType,
 };
 
 use crate::errors::{invalid_input, invalid_type};
@@ -2239,6 +2239,17 @@ pub fn u32_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
 
 // ---------------------------------------------------------------------------------------
 // Strings
+
+/// An iterator over `obj`; an object that cannot be iterated raises `InvalidTypeError`
+/// saying what `what` must be.
+pub fn iter_of<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    must_be: &str,
+) -> PyResult<Bound<'py, PyIterator>> {
+    obj.try_iter()
+        .map_err(|_| invalid_type(format!("{what} must be {must_be}, got {}", type_name(obj))))
+}
 
 /// The name of `obj`'s type, for messages.
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {

@@ -9,7 +9,7 @@ use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex,
 use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{self, type_name};
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
@@ -25,6 +25,24 @@ const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
 /// Request lengths from which queries run with the GIL released (the hashes are owned
 /// already): 2048 blocks over a fleet is >= ~10 us of work.
 const DETACH_MIN_BLOCKS: usize = 2048;
+
+/// A `ttl` argument: None, or a number of seconds (its range checked by the core); a bool,
+/// a str or anything else raises `InvalidTypeError`.
+fn ttl_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
+    let Some(o) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let bad = || {
+        invalid_type(format!(
+            "ttl must be None or a number of seconds, got {}",
+            type_name(o)
+        ))
+    };
+    if o.is_instance_of::<PyString>() || o.is_instance_of::<PyBool>() {
+        return Err(bad());
+    }
+    o.extract::<f64>().map(Some).map_err(|_| bad())
+}
 
 /// A time argument: a finite number of seconds, or None for the clock.
 fn now_or(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
@@ -271,7 +289,11 @@ pub struct PyKvIndex {
 impl PyKvIndex {
     #[new]
     #[pyo3(signature = (ttl=None, hash_bytes=None))]
-    fn new(ttl: Option<f64>, hash_bytes: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(
+        ttl: Option<&Bound<'_, PyAny>>,
+        hash_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let ttl = ttl_of(ttl)?;
         let form = match hash_bytes {
             Some(h) => form_of(h)?,
             None => HashForm::default(),
@@ -707,7 +729,8 @@ pub fn fleet_now_arg(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
 /// `ttl` as `KvIndex` takes it (None or a positive finite number of seconds).
 #[pyfunction]
 #[pyo3(signature = (ttl=None))]
-pub fn fleet_ttl_arg(ttl: Option<f64>) -> PyResult<Option<f64>> {
+pub fn fleet_ttl_arg(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
+    let ttl = ttl_of(ttl)?;
     prefixcache_core::fleet::check_ttl(ttl).py_err()?;
     Ok(ttl)
 }

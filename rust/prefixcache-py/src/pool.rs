@@ -361,7 +361,8 @@ impl PyBlockPool {
         let ids = self::block_ids(block_ids, "block_ids")?;
         let keys = all_block_keys(extra_keys)?.unwrap_or_default();
         let mut hashes = Vec::new();
-        for (i, h) in block_hashes.try_iter()?.enumerate() {
+        let it = convert::iter_of(block_hashes, "block_hashes", "an iterable of block hashes")?;
+        for (i, h) in it.enumerate() {
             hashes.push(block_hash(&h?, &format!("block_hashes[{i}]"))?);
         }
         let tokens = match token_ids {

@@ -159,7 +159,12 @@ fn mm_spans(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<MmSpan>> {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for (i, item) in obj.try_iter()?.enumerate() {
+    let items = convert::iter_of(
+        obj,
+        "mm_items",
+        "None or a sequence of (hash, start, length) tuples",
+    )?;
+    for (i, item) in items.enumerate() {
         let item = item?;
         let bad = || {
             invalid_type(format!(
