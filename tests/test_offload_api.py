@@ -212,3 +212,19 @@ def test_a_repeated_key_in_a_store_is_named() -> None:
         m.prepare_store_range(0, 0, 3)
     assert m.prepare_store_range(0, 0, 2) == (2, 0)
     assert m.num_stored == 2
+
+
+def test_result_reprs_show_counts_as_counts() -> None:
+    """A result's key lists are shown by their size, marked as such: ``keys_to_store=1``
+    read as a value the attribute does not hold."""
+    tier = CpuOffloadManager(2, enable_events=True)
+    out = tier.prepare_store(0, [k(1), k(2)])
+    assert out is not None
+    assert repr(out) == (
+        "PrepareStoreOutput(keys_to_store=<2 keys>, chunk_ids=[0, 1], evicted_keys=<0 keys>)"
+    )
+    tier.complete_store(0, [k(1), k(2)])
+    (event,) = tier.take_events()
+    assert repr(event) == (
+        "OffloadingEvent(keys=<2 keys>, medium='CPU', removed=False, metadata_only=False)"
+    )

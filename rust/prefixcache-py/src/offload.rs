@@ -50,7 +50,7 @@ impl PyPrepareStoreOutput {
 
     fn __repr__(&self) -> String {
         format!(
-            "PrepareStoreOutput(keys_to_store={}, chunk_ids={:?}, evicted_keys={})",
+            "PrepareStoreOutput(keys_to_store=<{} keys>, chunk_ids={:?}, evicted_keys=<{} keys>)",
             self.inner.keys_to_store.len(),
             self.inner.chunk_ids,
             self.inner.evicted_keys.len()
@@ -89,7 +89,7 @@ impl PyOffloadingEvent {
 
     fn __repr__(&self) -> String {
         format!(
-            "OffloadingEvent(keys={}, medium='CPU', removed={}, metadata_only={})",
+            "OffloadingEvent(keys=<{} keys>, medium='CPU', removed={}, metadata_only={})",
             self.inner.keys.len(),
             if self.inner.removed { "True" } else { "False" },
             if self.inner.metadata_only {
