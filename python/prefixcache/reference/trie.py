@@ -192,10 +192,17 @@ class Lookup:
 
 
 def _mm_items(items: Any) -> list[tuple[bytes, int, int]]:
-    """The mm_items argument as the core reads it: any iterable (not one: TypeError) of
-    (hash: bytes | str, start, length) tuples."""
+    """The mm_items argument as the core reads it: None or any iterable of (hash: bytes |
+    str, start, length) tuples."""
     out: list[tuple[bytes, int, int]] = []
-    for i, item in enumerate(() if items is None else items):
+    try:
+        it = iter(() if items is None else items)
+    except TypeError:
+        raise InvalidTypeError(
+            "mm_items must be None or a sequence of (hash, start, length) tuples, "
+            f"got {type(items).__name__}"
+        ) from None
+    for i, item in enumerate(it):
         bad = f"mm_items[{i}] must be a (hash: bytes | str, start: int, length: int) tuple"
         if not isinstance(item, tuple) or len(item) != 3:
             raise InvalidTypeError(bad)
