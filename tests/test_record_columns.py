@@ -163,7 +163,14 @@ def test_lazy_records_equal_the_eager_ones(model: str) -> None:
     assert res._records is None  # nothing built yet
     summary = summarize(res)
     listed = ReplayResult(
-        res.policy, res.model, res.capacity, eager, res.stats, res.seconds, res.peak_rss_bytes
+        res.policy,
+        res.model,
+        res.capacity,
+        eager,
+        res.stats,
+        res.seconds,
+        res.peak_rss_bytes,
+        start_rss_bytes=res.start_rss_bytes,
     )
     assert _same(res.records, eager)
     assert res.records is res.records  # built once

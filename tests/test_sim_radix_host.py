@@ -14,11 +14,10 @@ import pytest
 from prefixcache.errors import InvalidInputError
 from prefixcache.reference.radix import RadixCache as ReferenceRadix
 from prefixcache.sim.policies.sglang import RADIX_OFFLOADS, RadixPolicy
-from prefixcache.sim.replay import replay
+from prefixcache.sim.replay import RUN_FIELDS, replay
 from prefixcache.sim.traces import read_trace
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mooncake_sample.jsonl"
-RUN_FIELDS = ("seconds", "peak_rss_bytes")
 
 
 def _requests(n: int) -> list[Any]:

@@ -18,14 +18,13 @@ import pytest
 
 from prefixcache.sim.cli import main
 from prefixcache.sim.policies import blocks_available
-from prefixcache.sim.replay import ReplayResult, replay, summarize
+from prefixcache.sim.replay import RUN_FIELDS, ReplayResult, replay, summarize
 from prefixcache.sim.report import progress_bars
 from prefixcache.sim.sweep import SweepSpec, load_requests, longest_first, run_pairs, run_sweep
 from prefixcache.sim.workloads import study_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
 # Wall time, memory and the machine-dependent fields differ between runs; nothing else may.
-RUN_FIELDS = ("seconds", "peak_rss_bytes")
 
 
 def _comparable(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:

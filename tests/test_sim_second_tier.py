@@ -26,7 +26,7 @@ from prefixcache.sim.policies import (
     check_tier,
     make_policy,
 )
-from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.replay import RUN_FIELDS, replay, summarize
 from prefixcache.sim.requests import Request
 from prefixcache.sim.scheduler import KV_MODELS, KvModel, PrefillCost, TimeScheduler
 from prefixcache.sim.sweep import SweepSpec, run_grid, run_pairs
@@ -357,17 +357,17 @@ def test_kv_flags_set_the_load_cost() -> None:
 
 def _strip_timing(d: dict[str, Any]) -> dict[str, Any]:
     for s in d["summaries"]:
-        s.pop("seconds")
-        s.pop("peak_rss_bytes")
+        for k in RUN_FIELDS:
+            s.pop(k)
     return d
 
 
-# The keys of a summary and of a record before the second tier existed.
+# The keys of a summary and of a record without a second tier (no host-tier fields).
 PLAIN_SUMMARY_KEYS = [
     "policy", "model", "capacity", "requests", "rejected", "prompt_tokens", "hit_tokens",
     "hit_rate", "evicted_tokens", "evictions", "eviction_unit", "peak_used_tokens",
-    "peak_cached_tokens", "peak_rss_bytes", "seconds", "preemptions", "recompute_hit_tokens",
-    "recomputed_tokens", "ttft_p50", "ttft_p90", "ttft_p99", "makespan",
+    "peak_cached_tokens", "peak_rss_bytes", "start_rss_bytes", "seconds", "preemptions",
+    "recompute_hit_tokens", "recomputed_tokens", "ttft_p50", "ttft_p90", "ttft_p99", "makespan",
 ]  # fmt: skip
 PLAIN_RECORD_KEYS = [
     "id", "session", "turn", "prompt_tokens", "output_tokens", "hit_tokens", "evicted_tokens",
@@ -445,9 +445,9 @@ def test_grid_is_every_cell_of_individual_replays(half_on_host: None) -> None:
             cpu_capacity=g["cpu_capacity"],
         )[0]
         want = {**summarize(one), "cpu_capacity": g["cpu_capacity"]}
-        for k in ("seconds", "peak_rss_bytes"):
+        for k in RUN_FIELDS:
             want.pop(k)
-        assert {k: v for k, v in g.items() if k not in ("seconds", "peak_rss_bytes")} == want
+        assert {k: v for k, v in g.items() if k not in RUN_FIELDS} == want
     # cpu 0 is the plain replay, as run_pairs gives it
     plain = run_pairs(spec, reqs, [(200_000, "radix")], jobs=1)[0]
     assert grid[0]["hit_rate"] == summarize(plain)["hit_rate"]

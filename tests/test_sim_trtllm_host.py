@@ -18,10 +18,9 @@ from prefixcache.reference.trie import BlockTrie as RefTrie
 from prefixcache.sim.cli import main
 from prefixcache.sim.policies import make_policy
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_offload
-from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.replay import RUN_FIELDS, replay, summarize
 from prefixcache.sim.workloads import study_workload
 
-RUN_FIELDS = ("seconds", "peak_rss_bytes")
 GPU = 8_000  # workload F's prompts overflow 8k tokens of GPU memory
 HOST = 32_000
 

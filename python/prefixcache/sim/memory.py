@@ -1,5 +1,8 @@
 """The process's peak resident memory, per replayed policy.
 
+Each replay reports its peak and the resident memory it started from (the interpreter,
+numpy and the trace): the difference is what the policy's cache and run added.
+
 On Linux the peak (``VmHWM`` in ``/proc/self/status``) can be reset by writing ``5`` to
 ``/proc/self/clear_refs``, so each policy's replay gets its own high-water mark in one
 process. Elsewhere the process's lifetime peak (``getrusage``) is reported, which is an
@@ -11,7 +14,7 @@ from __future__ import annotations
 import resource
 import sys
 
-__all__ = ["peak_rss_bytes", "reset_peak_rss"]
+__all__ = ["peak_rss_bytes", "reset_peak_rss", "rss_bytes"]
 
 
 def reset_peak_rss() -> bool:
@@ -22,6 +25,18 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now; 0 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def peak_rss_bytes() -> int:

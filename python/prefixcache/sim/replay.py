@@ -17,13 +17,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from prefixcache.errors import InvalidInputError, InvalidTypeError
-from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss
+from prefixcache.sim.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 from prefixcache.sim.policies import CachePolicy, PolicyStats, make_policy, policy_block_size
 from prefixcache.sim.requests import RecordColumns, Request, RequestRecord
 from prefixcache.sim.scheduler import PrefillCost, SlotScheduler, TimeScheduler
 from prefixcache.sim.sequence import SequenceScheduler
 
 __all__ = [
+    "RUN_FIELDS",
     "ProgressFactory",
     "ProgressTask",
     "ReplayResult",
@@ -71,6 +72,7 @@ class ReplayResult:
         "peak_rss_bytes",
         "policy",
         "seconds",
+        "start_rss_bytes",
         "stats",
         "summary_only",
     )
@@ -86,6 +88,7 @@ class ReplayResult:
         peak_rss_bytes: int = 0,  # the process's peak resident memory during the replay
         summary_only: dict[str, Any] | None = None,  # the summary, when records were dropped
         offload: str | None = None,  # the host tier's policy as asked (None: the default)
+        start_rss_bytes: int = 0,  # the process's resident memory when the replay began
     ) -> None:
         self.policy = policy
         self.model = model
@@ -98,6 +101,7 @@ class ReplayResult:
         self.peak_rss_bytes = peak_rss_bytes
         self.summary_only = summary_only
         self.offload = offload
+        self.start_rss_bytes = start_rss_bytes
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -137,6 +141,7 @@ class ReplayResult:
             self.peak_rss_bytes,
             self.summary_only,
             self.offload,
+            self.start_rss_bytes,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -158,7 +163,7 @@ class ReplayResult:
             f"capacity={self.capacity!r}, records=<{len(self.columns)} records>, "
             f"stats={self.stats!r}, seconds={self.seconds!r}, "
             f"peak_rss_bytes={self.peak_rss_bytes!r}, summary_only={self.summary_only!r}, "
-            f"offload={self.offload!r})"
+            f"offload={self.offload!r}, start_rss_bytes={self.start_rss_bytes!r})"
         )
 
 
@@ -253,6 +258,7 @@ def replay(
             # collection costs ~0.1 s in a big heap: only worth it for runs that long.
             gc.collect()
         reset_peak_rss()
+        start_rss = rss_bytes()
         off = offload_for(p, offload) if isinstance(p, str) and cpu_capacity else None
         if isinstance(p, str) and capacity is None:  # unlimited: whatever its block size
             cap = default_capacity(requests, policy_block_size(p))
@@ -289,6 +295,7 @@ def replay(
                 dt,
                 peak_rss_bytes(),
                 offload=off,
+                start_rss_bytes=start_rss,
             )
         )
         del pol
@@ -298,6 +305,11 @@ def replay(
 def _percentile(values: list[float], q: float) -> float:
     vals = [v for v in values if not math.isnan(v)]
     return float(np.percentile(vals, q)) if vals else math.nan
+
+
+# The summary fields that depend on the run (the machine, the process), not on the
+# trace and the policy: two runs of the same replay agree on everything else.
+RUN_FIELDS = ("seconds", "peak_rss_bytes", "start_rss_bytes")
 
 
 def summarize(res: ReplayResult) -> dict[str, Any]:
@@ -325,6 +337,7 @@ def summarize(res: ReplayResult) -> dict[str, Any]:
         "peak_used_tokens": s.peak_used_tokens,
         "peak_cached_tokens": s.peak_cached_tokens,
         "peak_rss_bytes": res.peak_rss_bytes,
+        "start_rss_bytes": res.start_rss_bytes,
         "seconds": res.seconds,
         **s.extra,
     }
