@@ -47,7 +47,10 @@ class PolicyStats:
     peak_cached_tokens: int = 0
     # Second tier (host memory behind the GPU; 0 without one, docs/SIMULATOR.md "Offload").
     cpu_capacity: int = 0  # tokens
-    host_hit_tokens: int = 0  # prompt tokens reused from the host tier (loaded)
+    # Prompt tokens reused from the host tier (loaded), at every admission: a preempted
+    # request's re-admission counts again (the summaries' `host_hit_tokens` count each
+    # request's first admission, from its record).
+    host_hit_tokens: int = 0
     stored_tokens: int = 0  # tokens written to the host tier
     host_evicted_tokens: int = 0  # tokens dropped from the host tier
     peak_host_tokens: int = 0  # most tokens the host tier held at once
