@@ -27,26 +27,27 @@ def reset_peak_rss() -> bool:
     return True
 
 
-def rss_bytes() -> int:
-    """Resident memory of this process now; 0 where it cannot be read."""
+def _status_bytes(field: str) -> int | None:
+    """A memory field of ``/proc/self/status`` (kB there) in bytes; None without it."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now; 0 where it cannot be read (not Linux)."""
+    return _status_bytes("VmRSS:") or 0
 
 
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process since the last :func:`reset_peak_rss`."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    peak = _status_bytes("VmHWM:")
+    if peak is not None:
+        return peak
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib if sys.platform == "darwin" else kib * 1024
