@@ -49,5 +49,5 @@ def peak_rss_bytes() -> int:
     peak = _status_bytes("VmHWM:")
     if peak is not None:
         return peak
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib if sys.platform == "darwin" else kib * 1024
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, else KiB
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
