@@ -464,3 +464,58 @@ def test_a_restart_whose_batch_0_is_lost_is_not_detected() -> None:
     assert not ix.status("w", now=0.0)["stale"]
     ix.reset_worker("w")  # what a deployment that learns of the restart does
     assert ix.cached_hashes("w") == [] and ix.status("w", now=0.0)["next_seq"] == 0
+
+
+def _small_index() -> KvIndex:
+    ix = KvIndex()
+    ix.apply("w0", [{"type": "BlockStored", "block_hashes": [1, 2, 3], "block_size": 16}], now=1.0)
+    ix.apply("w1", [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16}], now=1.0)
+    return ix
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, ">u8", ">i8", "<u8"]
+)
+def test_query_hash_arrays_of_any_integer_dtype_read_as_their_lists(dtype: object) -> None:
+    ix = _small_index()
+    want = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    a = np.array([1, 2, 3], dtype=dtype)  # type: ignore[call-overload]
+    assert ix.longest_prefix(a, now=1.0).to_dict() == want
+    strided = np.array([1, 9, 2, 9, 3], dtype=dtype)[::2]  # type: ignore[call-overload]
+    assert ix.longest_prefix(strided, now=1.0).to_dict() == want
+    assert ix.top_k(a, 2, now=1.0) == ix.top_k([1, 2, 3], 2, now=1.0)
+    with pytest.raises(InvalidInputError):
+        ix.longest_prefix(np.array([1, -1], dtype=np.int32))
+
+
+@pytest.mark.parametrize(
+    "hashes", [{1, 2}, frozenset({1}), {1: 2}, b"\x01\x02", bytearray(b"\x01")]
+)
+def test_query_hashes_without_an_order_or_of_bytes_raise_invalid_type(hashes: object) -> None:
+    ix = _small_index()
+    with pytest.raises(InvalidTypeError, match="hashes must be a sequence of block hashes"):
+        ix.longest_prefix(hashes)
+    with pytest.raises(InvalidTypeError, match="hashes must be a sequence of block hashes"):
+        ix.top_k(hashes)
+
+
+def test_a_weight_that_changes_the_weights_dict_does_not_panic() -> None:
+    ix = _small_index()
+
+    class Growing:
+        def __init__(self, d: dict[str, object]) -> None:
+            self.d = d
+
+        def __float__(self) -> float:
+            self.d[f"X{len(self.d)}"] = 1.0
+            return 0.5
+
+    weights: dict[str, object] = {}
+    weights["GPU"] = Growing(weights)
+    before = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    m = ix.longest_prefix([1, 2, 3], weights=weights, now=1.0)
+    assert m.score("w0") == 1.5
+    weights = {}
+    weights["GPU"] = Growing(weights)
+    assert ix.top_k([1, 2, 3], weights=weights, now=1.0)[0] == ("w0", 1.5, 3)
+    assert ix.longest_prefix([1, 2, 3], now=1.0).to_dict() == before

@@ -421,6 +421,9 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.longest_prefix([1], weights={"CPU": float("inf")}),
     lambda ix, url: ix.longest_prefix([1], weights={"CPU": "1"}),
     lambda ix, url: ix.longest_prefix(np.array([[1, 2]], dtype=np.uint64)),
+    lambda ix, url: ix.longest_prefix(np.array([1.0])),
+    lambda ix, url: ix.longest_prefix({1, 2}),
+    lambda ix, url: ix.top_k(b"\x01\x02"),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)
@@ -514,3 +517,15 @@ def test_a_dropped_reply_relabels_only_the_batch_this_call_applied() -> None:
     finally:
         proxy.close()
         srv.stop()
+
+
+def test_query_hash_arrays_of_any_integer_dtype_read_alike(url: str) -> None:
+    for ix in both(url):
+        ix.apply("w", [_stored([1, 2, 3])], seq=0, now=0.0)
+        for dtype in (np.int32, np.uint16, ">u8", ">i8"):
+            a = np.array([1, 2, 3], dtype=dtype)
+            assert (
+                ix.longest_prefix(a, now=0.0).to_dict()
+                == ix.longest_prefix([1, 2, 3], now=0.0).to_dict()
+            )
+            assert ix.top_k(a[::2], now=0.0) == ix.top_k([1, 3], now=0.0) == [("w", 2.0, 2)]

@@ -3,13 +3,15 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use prefixcache_core::error::{try_copy, try_vec};
 use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex, MAX_MEDIA};
 use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple,
+};
 
 use crate::convert::{self, type_name};
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
@@ -163,25 +165,52 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
                     .join(", ")
             )));
         }
+        // Any other integer dtype, byte order or stride: read as token ids are (the values
+        // the equivalent list holds).
+        if matches!(a.dtype().kind(), b'i' | b'u') {
+            return convert::u64_list(obj, "hashes");
+        }
         return Err(invalid_type(format!(
-            "hashes: a numpy array must have dtype uint64 or int64, got {}",
+            "hashes: a numpy array must have an integer dtype, got {}",
             a.dtype()
         )));
     }
+    let key = |i: usize, h: &Bound<'_, PyAny>| {
+        fleet_events::hash_key(h, form, "hashes")
+            .map_err(|e| invalid_input(format!("{e} (at position {i})")))
+    };
     if let Ok(list) = obj.cast::<PyList>() {
         let mut out = try_vec(list.len(), "the hashes").py_err()?;
         for (i, h) in list.iter().enumerate() {
-            out.push(
-                fleet_events::hash_key(&h, form, "hashes")
-                    .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
-            );
+            // Room checked: an item's `__index__` may lengthen the list.
+            if out.len() == out.capacity() {
+                out.try_reserve(1)
+                    .map_err(|e| Error::out_of_memory("the hashes", e))
+                    .py_err()?;
+            }
+            out.push(key(i, &h)?);
         }
         return Ok(out);
     }
-    if obj.is_instance_of::<PyString>() {
-        return Err(invalid_type(
-            "hashes must be a sequence of block hashes, got str",
-        ));
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        let mut out = try_vec(t.len(), "the hashes").py_err()?;
+        for (i, h) in t.iter().enumerate() {
+            out.push(key(i, &h)?);
+        }
+        return Ok(out);
+    }
+    // Not sequences of hashes: a str or bytes (its characters), a set or a dict (no order).
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+        || obj.is_instance_of::<PyDict>()
+    {
+        return Err(invalid_type(format!(
+            "hashes must be a sequence of block hashes, got {}",
+            type_name(obj)
+        )));
     }
     let it = obj.try_iter().map_err(|_| {
         invalid_type(format!(
@@ -258,8 +287,12 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
             type_name(w)
         ))
     })?;
-    let mut out = Vec::with_capacity(d.len());
-    for (k, v) in d.iter() {
+    // A snapshot of the items: a weight's `__float__` may change the dict (iterating a
+    // dict that changes size would panic).
+    let items = d.items();
+    let mut out = Vec::with_capacity(items.len());
+    for kv in items.iter() {
+        let (k, v) = kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
         let name = convert::str_arg(&k, "weights: a medium name")?;
         let x: f64 = v.extract().map_err(|_| {
             invalid_type(format!(
