@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache import InvalidEventError, KvIndex, UnknownWorkerError
-from prefixcache.errors import PrefixCacheError
+from prefixcache.errors import InvalidInputError, InvalidTypeError, PrefixCacheError
 from prefixcache.fleet import RedisKvIndex, open_index
 
 VECTORS = load_vectors()
@@ -529,3 +529,64 @@ def test_query_hash_arrays_of_any_integer_dtype_read_alike(url: str) -> None:
                 == ix.longest_prefix([1, 2, 3], now=0.0).to_dict()
             )
             assert ix.top_k(a[::2], now=0.0) == ix.top_k([1, 3], now=0.0) == [("w", 2.0, 2)]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        lambda good, bad: [("w", [b"x"]), (5, good)],
+        lambda good, bad: [("w", bad), ("w", good, 3)],
+        lambda good, bad: [("w", bad), "w"],
+        lambda good, bad: 5,
+        lambda good, bad: "w",
+    ],
+)
+def test_apply_many_checks_every_argument_before_writing(url: str, messages: Any) -> None:
+    ix = fresh(url)
+    ix.apply("w", [_stored([1, 2])], seq=0, now=0.0)
+    before = ix.status("w", now=0.0)
+    with pytest.raises(InvalidTypeError):
+        ix.apply_many(messages(_frames(1, [_stored([3])]), [b"x"]), now=0.0)
+    assert ix.status("w", now=0.0) == before
+    assert ix.workers() == ["w"]
+    assert ix.longest_prefix([1, 2, 3], now=0.0).blocks("w") == 2
+    ix.check_invariants()
+
+
+MATCH_CALLS: list[Any] = [
+    lambda m: m.blocks("zz"),
+    lambda m: m.blocks(5),
+    lambda m: m.blocks(["w"]),
+    lambda m: m.blocks("w", 5),
+    lambda m: m.blocks("zz", 5),
+    lambda m: m.score('a"b\n'),
+    lambda m: m.stale("\ud800"),
+    lambda m: m.expired(b"w"),
+]
+
+
+@pytest.mark.parametrize("call", MATCH_CALLS)
+def test_match_arguments_raise_the_same_error_in_both_backends(url: str, call: Any) -> None:
+    errors = []
+    for ix in both(url):
+        ix.apply("w", [_stored([1])], seq=0, now=0.0)
+        with pytest.raises(PrefixCacheError) as e:
+            call(ix.longest_prefix([1], now=0.0))
+        errors.append((type(e.value).__name__, str(e.value)))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"retries": -1}, InvalidInputError, "retries must be >= 0, got -1"),
+        ({"retries": 1.5}, InvalidTypeError, "retries must be an int, got float"),
+        ({"retries": None}, InvalidTypeError, "retries must be an int, got NoneType"),
+        ({"prefix": 5}, InvalidTypeError, "prefix must be a str, got int"),
+    ],
+)
+def test_bad_client_options_raise_clear_errors(
+    url: str, kw: dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        RedisKvIndex(url, **kw)
