@@ -519,3 +519,46 @@ def test_a_weight_that_changes_the_weights_dict_does_not_panic() -> None:
     weights["GPU"] = Growing(weights)
     assert ix.top_k([1, 2, 3], weights=weights, now=1.0)[0] == ("w0", 1.5, 3)
     assert ix.longest_prefix([1, 2, 3], now=1.0).to_dict() == before
+
+
+def _vllm_class(name: str, failing: str, error: type[BaseException]) -> type:
+    def fail(self: object) -> object:
+        raise error("cannot read it")
+
+    return type(
+        name,
+        (),
+        {
+            "__init__": lambda self, **kw: self.__dict__.update(kw),
+            failing: property(fail),
+        },
+    )
+
+
+@pytest.mark.parametrize("failing", ["medium", "block_hashes", "lora_name", "parent_block_hash"])
+def test_an_event_attribute_that_raises_is_an_error_not_an_absent_field(failing: str) -> None:
+    ix = _small_index()
+    before = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    cls = _vllm_class("BlockStored", failing, RuntimeError)
+    fields = {"block_hashes": [7], "block_size": 16}
+    fields.pop(failing, None)
+    ev = cls(**fields)
+    with pytest.raises(InvalidEventError, match=f"^event 0: {failing}: RuntimeError: cannot read"):
+        ix.apply("w0", [ev], now=1.0)
+    with pytest.raises(InvalidEventError, match=f"^event 0: {failing}: RuntimeError"):
+        decode_kv_events([ev])
+    assert ix.longest_prefix([1, 2, 3], now=1.0).to_dict() == before
+    assert ix.cached_hashes("w0") == [1, 2, 3]
+    # MemoryError stays one, and is not counted as bad input.
+    errors = ix.status("w0")["errors"]
+    with pytest.raises(MemoryError):
+        ix.apply("w0", [_vllm_class("BlockStored", failing, MemoryError)(**fields)], now=1.0)
+    assert ix.status("w0")["errors"] == errors
+
+
+def test_an_event_medium_with_lone_surrogates_is_named() -> None:
+    ix = _small_index()
+    ev = {"type": "BlockRemoved", "block_hashes": [1], "medium": "\ud800"}
+    with pytest.raises(InvalidEventError, match=r"^event 0: medium is not valid text"):
+        ix.apply("w0", [ev], now=1.0)
+    assert ix.cached_hashes("w0") == [1, 2, 3]
