@@ -4,6 +4,9 @@ differential test against the plain-Python reference."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import msgpack
 import numpy as np
 import pytest
@@ -562,3 +565,39 @@ def test_an_event_medium_with_lone_surrogates_is_named() -> None:
     with pytest.raises(InvalidEventError, match=r"^event 0: medium is not valid text"):
         ix.apply("w0", [ev], now=1.0)
     assert ix.cached_hashes("w0") == [1, 2, 3]
+
+
+NUMBER_ARGUMENTS: list[tuple[Any, type, str]] = [
+    (
+        lambda ix: ix.longest_prefix([1], now=True),
+        InvalidTypeError,
+        "now must be a number, got bool",
+    ),
+    (lambda ix: ix.status("w0", now=False), InvalidTypeError, "now must be a number, got bool"),
+    (lambda ix: ix.prune_expired(now=10**400), InvalidInputError, "now must be a finite time"),
+    (lambda ix: ix.apply("w0", [], now=-(10**400)), InvalidInputError, "now must be a finite time"),
+    (
+        lambda ix: ix.top_k([1], weights={"GPU": True}),
+        InvalidTypeError,
+        'weights["GPU"] must be a number, got bool',
+    ),
+    (
+        lambda ix: ix.longest_prefix([1], weights={"GPU": 10**400}),
+        InvalidInputError,
+        "must be a finite number >= 0",
+    ),
+    (lambda ix: KvIndex(ttl=10**400), InvalidInputError, "ttl must be a positive number"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), NUMBER_ARGUMENTS)
+def test_number_arguments_refuse_bools_and_range_check_huge_ints(
+    call: Any, error: type, message: str
+) -> None:
+    ix = _small_index()
+    before = (ix.status("w0", now=1.0), ix.longest_prefix([1, 2, 3], now=1.0).to_dict())
+    with pytest.raises(error, match=re.escape(message)):
+        call(ix)
+    assert (ix.status("w0", now=1.0), ix.longest_prefix([1, 2, 3], now=1.0).to_dict()) == before
+    assert ix.longest_prefix([1], weights={"GPU": 2}, now=1.0).score("w0") == 2.0
+    assert ix.status("w0", now=np.float32(5.0))["expired"] is False

@@ -339,9 +339,9 @@ class RedisKvIndex:
 
     def prune_expired(self, now: float | None = None) -> list[str]:
         """Removes workers silent for longer than the TTL; returns their names."""
+        t = self._now(now)
         if self._ttl is None:
             return []
-        t = self._now(now)
         limit = t - self._ttl
         gone = []
         for worker, h in self._health().items():

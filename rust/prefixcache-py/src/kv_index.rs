@@ -10,7 +10,7 @@ use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple,
+    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
 };
 
 use crate::convert::{self, type_name};
@@ -28,34 +28,47 @@ const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
 /// already): 2048 blocks over a fleet is >= ~10 us of work.
 const DETACH_MIN_BLOCKS: usize = 2048;
 
+/// A number argument (a time, a TTL, a weight): an int or a float (or an object with
+/// `__float__`, e.g. numpy's); a str, a bool or anything else is `None`. An int too large
+/// for a float reads as an infinity of its sign, which the caller's range check refuses
+/// (`InvalidInputError`, as for `float("inf")`), not as a wrong type.
+fn number(o: &Bound<'_, PyAny>) -> Option<f64> {
+    if o.is_instance_of::<PyString>() || o.is_instance_of::<PyBool>() {
+        return None;
+    }
+    match o.extract::<f64>() {
+        Ok(v) => Some(v),
+        Err(_) if o.is_instance_of::<PyInt>() => {
+            let negative = o.lt(0i64).unwrap_or(false);
+            Some(if negative {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            })
+        }
+        Err(_) => None,
+    }
+}
+
 /// A `ttl` argument: None, or a number of seconds (its range checked by the core); a bool,
 /// a str or anything else raises `InvalidTypeError`.
 fn ttl_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
     let Some(o) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
-    let bad = || {
+    number(o).map(Some).ok_or_else(|| {
         invalid_type(format!(
             "ttl must be None or a number of seconds, got {}",
             type_name(o)
         ))
-    };
-    if o.is_instance_of::<PyString>() || o.is_instance_of::<PyBool>() {
-        return Err(bad());
-    }
-    o.extract::<f64>().map(Some).map_err(|_| bad())
+    })
 }
 
 /// A time argument: a finite number of seconds, or None for the clock.
 fn now_or(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
     let t = match now {
-        Some(o) if !o.is_none() => {
-            if o.is_instance_of::<PyString>() {
-                return Err(invalid_type("now must be a number, got str"));
-            }
-            o.extract::<f64>()
-                .map_err(|_| invalid_type(format!("now must be a number, got {}", type_name(o))))?
-        }
+        Some(o) if !o.is_none() => number(o)
+            .ok_or_else(|| invalid_type(format!("now must be a number, got {}", type_name(o))))?,
         _ => {
             return Ok(SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -294,7 +307,7 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
     for kv in items.iter() {
         let (k, v) = kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
         let name = convert::str_arg(&k, "weights: a medium name")?;
-        let x: f64 = v.extract().map_err(|_| {
+        let x = number(&v).ok_or_else(|| {
             invalid_type(format!(
                 "weights[{name:?}] must be a number, got {}",
                 type_name(&v)
