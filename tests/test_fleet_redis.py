@@ -597,3 +597,25 @@ def test_bad_client_options_raise_clear_errors(
 ) -> None:
     with pytest.raises(error, match=f"^{message}$"):
         RedisKvIndex(url, **kw)
+
+
+@pytest.mark.parametrize(
+    ("seen", "ttl", "now"),
+    [
+        (563057163.5212291, 0.001, 563057163.5222292),
+        (526412667.66921407, 86.86724267130292, 526412754.53645676),
+        (1598324911.0802605, 47.602310869737366, 1598324958.6825714),
+    ],
+)
+def test_prune_removes_exactly_the_workers_reported_expired(
+    url: str, seen: float, ttl: float, now: float
+) -> None:
+    # `now - seen > ttl` holds, `seen < now - ttl` does not (a rounding apart).
+    assert now - seen > ttl and not seen < now - ttl
+    for ix in both(url, ttl=ttl):
+        ix.add_worker("w", now=seen)
+        ix.add_worker("fresh", now=now)
+        assert ix.status("w", now=now)["expired"]
+        assert ix.longest_prefix([1], now=now).expired("w")
+        assert ix.prune_expired(now=now) == ["w"]
+        assert ix.workers() == ["fresh"]

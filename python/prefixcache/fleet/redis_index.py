@@ -342,11 +342,13 @@ class RedisKvIndex:
         t = self._now(now)
         if self._ttl is None:
             return []
-        limit = t - self._ttl
+        ttl = self._ttl
         gone = []
         for worker, h in self._health().items():
-            if h[3] < limit:
-                out, _ = self._script(self._drop, worker, t, ["remove", repr(limit)])
+            # Expired exactly as queries and status say (and as the core computes it):
+            # `t - h[3] < ttl` and `h[3] < t - ttl` differ by a rounding.
+            if t - h[3] > ttl:
+                out, _ = self._script(self._drop, worker, t, ["remove", repr(ttl)])
                 if out == "ok":
                     gone.append(worker)
                 if out != "kept":
