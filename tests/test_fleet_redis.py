@@ -590,13 +590,17 @@ def test_match_arguments_raise_the_same_error_in_both_backends(url: str, call: A
         ({"retries": 1.5}, InvalidTypeError, "retries must be an int, got float"),
         ({"retries": None}, InvalidTypeError, "retries must be an int, got NoneType"),
         ({"prefix": 5}, InvalidTypeError, "prefix must be a str, got int"),
+        ({"url": b"redis://127.0.0.1:1/0"}, InvalidTypeError, "url must be a str, got bytes"),
     ],
 )
 def test_bad_client_options_raise_clear_errors(
     url: str, kw: dict[str, Any], error: type, message: str
 ) -> None:
     with pytest.raises(error, match=f"^{message}$"):
-        RedisKvIndex(url, **kw)
+        RedisKvIndex(**{"url": url, **kw})
+    if "url" in kw:
+        with pytest.raises(InvalidTypeError, match=r"^url must be a str or None, got bytes$"):
+            open_index(kw["url"])
 
 
 @pytest.mark.parametrize(

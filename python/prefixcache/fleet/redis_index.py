@@ -59,6 +59,8 @@ class RedisKvIndex:
 
         ttl = _core.fleet_ttl_arg(ttl)
         hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
+        if not isinstance(url, str):
+            raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
         if not isinstance(prefix, str):
             raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if retries is None:
