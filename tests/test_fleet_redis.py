@@ -623,3 +623,17 @@ def test_prune_removes_exactly_the_workers_reported_expired(
         assert ix.longest_prefix([1], now=now).expired("w")
         assert ix.prune_expired(now=now) == ["w"]
         assert ix.workers() == ["fresh"]
+
+
+def test_prune_frees_slots_in_the_embedded_index_order(url: str) -> None:
+    # More workers than a small Redis hash holds in order (a listpack: 128 or 512 entries).
+    names = [f"w{i}" for i in range(600)]
+    seen = []
+    for ix in both(url, ttl=5.0):
+        for i, w in enumerate(names):
+            ix.add_worker(w, now=0.0 if i % 3 else 10.0)
+        gone = ix.prune_expired(now=12.0)
+        for w in ("n0", "n1", "n2", "n3"):
+            ix.add_worker(w, now=12.0)
+        seen.append((gone, ix.workers(), ix.top_k([], 50, now=12.0)))
+    assert seen[0] == seen[1]

@@ -346,7 +346,9 @@ class RedisKvIndex:
             return []
         ttl = self._ttl
         gone = []
-        for worker, h in self._health().items():
+        # In slot order, as the embedded index: the slots are freed (and later reused, the
+        # most recently freed first) and the names returned in the same order.
+        for worker, h in sorted(self._health().items(), key=lambda item: item[1][0]):
             # Expired exactly as queries and status say (and as the core computes it):
             # `t - h[3] < ttl` and `h[3] < t - ttl` differ by a rounding.
             if t - h[3] > ttl:
