@@ -336,3 +336,13 @@ def test_bad_subscriber_arguments_raise_before_any_socket(
     pubs = kw.pop("publishers", [Publisher("tcp://127.0.0.1:1", "w")])
     with pytest.raises(error, match=re.escape(message)):
         KvEventSubscriber(KvIndex(), pubs, **kw)
+
+
+def test_request_replay_checks_its_worker() -> None:
+    sub = KvEventSubscriber(KvIndex(), [Publisher("tcp://127.0.0.1:1", "w")])
+    with pytest.raises(InvalidTypeError, match=r"^worker must be a str, got int$"):
+        sub.request_replay(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r'^no replay endpoint for worker "w"$'):
+        sub.request_replay("w")
+    with pytest.raises(InvalidInputError, match=r'^no replay endpoint for worker "zz"$'):
+        sub.request_replay("zz")

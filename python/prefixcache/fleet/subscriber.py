@@ -37,6 +37,7 @@ from prefixcache.errors import (
     PrefixCacheError,
     UnknownWorkerError,
 )
+from prefixcache.fleet.match import quoted_name
 
 log = logging.getLogger(__name__)
 
@@ -308,9 +309,10 @@ class KvEventSubscriber:
         """Requests the batches ``worker``'s index state is missing from its publisher's
         replay endpoint and applies them; returns how many were applied. Called by the
         thread on a gap; callable directly (not concurrently with the thread's own)."""
+        worker = _core.fleet_worker_arg(worker)
         p = next((x for x in self.publishers if x.worker == worker), None)
         if p is None or not p.replay_endpoint:
-            raise ValueError(f"no replay endpoint for worker {worker!r}")
+            raise InvalidInputError(f"no replay endpoint for worker {quoted_name(worker)}")
         self._last_replay.pop(worker, None)
         return self._replay(p)
 
