@@ -637,3 +637,15 @@ def test_prune_frees_slots_in_the_embedded_index_order(url: str) -> None:
             ix.add_worker(w, now=12.0)
         seen.append((gone, ix.workers(), ix.top_k([], 50, now=12.0)))
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("special", ["*", "?", "[x]", "\\"])
+def test_a_prefix_with_glob_characters_counts_only_its_own_keys(url: str, special: str) -> None:
+    base = "g-" + uuid.uuid4().hex[:8]
+    mine = RedisKvIndex(url, prefix=base + special)
+    other = RedisKvIndex(url, prefix=base + "x")
+    other.apply("w", [_stored([1, 2, 3])], now=0.0)
+    mine.apply("w", [_stored([7])], now=0.0)
+    assert mine.num_hashes == 1 and other.num_hashes == 3
+    mine.check_invariants()
+    other.check_invariants()

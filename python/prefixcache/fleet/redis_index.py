@@ -383,11 +383,16 @@ class RedisKvIndex:
         h = self._health()
         return sorted(h, key=lambda w: h[w][0])
 
+    def _glob_prefix(self) -> str:
+        """The key prefix as a SCAN pattern matches it literally (a prefix may hold ``*``,
+        ``?``, ``[``, ``]`` or ``\\``)."""
+        return "".join("\\" + c if c in "*?[]\\" else c for c in self._p)
+
     @property
     def num_hashes(self) -> int:
         """Distinct hashes held by some worker (a SCAN over the block keys: for tests)."""
         seen = set()
-        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+        for k in self._r.scan_iter(match=self._glob_prefix() + ":b:*", count=1000):
             seen.add(_s(k).rsplit(":", 1)[1])
         return len(seen)
 
@@ -557,7 +562,7 @@ class RedisKvIndex:
                 pairs.add((slot, _s(f)))
         slots = {h[0] for h in health.values()}
         bits = 0
-        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+        for k in self._r.scan_iter(match=self._glob_prefix() + ":b:*", count=1000):
             raw = self._r.get(k)
             v = raw if isinstance(raw, bytes) else b""
             x = int.from_bytes(v, "little")
