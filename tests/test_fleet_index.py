@@ -4,6 +4,9 @@ differential test against the plain-Python reference."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import msgpack
 import numpy as np
 import pytest
@@ -464,3 +467,137 @@ def test_a_restart_whose_batch_0_is_lost_is_not_detected() -> None:
     assert not ix.status("w", now=0.0)["stale"]
     ix.reset_worker("w")  # what a deployment that learns of the restart does
     assert ix.cached_hashes("w") == [] and ix.status("w", now=0.0)["next_seq"] == 0
+
+
+def _small_index() -> KvIndex:
+    ix = KvIndex()
+    ix.apply("w0", [{"type": "BlockStored", "block_hashes": [1, 2, 3], "block_size": 16}], now=1.0)
+    ix.apply("w1", [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16}], now=1.0)
+    return ix
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, ">u8", ">i8", "<u8"]
+)
+def test_query_hash_arrays_of_any_integer_dtype_read_as_their_lists(dtype: object) -> None:
+    ix = _small_index()
+    want = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    a = np.array([1, 2, 3], dtype=dtype)  # type: ignore[call-overload]
+    assert ix.longest_prefix(a, now=1.0).to_dict() == want
+    strided = np.array([1, 9, 2, 9, 3], dtype=dtype)[::2]  # type: ignore[call-overload]
+    assert ix.longest_prefix(strided, now=1.0).to_dict() == want
+    assert ix.top_k(a, 2, now=1.0) == ix.top_k([1, 2, 3], 2, now=1.0)
+    with pytest.raises(InvalidInputError):
+        ix.longest_prefix(np.array([1, -1], dtype=np.int32))
+
+
+@pytest.mark.parametrize(
+    "hashes", [{1, 2}, frozenset({1}), {1: 2}, b"\x01\x02", bytearray(b"\x01")]
+)
+def test_query_hashes_without_an_order_or_of_bytes_raise_invalid_type(hashes: object) -> None:
+    ix = _small_index()
+    with pytest.raises(InvalidTypeError, match="hashes must be a sequence of block hashes"):
+        ix.longest_prefix(hashes)
+    with pytest.raises(InvalidTypeError, match="hashes must be a sequence of block hashes"):
+        ix.top_k(hashes)
+
+
+def test_a_weight_that_changes_the_weights_dict_does_not_panic() -> None:
+    ix = _small_index()
+
+    class Growing:
+        def __init__(self, d: dict[str, object]) -> None:
+            self.d = d
+
+        def __float__(self) -> float:
+            self.d[f"X{len(self.d)}"] = 1.0
+            return 0.5
+
+    weights: dict[str, object] = {}
+    weights["GPU"] = Growing(weights)
+    before = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    m = ix.longest_prefix([1, 2, 3], weights=weights, now=1.0)
+    assert m.score("w0") == 1.5
+    weights = {}
+    weights["GPU"] = Growing(weights)
+    assert ix.top_k([1, 2, 3], weights=weights, now=1.0)[0] == ("w0", 1.5, 3)
+    assert ix.longest_prefix([1, 2, 3], now=1.0).to_dict() == before
+
+
+def _vllm_class(name: str, failing: str, error: type[BaseException]) -> type:
+    def fail(self: object) -> object:
+        raise error("cannot read it")
+
+    return type(
+        name,
+        (),
+        {
+            "__init__": lambda self, **kw: self.__dict__.update(kw),
+            failing: property(fail),
+        },
+    )
+
+
+@pytest.mark.parametrize("failing", ["medium", "block_hashes", "lora_name", "parent_block_hash"])
+def test_an_event_attribute_that_raises_is_an_error_not_an_absent_field(failing: str) -> None:
+    ix = _small_index()
+    before = ix.longest_prefix([1, 2, 3], now=1.0).to_dict()
+    cls = _vllm_class("BlockStored", failing, RuntimeError)
+    fields = {"block_hashes": [7], "block_size": 16}
+    fields.pop(failing, None)
+    ev = cls(**fields)
+    with pytest.raises(InvalidEventError, match=f"^event 0: {failing}: RuntimeError: cannot read"):
+        ix.apply("w0", [ev], now=1.0)
+    with pytest.raises(InvalidEventError, match=f"^event 0: {failing}: RuntimeError"):
+        decode_kv_events([ev])
+    assert ix.longest_prefix([1, 2, 3], now=1.0).to_dict() == before
+    assert ix.cached_hashes("w0") == [1, 2, 3]
+    # MemoryError stays one, and is not counted as bad input.
+    errors = ix.status("w0")["errors"]
+    with pytest.raises(MemoryError):
+        ix.apply("w0", [_vllm_class("BlockStored", failing, MemoryError)(**fields)], now=1.0)
+    assert ix.status("w0")["errors"] == errors
+
+
+def test_an_event_medium_with_lone_surrogates_is_named() -> None:
+    ix = _small_index()
+    ev = {"type": "BlockRemoved", "block_hashes": [1], "medium": "\ud800"}
+    with pytest.raises(InvalidEventError, match=r"^event 0: medium is not valid text"):
+        ix.apply("w0", [ev], now=1.0)
+    assert ix.cached_hashes("w0") == [1, 2, 3]
+
+
+NUMBER_ARGUMENTS: list[tuple[Any, type, str]] = [
+    (
+        lambda ix: ix.longest_prefix([1], now=True),
+        InvalidTypeError,
+        "now must be a number, got bool",
+    ),
+    (lambda ix: ix.status("w0", now=False), InvalidTypeError, "now must be a number, got bool"),
+    (lambda ix: ix.prune_expired(now=10**400), InvalidInputError, "now must be a finite time"),
+    (lambda ix: ix.apply("w0", [], now=-(10**400)), InvalidInputError, "now must be a finite time"),
+    (
+        lambda ix: ix.top_k([1], weights={"GPU": True}),
+        InvalidTypeError,
+        'weights["GPU"] must be a number, got bool',
+    ),
+    (
+        lambda ix: ix.longest_prefix([1], weights={"GPU": 10**400}),
+        InvalidInputError,
+        "must be a finite number >= 0",
+    ),
+    (lambda ix: KvIndex(ttl=10**400), InvalidInputError, "ttl must be a positive number"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), NUMBER_ARGUMENTS)
+def test_number_arguments_refuse_bools_and_range_check_huge_ints(
+    call: Any, error: type, message: str
+) -> None:
+    ix = _small_index()
+    before = (ix.status("w0", now=1.0), ix.longest_prefix([1, 2, 3], now=1.0).to_dict())
+    with pytest.raises(error, match=re.escape(message)):
+        call(ix)
+    assert (ix.status("w0", now=1.0), ix.longest_prefix([1, 2, 3], now=1.0).to_dict()) == before
+    assert ix.longest_prefix([1], weights={"GPU": 2}, now=1.0).score("w0") == 2.0
+    assert ix.status("w0", now=np.float32(5.0))["expired"] is False

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache import InvalidEventError, KvIndex, UnknownWorkerError
-from prefixcache.errors import PrefixCacheError
+from prefixcache.errors import InvalidInputError, InvalidTypeError, PrefixCacheError
 from prefixcache.fleet import RedisKvIndex, open_index
 
 VECTORS = load_vectors()
@@ -401,6 +401,13 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.apply("w", [], now=float("inf")),
     lambda ix, url: ix.apply("w", [], now=float("nan")),
     lambda ix, url: ix.apply("w", [], now="x"),
+    lambda ix, url: ix.apply("w", [], now=True),
+    lambda ix, url: ix.status("w", now=10**400),
+    lambda ix, url: ix.prune_expired(now="x"),
+    lambda ix, url: ix.longest_prefix([1], weights={"GPU": True}),
+    lambda ix, url: ix.longest_prefix([1], weights={"GPU": 10**400}),
+    lambda ix, url: type(ix)(ttl=True) if isinstance(ix, KvIndex) else fresh(url, ttl=True),
+    lambda ix, url: type(ix)(ttl=10**400) if isinstance(ix, KvIndex) else fresh(url, ttl=10**400),
     lambda ix, url: ix.longest_prefix([1], now=float("inf")),
     lambda ix, url: ix.top_k([1], k=-1),
     lambda ix, url: ix.top_k([1], k=1.5),
@@ -421,6 +428,9 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.longest_prefix([1], weights={"CPU": float("inf")}),
     lambda ix, url: ix.longest_prefix([1], weights={"CPU": "1"}),
     lambda ix, url: ix.longest_prefix(np.array([[1, 2]], dtype=np.uint64)),
+    lambda ix, url: ix.longest_prefix(np.array([1.0])),
+    lambda ix, url: ix.longest_prefix({1, 2}),
+    lambda ix, url: ix.top_k(b"\x01\x02"),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)
@@ -514,3 +524,128 @@ def test_a_dropped_reply_relabels_only_the_batch_this_call_applied() -> None:
     finally:
         proxy.close()
         srv.stop()
+
+
+def test_query_hash_arrays_of_any_integer_dtype_read_alike(url: str) -> None:
+    for ix in both(url):
+        ix.apply("w", [_stored([1, 2, 3])], seq=0, now=0.0)
+        for dtype in (np.int32, np.uint16, ">u8", ">i8"):
+            a = np.array([1, 2, 3], dtype=dtype)
+            assert (
+                ix.longest_prefix(a, now=0.0).to_dict()
+                == ix.longest_prefix([1, 2, 3], now=0.0).to_dict()
+            )
+            assert ix.top_k(a[::2], now=0.0) == ix.top_k([1, 3], now=0.0) == [("w", 2.0, 2)]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        lambda good, bad: [("w", [b"x"]), (5, good)],
+        lambda good, bad: [("w", bad), ("w", good, 3)],
+        lambda good, bad: [("w", bad), "w"],
+        lambda good, bad: 5,
+        lambda good, bad: "w",
+    ],
+)
+def test_apply_many_checks_every_argument_before_writing(url: str, messages: Any) -> None:
+    ix = fresh(url)
+    ix.apply("w", [_stored([1, 2])], seq=0, now=0.0)
+    before = ix.status("w", now=0.0)
+    with pytest.raises(InvalidTypeError):
+        ix.apply_many(messages(_frames(1, [_stored([3])]), [b"x"]), now=0.0)
+    assert ix.status("w", now=0.0) == before
+    assert ix.workers() == ["w"]
+    assert ix.longest_prefix([1, 2, 3], now=0.0).blocks("w") == 2
+    ix.check_invariants()
+
+
+MATCH_CALLS: list[Any] = [
+    lambda m: m.blocks("zz"),
+    lambda m: m.blocks(5),
+    lambda m: m.blocks(["w"]),
+    lambda m: m.blocks("w", 5),
+    lambda m: m.blocks("zz", 5),
+    lambda m: m.score('a"b\n'),
+    lambda m: m.stale("\ud800"),
+    lambda m: m.expired(b"w"),
+]
+
+
+@pytest.mark.parametrize("call", MATCH_CALLS)
+def test_match_arguments_raise_the_same_error_in_both_backends(url: str, call: Any) -> None:
+    errors = []
+    for ix in both(url):
+        ix.apply("w", [_stored([1])], seq=0, now=0.0)
+        with pytest.raises(PrefixCacheError) as e:
+            call(ix.longest_prefix([1], now=0.0))
+        errors.append((type(e.value).__name__, str(e.value)))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"retries": -1}, InvalidInputError, "retries must be >= 0, got -1"),
+        ({"retries": 1.5}, InvalidTypeError, "retries must be an int, got float"),
+        ({"retries": None}, InvalidTypeError, "retries must be an int, got NoneType"),
+        ({"prefix": 5}, InvalidTypeError, "prefix must be a str, got int"),
+        ({"url": b"redis://127.0.0.1:1/0"}, InvalidTypeError, "url must be a str, got bytes"),
+    ],
+)
+def test_bad_client_options_raise_clear_errors(
+    url: str, kw: dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        RedisKvIndex(**{"url": url, **kw})
+    if "url" in kw:
+        with pytest.raises(InvalidTypeError, match=r"^url must be a str or None, got bytes$"):
+            open_index(kw["url"])
+
+
+@pytest.mark.parametrize(
+    ("seen", "ttl", "now"),
+    [
+        (563057163.5212291, 0.001, 563057163.5222292),
+        (526412667.66921407, 86.86724267130292, 526412754.53645676),
+        (1598324911.0802605, 47.602310869737366, 1598324958.6825714),
+    ],
+)
+def test_prune_removes_exactly_the_workers_reported_expired(
+    url: str, seen: float, ttl: float, now: float
+) -> None:
+    # `now - seen > ttl` holds, `seen < now - ttl` does not (a rounding apart).
+    assert now - seen > ttl and not seen < now - ttl
+    for ix in both(url, ttl=ttl):
+        ix.add_worker("w", now=seen)
+        ix.add_worker("fresh", now=now)
+        assert ix.status("w", now=now)["expired"]
+        assert ix.longest_prefix([1], now=now).expired("w")
+        assert ix.prune_expired(now=now) == ["w"]
+        assert ix.workers() == ["fresh"]
+
+
+def test_prune_frees_slots_in_the_embedded_index_order(url: str) -> None:
+    # More workers than a small Redis hash holds in order (a listpack: 128 or 512 entries).
+    names = [f"w{i}" for i in range(600)]
+    seen = []
+    for ix in both(url, ttl=5.0):
+        for i, w in enumerate(names):
+            ix.add_worker(w, now=0.0 if i % 3 else 10.0)
+        gone = ix.prune_expired(now=12.0)
+        for w in ("n0", "n1", "n2", "n3"):
+            ix.add_worker(w, now=12.0)
+        seen.append((gone, ix.workers(), ix.top_k([], 50, now=12.0)))
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("special", ["*", "?", "[x]", "\\"])
+def test_a_prefix_with_glob_characters_counts_only_its_own_keys(url: str, special: str) -> None:
+    base = "g-" + uuid.uuid4().hex[:8]
+    mine = RedisKvIndex(url, prefix=base + special)
+    other = RedisKvIndex(url, prefix=base + "x")
+    other.apply("w", [_stored([1, 2, 3])], now=0.0)
+    mine.apply("w", [_stored([7])], now=0.0)
+    assert mine.num_hashes == 1 and other.num_hashes == 3
+    mine.check_invariants()
+    other.check_invariants()

@@ -6,6 +6,7 @@ and the thread lives on; a worker that stops publishing ages out."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import pytest
 import zmq
 from fleet_support import RedisServer, ReplayPublisher, load_vectors, redis_url
 
-from prefixcache import KvIndex, UnknownWorkerError
+from prefixcache import InvalidInputError, InvalidTypeError, KvIndex, UnknownWorkerError
 from prefixcache.fleet import KvEventSubscriber, Publisher, RedisKvIndex
 
 VECTORS = load_vectors()
@@ -302,3 +303,46 @@ def test_a_replay_held_back_by_the_interval_runs_once_it_has_passed(
     finally:
         sub.stop()
         pub.close()
+
+
+BAD_SUBSCRIBER_ARGUMENTS: list[tuple[dict[str, Any], type, str]] = [
+    ({"max_batch": 0}, InvalidInputError, "max_batch must be >= 1, got 0"),
+    ({"max_batch": 1.5}, InvalidTypeError, "max_batch must be an int, got float"),
+    ({"poll_ms": -1}, InvalidInputError, "poll_ms must be >= 0, got -1"),
+    ({"poll_ms": None}, InvalidTypeError, "poll_ms must be an int, got NoneType"),
+    ({"replay_timeout": -1.0}, InvalidInputError, "replay_timeout must be a finite number"),
+    ({"replay_interval": float("nan")}, InvalidInputError, "replay_interval must be a finite"),
+    ({"replay_timeout": "1"}, InvalidTypeError, "replay_timeout must be a number of seconds"),
+    ({"sync_on_start": 1}, InvalidTypeError, "sync_on_start must be a bool, got int"),
+    ({"publishers": [Publisher("tcp://127.0.0.1:1", 5)]}, InvalidTypeError, "worker must be"),  # type: ignore[arg-type]
+    ({"publishers": ["tcp://127.0.0.1:1"]}, InvalidTypeError, "publishers[0] must be a Publisher"),
+    (
+        {"publishers": Publisher("tcp://127.0.0.1:1", "w")},
+        InvalidTypeError,
+        "iterable of Publisher",
+    ),
+    (
+        {"publishers": [Publisher("tcp://127.0.0.1:1", "w"), Publisher("tcp://127.0.0.1:2", "w")]},
+        InvalidInputError,
+        "each publisher needs its own worker name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "error", "message"), BAD_SUBSCRIBER_ARGUMENTS)
+def test_bad_subscriber_arguments_raise_before_any_socket(
+    kw: dict[str, Any], error: type, message: str
+) -> None:
+    pubs = kw.pop("publishers", [Publisher("tcp://127.0.0.1:1", "w")])
+    with pytest.raises(error, match=re.escape(message)):
+        KvEventSubscriber(KvIndex(), pubs, **kw)
+
+
+def test_request_replay_checks_its_worker() -> None:
+    sub = KvEventSubscriber(KvIndex(), [Publisher("tcp://127.0.0.1:1", "w")])
+    with pytest.raises(InvalidTypeError, match=r"^worker must be a str, got int$"):
+        sub.request_replay(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r'^no replay endpoint for worker "w"$'):
+        sub.request_replay("w")
+    with pytest.raises(InvalidInputError, match=r'^no replay endpoint for worker "zz"$'):
+        sub.request_replay("zz")

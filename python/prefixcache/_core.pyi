@@ -878,7 +878,7 @@ class KVCacheManager:
         """Raises AssertionError if an internal invariant is broken."""
 
 _KvOp = tuple[str, str | None, list[int]]
-_Hashes = Sequence[int] | Sequence[bytes] | npt.NDArray[np.uint64] | npt.NDArray[np.int64] | Any
+_Hashes = Sequence[int] | Sequence[bytes] | npt.NDArray[np.integer[Any]] | Any
 
 @final
 class FleetMatch:
@@ -951,8 +951,9 @@ class KvIndex:
         weights: dict[str, float] | None = None,
         now: float | None = None,
     ) -> FleetMatch:
-        """Every worker's longest held prefix of a request (its block hashes, or its tokens
-        and a ``BlockHasher``), per medium and on any medium."""
+        """Every worker's longest held prefix of a request (its block hashes: ints or
+        digests in a list or tuple, or a 1-D array of any integer dtype; or its tokens and a
+        ``BlockHasher``), per medium and on any medium."""
     def top_k(
         self,
         hashes: _Hashes = None,

@@ -39,6 +39,8 @@ def open_index(
     """A fleet index: embedded when ``url`` is None (or ``"memory://"``), else Redis /
     Valkey at ``url`` (``redis://host:port/db``; ``valkey://`` is read as ``redis://``).
     ``options`` go to ``RedisKvIndex`` (``prefix``, ``retries``, ``socket_timeout``)."""
+    if url is not None and not isinstance(url, str):
+        raise InvalidTypeError(f"url must be a str or None, got {type(url).__name__}")
     if url is None or url == "memory://":
         if options:
             raise InvalidTypeError(f"options {sorted(options)} apply to the Redis backend only")

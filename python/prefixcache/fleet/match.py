@@ -5,7 +5,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefixcache import _core
 from prefixcache.errors import UnknownWorkerError
+
+
+def quoted_name(name: str) -> str:
+    """A name quoted as the core's messages quote it (Rust's ``{:?}``)."""
+    out = ['"']
+    for c in name:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif c == "\r":
+            out.append("\\r")
+        elif not c.isprintable():
+            out.append(f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    out.append('"')
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -59,12 +80,17 @@ class RemoteFleetMatch:
         self._pos = {w: i for i, w in enumerate(workers)}
 
     def _i(self, worker: str) -> int:
+        """The position of ``worker``, converted as ``FleetMatch`` converts it (the same
+        errors, the same messages)."""
+        worker = _core.fleet_worker_arg(worker)
         try:
             return self._pos[worker]
         except KeyError:
-            raise UnknownWorkerError(f"unknown worker {worker!r}") from None
+            raise UnknownWorkerError(f"unknown worker {quoted_name(worker)}") from None
 
     def blocks(self, worker: str, medium: str | None = None) -> int:
+        worker = _core.fleet_worker_arg(worker)
+        medium = _core.fleet_medium_arg(medium)
         i = self._i(worker)
         if medium is None:
             return self.blocks_[i]

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prefixcache import _core
-from prefixcache.errors import InvalidEventError, UnknownWorkerError
+from prefixcache.errors import InvalidEventError, InvalidTypeError, UnknownWorkerError
 from prefixcache.fleet import redis_scripts
-from prefixcache.fleet.match import RemoteFleetMatch
+from prefixcache.fleet.match import RemoteFleetMatch, quoted_name
 from prefixcache.fleet.redis_scripts import seq_text
 
 MAX_MEDIA = 64
@@ -27,26 +27,6 @@ Op = tuple[str, "str | None", list[int]]
 def _bit(slot: int) -> int:
     """Bit position of worker slot ``slot`` in a SETBIT bitmap read little-endian."""
     return 8 * (slot >> 3) + 7 - (slot & 7)
-
-
-def _quoted(name: str) -> str:
-    """A name quoted as the core's messages quote it (Rust's ``{:?}``)."""
-    out = ['"']
-    for c in name:
-        if c in '"\\':
-            out.append("\\" + c)
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\t":
-            out.append("\\t")
-        elif c == "\r":
-            out.append("\\r")
-        elif not c.isprintable():
-            out.append(f"\\u{{{ord(c):x}}}")
-        else:
-            out.append(c)
-    out.append('"')
-    return "".join(out)
 
 
 def _s(v: bytes | str | None) -> str:
@@ -79,6 +59,13 @@ class RedisKvIndex:
 
         ttl = _core.fleet_ttl_arg(ttl)
         hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
+        if not isinstance(url, str):
+            raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
+        if not isinstance(prefix, str):
+            raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        if retries is None:
+            raise InvalidTypeError("retries must be an int, got NoneType")
+        max_retries = _core.fleet_seq_arg(retries, "retries") or 0
         self._redis_errors = (redis.ConnectionError, redis.TimeoutError)
         self._r = redis.Redis.from_url(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
@@ -86,7 +73,7 @@ class RedisKvIndex:
         self._p = "{" + prefix + "}"
         self._ttl = ttl
         self._hash_bytes = hash_bytes
-        self._retries = retries
+        self._retries = max_retries
         self._apply = self._r.register_script(redis_scripts.APPLY)
         self._record = self._r.register_script(redis_scripts.RECORD_ERROR)
         self._add = self._r.register_script(redis_scripts.ADD_WORKER)
@@ -244,7 +231,7 @@ class RedisKvIndex:
         out, _ = self._script(self._drop, worker, self._now(None), ["remove", ""])
         if out == "unknown":
             self._known.discard(worker)
-            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
+            raise UnknownWorkerError(f"unknown worker {quoted_name(worker)}")
         self._known.discard(worker)
 
     def reset_worker(self, worker: str, next_seq: int | None = None) -> None:
@@ -253,7 +240,7 @@ class RedisKvIndex:
         arg = seq_text(0 if nxt is None else nxt)
         out, _ = self._script(self._drop, worker, self._now(None), ["reset", arg])
         if out == "unknown":
-            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
+            raise UnknownWorkerError(f"unknown worker {quoted_name(worker)}")
 
     def apply(
         self, worker: str, events: Iterable[Any], seq: int | None = None, now: float | None = None
@@ -286,17 +273,22 @@ class RedisKvIndex:
         """Applies many ``(worker, frames)`` messages in one pipelined round trip; returns
         each outcome ("error" for a rejected message, counted on its worker)."""
         t = self._now(now)
+        # Every argument is checked, and every message decoded, before the first write: a
+        # bad argument raises with nothing written.
+        pairs = self._messages_arg(messages)
         decoded: list[tuple[str, list[Any]] | None] = []
+        rejected: list[tuple[str, str]] = []
         outcomes: list[str] = []
-        for worker, frames in messages:
-            worker = _core.fleet_worker_arg(worker)
+        for worker, frames in pairs:
             try:
                 seq, ts, dp_rank, ops = _core.decode_kv_frames(frames, self._hash_bytes)
             except InvalidEventError as e:
-                self._record_error(worker, str(e), t)
+                rejected.append((worker, str(e)))
                 decoded.append(None)
                 continue
             decoded.append((worker, self._batch_args(ops, seq, dp_rank, ts)))
+        for worker, message in rejected:
+            self._record_error(worker, message, t)
         todo = [d for d in decoded if d is not None]
         results: list[str] = []
         for attempt in range(self._retries + 2):
@@ -328,16 +320,39 @@ class RedisKvIndex:
             outcomes.append(next(it, "error"))
         return outcomes
 
+    @staticmethod
+    def _messages_arg(messages: object) -> list[tuple[str, Any]]:
+        """``apply_many``'s messages as ``(worker, frames)`` pairs, each worker converted
+        as ``KvIndex`` converts it."""
+        if isinstance(messages, (str, bytes, bytearray)) or not isinstance(messages, Iterable):
+            raise InvalidTypeError(
+                "messages must be an iterable of (worker, frames) pairs, "
+                f"got {type(messages).__name__}"
+            )
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, (tuple, list)) or len(m) != 2:
+                raise InvalidTypeError(
+                    f"messages[{i}] must be a (worker, frames) pair, got {type(m).__name__}"
+                    + (f" of {len(m)} items" if isinstance(m, (tuple, list)) else "")
+                )
+            out.append((_core.fleet_worker_arg(m[0]), m[1]))
+        return out
+
     def prune_expired(self, now: float | None = None) -> list[str]:
         """Removes workers silent for longer than the TTL; returns their names."""
+        t = self._now(now)
         if self._ttl is None:
             return []
-        t = self._now(now)
-        limit = t - self._ttl
+        ttl = self._ttl
         gone = []
-        for worker, h in self._health().items():
-            if h[3] < limit:
-                out, _ = self._script(self._drop, worker, t, ["remove", repr(limit)])
+        # In slot order, as the embedded index: the slots are freed (and later reused, the
+        # most recently freed first) and the names returned in the same order.
+        for worker, h in sorted(self._health().items(), key=lambda item: item[1][0]):
+            # Expired exactly as queries and status say (and as the core computes it):
+            # `t - h[3] < ttl` and `h[3] < t - ttl` differ by a rounding.
+            if t - h[3] > ttl:
+                out, _ = self._script(self._drop, worker, t, ["remove", repr(ttl)])
                 if out == "ok":
                     gone.append(worker)
                 if out != "kept":
@@ -368,11 +383,16 @@ class RedisKvIndex:
         h = self._health()
         return sorted(h, key=lambda w: h[w][0])
 
+    def _glob_prefix(self) -> str:
+        """The key prefix as a SCAN pattern matches it literally (a prefix may hold ``*``,
+        ``?``, ``[``, ``]`` or ``\\``)."""
+        return "".join("\\" + c if c in "*?[]\\" else c for c in self._p)
+
     @property
     def num_hashes(self) -> int:
         """Distinct hashes held by some worker (a SCAN over the block keys: for tests)."""
         seen = set()
-        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+        for k in self._r.scan_iter(match=self._glob_prefix() + ":b:*", count=1000):
             seen.add(_s(k).rsplit(":", 1)[1])
         return len(seen)
 
@@ -479,7 +499,7 @@ class RedisKvIndex:
         t = self._now(now)
         raw = self._retry(lambda: self._r.hgetall(f"{self._p}:w:{worker}"))
         if not raw:
-            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
+            raise UnknownWorkerError(f"unknown worker {quoted_name(worker)}")
         d = {_s(k): _s(v) for k, v in raw.items()}
         nxt = int(d["next_seq"])
         ms = int(d["max_seen"]) if "max_seen" in d else None
@@ -514,7 +534,7 @@ class RedisKvIndex:
         worker = _core.fleet_worker_arg(worker)
         medium = _core.fleet_medium_arg(medium)
         if not self._retry(lambda: self._r.exists(f"{self._p}:w:{worker}")):
-            raise UnknownWorkerError(f"unknown worker {_quoted(worker)}")
+            raise UnknownWorkerError(f"unknown worker {quoted_name(worker)}")
         fields = self._retry(lambda: self._r.hkeys(f"{self._p}:c:{worker}"))
         want = None
         if medium is not None:
@@ -542,7 +562,7 @@ class RedisKvIndex:
                 pairs.add((slot, _s(f)))
         slots = {h[0] for h in health.values()}
         bits = 0
-        for k in self._r.scan_iter(match=self._p + ":b:*", count=1000):
+        for k in self._r.scan_iter(match=self._glob_prefix() + ":b:*", count=1000):
             raw = self._r.get(k)
             v = raw if isinstance(raw, bytes) else b""
             x = int.from_bytes(v, "little")

@@ -252,9 +252,9 @@ return {'ok'}
 """
 )
 
-# ARGV: head, mode ('remove' | 'reset'), next_seq (reset, as seq_text) or last_seen limit
-# (remove;
-# '' = unconditional: a worker seen after the limit is kept).
+# ARGV: head, mode ('remove' | 'reset'), next_seq (reset, as seq_text) or the TTL (remove;
+# '' = unconditional: a worker not expired at the head's time, `now - last_seen > ttl` in
+# doubles as the core computes it, is kept).
 # Returns {'ok'} / {'unknown'} / {'kept'}.
 DROP_WORKER = (
     _COMMON
@@ -263,7 +263,8 @@ local slot = redis.call('HGET', wkey, 'slot')
 if not slot then return {'unknown'} end
 slot = tonumber(slot)
 if ARGV[5] == 'remove' then
-  if ARGV[6] ~= '' and tonumber(redis.call('HGET', wkey, 'last_seen')) >= tonumber(ARGV[6]) then
+  local seen = tonumber(redis.call('HGET', wkey, 'last_seen'))
+  if ARGV[6] ~= '' and not (tonumber(now) - seen > tonumber(ARGV[6])) then
     return {'kept'}
   end
   clear(slot)

@@ -21,6 +21,7 @@ Bad messages are counted (by the index, per worker, and here) and never stop the
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -29,7 +30,14 @@ from typing import Any
 
 import zmq
 
-from prefixcache.errors import PrefixCacheError, UnknownWorkerError
+from prefixcache import _core
+from prefixcache.errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    PrefixCacheError,
+    UnknownWorkerError,
+)
+from prefixcache.fleet.match import quoted_name
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,54 @@ class SubscriberStats:
     last_error: str | None = None
 
 
+def _publishers_arg(publishers: object) -> list[Publisher]:
+    """The publishers as a list, each a ``Publisher`` whose worker name is converted as the
+    index converts it, no two with one name."""
+    if isinstance(publishers, (str, bytes, Publisher)) or not isinstance(publishers, Iterable):
+        raise InvalidTypeError(
+            f"publishers must be an iterable of Publisher, got {type(publishers).__name__}"
+        )
+    out = list(publishers)
+    for i, p in enumerate(out):
+        if not isinstance(p, Publisher):
+            raise InvalidTypeError(f"publishers[{i}] must be a Publisher, got {type(p).__name__}")
+        _core.fleet_worker_arg(p.worker)
+        for what in ("endpoint", "topic"):
+            if not isinstance(getattr(p, what), str):
+                raise InvalidTypeError(
+                    f"publishers[{i}].{what} must be a str, got {type(getattr(p, what)).__name__}"
+                )
+        if p.replay_endpoint is not None and not isinstance(p.replay_endpoint, str):
+            raise InvalidTypeError(
+                f"publishers[{i}].replay_endpoint must be a str or None, "
+                f"got {type(p.replay_endpoint).__name__}"
+            )
+    names = [p.worker for p in out]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"each publisher needs its own worker name, got {names}")
+    return out
+
+
+def _seconds_arg(v: object, what: str) -> float:
+    """A duration in seconds: a finite int or float >= 0 (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidTypeError(f"{what} must be a number of seconds, got {type(v).__name__}")
+    x = float(v) if not isinstance(v, int) or abs(v) < 2**1023 else float("inf")
+    if not (math.isfinite(x) and x >= 0):
+        raise InvalidInputError(f"{what} must be a finite number of seconds >= 0, got {v}")
+    return x
+
+
+def _count_arg(v: object, what: str, least: int) -> int:
+    """An int >= ``least`` (in ``[0, 2**63)``), converted as the index converts counts."""
+    n = _core.fleet_seq_arg(v, what)
+    if n is None:
+        raise InvalidTypeError(f"{what} must be an int, got NoneType")
+    if n < least:
+        raise InvalidInputError(f"{what} must be >= {least}, got {n}")
+    return n
+
+
 class KvEventSubscriber:
     """Feeds ``index`` (a ``KvIndex`` or ``RedisKvIndex``) from ``publishers`` in a
     background thread. Use as a context manager, or ``start()`` / ``stop()``.
@@ -85,15 +141,12 @@ class KvEventSubscriber:
         context: zmq.Context[Any] | None = None,
     ) -> None:
         self.index = index
-        self.publishers = list(publishers)
-        names = [p.worker for p in self.publishers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"each publisher needs its own worker name, got {names}")
-        self.replay_timeout = replay_timeout
-        self.replay_interval = replay_interval
-        self.poll_ms = poll_ms
-        self.max_batch = max_batch
-        self.sync_on_start = sync_on_start
+        self.publishers = _publishers_arg(publishers)
+        self.replay_timeout = _seconds_arg(replay_timeout, "replay_timeout")
+        self.replay_interval = _seconds_arg(replay_interval, "replay_interval")
+        self.poll_ms = _count_arg(poll_ms, "poll_ms", 0)
+        self.max_batch = _count_arg(max_batch, "max_batch", 1)
+        self.sync_on_start = _core.fleet_flag_arg(sync_on_start, "sync_on_start")
         self._ctx = context or zmq.Context.instance()
         self.stats: dict[str, SubscriberStats] = {
             p.worker: SubscriberStats() for p in self.publishers
@@ -256,9 +309,10 @@ class KvEventSubscriber:
         """Requests the batches ``worker``'s index state is missing from its publisher's
         replay endpoint and applies them; returns how many were applied. Called by the
         thread on a gap; callable directly (not concurrently with the thread's own)."""
+        worker = _core.fleet_worker_arg(worker)
         p = next((x for x in self.publishers if x.worker == worker), None)
         if p is None or not p.replay_endpoint:
-            raise ValueError(f"no replay endpoint for worker {worker!r}")
+            raise InvalidInputError(f"no replay endpoint for worker {quoted_name(worker)}")
         self._last_replay.pop(worker, None)
         return self._replay(p)
 

@@ -7,7 +7,7 @@
 use numpy::PyArrayMethods;
 use prefixcache_core::error::try_copy_str;
 use prefixcache_core::fleet::{FleetEvent, HashForm, Stored};
-use pyo3::exceptions::PyMemoryError;
+use pyo3::exceptions::{PyAttributeError, PyMemoryError, PyUnicodeEncodeError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
@@ -56,12 +56,20 @@ fn py_failure(py: Python<'_>, e: PyErr) -> ConvError {
     }
 }
 
-/// A field by name: a dict key or an attribute; `None` when absent or None.
+/// A field by name: a dict key or an attribute; `None` when absent or None. An attribute
+/// that raises anything but `AttributeError` is an error, not an absent field (a `medium`
+/// property that fails must not read as `"GPU"`).
 fn field<'py>(ev: &Bound<'py, PyAny>, name: &str) -> Result<Option<Bound<'py, PyAny>>, ConvError> {
+    let py = ev.py();
     let v = if let Ok(d) = ev.cast::<PyDict>() {
-        d.get_item(name).map_err(|e| py_failure(ev.py(), e))?
+        d.get_item(name)
+            .map_err(|e| py_failure(py, e).within(name))?
     } else {
-        ev.getattr(name).ok()
+        match ev.getattr(name) {
+            Ok(v) => Some(v),
+            Err(e) if e.is_instance_of::<PyAttributeError>(py) => None,
+            Err(e) => return Err(py_failure(py, e).within(name)),
+        }
     };
     Ok(v.filter(|v| !v.is_none()))
 }
@@ -165,7 +173,15 @@ fn opt_str(v: Option<Bound<'_, PyAny>>, what: &str) -> Result<Option<String>, Co
         None => Ok(None),
         Some(v) => match v.cast::<PyString>() {
             Ok(s) => {
-                let text = s.to_str().map_err(|e| py_failure(v.py(), e))?;
+                let text = s.to_str().map_err(|e| {
+                    if e.is_instance_of::<PyUnicodeEncodeError>(v.py()) {
+                        ConvError::Bad(format!(
+                            "{what} is not valid text: it holds lone surrogates (cannot be UTF-8 encoded)"
+                        ))
+                    } else {
+                        py_failure(v.py(), e)
+                    }
+                })?;
                 try_copy_str(text, what)
                     .map(Some)
                     .map_err(|e| ConvError::NoMemory(e.to_string()))

@@ -3,13 +3,15 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use prefixcache_core::error::{try_copy, try_vec};
 use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex, MAX_MEDIA};
 use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
+};
 
 use crate::convert::{self, type_name};
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
@@ -26,34 +28,47 @@ const DETACH_MIN_PAYLOAD: usize = 64 * 1024;
 /// already): 2048 blocks over a fleet is >= ~10 us of work.
 const DETACH_MIN_BLOCKS: usize = 2048;
 
+/// A number argument (a time, a TTL, a weight): an int or a float (or an object with
+/// `__float__`, e.g. numpy's); a str, a bool or anything else is `None`. An int too large
+/// for a float reads as an infinity of its sign, which the caller's range check refuses
+/// (`InvalidInputError`, as for `float("inf")`), not as a wrong type.
+fn number(o: &Bound<'_, PyAny>) -> Option<f64> {
+    if o.is_instance_of::<PyString>() || o.is_instance_of::<PyBool>() {
+        return None;
+    }
+    match o.extract::<f64>() {
+        Ok(v) => Some(v),
+        Err(_) if o.is_instance_of::<PyInt>() => {
+            let negative = o.lt(0i64).unwrap_or(false);
+            Some(if negative {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            })
+        }
+        Err(_) => None,
+    }
+}
+
 /// A `ttl` argument: None, or a number of seconds (its range checked by the core); a bool,
 /// a str or anything else raises `InvalidTypeError`.
 fn ttl_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
     let Some(o) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
-    let bad = || {
+    number(o).map(Some).ok_or_else(|| {
         invalid_type(format!(
             "ttl must be None or a number of seconds, got {}",
             type_name(o)
         ))
-    };
-    if o.is_instance_of::<PyString>() || o.is_instance_of::<PyBool>() {
-        return Err(bad());
-    }
-    o.extract::<f64>().map(Some).map_err(|_| bad())
+    })
 }
 
 /// A time argument: a finite number of seconds, or None for the clock.
 fn now_or(now: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
     let t = match now {
-        Some(o) if !o.is_none() => {
-            if o.is_instance_of::<PyString>() {
-                return Err(invalid_type("now must be a number, got str"));
-            }
-            o.extract::<f64>()
-                .map_err(|_| invalid_type(format!("now must be a number, got {}", type_name(o))))?
-        }
+        Some(o) if !o.is_none() => number(o)
+            .ok_or_else(|| invalid_type(format!("now must be a number, got {}", type_name(o))))?,
         _ => {
             return Ok(SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -163,25 +178,52 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
                     .join(", ")
             )));
         }
+        // Any other integer dtype, byte order or stride: read as token ids are (the values
+        // the equivalent list holds).
+        if matches!(a.dtype().kind(), b'i' | b'u') {
+            return convert::u64_list(obj, "hashes");
+        }
         return Err(invalid_type(format!(
-            "hashes: a numpy array must have dtype uint64 or int64, got {}",
+            "hashes: a numpy array must have an integer dtype, got {}",
             a.dtype()
         )));
     }
+    let key = |i: usize, h: &Bound<'_, PyAny>| {
+        fleet_events::hash_key(h, form, "hashes")
+            .map_err(|e| invalid_input(format!("{e} (at position {i})")))
+    };
     if let Ok(list) = obj.cast::<PyList>() {
         let mut out = try_vec(list.len(), "the hashes").py_err()?;
         for (i, h) in list.iter().enumerate() {
-            out.push(
-                fleet_events::hash_key(&h, form, "hashes")
-                    .map_err(|e| invalid_input(format!("{e} (at position {i})")))?,
-            );
+            // Room checked: an item's `__index__` may lengthen the list.
+            if out.len() == out.capacity() {
+                out.try_reserve(1)
+                    .map_err(|e| Error::out_of_memory("the hashes", e))
+                    .py_err()?;
+            }
+            out.push(key(i, &h)?);
         }
         return Ok(out);
     }
-    if obj.is_instance_of::<PyString>() {
-        return Err(invalid_type(
-            "hashes must be a sequence of block hashes, got str",
-        ));
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        let mut out = try_vec(t.len(), "the hashes").py_err()?;
+        for (i, h) in t.iter().enumerate() {
+            out.push(key(i, &h)?);
+        }
+        return Ok(out);
+    }
+    // Not sequences of hashes: a str or bytes (its characters), a set or a dict (no order).
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+        || obj.is_instance_of::<PyDict>()
+    {
+        return Err(invalid_type(format!(
+            "hashes must be a sequence of block hashes, got {}",
+            type_name(obj)
+        )));
     }
     let it = obj.try_iter().map_err(|_| {
         invalid_type(format!(
@@ -258,10 +300,14 @@ fn weights_arg(weights: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<(Strin
             type_name(w)
         ))
     })?;
-    let mut out = Vec::with_capacity(d.len());
-    for (k, v) in d.iter() {
+    // A snapshot of the items: a weight's `__float__` may change the dict (iterating a
+    // dict that changes size would panic).
+    let items = d.items();
+    let mut out = Vec::with_capacity(items.len());
+    for kv in items.iter() {
+        let (k, v) = kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
         let name = convert::str_arg(&k, "weights: a medium name")?;
-        let x: f64 = v.extract().map_err(|_| {
+        let x = number(&v).ok_or_else(|| {
             invalid_type(format!(
                 "weights[{name:?}] must be a number, got {}",
                 type_name(&v)
