@@ -1799,6 +1799,17 @@ fn not_ints(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
     ))
 }
 
+/// Iterable objects that are not sequences of integers: a str or bytes (its characters),
+/// a set or a dict (no order). Refused wherever integers in order are read.
+pub fn not_a_sequence_of_ints(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+        || obj.is_instance_of::<PyDict>()
+}
+
 /// Any accepted object as a `Vec<T>` (see the module documentation for the forms).
 fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
     if let Ok(l) = obj.cast::<PyList>() {
@@ -1807,13 +1818,7 @@ fn read_ints<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
     if let Ok(t) = obj.cast::<PyTuple>() {
         return tuple_ints(t, what);
     }
-    if obj.is_instance_of::<PyString>()
-        || obj.is_instance_of::<PyBytes>()
-        || obj.is_instance_of::<PyByteArray>()
-        || obj.is_instance_of::<PySet>()
-        || obj.is_instance_of::<PyFrozenSet>()
-        || obj.is_instance_of::<PyDict>()
-    {
+    if not_a_sequence_of_ints(obj) {
         return Err(not_ints(obj, what));
     }
     // Checked in this order so that the common forms never pay for a failed lookup (a

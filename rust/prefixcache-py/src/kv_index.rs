@@ -9,9 +9,7 @@ use prefixcache_core::fleet::{wire, ApplyOutcome, FleetEvent, HashForm, KvIndex,
 use prefixcache_core::Error;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
-};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::convert::{self, type_name};
 use crate::errors::{invalid_input, invalid_type, IntoPyResult};
@@ -212,14 +210,7 @@ fn query_hashes(obj: &Bound<'_, PyAny>, form: HashForm) -> PyResult<Vec<u64>> {
         }
         return Ok(out);
     }
-    // Not sequences of hashes: a str or bytes (its characters), a set or a dict (no order).
-    if obj.is_instance_of::<PyString>()
-        || obj.is_instance_of::<PyBytes>()
-        || obj.is_instance_of::<PyByteArray>()
-        || obj.is_instance_of::<PySet>()
-        || obj.is_instance_of::<PyFrozenSet>()
-        || obj.is_instance_of::<PyDict>()
-    {
+    if convert::not_a_sequence_of_ints(obj) {
         return Err(invalid_type(format!(
             "hashes must be a sequence of block hashes, got {}",
             type_name(obj)
