@@ -592,3 +592,9 @@ def test_two_outputs_on_one_file_refused(
     assert err.startswith("error: --json and --csv name the same file")
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def test_empty_output_path_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--workload", "A", "--quiet", "--csv", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --csv: an empty path"

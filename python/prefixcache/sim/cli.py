@@ -519,6 +519,8 @@ def _check_output(path: str | None, option: str) -> None:
     """Fail before the run, not after it, on a path that cannot be written."""
     if path is None:
         return
+    if not path:
+        raise _UsageError(f"{option}: an empty path")
     try:
         check_writable(path)
     except OSError as e:
