@@ -579,3 +579,22 @@ def test_a_host_offload_priority_in_other_digits_is_refused() -> None:
     for bad in ("host:\u00b2", "host:\u0661"):
         with pytest.raises(InvalidInputError, match="offload must be host"):
             parse_trtllm_offload(bad)
+
+
+def test_two_outputs_on_one_file_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o.json"
+    assert (
+        main(["compare", "--workload", "A", "--quiet", "--json", str(out), "--csv", str(out)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json and --csv name the same file")
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_empty_output_path_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--workload", "A", "--quiet", "--csv", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --csv: an empty path"

@@ -519,6 +519,8 @@ def _check_output(path: str | None, option: str) -> None:
     """Fail before the run, not after it, on a path that cannot be written."""
     if path is None:
         return
+    if not path:
+        raise _UsageError(f"{option}: an empty path")
     try:
         check_writable(path)
     except OSError as e:
@@ -542,10 +544,28 @@ def _check_plot(path: str | None) -> None:
         )
 
 
+def _check_distinct_outputs(args: argparse.Namespace) -> None:
+    """Two outputs naming one regular file would leave only the last one written."""
+    seen: dict[Path, str] = {}
+    for option in ("json", "csv", "records_csv", "plot"):
+        path = getattr(args, option, None)
+        if path is None:
+            continue
+        p = Path(path)
+        if p.exists() and not p.is_file():  # /dev/stdout, a pipe: written in turn
+            continue
+        key = p.resolve()
+        flag = "--" + option.replace("_", "-")
+        if key in seen:
+            raise _UsageError(f"{seen[key]} and {flag} name the same file {path}")
+        seen[key] = flag
+
+
 def _check_args(args: argparse.Namespace) -> None:
     for option in ("json", "csv", "records_csv"):
         _check_output(getattr(args, option, None), "--" + option.replace("_", "-"))
     _check_plot(getattr(args, "plot", None))
+    _check_distinct_outputs(args)
     spec = getattr(args, "trace", None)
     if spec is not None and spec.startswith("workload:") and args.format != "auto":
         raise _UsageError(
