@@ -598,3 +598,17 @@ def test_empty_output_path_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--workload", "A", "--quiet", "--csv", ""]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: --csv: an empty path"
+
+
+def test_a_dash_is_not_taken_for_a_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "-" wrote a file named "-" in the working directory; standard output is /dev/stdout.
+    monkeypatch.chdir(tmp_path)
+    for option in ("--json", "--csv", "--records-csv"):
+        assert main(["replay", "workload:A", "--quiet", option, "-"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == (
+            f"error: {option} -: give a file name (or /dev/stdout to write to standard output)"
+        )
+    assert not (tmp_path / "-").exists()

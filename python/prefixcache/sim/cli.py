@@ -521,6 +521,10 @@ def _check_output(path: str | None, option: str) -> None:
         return
     if not path:
         raise _UsageError(f"{option}: an empty path")
+    if path == "-":  # not read as standard output, which the tables go to
+        raise _UsageError(
+            f"{option} -: give a file name (or /dev/stdout to write to standard output)"
+        )
     try:
         check_writable(path)
     except OSError as e:
