@@ -8,7 +8,7 @@ list gives. Bad input raises an exception from ``prefixcache.errors`` and change
 
 import array
 from collections.abc import Sequence
-from typing import Any, Protocol, final
+from typing import Any, ClassVar, Protocol, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -71,8 +71,22 @@ class TokenBuffer:
         """Removes every token."""
     def __len__(self) -> int:
         """The number of tokens."""
+    @overload
     def __getitem__(self, key: int, /) -> int:
         """The token at ``key`` (negative indices count from the end)."""
+    @overload
+    def __getitem__(self, key: slice, /) -> TokenBuffer:
+        """A new buffer of the tokens the slice names."""
+    def __eq__(self, other: object, /) -> bool:
+        """Whether ``other`` is a ``TokenBuffer`` holding the same tokens."""
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __array__(
+        self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+    ) -> npt.NDArray[Any]:
+        """numpy's array protocol: the tokens as a new uint32 array (``np.asarray(buf)``);
+        ``copy=False`` raises ValueError (the tokens are always copied)."""
+    def __reduce__(self) -> tuple[type[TokenBuffer], tuple[npt.NDArray[np.uint32]]]:
+        """Pickles as its tokens."""
     def tolist(self) -> list[int]:
         """The tokens as a list of ints."""
     def numpy(self) -> npt.NDArray[np.uint32]:

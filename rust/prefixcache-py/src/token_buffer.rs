@@ -2,9 +2,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pyo3::exceptions::{PyIndexError, PyMemoryError, PyRuntimeError};
+use pyo3::exceptions::{PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PySlice, PyTuple};
 
 use crate::convert;
 
@@ -114,16 +114,76 @@ impl TokenBuffer {
         self.snapshot().len()
     }
 
-    /// The token at `index` (negative indices count from the end).
-    fn __getitem__(&self, index: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let i = convert::i64_arg(index, "index")?;
+    /// The token at `index` (negative indices count from the end), or a new buffer of
+    /// the tokens a slice names.
+    fn __getitem__<'py>(&self, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = index.py();
         let s = self.snapshot();
+        if let Ok(sl) = index.cast::<PySlice>() {
+            let n = isize::try_from(s.len())
+                .map_err(|_| PyMemoryError::new_err("TokenBuffer too large to slice"))?;
+            if sl.getattr("step")?.eq(0)? {
+                return Err(crate::errors::invalid_input("slice step cannot be zero"));
+            }
+            let ix = sl.indices(n)?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(ix.slicelength)
+                .map_err(|_| PyMemoryError::new_err("cannot allocate the slice"))?;
+            let mut i = ix.start;
+            for _ in 0..ix.slicelength {
+                // In [0, len): `indices` clamps start and step to the buffer.
+                v.push(s[i as usize]);
+                i += ix.step;
+            }
+            let b = TokenBuffer {
+                inner: Mutex::new(Arc::new(v)),
+            };
+            return Ok(Bound::new(py, b)?.into_any());
+        }
+        let i = convert::i64_arg(index, "index")?;
         let n = s.len() as i64;
         let j = if i < 0 { i + n } else { i };
         if j < 0 || j >= n {
             return Err(PyIndexError::new_err("TokenBuffer index out of range"));
         }
-        Ok(s[j as usize])
+        Ok(s[j as usize].into_pyobject(py)?.into_any())
+    }
+
+    /// Equal to another `TokenBuffer` holding the same tokens (other forms compare
+    /// unequal: convert them first). Unhashable, as a list: its contents change.
+    fn __eq__(&self, other: &Bound<'_, Self>) -> bool {
+        *self.snapshot() == *other.get().snapshot()
+    }
+
+    /// numpy's array protocol: the tokens as a new uint32 array (`np.asarray(buf)`).
+    /// `copy=False` is refused, as numpy asks: the tokens are always copied.
+    #[pyo3(signature = (dtype = None, copy = None))]
+    fn __array__<'py>(
+        &self,
+        py: Python<'py>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if copy == Some(false) {
+            return Err(PyValueError::new_err(
+                "a TokenBuffer cannot be viewed without a copy (copy=False)",
+            ));
+        }
+        let a = numpy::PyArray1::from_slice(py, &self.snapshot()).into_any();
+        match dtype {
+            Some(d) if !d.is_none() => a.call_method1("astype", (d,)),
+            _ => Ok(a),
+        }
+    }
+
+    /// Pickles as its tokens (a uint32 array).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let a = numpy::PyArray1::from_slice(py, &slf.get().snapshot());
+        PyTuple::new(
+            py,
+            [slf.get_type().into_any(), PyTuple::new(py, [a])?.into_any()],
+        )
     }
 
     /// The tokens as a list of ints.
