@@ -57,6 +57,23 @@ def test_radix_insert(benchmark: Any, form: str) -> None:
     record(benchmark, len(xs))
 
 
+@pytest.mark.parametrize("form", ["list", "numpy_int64"])
+def test_radix_insert_kv_indices(benchmark: Any, form: str) -> None:
+    """Values as a scheduler holds them: KV indices apart from the tokens (another list,
+    or an int64 array), not the token object given twice."""
+    benchmark.group = "radix insert, KV indices apart from the tokens"
+    xs = FORMS[form]
+    kv = [(p.astype(np.int64) + 7) for p in PROMPTS]
+    vs = [v.tolist() for v in kv] if form == "list" else kv
+
+    def run(cache: RadixCache) -> None:
+        for x, v in zip(xs, vs, strict=True):
+            cache.insert(x, values=v)
+
+    benchmark.pedantic(run, setup=lambda: ((RadixCache(),), {}), rounds=5)
+    record(benchmark, len(xs))
+
+
 @pytest.mark.parametrize("form", list(FORMS))
 def test_radix_match(benchmark: Any, form: str) -> None:
     benchmark.group = "radix match_prefix by input form"

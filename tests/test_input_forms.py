@@ -703,6 +703,34 @@ def test_insert_key_and_value_list_errors_name_the_argument(
     assert tree.dump() == before
 
 
+@pytest.mark.parametrize(
+    ("bad", "error", "message"),
+    [
+        (-1, InvalidInputError, r"tokens\[5\] = -1"),
+        (2**32, InvalidInputError, r"tokens\[5\] = 4294967296"),  # a valid value, not token
+        (2**70, InvalidInputError, r"tokens\[5\] = "),
+        (True, InvalidTypeError, r"tokens\[5\] must be"),
+        (1.5, InvalidTypeError, r"tokens\[5\] must be"),
+    ],
+)
+@pytest.mark.parametrize("form", [list, tuple])
+def test_one_sequence_given_as_tokens_and_values_names_the_tokens(
+    form: Callable[[list[Any]], Any], bad: Any, error: type[Exception], message: str
+) -> None:
+    """One list (or tuple) given as both is read once, as tokens: a bad item is the
+    tokens' error, and nothing changes."""
+    tree = RadixCache()
+    tree.insert([1, 2, 9])
+    before = tree.dump()
+    seq = form([1, 2, 3, 4, 5, bad, 7])
+    with pytest.raises(error, match=message):
+        tree.insert(seq, values=seq)
+    assert tree.dump() == before
+    good = form([*TOKENS] * 40)  # long enough for the read-ahead
+    tree.insert(good, values=good)
+    assert list(tree.match_prefix(good).indices) == list(good)
+
+
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("caching", [True, False])
 def test_admit_equals_add_request_and_get_computed_blocks(

@@ -846,56 +846,21 @@ unsafe fn read_item_array<T: Elem>(
     let fast = fast_ints_ok(py);
     let mut out = scratch::<T>(n)
         .ok_or_else(|| PyMemoryError::new_err(format!("cannot allocate {n} elements")))?;
-    // Only the address of the static is taken (no read or write).
-    let int_type = &raw mut ffi::PyLong_Type;
-    let dst = &mut out.spare_capacity_mut()[..n];
-    let mut done = n;
-    let mut failed: Option<(usize, Option<i64>)> = None;
-    for (i, d) in dst.iter_mut().enumerate() {
-        // SAFETY: i < n; no Python code ran since `items` was read (the calls below are
-        // C reads of exact ints), so the array and its items are still alive.
-        let item = unsafe { *items.add(i) };
-        #[cfg(target_arch = "x86_64")]
-        if i + PREFETCH < n {
-            // SAFETY: in bounds (checked); a prefetch is only a hint and never faults.
-            unsafe {
-                let ahead = *items.add(i + PREFETCH);
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    ahead as *const i8,
-                );
-            }
-        }
-        // SAFETY: `item` is a live object.
-        if unsafe { ffi::Py_TYPE(item) } != int_type {
-            done = i;
-            break;
-        }
-        // SAFETY: a live exact int, GIL held.
-        let v = unsafe { exact_int(item, fast) };
-        // SAFETY (`from_big`): a live exact int, GIL held; beyond i64 only.
-        match v.map_or_else(|| unsafe { T::from_big(item) }, T::from_i64) {
-            Some(x) => {
-                d.write(x);
-            }
-            None => {
-                failed = Some((i, v));
-                break;
-            }
-        }
-    }
-    if let Some((i, v)) = failed {
-        return Err(match v {
-            Some(v) => range_error::<T>(what, i, v),
-            None => {
-                // SAFETY: still alive (no Python code ran); borrowed to format the message.
-                let b = unsafe { Bound::from_borrowed_ptr(py, *items.add(i)) };
-                range_error::<T>(what, i, display(&b))
-            }
-        });
-    }
-    // SAFETY: elements [0, done) were written above.
+    // SAFETY: `items[0..n]` is the array (caller) and no Python code runs in the reader.
+    let done = unsafe { exact_ints_into(items, &mut out.spare_capacity_mut()[..n], fast) };
+    // SAFETY: elements [0, done) were written.
     unsafe { out.set_len(done) };
     if done < n {
+        // SAFETY: still alive (no Python code ran); borrowed to look at it.
+        let item = unsafe { Bound::from_borrowed_ptr(py, *items.add(done)) };
+        if item.is_exact_instance_of::<PyInt>() {
+            // An exact int out of range.
+            // SAFETY: a live exact int, GIL held.
+            return Err(match unsafe { exact_int(item.as_ptr(), fast) } {
+                Some(v) => range_error::<T>(what, done, v),
+                None => range_error::<T>(what, done, display(&item)),
+            });
+        }
         // Not an exact int at `done`: Python code may run from here on (`__index__`).
         items_slow(obj, done, &mut out, what)?;
     }
@@ -925,12 +890,56 @@ unsafe fn item_array(obj: &Bound<'_, PyAny>) -> Option<(*const *mut ffi::PyObjec
     None
 }
 
+/// Exact ints in range of `T` from an item array into `out` (as long as the array), read
+/// directly with the int objects fetched [`PREFETCH`] items ahead; returns how many were
+/// written: `out.len()`, or the index of the first item that is not an exact int in
+/// range (`out[i..]` is then unwritten).
+///
+/// # Safety
+/// `items[0..out.len()]` must be a live list's or tuple's item array, no Python code
+/// running meanwhile; GIL held; `fast` only when `fast_ints_ok`.
+unsafe fn exact_ints_into<T: Elem>(
+    items: *const *mut ffi::PyObject,
+    out: &mut [std::mem::MaybeUninit<T>],
+    fast: bool,
+) -> usize {
+    let n = out.len();
+    // Only the address of the static is taken (no read or write).
+    let int_type = &raw mut ffi::PyLong_Type;
+    for (i, d) in out.iter_mut().enumerate() {
+        // SAFETY: i < n, within the item array (forwarded contract).
+        let item = unsafe { *items.add(i) };
+        #[cfg(target_arch = "x86_64")]
+        if i + PREFETCH < n {
+            // SAFETY: in bounds (checked); a prefetch is only a hint and never faults.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(*items.add(i + PREFETCH) as *const i8);
+            }
+        }
+        // SAFETY: a live object (forwarded contract).
+        if unsafe { ffi::Py_TYPE(item) } != int_type {
+            return i;
+        }
+        // SAFETY: a live exact int, GIL held (`from_big`: beyond i64 only).
+        let v = unsafe { exact_int(item, fast) };
+        match v.map_or_else(|| unsafe { T::from_big(item) }, T::from_i64) {
+            Some(x) => {
+                d.write(x);
+            }
+            None => return i,
+        }
+    }
+    n
+}
+
 /// Token ids and KV indices from two lists or tuples of exact ints of the same length
 /// (or one object given as both), read in one pass: the two arrays' int objects are
-/// fetched side by side (and, for one object, once) instead of in two walks over the
-/// memory. `None` when this does not apply, or when any item is not an exact int in
-/// range: the caller then reads them one after the other ([`input`]), which raises the
-/// errors in argument order. No Python code runs.
+/// fetched side by side; one object given as both is read once, as tokens, and its values
+/// widened from the tokens (no second read of any object). `None` when
+/// this does not apply, or when any item is not an exact int in range: the caller then
+/// reads them one after the other ([`input`]), which raises the errors in argument
+/// order. No Python code runs.
 pub fn tokens_and_values<'py>(
     tokens: &Bound<'py, PyAny>,
     values: &Bound<'py, PyAny>,
@@ -952,6 +961,20 @@ pub fn tokens_and_values<'py>(
         let (InputRepr::Owned(kv), InputRepr::Owned(vv)) = (&mut k_out.0, &mut v_out.0) else {
             return None;
         };
+        if tokens.is(values) {
+            // SAFETY: the item array holds n items and stays alive (above); the direct
+            // reader was checked; the first n tokens are written before `set_len`.
+            unsafe {
+                if exact_ints_into(keys, &mut kv.spare_capacity_mut()[..n], true) < n {
+                    return None;
+                }
+                kv.set_len(n);
+            }
+            vv.extend(kv.iter().map(|&t| i64::from(t)));
+            return Some((k_out, v_out));
+        }
+        // Two objects: their int objects are fetched side by side (one walk over the
+        // memory each, interleaved), which is faster than two passes.
         let int_type = &raw mut ffi::PyLong_Type;
         let kd = &mut kv.spare_capacity_mut()[..n];
         let vd = &mut vv.spare_capacity_mut()[..n];
