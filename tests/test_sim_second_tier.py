@@ -315,6 +315,7 @@ def test_offload_names_per_family() -> None:
         (["--host-bandwidth", "0"], "GB/s > 0"),
         (["--kv-mla", "--kv-heads", "2"], "kv_heads 1"),
         (["--kv-layers", "0"], "whole number >= 1"),
+        (["--cpu-capacity", "1M", "--kv-layers", "1" + "0" * 310], "KV bytes per token"),
     ],
 )
 def test_replay_rejects_bad_tier_flags_before_running(

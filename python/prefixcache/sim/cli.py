@@ -714,6 +714,11 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         kv = _kv_model(args)
     except PrefixCacheError as e:
         raise _UsageError(f"--kv-model / --kv-* flags: {e}") from None
+    if kv.bytes_per_token > MAX_KV_BYTES_PER_TOKEN:  # float() of it would overflow
+        raise _UsageError(
+            "--kv-model / --kv-* flags: the KV bytes per token they give exceed "
+            f"{MAX_KV_BYTES_PER_TOKEN:.0e}"
+        )
     # They size and time a host load, which only the time model charges, with a tier.
     for flag, attr in _LOAD_FLAGS:
         if _given_flag(getattr(args, attr)) and (args.model != "time" or not any(cpus)):
@@ -730,6 +735,10 @@ def _check_tier_args(args: argparse.Namespace) -> None:
         float(kv.bytes_per_token),
         _given(args.host_bandwidth, d.host_gb_per_s),
     )
+
+
+# The largest KV size per token taken (bytes): far past any model, and a float.
+MAX_KV_BYTES_PER_TOKEN = 1e18
 
 
 # The flags of a host load's cost (bytes per token, bandwidth).
