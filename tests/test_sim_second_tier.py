@@ -568,6 +568,47 @@ def test_sizes_a_policy_refuses_stop_the_command_before_anything_runs(
 
 
 @pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # A trace without --capacity runs at an unlimited budget (every token of every
+        # request), known once the trace is read: trtllm's tier was refused only when its
+        # replay started, after radix had run.
+        (
+            f"replay {SAMPLE} --policies radix,trtllm --cpu-capacity 1e15 --jobs 1",
+            "trtllm with a capacity of 12337728 tokens",
+        ),
+        # A built-in workload's own budget (F: 24,576 tokens).
+        (
+            "replay workload:F --policies radix,trtllm1 --cpu-capacity 5G --jobs 1",
+            "trtllm1 with a capacity of 24576 tokens",
+        ),
+        # compare: every workload's budget, before the first workload runs.
+        (
+            "compare --workload A,F --policies radix,trtllm1 --cpu-capacity 4294967000",
+            "num_blocks + host_blocks must be < 2**32 - 1",
+        ),
+    ],
+)
+def test_sizes_refused_at_the_budget_of_the_requests_stop_the_command_before_any_replay(
+    argv: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import prefixcache.sim.sweep as sweep_mod
+
+    ran: list[object] = []
+
+    def recording(requests: Any, policies: Any, *args: Any, **kw: Any) -> Any:
+        ran.append(policies)
+        return replay(requests, policies, *args, **kw)
+
+    monkeypatch.setattr(cli, "replay", recording)
+    monkeypatch.setattr(sweep_mod, "replay", recording)
+    assert main([*argv.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert ran == []
+
+
+@pytest.mark.parametrize(
     ("capacity", "cpu"),
     [(63, 0), (64, 0), (64, 63), (64, 64), (640, 6400), (2**32 * 64, 0), (2**31 * 64, 2**31 * 64)],
 )

@@ -32,9 +32,16 @@ from prefixcache.sim.fleet_cli import (
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, record_texts, write_json
 from prefixcache.sim.output_files import check_writable, write_pieces
-from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
+from prefixcache.sim.policies import (
+    POLICY_NAMES,
+    check_offload,
+    check_sizes,
+    check_tier,
+    policy_block_size,
+)
 from prefixcache.sim.replay import (
     ReplayResult,
+    default_capacity,
     hit_difference,
     make_scheduler,
     offload_for,
@@ -757,12 +764,24 @@ def _given_flag(value: object) -> bool:
     return value is not None and value is not False
 
 
-def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequence[int]) -> None:
+def _check_sizes(
+    args: argparse.Namespace,
+    policies: Sequence[str],
+    cpus: Sequence[int],
+    requests: Sequence[Request] | None = None,
+    capacity: int | None = None,
+) -> None:
     """Every (policy, capacity, host capacity) the command will build, before anything
     runs: a size one policy refuses (its pool or host tier under one block, or past what
     its core addresses) stopped the command only once the runs before it had run (a
-    fleet's ceiling, N x the capacity, once the fleet had run)."""
-    caps: list[int | None] = list(getattr(args, "capacities", None) or [args.capacity])
+    fleet's ceiling, N x the capacity, once the fleet had run). With ``requests``, the
+    capacity is ``capacity``, and an unlimited one (None) is the one a replay of them
+    gives each policy."""
+    caps: list[int | None] = (
+        [capacity]
+        if requests is not None
+        else list(getattr(args, "capacities", None) or [args.capacity])
+    )
     sizes = [(c, h, "") for c in caps for h in cpus]
     fleet = getattr(args, "instances", None)
     if fleet is not None and not args.no_ceiling:
@@ -775,10 +794,29 @@ def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequen
         ]
     for p in policies:
         for cap, cpu, what in sizes:
+            if cap is None and requests is not None:
+                cap = default_capacity(requests, policy_block_size(p))
             try:
                 check_sizes(p, cap, cpu)
             except PrefixCacheError as e:
                 raise _UsageError(f"{what}{e}") from None
+
+
+def _check_budget_sizes(
+    args: argparse.Namespace, requests: Sequence[Request], capacity: int | None
+) -> None:
+    """:func:`_check_sizes` at the capacity a replay of ``requests`` runs at, once they
+    are known and before any replay: without ``--capacity`` a built-in workload runs at
+    its own budget and a trace at an unlimited one that depends on its requests, so a
+    size refused there (a trie's host tier past what it addresses) stopped the command
+    only once the policies before it had run."""
+    if getattr(args, "instances", None) is not None:
+        from prefixcache.sim.fleet_cli import fleet_policy
+
+        policies = [fleet_policy(args)]
+    else:
+        policies = _policies(args.policies)
+    _check_sizes(args, policies, [args.cpu_capacity or 0], requests, capacity)
 
 
 def _workload_names(text: str) -> list[str]:
@@ -948,11 +986,14 @@ def _print_results(
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
     from prefixcache.sim.workloads import study_workload
 
-    names = _workload_names(args.workload)
+    workloads = [study_workload(name, args.seed) for name in _workload_names(args.workload)]
+    for w in workloads:
+        _check_budget_sizes(
+            args, w.requests, w.capacity if args.capacity is None else args.capacity
+        )
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
-    for name in names:
-        w = study_workload(name, args.seed)
+    for w in workloads:
         cap = args.capacity if args.capacity is not None else w.capacity
         results = _run(args, w.requests, cap, console, err)
         sums = [summarize(r) for r in results]
@@ -981,6 +1022,7 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    _check_budget_sizes(args, tr.requests, args.capacity)
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests
