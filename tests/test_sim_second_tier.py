@@ -327,6 +327,25 @@ def test_replay_rejects_bad_tier_flags_before_running(
     assert message in " ".join(err.split())
 
 
+@pytest.mark.parametrize("text", ["0", "0k", "0.0", "0_000", "0Mi", "0e3", ".0", "0.0e6"])
+def test_a_host_capacity_of_zero_in_any_capacity_form_is_no_tier(text: str) -> None:
+    # "the same forms as --capacity; 0 is no tier": 0e3 and .0 were refused as capacities
+    # under one token (with the advice to leave --capacity out).
+    ap = cli.build_parser()
+    args = ap.parse_args(["replay", str(SAMPLE), "--cpu-capacity", text])
+    assert args.cpu_capacity == 0
+    argv = ["sweep", str(SAMPLE), "--capacities", "1M", "--cpu-capacities", f"{text},1e6"]
+    assert ap.parse_args(argv).cpu_capacities == [0, 1_000_000]
+
+
+@pytest.mark.parametrize(("text", "message"), [("0.5", "not a whole number"), ("-0", "bad")])
+def test_a_host_capacity_is_still_a_whole_number_of_tokens(
+    text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(SAMPLE), f"--cpu-capacity={text}", "--quiet"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_sweep_rejects_both_host_capacity_forms(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sweep", str(SAMPLE), "--capacities", "1M", "--cpu-capacity", "1M"]
     assert main([*argv, "--cpu-capacities", "0,1M"]) == 2

@@ -99,6 +99,17 @@ CAPACITY_HELP = (
 def parse_capacity(text: str) -> int:
     """A KV capacity in tokens: a number with an optional decimal (k, M, G, T) or binary
     (Ki, Mi, Gi, Ti) suffix, case-insensitive; it must come to a whole number >= 1."""
+    value = _tokens(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
+            "unlimited one)"
+        )
+    return value
+
+
+def _tokens(text: str) -> int:
+    """:func:`parse_capacity` of ``text``, 0 included."""
     t = text.strip().lower().replace("_", "")
     m = _CAPACITY_RE.fullmatch(t)
     if m is not None and m.group("bytes"):
@@ -127,19 +138,13 @@ def parse_capacity(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens"
         )
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
-            "unlimited one)"
-        )
     return int(value)
 
 
 def _cpu_capacity(text: str) -> int:
-    """A host tier capacity in tokens: as --capacity, or 0 for no tier."""
-    if re.fullmatch(r"0[0_]*(\.0*)?([kmgt]i?)?", text.strip().lower()):
-        return 0
-    return parse_capacity(text)
+    """A host tier capacity in tokens: as --capacity, or 0 (in any of its forms: 0, 0k,
+    0e3, .0) for no tier."""
+    return _tokens(text)
 
 
 def _capacity_list(text: str, parse: Callable[[str], int], what: str, example: str) -> list[int]:
