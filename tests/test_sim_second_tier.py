@@ -516,6 +516,24 @@ def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) ->
     assert s["loaded_tokens"] == s["host_hit_tokens"] == sum(r.hit_tokens // 2 for r in res.records)
 
 
+@pytest.mark.parametrize(
+    ("name", "offload"), [("vllm-blocks", "arc:2"), ("radix", "write-back"), ("trtllm", "host:40")]
+)
+@pytest.mark.parametrize("model", ["slots", "time"])
+def test_a_built_policy_reports_the_tier_policy_it_runs(
+    name: str, offload: str, model: str
+) -> None:
+    # A policy given built reported offload null ("the default") whatever it ran.
+    if name == "vllm-blocks" and not blocks_available():
+        pytest.skip("this build has no vllm-blocks")
+    reqs = one_token_requests([1000, 1000])
+    built = make_policy(name, 10_000, cpu_capacity=5000, offload=offload)
+    (res,) = replay(reqs, [built], model=model)
+    (by_name,) = replay(reqs, [name], 10_000, model=model, cpu_capacity=5000, offload=offload)
+    assert res.offload == by_name.offload == offload
+    assert summarize(res)["offload"] == summarize(by_name)["offload"] == offload
+
+
 def test_tables_show_the_host_columns_only_with_a_tier() -> None:
     from rich.console import Console
 
