@@ -327,6 +327,25 @@ def test_replay_rejects_bad_tier_flags_before_running(
     assert message in " ".join(err.split())
 
 
+@pytest.mark.parametrize("text", ["0", "0k", "0.0", "0_000", "0Mi", "0e3", ".0", "0.0e6"])
+def test_a_host_capacity_of_zero_in_any_capacity_form_is_no_tier(text: str) -> None:
+    # "the same forms as --capacity; 0 is no tier": 0e3 and .0 were refused as capacities
+    # under one token (with the advice to leave --capacity out).
+    ap = cli.build_parser()
+    args = ap.parse_args(["replay", str(SAMPLE), "--cpu-capacity", text])
+    assert args.cpu_capacity == 0
+    argv = ["sweep", str(SAMPLE), "--capacities", "1M", "--cpu-capacities", f"{text},1e6"]
+    assert ap.parse_args(argv).cpu_capacities == [0, 1_000_000]
+
+
+@pytest.mark.parametrize(("text", "message"), [("0.5", "not a whole number"), ("-0", "bad")])
+def test_a_host_capacity_is_still_a_whole_number_of_tokens(
+    text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(SAMPLE), f"--cpu-capacity={text}", "--quiet"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_sweep_rejects_both_host_capacity_forms(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sweep", str(SAMPLE), "--capacities", "1M", "--cpu-capacity", "1M"]
     assert main([*argv, "--cpu-capacities", "0,1M"]) == 2
@@ -497,6 +516,24 @@ def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) ->
     assert s["loaded_tokens"] == s["host_hit_tokens"] == sum(r.hit_tokens // 2 for r in res.records)
 
 
+@pytest.mark.parametrize(
+    ("name", "offload"), [("vllm-blocks", "arc:2"), ("radix", "write-back"), ("trtllm", "host:40")]
+)
+@pytest.mark.parametrize("model", ["slots", "time"])
+def test_a_built_policy_reports_the_tier_policy_it_runs(
+    name: str, offload: str, model: str
+) -> None:
+    # A policy given built reported offload null ("the default") whatever it ran.
+    if name == "vllm-blocks" and not blocks_available():
+        pytest.skip("this build has no vllm-blocks")
+    reqs = one_token_requests([1000, 1000])
+    built = make_policy(name, 10_000, cpu_capacity=5000, offload=offload)
+    (res,) = replay(reqs, [built], model=model)
+    (by_name,) = replay(reqs, [name], 10_000, model=model, cpu_capacity=5000, offload=offload)
+    assert res.offload == by_name.offload == offload
+    assert summarize(res)["offload"] == summarize(by_name)["offload"] == offload
+
+
 def test_tables_show_the_host_columns_only_with_a_tier() -> None:
     from rich.console import Console
 
@@ -565,6 +602,47 @@ def test_sizes_a_policy_refuses_stop_the_command_before_anything_runs(
     assert main([command, str(missing), *rest, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # A trace without --capacity runs at an unlimited budget (every token of every
+        # request), known once the trace is read: trtllm's tier was refused only when its
+        # replay started, after radix had run.
+        (
+            f"replay {SAMPLE} --policies radix,trtllm --cpu-capacity 1e15 --jobs 1",
+            "trtllm with a capacity of 12337728 tokens",
+        ),
+        # A built-in workload's own budget (F: 24,576 tokens).
+        (
+            "replay workload:F --policies radix,trtllm1 --cpu-capacity 5G --jobs 1",
+            "trtllm1 with a capacity of 24576 tokens",
+        ),
+        # compare: every workload's budget, before the first workload runs.
+        (
+            "compare --workload A,F --policies radix,trtllm1 --cpu-capacity 4294967000",
+            "num_blocks + host_blocks must be < 2**32 - 1",
+        ),
+    ],
+)
+def test_sizes_refused_at_the_budget_of_the_requests_stop_the_command_before_any_replay(
+    argv: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import prefixcache.sim.sweep as sweep_mod
+
+    ran: list[object] = []
+
+    def recording(requests: Any, policies: Any, *args: Any, **kw: Any) -> Any:
+        ran.append(policies)
+        return replay(requests, policies, *args, **kw)
+
+    monkeypatch.setattr(cli, "replay", recording)
+    monkeypatch.setattr(sweep_mod, "replay", recording)
+    assert main([*argv.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert ran == []
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,16 @@ from prefixcache.sim.fleet_cli import (
 from prefixcache.sim.gap import gap_rows, gap_table
 from prefixcache.sim.json_report import JsonLines, record_lines, record_texts, write_json
 from prefixcache.sim.output_files import check_writable, write_pieces
-from prefixcache.sim.policies import POLICY_NAMES, check_offload, check_sizes, check_tier
+from prefixcache.sim.policies import (
+    POLICY_NAMES,
+    check_offload,
+    check_sizes,
+    check_tier,
+    policy_block_size,
+)
 from prefixcache.sim.replay import (
     ReplayResult,
+    default_capacity,
     hit_difference,
     make_scheduler,
     offload_for,
@@ -92,6 +99,17 @@ CAPACITY_HELP = (
 def parse_capacity(text: str) -> int:
     """A KV capacity in tokens: a number with an optional decimal (k, M, G, T) or binary
     (Ki, Mi, Gi, Ti) suffix, case-insensitive; it must come to a whole number >= 1."""
+    value = _tokens(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
+            "unlimited one)"
+        )
+    return value
+
+
+def _tokens(text: str) -> int:
+    """:func:`parse_capacity` of ``text``, 0 included."""
     t = text.strip().lower().replace("_", "")
     m = _CAPACITY_RE.fullmatch(t)
     if m is not None and m.group("bytes"):
@@ -120,19 +138,13 @@ def parse_capacity(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"bad capacity {text!r}: {float(value):g} is not a whole number of tokens"
         )
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"capacity must be at least 1 token, got {text!r} (leave --capacity out for an "
-            "unlimited one)"
-        )
     return int(value)
 
 
 def _cpu_capacity(text: str) -> int:
-    """A host tier capacity in tokens: as --capacity, or 0 for no tier."""
-    if re.fullmatch(r"0[0_]*(\.0*)?([kmgt]i?)?", text.strip().lower()):
-        return 0
-    return parse_capacity(text)
+    """A host tier capacity in tokens: as --capacity, or 0 (in any of its forms: 0, 0k,
+    0e3, .0) for no tier."""
+    return _tokens(text)
 
 
 def _capacity_list(text: str, parse: Callable[[str], int], what: str, example: str) -> list[int]:
@@ -757,12 +769,24 @@ def _given_flag(value: object) -> bool:
     return value is not None and value is not False
 
 
-def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequence[int]) -> None:
+def _check_sizes(
+    args: argparse.Namespace,
+    policies: Sequence[str],
+    cpus: Sequence[int],
+    requests: Sequence[Request] | None = None,
+    capacity: int | None = None,
+) -> None:
     """Every (policy, capacity, host capacity) the command will build, before anything
     runs: a size one policy refuses (its pool or host tier under one block, or past what
     its core addresses) stopped the command only once the runs before it had run (a
-    fleet's ceiling, N x the capacity, once the fleet had run)."""
-    caps: list[int | None] = list(getattr(args, "capacities", None) or [args.capacity])
+    fleet's ceiling, N x the capacity, once the fleet had run). With ``requests``, the
+    capacity is ``capacity``, and an unlimited one (None) is the one a replay of them
+    gives each policy."""
+    caps: list[int | None] = (
+        [capacity]
+        if requests is not None
+        else list(getattr(args, "capacities", None) or [args.capacity])
+    )
     sizes = [(c, h, "") for c in caps for h in cpus]
     fleet = getattr(args, "instances", None)
     if fleet is not None and not args.no_ceiling:
@@ -775,10 +799,29 @@ def _check_sizes(args: argparse.Namespace, policies: Sequence[str], cpus: Sequen
         ]
     for p in policies:
         for cap, cpu, what in sizes:
+            if cap is None and requests is not None:
+                cap = default_capacity(requests, policy_block_size(p))
             try:
                 check_sizes(p, cap, cpu)
             except PrefixCacheError as e:
                 raise _UsageError(f"{what}{e}") from None
+
+
+def _check_budget_sizes(
+    args: argparse.Namespace, requests: Sequence[Request], capacity: int | None
+) -> None:
+    """:func:`_check_sizes` at the capacity a replay of ``requests`` runs at, once they
+    are known and before any replay: without ``--capacity`` a built-in workload runs at
+    its own budget and a trace at an unlimited one that depends on its requests, so a
+    size refused there (a trie's host tier past what it addresses) stopped the command
+    only once the policies before it had run."""
+    if getattr(args, "instances", None) is not None:
+        from prefixcache.sim.fleet_cli import fleet_policy
+
+        policies = [fleet_policy(args)]
+    else:
+        policies = _policies(args.policies)
+    _check_sizes(args, policies, [args.cpu_capacity or 0], requests, capacity)
 
 
 def _workload_names(text: str) -> list[str]:
@@ -948,11 +991,14 @@ def _print_results(
 def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int:
     from prefixcache.sim.workloads import study_workload
 
-    names = _workload_names(args.workload)
+    workloads = [study_workload(name, args.seed) for name in _workload_names(args.workload)]
+    for w in workloads:
+        _check_budget_sizes(
+            args, w.requests, w.capacity if args.capacity is None else args.capacity
+        )
     out: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
-    for name in names:
-        w = study_workload(name, args.seed)
+    for w in workloads:
         cap = args.capacity if args.capacity is not None else w.capacity
         results = _run(args, w.requests, cap, console, err)
         sums = [summarize(r) for r in results]
@@ -981,6 +1027,7 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
 
 def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     label, tr = _load(args, console)
+    _check_budget_sizes(args, tr.requests, args.capacity)
     if args.instances is not None:
         return fleet_replay_command(args, label, tr, console, err)
     reqs = tr.requests

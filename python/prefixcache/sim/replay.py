@@ -274,6 +274,8 @@ def replay(
             if isinstance(p, str)
             else p
         )
+        if not isinstance(p, str):  # built: the tier policy it was built with
+            off = getattr(pol, "offload", None)
         task = progress(pol.name, len(requests)) if progress is not None else None
         t0 = time.perf_counter()
         prepare = getattr(pol, "prepare", None)  # a policy that reads the future (opt)

@@ -163,6 +163,7 @@ class BlocksPolicy:
         if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
             raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
         self.cpu_capacity = cpu_capacity
+        self.offload = offload if cpu_capacity > 0 else None  # the tier's policy, as given
         self.tier: Any = None
         self._tier_req: dict[int, _TierRequest] = {}
         self._host_hit: dict[int, int] = {}
