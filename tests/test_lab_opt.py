@@ -75,6 +75,9 @@ HAND_MADE = [
     ([[7, 7, 7], [1, 2, 3, 4, 5, 6, 8], [7, 7, 7, 1]], 1, 3, 3),
     # Nothing fits: budget 0.
     ([[1, 2, 3], [1, 2, 3]], 1, 0, 0),
+    # [1] comes back at no cost (request 4 brings it, unhittable: its last token) before
+    # it is needed (request 5): keep [2] for request 6 instead.
+    ([[2], [1], [3], [3, 9], [1], [1, 9], [2, 9]], 1, 2, 3),
 ]
 
 
