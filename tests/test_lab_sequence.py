@@ -327,6 +327,28 @@ def test_sweep_notes_the_rejected_requests_next_to_the_rates(
     assert "vllm-blocks (1 rejected)" in out
 
 
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_radix_is_the_lru_baseline_only_under_lru_eviction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``--eviction`` changes radix's rule: under mru it is no LRU to measure the gap from."""
+    out = tmp_path / "o.json"
+    where = ["--workload", "D", "--capacity", "20k"]
+    if command == "sweep":
+        where = ["workload:D", "--capacities", "20k"]
+    argv = [command, *where, "--model", "sequence", "--policies", "radix,opt", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    gap = data["workloads"][0]["gap"] if command == "compare" else data["gap"]
+    assert {g["lru"] for g in gap} == {"radix"}
+    assert main([*argv, "--eviction", "mru", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    gap = data["workloads"][0]["gap"] if command == "compare" else data["gap"]
+    assert {g["lru"] for g in gap} == {None}
+    assert all(g["gap_closed"] is None for g in gap)
+    assert "(radix)" not in capsys.readouterr().out.split("gap closed")[-1]
+
+
 @pytest.mark.parametrize(
     ("names", "opt", "lru"),
     [
