@@ -358,6 +358,7 @@ def test_radix_is_the_lru_baseline_only_under_lru_eviction(
         (["tree-trim", "opt@1"], "opt@1", "tree-trim"),
         (["lab-lru-admit2", "vllm-blocks16", "opt-admit2", "opt"], "opt", "vllm-blocks16"),
         (["lab-lru@1", "radix", "opt@32"], "opt@32", "radix"),
+        (["radix", "vllm-blocks", "vllm-blocks512", "opt@512"], "opt@512", "vllm-blocks512"),
     ],
 )
 def test_the_gap_matches_names_by_what_they_mean(names: list[str], opt: str, lru: str) -> None:

@@ -4,12 +4,12 @@ closes (docs/LAB.md).
 For a run that includes ``opt`` (or ``opt@N``), every policy's hit rate is shown next to
 opt's, and ``gap closed = (hit rate - LRU's) / (opt's - LRU's)``: 0 is no better than
 recency, 1 is the optimum, negative is worse than recency. LRU is the lab's LRU at opt's
-block size (``lab-lru`` / ``lab-lru@N``) when the run has it, else ``vllm-blocks`` (vLLM's
-LRU free queue), else ``radix`` when its eviction rule (``--eviction``) is LRU. Names are
-matched by what they mean, not how they are spelled: ``opt``, ``opt@16`` and ``lab-opt``
-are the same optimum, ``lab-lru``, ``lab-lru@16`` the same LRU (``tree-trim`` is
-``lab-lru@1``), ``vllm-blocks16`` is ``vllm-blocks``; an admission filter (``-admit<k>``)
-makes another policy.
+block size (``lab-lru`` / ``lab-lru@N``) when the run has it, else vLLM's LRU free queue
+at that block size (``vllm-blocks<N>``), else ``vllm-blocks``, else ``radix`` when its
+eviction rule (``--eviction``) is LRU. Names are matched by what they mean, not how they
+are spelled: ``opt``, ``opt@16`` and ``lab-opt`` are the same optimum, ``lab-lru``,
+``lab-lru@16`` the same LRU (``tree-trim`` is ``lab-lru@1``), ``vllm-blocks16`` is
+``vllm-blocks``; an admission filter (``-admit<k>``) makes another policy.
 
 Hit rates are over the prompt tokens of the requests a policy served, so two rates
 compare only when the policies served the same requests (in the sequence model the lab
@@ -29,6 +29,7 @@ from typing import Any
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
+from prefixcache.sim.policies import offload_family, policy_block_size
 from prefixcache.sim.policies.lab import parse_lab_name
 from prefixcache.sim.report import plain_table
 
@@ -50,6 +51,7 @@ def _lab(name: str, rule: str) -> int | None:
 def _baseline(names: Sequence[str], block: int, eviction: str) -> str | None:
     tiers = (
         [n for n in names if _lab(n, "lru") == block],
+        [n for n in names if offload_family(n) == "vllm-blocks" and policy_block_size(n) == block],
         [n for n in names if n in ("vllm-blocks", "vllm-blocks16")],
         [n for n in names if n == "radix" and eviction == "lru"],
     )
