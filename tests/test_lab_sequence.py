@@ -152,6 +152,10 @@ def test_gap_closed() -> None:
     assert rows["x"]["gap_closed"] == pytest.approx(1 / 3)
     assert rows["opt"]["gap_closed"] == pytest.approx(1.0)
     assert gap_rows(sums[:1]) == []
+    # No gap to close: opt tied with the LRU, or behind it (slot and time models).
+    for opt_rate in (0.2, 0.1):
+        sums[1]["hit_rate"] = opt_rate
+        assert all(math.isnan(r["gap_closed"]) for r in gap_rows(sums))
 
 
 def test_cli_replay_sequence_reports_the_gap(

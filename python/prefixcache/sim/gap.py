@@ -17,7 +17,9 @@ policies serve a prompt larger than the budget, the engine policies reject it). 
 request is rejected when it never fits, even alone, which depends on its size alone, so
 two policies that rejected as many requests rejected the same ones. The gap closed is
 given only for a policy that rejected as many requests as opt (and with a baseline that
-did too); otherwise it is NaN (shown as ``-``) and the row's ``rejected`` says why.
+did too); otherwise it is NaN (shown as ``-``) and the row's ``rejected`` says why. It is
+NaN in every row too when opt is not ahead of the LRU: no gap to close (a budget that
+holds every reuse, where the two tie; or the slot and time models, where opt is no bound).
 """
 
 from __future__ import annotations
