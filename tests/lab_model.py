@@ -164,6 +164,8 @@ class LabModel:
             ks, h = self.future[r]
             if k in ks[:h]:
                 return r
+            if k in ks:  # brought again outside the hittable prefix, at no cost
+                return NEVER
         return NEVER
 
     # ----- eviction order -----------------------------------------------------------

@@ -1,9 +1,12 @@
 """The offline optimum (``opt``) against brute force, and as a bound.
 
 Under the request-sequence model Belady's rule (evict the block whose next hittable use
-is farthest, deeper first on ties) is exactly optimal. The brute force below knows
-nothing of Belady: after each request it tries *every* subset of the cached and new
-blocks that fits the budget and keeps the best total over the rest of the sequence.
+is farthest, deeper first on ties; a block a request brings again outside its hittable
+prefix, at no cost, is not needed until then) is exactly optimal among prefix-closed
+caches (a block kept only with its parent, as the lab's cache keeps them). The brute
+force below knows nothing of Belady: after each request it tries every subset of the
+cached and new blocks that fits the budget (every prefix-closed one, or *every* one) and
+keeps the best total over the rest of the sequence.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ def make_requests(prompts: list[list[int]]) -> list[Request]:
     ]
 
 
-def brute_force_hits(prompts: list[list[int]], block: int, cap_blocks: int) -> int:
-    """The most hit tokens any cache of ``cap_blocks`` blocks can get, by search."""
+def brute_force_hits(
+    prompts: list[list[int]], block: int, cap_blocks: int, closed: bool = False
+) -> int:
+    """The most hit tokens any cache of ``cap_blocks`` blocks can get, by search
+    (``closed``: any prefix-closed one, which keeps a block only with its parent)."""
 
     # A block is identified by the whole prefix up to its end (chained keys).
     def blocks(p: list[int]) -> list[tuple[int, ...]]:
@@ -52,6 +58,8 @@ def brute_force_hits(prompts: list[list[int]], block: int, cap_blocks: int) -> i
             if bin(mask).count("1") > cap_blocks:
                 continue
             keep = frozenset(pool[i] for i in range(n) if mask >> i & 1)
+            if closed and any(len(k) > block and k[:-block] not in keep for k in keep):
+                continue
             out = max(out, best(t + 1, keep))
         return hit * block + out
 
@@ -75,7 +83,14 @@ HAND_MADE = [
     ([[7, 7, 7], [1, 2, 3, 4, 5, 6, 8], [7, 7, 7, 1]], 1, 3, 3),
     # Nothing fits: budget 0.
     ([[1, 2, 3], [1, 2, 3]], 1, 0, 0),
+    # [1] comes back at no cost (request 4 brings it, unhittable: its last token) before
+    # it is needed (request 5): keep [2] for request 6 instead.
+    ([[2], [1], [3], [3, 9], [1], [1, 9], [2, 9]], 1, 2, 3),
 ]
+
+# Better than any prefix-closed cache: keep [0, 1] without its parent [0], which request
+# 3 brings back at no cost, and [2] for request 2 (the optimum, 3; opt, prefix-closed: 2).
+NOT_PREFIX_CLOSED = ([[0, 1, 2], [2], [2, 0], [0], [0, 1, 0]], 1, 2)
 
 
 @pytest.mark.parametrize(("prompts", "block", "cap", "expected"), HAND_MADE)
@@ -96,7 +111,16 @@ prompt_st = st.lists(st.integers(0, 2), min_size=1, max_size=5)
     block=st.sampled_from([1, 2]),
 )
 def test_opt_equals_brute_force(prompts: list[list[int]], cap: int, block: int) -> None:
-    assert opt_hits(prompts, block, cap) == brute_force_hits(prompts, block, cap)
+    got = opt_hits(prompts, block, cap)
+    assert got == brute_force_hits(prompts, block, cap, closed=True)
+    assert got <= brute_force_hits(prompts, block, cap)
+
+
+def test_a_cache_keeping_a_block_without_its_parent_can_beat_opt() -> None:
+    """What docs/LAB.md says opt is not optimal for: a cache that is not prefix-closed."""
+    prompts, block, cap = NOT_PREFIX_CLOSED
+    assert brute_force_hits(prompts, block, cap) == 3
+    assert opt_hits(prompts, block, cap) == brute_force_hits(prompts, block, cap, closed=True) == 2
 
 
 @settings(max_examples=30, deadline=None)

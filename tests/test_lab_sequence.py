@@ -152,6 +152,10 @@ def test_gap_closed() -> None:
     assert rows["x"]["gap_closed"] == pytest.approx(1 / 3)
     assert rows["opt"]["gap_closed"] == pytest.approx(1.0)
     assert gap_rows(sums[:1]) == []
+    # No gap to close: opt tied with the LRU, or behind it (slot and time models).
+    for opt_rate in (0.2, 0.1):
+        sums[1]["hit_rate"] = opt_rate
+        assert all(math.isnan(r["gap_closed"]) for r in gap_rows(sums))
 
 
 def test_cli_replay_sequence_reports_the_gap(
@@ -327,6 +331,28 @@ def test_sweep_notes_the_rejected_requests_next_to_the_rates(
     assert "vllm-blocks (1 rejected)" in out
 
 
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_radix_is_the_lru_baseline_only_under_lru_eviction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``--eviction`` changes radix's rule: under mru it is no LRU to measure the gap from."""
+    out = tmp_path / "o.json"
+    where = ["--workload", "D", "--capacity", "20k"]
+    if command == "sweep":
+        where = ["workload:D", "--capacities", "20k"]
+    argv = [command, *where, "--model", "sequence", "--policies", "radix,opt", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    gap = data["workloads"][0]["gap"] if command == "compare" else data["gap"]
+    assert {g["lru"] for g in gap} == {"radix"}
+    assert main([*argv, "--eviction", "mru", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    gap = data["workloads"][0]["gap"] if command == "compare" else data["gap"]
+    assert {g["lru"] for g in gap} == {None}
+    assert all(g["gap_closed"] is None for g in gap)
+    assert "(radix)" not in capsys.readouterr().out.split("gap closed")[-1]
+
+
 @pytest.mark.parametrize(
     ("names", "opt", "lru"),
     [
@@ -336,6 +362,7 @@ def test_sweep_notes_the_rejected_requests_next_to_the_rates(
         (["tree-trim", "opt@1"], "opt@1", "tree-trim"),
         (["lab-lru-admit2", "vllm-blocks16", "opt-admit2", "opt"], "opt", "vllm-blocks16"),
         (["lab-lru@1", "radix", "opt@32"], "opt@32", "radix"),
+        (["radix", "vllm-blocks", "vllm-blocks512", "opt@512"], "opt@512", "vllm-blocks512"),
     ],
 )
 def test_the_gap_matches_names_by_what_they_mean(names: list[str], opt: str, lru: str) -> None:

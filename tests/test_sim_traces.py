@@ -234,6 +234,25 @@ def test_ceilings_bound_every_policy_on_the_study_workloads(name: str) -> None:
             assert rates["vllm-blocks"] == st["block_hit_rate_ceiling"]
 
 
+def test_the_block_ceiling_bounds_full_blocks_only() -> None:
+    """vllm-blocks reuses full blocks only; trtllm-nopartial also reuses a non-full block
+    whose key matches exactly (TensorRT-LLM does too), which can pass the block ceiling
+    but never the token one."""
+    from prefixcache.sim.replay import replay, summarize
+    from prefixcache.sim.requests import Request
+
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 5]]
+    empty = np.zeros(0, np.uint32)
+    reqs = [Request(i, np.array(p, np.uint32), empty) for i, p in enumerate(prompts)]
+    stats = trace_stats(reqs, 2)
+    hits = {
+        s["policy"]: s["hit_tokens"]
+        for s in map(summarize, replay(reqs, ["vllm-blocks2", "trtllm-nopartial2"]))
+    }
+    assert stats["block_hit_rate_ceiling"] * 8 == hits["vllm-blocks2"] == 2
+    assert stats["hit_rate_ceiling"] * 8 == hits["trtllm-nopartial2"] == 3
+
+
 def test_ceilings_keep_namespaces_apart(tmp_path: Path) -> None:
     prompt = list(range(1, 65))
     p = write(

@@ -953,6 +953,7 @@ def _print_results(
     model: str,
     sums: Sequence[dict[str, Any]],
     diffs: Sequence[dict[str, Any]],
+    eviction: str,
 ) -> None:
     cap_text = "unlimited" if capacity is None else f"{capacity:,} tokens"
     prompt = sum(r.prompt_len for r in requests)
@@ -983,7 +984,7 @@ def _print_results(
         _show(console, latency_table("time model: preemption and estimated latency", sums))
     if diffs:
         _show(console, difference_table("per-request hit tokens, a - b", diffs))
-    gap = gap_rows(sums)
+    gap = gap_rows(sums, eviction)
     if gap:
         _show(console, gap_table("share of the LRU -> OPT gap closed", gap))
 
@@ -1004,7 +1005,14 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
         sums = [summarize(r) for r in results]
         diffs = _diffs(results)
         _print_results(
-            console, f"workload {w.name}: {w.description}", w.requests, cap, args.model, sums, diffs
+            console,
+            f"workload {w.name}: {w.description}",
+            w.requests,
+            cap,
+            args.model,
+            sums,
+            diffs,
+            args.eviction,
         )
         out.append(
             {
@@ -1014,7 +1022,7 @@ def cmd_compare(args: argparse.Namespace, console: Console, err: Console) -> int
                 "capacity": cap,
                 "summaries": sums,
                 "differences": diffs,
-                "gap": gap_rows(sums),
+                "gap": gap_rows(sums, args.eviction),
             }
         )
         rows += [{"workload": w.name, **s} for s in sums]
@@ -1048,7 +1056,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
     results = _replay_runs(args, reqs, err, encode)
     sums = [summarize(r) for r in results]
     diffs = _diffs(results)
-    _print_results(console, label, reqs, args.capacity, args.model, sums, diffs)
+    _print_results(console, label, reqs, args.capacity, args.model, sums, diffs, args.eviction)
     if args.json:
         write_json(
             args.json,
@@ -1058,7 +1066,7 @@ def cmd_replay(args: argparse.Namespace, console: Console, err: Console) -> int:
                 "skipped_lines": tr.skipped,
                 "summaries": sums,
                 "differences": diffs,
-                "gap": gap_rows(sums),
+                "gap": gap_rows(sums, args.eviction),
                 "records": {r.policy: record_json[i] for i, r in enumerate(results)},
             },
         )
@@ -1110,7 +1118,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print()
     gaps: list[dict[str, Any]] = []
     for cap in caps:
-        rows = gap_rows([s for s in all_sums if s["capacity"] == cap])
+        rows = gap_rows([s for s in all_sums if s["capacity"] == cap], args.eviction)
         gaps += [{"capacity": cap, **g} for g in rows]
         if rows:
             _show(console, gap_table(f"share of the LRU -> OPT gap closed at {cap:,} tokens", rows))

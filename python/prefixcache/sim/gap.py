@@ -4,9 +4,10 @@ closes (docs/LAB.md).
 For a run that includes ``opt`` (or ``opt@N``), every policy's hit rate is shown next to
 opt's, and ``gap closed = (hit rate - LRU's) / (opt's - LRU's)``: 0 is no better than
 recency, 1 is the optimum, negative is worse than recency. LRU is the lab's LRU at opt's
-block size (``lab-lru`` / ``lab-lru@N``) when the run has it, else ``vllm-blocks`` (vLLM's
-LRU free queue), else ``radix``. Names are matched by what they mean, not how they are
-spelled: ``opt``, ``opt@16`` and ``lab-opt`` are the same optimum, ``lab-lru``,
+block size (``lab-lru`` / ``lab-lru@N``) when the run has it, else vLLM's LRU free queue
+at that block size (``vllm-blocks<N>``), else ``vllm-blocks``, else ``radix`` when its
+eviction rule (``--eviction``) is LRU. Names are matched by what they mean, not how they
+are spelled: ``opt``, ``opt@16`` and ``lab-opt`` are the same optimum, ``lab-lru``,
 ``lab-lru@16`` the same LRU (``tree-trim`` is ``lab-lru@1``), ``vllm-blocks16`` is
 ``vllm-blocks``; an admission filter (``-admit<k>``) makes another policy.
 
@@ -16,7 +17,9 @@ policies serve a prompt larger than the budget, the engine policies reject it). 
 request is rejected when it never fits, even alone, which depends on its size alone, so
 two policies that rejected as many requests rejected the same ones. The gap closed is
 given only for a policy that rejected as many requests as opt (and with a baseline that
-did too); otherwise it is NaN (shown as ``-``) and the row's ``rejected`` says why.
+did too); otherwise it is NaN (shown as ``-``) and the row's ``rejected`` says why. It is
+NaN in every row too when opt is not ahead of the LRU: no gap to close (a budget that
+holds every reuse, where the two tie; or the slot and time models, where opt is no bound).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from rich.table import Table
 
 from prefixcache.errors import InvalidInputError
+from prefixcache.sim.policies import offload_family, policy_block_size
 from prefixcache.sim.policies.lab import parse_lab_name
 from prefixcache.sim.report import plain_table
 
@@ -46,21 +50,20 @@ def _lab(name: str, rule: str) -> int | None:
     return int(spec["block_size"])
 
 
-def _baseline(names: Sequence[str], block: int) -> str | None:
-    for match in (
-        lambda n: _lab(n, "lru") == block,
-        lambda n: n in ("vllm-blocks", "vllm-blocks16"),
-        lambda n: n == "radix",
-    ):
-        found = [n for n in names if match(n)]
-        if found:
-            return found[0]
-    return None
+def _baseline(names: Sequence[str], block: int, eviction: str) -> str | None:
+    tiers = (
+        [n for n in names if _lab(n, "lru") == block],
+        [n for n in names if offload_family(n) == "vllm-blocks" and policy_block_size(n) == block],
+        [n for n in names if n in ("vllm-blocks", "vllm-blocks16")],
+        [n for n in names if n == "radix" and eviction == "lru"],
+    )
+    return next((found[0] for found in tiers if found), None)
 
 
-def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def gap_rows(summaries: Sequence[dict[str, Any]], eviction: str = "lru") -> list[dict[str, Any]]:
     """One row per policy: hit rate, opt's, LRU's, and the share of the gap closed.
-    Empty when the run has no ``opt``."""
+    Empty when the run has no ``opt``. ``eviction`` is the radix policies' rule
+    (``--eviction``): ``radix`` is a baseline only when it is ``lru``."""
     rates = {s["policy"]: float(s["hit_rate"]) for s in summaries}
     rejected = {s["policy"]: int(s.get("rejected", 0)) for s in summaries}
     opts = [n for n in rates if _lab(n, "opt") is not None]
@@ -68,7 +71,7 @@ def gap_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     opt = opts[0]
     same = [n for n in rates if rejected[n] == rejected[opt]]  # the requests opt served
-    base = _baseline(same, _lab(opt, "opt") or 16)
+    base = _baseline(same, _lab(opt, "opt") or 16, eviction)
     o = rates[opt]
     lru = rates[base] if base is not None else math.nan
     rows = []

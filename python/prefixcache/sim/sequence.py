@@ -7,7 +7,7 @@ inserted, then the cache evicts down to its budget. Outputs are not cached (a tr
 next turn carries them in its prompt). There is no clock, no batching and no KV held by
 running requests, so the hit rate depends only on the order of requests, the budget and
 the eviction and admission rules: the setting in which Belady's rule (``opt``) is exactly
-optimal (docs/LAB.md).
+optimal among prefix-closed caches (docs/LAB.md).
 
 Engine policies are driven through the ordinary policy protocol (``admit`` with no
 output reserve, ``finish`` at once): they evict before inserting, which for recency rules

@@ -9,7 +9,9 @@ policy caps it and requests kept apart by their ``extra_key`` / ``cache_salt``:
   more (the slot model admits in list order; so does the time model unless a session's
   turn, waiting for its previous turn, is overtaken by a later request).
 - ``block_hit_rate_ceiling``: the same counted in full ``block_size`` blocks - the
-  ceiling of a block cache of that block size (``vllm-blocks``, ``trtllm-nopartial``).
+  ceiling of a block cache of that block size (``vllm-blocks``, the lab policies).
+  ``trtllm-nopartial`` can pass it: it also reuses a non-full block whose key matches
+  exactly, as TensorRT-LLM does (docs/TRTLLM.md).
 
 Only the first ``max(prompt lengths)`` tokens of any request can be reused by a later
 prompt, so longer outputs are cut there (a 2**31-token output costs nothing). For a

@@ -5,8 +5,8 @@ engines do. The policies here run the lab cache of the Rust core
 (``prefixcache._core.LabCache``, ``rust/prefixcache-core/src/lab/``): a prefix-closed
 block cache (a cached block's parent is always cached; only childless blocks are evicted,
 deepest first on ties) whose eviction rule and admission filter can be chosen, and the
-offline optimum (Belady), which under the request-sequence model bounds every policy of
-its block size that served the same requests. docs/LAB.md describes each one.
+offline optimum (Belady), which under the request-sequence model bounds every lab policy
+of its block size that served the same requests. docs/LAB.md describes each one.
 
 Names (``make_lab_policy``), each optionally followed by ``@N`` for N tokens per block
 (default 16, as ``vllm-blocks``; ``@1`` is a token-level tree):

@@ -12,7 +12,8 @@ pub const NEVER: u64 = u64::MAX;
 
 /// The next hittable use of every block of every request, computed in one backward
 /// pass over the sequence: `next[offsets[r] + i]` is the first request after `r` in which
-/// request r's block i is hittable.
+/// request r's block i is hittable, unless a request before that one brings the block
+/// outside its hittable prefix (inserting it again at no cost): then none.
 #[derive(Debug, Default, Clone)]
 pub struct NextUse {
     offsets: Vec<u64>,
@@ -73,6 +74,15 @@ fn next_uses<P: Pos>(keys: &[u64], offsets: &[u64], hittable: &[u32]) -> Result<
                 Entry::Vacant(e) => {
                     e.insert(p);
                 }
+            }
+        }
+        // A key the request brings past its hittable prefix (its last, unhittable block;
+        // its output) is inserted again there at no cost: kept until then, its block
+        // would gain nothing, so before this request its next hittable use is none (the
+        // block brought here reads its own from this request).
+        for &k in &keys[a + h..b] {
+            if let Ok(e) = later.find_entry(hash(k), |&p| key_at(p) == k) {
+                e.remove();
             }
         }
     }
@@ -161,5 +171,13 @@ mod tests {
         assert_eq!(f.at(0, usize::MAX), NEVER);
         assert_eq!(f.at(2, 2), NEVER);
         assert!(NextUse::new(&[1], &[0, 2], &[1]).is_err());
+    }
+
+    #[test]
+    fn an_unhittable_use_ends_the_wait() {
+        // r0: [1] (1 hittable), r1: [1] (0 hittable: brought again, at no cost), r2: [1] (1)
+        let f = NextUse::new(&[1, 1, 1], &[0, 1, 2, 3], &[1, 0, 1]).unwrap();
+        assert_eq!(f.at(0, 0), NEVER);
+        assert_eq!(f.at(1, 0), 2);
     }
 }

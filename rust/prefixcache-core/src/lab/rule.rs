@@ -9,7 +9,8 @@ pub enum Rule {
     /// Least recently used first.
     Lru,
     /// Belady: the block whose next hittable use is farthest in the future first (needs
-    /// the future, [`super::NextUse`]).
+    /// the future, [`super::NextUse`]; a block brought again unhittable before then is
+    /// not needed until then).
     Opt,
     /// Segmented LRU: blocks hit at least once move to a protected segment holding at
     /// most `protected` of the capacity (fraction); the probationary segment is evicted
