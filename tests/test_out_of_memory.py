@@ -72,6 +72,34 @@ CASES = {
         tier.on_request_finished(1)
         tier.check_invariants()
     """,
+    "RadixCache host copies": """
+        import numpy as np
+        x = np.arange(1, 100_000_001, dtype=np.uint32)
+        kw = dict(host_capacity=10**12, host_events=True)
+        c = pc.RadixCache(1, "lru", write_policy="write_through", **kw)
+        c.insert(x[:1000])
+        assert c.take_host_events()[0].tolist() == list(range(1, 1001))
+        # Copies of 100M values to host memory (with their events, 1.6 GB) do not fit:
+        # the insert changes nothing.
+        assert oom(lambda: c.insert(x))
+        assert (c.total_size(), c.host_size(), c.num_nodes) == (1000, 1000, 1)
+        assert [len(e) for e in c.take_host_events()] == [0, 0]
+        c.check_invariants()
+        c.insert(x[:2000])
+        assert (c.total_size(), c.host_size(), c.num_nodes) == (2000, 2000, 2)
+        # write_back copies a node as it leaves the device: without memory for the copy
+        # of a 50M-token node (400 MB), the eviction stops before it and frees nothing.
+        b = pc.RadixCache(1, "lru", write_policy="write_back", **kw)
+        b.insert(x[:50_000_000])
+        del x, c
+        vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize"))
+        resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (64 << 20),) * 2)
+        assert len(b.evict(10)) == 0
+        assert (b.total_size(), b.host_size(), b.evictable_size()) == (50_000_000, 0, 50_000_000)
+        b.check_invariants()
+        assert b.evict_count(10) == 0  # the same stop, counted
+    
+    """,
     "KvIndex": """
         import numpy as np
         n = 40_000_000  # a table past the allocator's reserved arena (1 GiB)

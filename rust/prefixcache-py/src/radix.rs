@@ -284,7 +284,10 @@ impl RadixCache {
         py: Python<'py>,
         #[pyo3(from_py_with = convert::nonzero)] nonzero: bool,
     ) -> PyResult<(I64Array<'py>, I64Array<'py>)> {
-        let (stored, dropped) = self.inner.with(py, |t| t.take_host_events(nonzero))?;
+        let (stored, dropped) = self
+            .inner
+            .with(py, |t| t.take_host_events(nonzero))?
+            .py_err()?;
         Ok((
             convert::i64_array(py, stored),
             convert::i64_array(py, dropped),
@@ -294,7 +297,10 @@ impl RadixCache {
     /// The values of every non-root node's host copy, in `dump()` order (empty for a node
     /// without one, or without `host_events`).
     fn host_values_dump<'py>(&self, py: Python<'py>) -> PyResult<Vec<I64Array<'py>>> {
-        let all = self.inner.with_gil_released(py, |t| t.host_values_dump())?;
+        let all = self
+            .inner
+            .with_gil_released(py, |t| t.host_values_dump())?
+            .py_err()?;
         Ok(all.into_iter().map(|v| convert::i64_array(py, v)).collect())
     }
 

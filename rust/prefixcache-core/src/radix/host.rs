@@ -116,9 +116,43 @@ struct HostValues {
     scratch: Vec<i64>,
 }
 
+impl HostValues {
+    /// The copy of `span`'s values that a backup files, its twin for the stored events,
+    /// and room to file them (and to drop every copy later): allocated before the backup
+    /// changes anything. An error when the memory cannot be allocated.
+    fn prepare_copy(&mut self, span: &Span) -> Result<(HostCopy, HostCopy)> {
+        self.scratch.clear();
+        self.scratch.try_reserve(span.len()).map_err(host_oom)?;
+        span.extend_values(&mut self.scratch);
+        let copy = HostCopy::try_new(&self.scratch)?;
+        let twin = copy.try_clone()?;
+        self.room_for_one_more()?;
+        self.stored.try_reserve(1).map_err(host_oom)?;
+        Ok((copy, twin))
+    }
+
+    /// Room to file one more copy, and to drop every copy filed then without allocating
+    /// (`dropped` always has room for all of them).
+    fn room_for_one_more(&mut self) -> Result<()> {
+        self.by_slot.try_reserve(1).map_err(host_oom)?;
+        self.dropped
+            .try_reserve(self.by_slot.len() + 1)
+            .map_err(host_oom)
+    }
+}
+
+fn host_oom(e: impl std::fmt::Display) -> Error {
+    Error::out_of_memory("the host copies' values", e)
+}
+
 /// The values of `copies`, one after the other (`nonzero`: without the zeros).
-fn flatten(copies: &[HostCopy], nonzero: bool) -> Vec<i64> {
+fn flatten(copies: &[HostCopy], nonzero: bool) -> Result<Vec<i64>> {
+    let total: usize = copies
+        .iter()
+        .map(|c| if nonzero { c.nonzero_len() } else { c.len() })
+        .sum();
     let mut out = Vec::new();
+    out.try_reserve_exact(total).map_err(host_oom)?;
     for c in copies {
         if nonzero {
             c.extend_nonzero(&mut out);
@@ -126,13 +160,22 @@ fn flatten(copies: &[HostCopy], nonzero: bool) -> Vec<i64> {
             c.extend_into(&mut out);
         }
     }
-    out
+    Ok(out)
+}
+
+/// `values` as a boxed slice, or an error when it cannot be allocated.
+fn try_boxed<T: Copy>(values: &[T]) -> Result<Box<[T]>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(values.len()).map_err(host_oom)?;
+    v.extend_from_slice(values);
+    // The capacity is exact: no reallocation.
+    Ok(v.into_boxed_slice())
 }
 
 /// The values of one host copy: all of them, or, when most are 0 (a publisher's block
 /// labels: one id per block), the others with their offsets.
 #[derive(Debug, Clone)]
-enum HostCopy {
+pub(crate) enum HostCopy {
     Dense(Box<[i64]>),
     Sparse {
         len: usize,
@@ -142,24 +185,46 @@ enum HostCopy {
 }
 
 impl HostCopy {
-    fn new(values: &[i64]) -> Self {
+    /// A copy of `values`, or an error when its memory cannot be allocated.
+    fn try_new(values: &[i64]) -> Result<Self> {
         let nonzero = values.iter().filter(|&&v| v != 0).count();
         // Sparse takes 12 bytes per nonzero value, dense 8 per value.
         if nonzero * 3 >= values.len() * 2 || u32::try_from(values.len()).is_err() {
-            return HostCopy::Dense(values.into());
+            return Ok(HostCopy::Dense(try_boxed(values)?));
         }
-        let mut at = Vec::with_capacity(nonzero);
-        let mut val = Vec::with_capacity(nonzero);
+        let mut at = Vec::new();
+        let mut val = Vec::new();
+        at.try_reserve_exact(nonzero).map_err(host_oom)?;
+        val.try_reserve_exact(nonzero).map_err(host_oom)?;
         for (i, &v) in values.iter().enumerate() {
             if v != 0 {
                 at.push(i as u32); // i < len <= u32::MAX (checked above)
                 val.push(v);
             }
         }
-        HostCopy::Sparse {
+        Ok(HostCopy::Sparse {
             len: values.len(),
-            at: at.into(),
-            val: val.into(),
+            at: at.into_boxed_slice(),
+            val: val.into_boxed_slice(),
+        })
+    }
+
+    /// Another copy of the same values, or an error when it cannot be allocated.
+    fn try_clone(&self) -> Result<Self> {
+        Ok(match self {
+            HostCopy::Dense(v) => HostCopy::Dense(try_boxed(v)?),
+            HostCopy::Sparse { len, at, val } => HostCopy::Sparse {
+                len: *len,
+                at: try_boxed(at)?,
+                val: try_boxed(val)?,
+            },
+        })
+    }
+
+    fn nonzero_len(&self) -> usize {
+        match self {
+            HostCopy::Dense(v) => v.iter().filter(|&&x| x != 0).count(),
+            HostCopy::Sparse { val, .. } => val.len(),
         }
     }
 
@@ -193,17 +258,18 @@ impl HostCopy {
         }
     }
 
-    fn to_vec(&self) -> Vec<i64> {
-        let mut out = Vec::with_capacity(self.len());
+    fn try_to_vec(&self) -> Result<Vec<i64>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.len()).map_err(host_oom)?;
         self.extend_into(&mut out);
-        out
+        Ok(out)
     }
 
-    /// The first `p` values and the rest.
-    fn split_at(&self, p: usize) -> (HostCopy, HostCopy) {
-        let all = self.to_vec();
+    /// The first `p` values and the rest, or an error when they cannot be allocated.
+    fn try_split_at(&self, p: usize) -> Result<(HostCopy, HostCopy)> {
+        let all = self.try_to_vec()?;
         let p = p.min(all.len());
-        (HostCopy::new(&all[..p]), HostCopy::new(&all[p..]))
+        Ok((HostCopy::try_new(&all[..p])?, HostCopy::try_new(&all[p..])?))
     }
 }
 
@@ -214,8 +280,15 @@ pub(crate) struct HostTier {
     policy: WritePolicy,
     pub(crate) slots: Vec<HostSlot>,
     /// Candidate host leaves by policy key, checked when popped (a touch or a state
-    /// change pushes a fresh entry instead of moving the old one).
+    /// change pushes a fresh entry instead of moving the old one). Its capacity covers
+    /// every slot plus [`HEAP_SLACK`] ([`RadixTree::host_reserve`]): a push that finds it
+    /// full first drops the stale entries, so it never allocates.
     heap: BinaryHeap<HostEntry>,
+    /// A backup chain's nodes (room for every slot: [`RadixTree::host_reserve`]).
+    chain: Vec<u32>,
+    /// Rebuilds of the host order, and those a full heap forced (tests only).
+    #[cfg(test)]
+    rebuilds: [usize; 2],
     evicted_nodes: usize,
     stats: HostStats,
     /// `Some` when the host copies' values are kept (`set_host_events`).
@@ -230,6 +303,9 @@ impl HostTier {
             policy,
             slots: Vec::new(),
             heap: BinaryHeap::new(),
+            chain: Vec::new(),
+            #[cfg(test)]
+            rebuilds: [0; 2],
             evicted_nodes: 0,
             stats: HostStats::default(),
             values: None,
@@ -249,10 +325,13 @@ impl HostTier {
         self.slots.get(slot as usize).copied().unwrap_or_default()
     }
 
+    /// The host state of `slot`, for writing. Its room was reserved with the slot
+    /// ([`RadixTree::host_reserve`]), so this never allocates.
     #[inline]
     fn slot_mut(&mut self, slot: u32) -> &mut HostSlot {
         let i = slot as usize;
         if i >= self.slots.len() {
+            debug_assert!(i < self.slots.capacity(), "host slot {i} not reserved");
             self.slots.resize(i + 1, HostSlot::default());
         }
         &mut self.slots[i]
@@ -263,6 +342,10 @@ impl HostTier {
     }
 }
 
+/// Host-order entries beyond one per slot that a push may find before the stale ones
+/// are dropped (fewer rebuilds of a heap with many stale entries).
+const HEAP_SLACK: usize = 1024;
+
 impl RadixTree {
     /// Puts a host tier of `capacity` tokens behind the device (SGLang HiCache). Only on
     /// an empty tree; a capacity of 0 removes the tier.
@@ -272,8 +355,50 @@ impl RadixTree {
                 "set_host_tier: the tree must be empty".into(),
             ));
         }
+        let old = self.host.take();
         self.host = (capacity > 0).then(|| Box::new(HostTier::new(capacity, policy)));
+        if let Err(e) = self.host_reserve() {
+            self.host = old;
+            return Err(e);
+        }
         Ok(())
+    }
+
+    /// Whether the values of host copies of `tokens` tokens can be allocated (three
+    /// times: the buffer a node's values pass through, the copy and its stored event),
+    /// checked before an insert that may back up that many changes anything. Nothing to
+    /// check when the values are not kept, or under write_back (an insert backs nothing
+    /// up).
+    pub(crate) fn host_values_room(&self, tokens: usize) -> Result<()> {
+        match &self.host {
+            Some(h) if h.values.is_some() && h.policy != WritePolicy::WriteBack => {
+                let mut probe: Vec<i64> = Vec::new();
+                probe
+                    .try_reserve_exact(tokens.saturating_mul(3))
+                    .map_err(host_oom)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Room in the host tier's per-slot tables for every slot the tree has and the next
+    /// one it allocates (called with [`RadixTree::reserve_node`]), so that no host state
+    /// change allocates. Nothing changes on failure.
+    pub(crate) fn host_reserve(&mut self) -> Result<()> {
+        let slots = self.nodes.len() + 1;
+        let Some(h) = self.host.as_mut() else {
+            return Ok(());
+        };
+        let oom = |e| Error::out_of_memory("the host tier's node tables", e);
+        h.slots
+            .try_reserve(slots.saturating_sub(h.slots.len()))
+            .map_err(oom)?;
+        h.chain
+            .try_reserve(slots.saturating_sub(h.chain.len()))
+            .map_err(oom)?;
+        h.heap
+            .try_reserve((slots + HEAP_SLACK).saturating_sub(h.heap.len()))
+            .map_err(oom)
     }
 
     /// Keeps (or stops keeping) the values of the host copies, so that
@@ -309,23 +434,25 @@ impl RadixTree {
     /// call is in both; [`RadixTree::reset`] drops every copy without reporting it.
     /// `nonzero`: leave out the values that are 0 (for a caller that labels only some
     /// tokens, as a publisher labels one token per block).
-    pub fn take_host_events(&mut self, nonzero: bool) -> (Vec<i64>, Vec<i64>) {
+    /// Without the memory for the lists, an `OutOfMemory` error and the events stay.
+    pub fn take_host_events(&mut self, nonzero: bool) -> Result<(Vec<i64>, Vec<i64>)> {
         let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) else {
-            return (Vec::new(), Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         };
-        let out = (flatten(&v.stored, nonzero), flatten(&v.dropped, nonzero));
+        let out = (flatten(&v.stored, nonzero)?, flatten(&v.dropped, nonzero)?);
         v.stored.clear();
         v.dropped.clear();
-        out
+        Ok(out)
     }
 
     /// The values of `slot`'s host copy, if kept.
-    fn host_values_of(&self, slot: u32) -> Option<Vec<i64>> {
+    fn host_values_of(&self, slot: u32) -> Result<Option<Vec<i64>>> {
         self.host
             .as_ref()
             .and_then(|h| h.values.as_ref())
             .and_then(|v| v.by_slot.get(&slot))
-            .map(HostCopy::to_vec)
+            .map(HostCopy::try_to_vec)
+            .transpose()
     }
 
     /// Host capacity in tokens (0 without a tier).
@@ -401,6 +528,8 @@ impl RadixTree {
             }
             if let Some(v) = h.values.as_mut() {
                 if let Some(old) = v.by_slot.remove(&slot) {
+                    // Room was made when the copy was filed (`room_for_one_more`).
+                    debug_assert!(v.dropped.len() < v.dropped.capacity());
                     v.dropped.push(old);
                 }
             }
@@ -413,17 +542,38 @@ impl RadixTree {
         }
     }
 
+    /// The two parts of `child`'s host copy when it is split after `p` tokens, and room
+    /// to file them (None when it has no copy kept): allocated before the split changes
+    /// anything.
+    pub(crate) fn host_prepare_split(
+        &mut self,
+        child: u32,
+        p: usize,
+    ) -> Result<Option<(HostCopy, HostCopy)>> {
+        let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) else {
+            return Ok(None);
+        };
+        let Some(old) = v.by_slot.get(&child) else {
+            return Ok(None);
+        };
+        let parts = old.try_split_at(p)?;
+        v.room_for_one_more()?;
+        Ok(Some(parts))
+    }
+
     /// `child` was split after `p` tokens: `head` took its first part and became its
     /// parent. The head shares the child's host state (SGLang splits `host_value` with
-    /// `value`).
-    pub(crate) fn host_on_split(&mut self, child: u32, head: u32, p: usize) {
+    /// `value`); `parts` are its copy's ([`RadixTree::host_prepare_split`]).
+    pub(crate) fn host_on_split(
+        &mut self,
+        child: u32,
+        head: u32,
+        parts: Option<(HostCopy, HostCopy)>,
+    ) {
         if let Some(h) = self.host.as_mut() {
-            if let Some(v) = h.values.as_mut() {
-                if let Some(old) = v.by_slot.remove(&child) {
-                    let (first, rest) = old.split_at(p);
-                    v.by_slot.insert(head, first);
-                    v.by_slot.insert(child, rest);
-                }
+            if let (Some(v), Some((first, rest))) = (h.values.as_mut(), parts) {
+                v.by_slot.insert(head, first);
+                v.by_slot.insert(child, rest);
             }
             let c = h.slot(child);
             *h.slot_mut(head) = HostSlot {
@@ -460,22 +610,58 @@ impl RadixTree {
         }
         let key = self.policy_key(slot);
         let serial = self.serial(slot);
+        if self
+            .host
+            .as_ref()
+            .is_some_and(|h| h.heap.len() == h.heap.capacity())
+        {
+            #[cfg(test)]
+            if let Some(h) = self.host.as_mut() {
+                h.rebuilds[1] += 1;
+            }
+            self.rebuild_host_heap();
+        }
         if let Some(h) = self.host.as_mut() {
+            // After a rebuild the heap holds at most one entry per slot: room is left.
+            debug_assert!(h.heap.len() < h.heap.capacity());
             h.heap.push(Reverse((key, slot, serial)));
-            if h.heap.len() > 2 * h.evicted_nodes + 1024 {
+            if h.heap.len() > 2 * h.evicted_nodes + HEAP_SLACK {
                 self.rebuild_host_heap();
             }
         }
     }
 
+    /// Drops the stale and repeated entries of the host order, in place (no allocation).
+    /// Every change that makes a node a host leaf or changes its key pushes an entry
+    /// (`check_host_invariants` checks that each host leaf has one after every call), so
+    /// what is left is one entry per host leaf, and a node that becomes one again later
+    /// is pushed again then.
     fn rebuild_host_heap(&mut self) {
-        let leaves: Vec<HostEntry> = (0..self.nodes.len() as u32)
-            .filter(|&s| self.is_host_leaf(s))
-            .map(|s| Reverse((self.policy_key(s), s, self.serial(s))))
-            .collect();
+        let Some(h) = self.host.as_mut() else {
+            return;
+        };
+        let mut entries = std::mem::take(&mut h.heap).into_vec();
+        entries.retain(|&Reverse((key, slot, serial))| self.host_entry_current(key, slot, serial));
+        entries.sort_unstable();
+        entries.dedup();
         if let Some(h) = self.host.as_mut() {
-            h.heap = BinaryHeap::from(leaves);
+            h.heap = BinaryHeap::from(entries);
+            #[cfg(test)]
+            {
+                h.rebuilds[0] += 1;
+            }
         }
+    }
+
+    /// Whether a host-order entry names a live host leaf with its current key.
+    fn host_entry_current(&self, key: PolicyKey, slot: u32, serial: u64) -> bool {
+        // A free slot's stamps are stale: test liveness first.
+        let live = self
+            .nodes
+            .get(slot as usize)
+            .is_some_and(|n| n.parent != NO_PARENT)
+            && self.serial(slot) == serial;
+        live && self.is_host_leaf(slot) && self.policy_key(slot) == key
     }
 
     /// SGLang `_is_host_leaf`: host-only, childless, unlocked, not the root (nor a free
@@ -498,13 +684,7 @@ impl RadixTree {
             else {
                 break;
             };
-            // A free slot's stamps are stale: test liveness first.
-            let live = self
-                .nodes
-                .get(slot as usize)
-                .is_some_and(|n| n.parent != NO_PARENT)
-                && self.serial(slot) == serial;
-            if !live || !self.is_host_leaf(slot) || self.policy_key(slot) != key {
+            if !self.host_entry_current(key, slot, serial) {
                 continue;
             }
             freed += self.delete_host_only(slot);
@@ -531,50 +711,73 @@ impl RadixTree {
     }
 
     /// Copies `slot` to host memory, evicting host leaves if short (SGLang
-    /// `_execute_kv_backup`). False when host memory cannot take it.
-    fn backup_one(&mut self, slot: u32) -> bool {
+    /// `_execute_kv_backup`). False when host memory cannot take it. With the copies'
+    /// values kept, the copy is allocated first: without memory for it, an
+    /// `OutOfMemory` error and nothing changes.
+    fn backup_one(&mut self, slot: u32) -> Result<bool> {
         let len = self.nodes[slot as usize].span.len();
-        let Some(free) = self.host.as_ref().map(|h| h.free()) else {
-            return false;
+        let Some(h) = self.host.as_mut() else {
+            return Ok(false);
         };
+        let copy = match h.values.as_mut() {
+            Some(v) => Some(v.prepare_copy(&self.nodes[slot as usize].span)?),
+            None => None,
+        };
+        let free = h.free();
         if free < len {
             self.evict_host(len - free);
         }
         let Some(h) = self.host.as_mut() else {
-            return false;
+            return Ok(false);
         };
         if h.free() < len {
-            return false;
+            return Ok(false);
         }
         h.used += len;
         h.stats.stored_tokens += len as u64;
         h.stats.peak_host_tokens = h.stats.peak_host_tokens.max(h.used);
         h.slot_mut(slot).backed = true;
-        if let Some(v) = h.values.as_mut() {
-            v.scratch.clear();
-            self.nodes[slot as usize].span.extend_values(&mut v.scratch);
-            let copy = HostCopy::new(&v.scratch);
-            v.stored.push(copy.clone());
+        if let (Some(v), Some((copy, twin))) = (h.values.as_mut(), copy) {
+            v.stored.push(twin);
             v.by_slot.insert(slot, copy);
         }
-        true
+        Ok(true)
     }
 
     /// Write-through backup of `slot` with its unbacked ancestors, top-down, stopping at
     /// the first that does not fit (SGLang `_build_backup_kv_action` +
-    /// `_execute_and_commit_kv_backup`).
-    pub(crate) fn backup_chain(&mut self, slot: u32) {
-        let mut chain = vec![slot];
+    /// `_execute_and_commit_kv_backup`). An `OutOfMemory` error when a copy's values
+    /// cannot be allocated (the nodes before it stay backed up).
+    pub(crate) fn backup_chain(&mut self, slot: u32) -> Result<()> {
+        let Some(mut chain) = self.host.as_mut().map(|h| std::mem::take(&mut h.chain)) else {
+            return Ok(());
+        };
+        chain.clear();
+        // Room for every slot was reserved: the chain is a path of distinct slots.
+        chain.push(slot);
         let mut cur = self.nodes[slot as usize].parent;
         while cur != ROOT && !self.host_slot(cur).backed {
             chain.push(cur);
             cur = self.nodes[cur as usize].parent;
         }
+        let mut out = Ok(());
         for &s in chain.iter().rev() {
-            if !self.host_slot(s).backed && !self.backup_one(s) {
-                return;
+            if self.host_slot(s).backed {
+                continue;
+            }
+            match self.backup_one(s) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    out = Err(e);
+                    break;
+                }
             }
         }
+        if let Some(h) = self.host.as_mut() {
+            h.chain = chain;
+        }
+        out
     }
 
     /// Insert's write-through rule for a node whose hit count was just counted (SGLang
@@ -619,22 +822,59 @@ impl RadixTree {
     /// leaves in policy order; a backed-up leaf is demoted (stays host-only), an
     /// unbacked one is backed up first under write_back, otherwise deleted with its
     /// host-only subtree.
+    ///
+    /// What an eviction allocates (the freed indices, a write-back copy's values, the
+    /// list of a deleted leaf's host-only subtree) is allocated before the leaf changes:
+    /// when it cannot be, the eviction stops there and what was freed is returned, as
+    /// without a tier.
     pub(crate) fn evict_with_host<S: FreedSink>(&mut self, target: u64, freed: &mut S) {
         let write_back = self.write_policy() == Some(WritePolicy::WriteBack);
         while (freed.count() as u64) < target {
-            if self.evictable.is_empty() {
+            let Some(&slot) = self.evictable.first() else {
+                break;
+            };
+            if !freed.make_room(self.nodes[slot as usize].span.len()) {
                 break;
             }
-            let slot = self.remove_at(0);
-            if write_back && !self.host_slot(slot).backed {
-                self.backup_one(slot);
+            // A backup changes no device leaf: `slot` stays the first.
+            if write_back && !self.host_slot(slot).backed && self.backup_one(slot).is_err() {
+                break;
             }
             if self.host_slot(slot).backed {
+                let removed = self.remove_at(0);
+                debug_assert_eq!(removed, slot);
                 self.demote(slot, freed);
             } else {
-                self.delete_device_leaf(slot, freed);
+                let Ok(below) = self.host_subtree(slot) else {
+                    break;
+                };
+                let removed = self.remove_at(0);
+                debug_assert_eq!(removed, slot);
+                self.delete_device_leaf(slot, &below, freed);
             }
         }
+    }
+
+    /// The host-only nodes below the device leaf `slot`, parents before children (the
+    /// order `delete_device_leaf` releases them in, reversed), or an error when the list
+    /// cannot be allocated.
+    fn host_subtree(&self, slot: u32) -> Result<Vec<u32>> {
+        let oom = |e| Error::out_of_memory("an evicted leaf's host-only nodes", e);
+        let mut below = Vec::new();
+        let mut stack: Vec<u32> = Vec::new();
+        let first = &self.nodes[slot as usize].children;
+        stack.try_reserve(first.len(&self.indexes)).map_err(oom)?;
+        stack.extend(first.iter(&self.indexes));
+        while let Some(s) = stack.pop() {
+            below.try_reserve(1).map_err(oom)?;
+            below.push(s);
+            let children = &self.nodes[s as usize].children;
+            stack
+                .try_reserve(children.len(&self.indexes))
+                .map_err(oom)?;
+            stack.extend(children.iter(&self.indexes));
+        }
+        Ok(below)
     }
 
     /// Releases the device KV of backed-up `slot`; it stays, host-only.
@@ -654,13 +894,8 @@ impl RadixTree {
 
     /// Deletes the unbacked device leaf `slot` and its host-only subtree (SGLang
     /// `_delete_unbacked_device_leaf`, `drop_subtree_no_host`).
-    fn delete_device_leaf<S: FreedSink>(&mut self, slot: u32, freed: &mut S) {
-        let mut below = Vec::new();
-        let mut stack: Vec<u32> = self.nodes[slot as usize].children.ids(&self.indexes);
-        while let Some(s) = stack.pop() {
-            below.push(s);
-            stack.extend(self.nodes[s as usize].children.iter(&self.indexes));
-        }
+    /// `below` is its host-only subtree ([`RadixTree::host_subtree`]).
+    fn delete_device_leaf<S: FreedSink>(&mut self, slot: u32, below: &[u32], freed: &mut S) {
         for &s in below.iter().rev() {
             let len = self.nodes[s as usize].span.len();
             if let Some(h) = self.host.as_mut() {
@@ -687,24 +922,19 @@ impl RadixTree {
         self.host_offer(parent);
     }
 
-    /// Host-only nodes on the path to `node`, top-down, and their total length.
-    fn host_tail(&self, slot: u32) -> (Vec<u32>, usize) {
-        let mut nodes = Vec::new();
-        let mut len = 0;
-        let mut cur = slot;
-        while cur != ROOT && self.is_evicted(cur) {
-            nodes.push(cur);
-            len += self.nodes[cur as usize].span.len();
-            cur = self.nodes[cur as usize].parent;
-        }
-        nodes.reverse();
-        (nodes, len)
+    /// Host-only nodes on the path to `node`, bottom-up.
+    fn host_tail_nodes(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(slot), |&s| Some(self.nodes[s as usize].parent))
+            .take_while(|&s| s != ROOT && self.is_evicted(s))
     }
 
     /// Tokens on the path to `node` that are host-only (what `load_back` would load).
     pub fn host_tail_len(&self, node: NodeRef) -> Result<usize> {
         let slot = self.resolve(node)?;
-        Ok(self.host_tail(slot).1)
+        Ok(self
+            .host_tail_nodes(slot)
+            .map(|s| self.nodes[s as usize].span.len())
+            .sum())
     }
 
     /// Loads the host-only nodes on the path to `node` back to the device with KV
@@ -714,7 +944,16 @@ impl RadixTree {
     /// ancestor: [`RadixTree::inc_lock_ref`] it, [`RadixTree::evict`], then load).
     pub fn load_back(&mut self, node: NodeRef, values: Option<&[i64]>) -> Result<usize> {
         let slot = self.resolve(node)?;
-        let (nodes, len) = self.host_tail(slot);
+        let oom = |e| Error::out_of_memory("load_back", e);
+        let count = self.host_tail_nodes(slot).count();
+        let mut nodes = Vec::new();
+        nodes.try_reserve_exact(count).map_err(oom)?;
+        nodes.extend(self.host_tail_nodes(slot));
+        nodes.reverse();
+        let len: usize = nodes
+            .iter()
+            .map(|&s| self.nodes[s as usize].span.len())
+            .sum();
         if let Some(v) = values {
             if v.len() != len {
                 return Err(Error::InvalidArgument(format!(
@@ -724,7 +963,8 @@ impl RadixTree {
                 )));
             }
         }
-        let mut spans = Vec::with_capacity(nodes.len());
+        let mut spans = Vec::new();
+        spans.try_reserve_exact(nodes.len()).map_err(oom)?;
         let mut off = 0;
         for &s in &nodes {
             let key = self.nodes[s as usize].span.key();
@@ -758,14 +998,14 @@ impl RadixTree {
 
     /// The values of every non-root node's host copy, in [`RadixTree::dump`] order (empty
     /// for a node without a copy, or when the values are not kept).
-    pub fn host_values_dump(&self) -> Vec<Vec<i64>> {
+    pub fn host_values_dump(&self) -> Result<Vec<Vec<i64>>> {
         let mut out = Vec::with_capacity(self.num_nodes);
         let mut stack: Vec<u32> = self.sorted_children(ROOT).into_iter().rev().collect();
         while let Some(slot) = stack.pop() {
-            out.push(self.host_values_of(slot).unwrap_or_default());
+            out.push(self.host_values_of(slot)?.unwrap_or_default());
             stack.extend(self.sorted_children(slot).into_iter().rev());
         }
-        out
+        Ok(out)
     }
 
     /// The host tier's part of [`RadixTree::check_invariants`].
@@ -835,6 +1075,13 @@ impl RadixTree {
             ));
         }
         if let Some(v) = &h.values {
+            if v.dropped.capacity() - v.dropped.len() < v.by_slot.len() {
+                return Err(format!(
+                    "room to drop {} of the {} host copies",
+                    v.dropped.capacity() - v.dropped.len(),
+                    v.by_slot.len()
+                ));
+            }
             let backed = h.slots.iter().filter(|s| s.backed).count();
             if v.by_slot.len() != backed {
                 return Err(format!(
@@ -958,14 +1205,17 @@ mod tests {
         assert!(t.set_host_events(true).is_ok() && t.host_events());
         t.insert(&[1, 2, 3, 4], Some(&[10, 11, 12, 13]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(false), (vec![10, 11, 12, 13], vec![]));
-        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        assert_eq!(
+            t.take_host_events(false).unwrap(),
+            (vec![10, 11, 12, 13], vec![])
+        );
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![], vec![]));
         // A split splits the copy.
         t.insert(&[1, 2, 7], Some(&[20, 21, 22]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(false), (vec![22], vec![]));
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![22], vec![]));
         assert_eq!(
-            t.host_values_dump(),
+            t.host_values_dump().unwrap(),
             vec![vec![10, 11], vec![12, 13], vec![22]]
         );
         t.check_invariants().expect("invariants");
@@ -973,17 +1223,20 @@ mod tests {
         assert_eq!(t.evict(3).expect("evict").len(), 3);
         let m = t.match_prefix(&[1, 2, 3, 4], &ns).unwrap();
         assert_eq!(t.load_back(m.host_node, Some(&[30, 31])).expect("load"), 2);
-        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![], vec![]));
         t.check_invariants().expect("invariants");
         // Host eviction drops the host-only [7].
         assert_eq!(t.evict_host(1), 1);
-        assert_eq!(t.take_host_events(false), (vec![], vec![22]));
-        assert_eq!(t.host_values_dump(), vec![vec![10, 11], vec![12, 13]]);
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![], vec![22]));
+        assert_eq!(
+            t.host_values_dump().unwrap(),
+            vec![vec![10, 11], vec![12, 13]]
+        );
         // A copy that does not fit evicts host leaves: both in one report, made first.
         t.evict(4).expect("evict");
         t.insert(&[5, 6, 7, 8, 9], Some(&[40, 41, 42, 43, 44]), &ns, 0, 0)
             .expect("insert");
-        let (stored, dropped) = t.take_host_events(false);
+        let (stored, dropped) = t.take_host_events(false).unwrap();
         assert_eq!(stored, vec![40, 41, 42, 43, 44]);
         assert_eq!(dropped, vec![12, 13]);
         t.check_invariants().expect("invariants");
@@ -991,13 +1244,13 @@ mod tests {
         t.reset();
         assert!(t.host_events());
         t.insert(&[1], Some(&[5]), &ns, 0, 0).expect("insert");
-        assert_eq!(t.take_host_events(false), (vec![5], vec![]));
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![5], vec![]));
         // Off: nothing is kept.
         let mut off = tree(8, WritePolicy::WriteThrough);
         off.insert(&[1, 2], Some(&[10, 11]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(off.take_host_events(false), (vec![], vec![]));
-        assert_eq!(off.host_values_dump(), vec![Vec::<i64>::new()]);
+        assert_eq!(off.take_host_events(false).unwrap(), (vec![], vec![]));
+        assert_eq!(off.host_values_dump().unwrap(), vec![Vec::<i64>::new()]);
         assert!(off.set_host_events(true).is_err()); // not on a non-empty tree
         let mut none = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
         assert!(none.set_host_events(true).is_err()); // no tier
@@ -1012,14 +1265,20 @@ mod tests {
         t.set_host_events(true).expect("events");
         t.insert(&[1, 2, 3], Some(&[10, 11, 12]), &ns, 0, 0)
             .expect("insert");
-        assert_eq!(t.take_host_events(false), (vec![], vec![]));
+        assert_eq!(t.take_host_events(false).unwrap(), (vec![], vec![]));
         assert_eq!(t.evict(3).expect("evict"), vec![10, 11, 12]);
-        assert_eq!(t.take_host_events(false), (vec![10, 11, 12], vec![]));
+        assert_eq!(
+            t.take_host_events(false).unwrap(),
+            (vec![10, 11, 12], vec![])
+        );
         // A leaf too long for host memory evicts the host leaves first, then is deleted.
         t.insert(&[4, 5, 6, 7, 8], Some(&[20, 21, 22, 23, 24]), &ns, 0, 0)
             .expect("insert");
         assert_eq!(t.evict(5).expect("evict").len(), 5);
-        assert_eq!(t.take_host_events(false), (vec![], vec![10, 11, 12]));
+        assert_eq!(
+            t.take_host_events(false).unwrap(),
+            (vec![], vec![10, 11, 12])
+        );
         assert_eq!((t.num_nodes(), t.host_size()), (0, 0));
         t.check_invariants().expect("invariants");
     }
@@ -1037,12 +1296,15 @@ mod tests {
             &[0, 0, 0, 0, 0, 0],
         ];
         for values in cases {
-            let c = HostCopy::new(values);
-            assert_eq!((c.to_vec(), c.len()), (values.to_vec(), values.len()));
+            let c = HostCopy::try_new(values).unwrap();
+            assert_eq!(
+                (c.try_to_vec().unwrap(), c.len()),
+                (values.to_vec(), values.len())
+            );
             for p in 0..=values.len() {
-                let (a, b) = c.split_at(p);
+                let (a, b) = c.try_split_at(p).unwrap();
                 assert_eq!(
-                    (a.to_vec(), b.to_vec()),
+                    (a.try_to_vec().unwrap(), b.try_to_vec().unwrap()),
                     (values[..p].to_vec(), values[p..].to_vec())
                 );
             }
@@ -1055,10 +1317,13 @@ mod tests {
             assert_eq!(nz[1..], want);
         }
         assert!(matches!(
-            HostCopy::new(&[0, 0, 0, 0, 0, 0, 0, 9]),
+            HostCopy::try_new(&[0, 0, 0, 0, 0, 0, 0, 9]).unwrap(),
             HostCopy::Sparse { .. }
         ));
-        assert!(matches!(HostCopy::new(&[1, 2, 3]), HostCopy::Dense(_)));
+        assert!(matches!(
+            HostCopy::try_new(&[1, 2, 3]).unwrap(),
+            HostCopy::Dense(_)
+        ));
     }
 
     /// A load with values of the wrong length changes nothing.
@@ -1073,5 +1338,64 @@ mod tests {
         assert!(t.load_back(m.host_node, Some(&[1])).is_err());
         assert_eq!((t.dump(), t.host_dump(), t.host_size()), before);
         t.check_invariants().expect("invariants");
+    }
+    /// Matches through host-only nodes re-key them: their old host-order entries go
+    /// stale and are dropped in place, when stale entries pile up and when the order
+    /// fills its room. Every host leaf keeps its entry (`check_invariants`).
+    #[test]
+    fn host_order_drops_stale_entries_in_place() {
+        let ns = Namespace::default();
+        let mut forced = 0;
+        for write in WritePolicy::ALL {
+            let mut t = tree(1 << 20, write);
+            let mut x = 0x9E37_79B9_u64;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let key = |r: u64, span: u64| {
+                [
+                    (r % span) as u32,
+                    1000 + (r >> 20) as u32 % 4,
+                    2000 + (r >> 40) as u32 % 3,
+                ]
+            };
+            // Cycles: insert keys, demote some or all of them (evict), then match many
+            // (each match of a host-only leaf re-keys it: one more stale entry).
+            for cycle in 0..24u64 {
+                let span = 40 + 60 * (cycle % 4);
+                for _ in 0..300 {
+                    t.insert(&key(next(), span), None, &ns, 0, 0).unwrap();
+                }
+                t.evict(if cycle % 3 == 0 { 1 << 20 } else { 30 }).unwrap();
+                for step in 0..1500 {
+                    let r = next();
+                    if r % 97 == 0 {
+                        t.evict_host(3);
+                    } else {
+                        t.match_prefix(&key(r, span), &ns).unwrap();
+                    }
+                    if step % 50 == 0 {
+                        if let Err(e) = t.check_invariants() {
+                            panic!("{write:?} cycle {cycle} step {step}: {e}");
+                        }
+                    }
+                }
+            }
+            let h = t.host.as_ref().unwrap();
+            forced += h.rebuilds[1];
+            assert!(
+                h.rebuilds[0] >= 3,
+                "{write:?}: {:?} rebuilds, heap {}, host-only {}, nodes {}",
+                h.rebuilds,
+                h.heap.len(),
+                h.evicted_nodes,
+                t.num_nodes()
+            );
+            assert!(h.heap.len() <= h.heap.capacity());
+        }
+        assert!(forced >= 1, "no rebuild of a full host order");
     }
 }

@@ -410,6 +410,7 @@ impl RadixTree {
         if self.free_slots.is_empty() {
             self.nodes.try_reserve_one().map_err(oom)?;
         }
+        self.host_reserve()?;
         self.reserve_sides(stamps, priority, ns)
     }
 
@@ -477,6 +478,7 @@ impl RadixTree {
         // Both halves get exact-size buffers: a split must not leave the head holding the
         // whole original capacity (memory per cached token is a target).
         let (head, tail) = self.nodes[child as usize].span.split_at(p)?;
+        let host_parts = self.host_prepare_split(child, p)?;
         let serial = self.take_serial();
         debug_assert_eq!(serial, stamps.serial);
         let c = &mut self.nodes[child as usize];
@@ -490,7 +492,7 @@ impl RadixTree {
         new.children.insert_first(child);
         let new_slot = self.alloc(new, ns, stamps);
         self.set_priority(new_slot, priority);
-        self.host_on_split(child, new_slot, p);
+        self.host_on_split(child, new_slot, host_parts);
         self.nodes[child as usize].parent = new_slot;
         let replaced =
             self.nodes[parent as usize]
@@ -670,6 +672,10 @@ impl RadixTree {
                     }
                 }
                 if counted && self.wants_backup(node) {
+                    if let Err(e) = backups.try_reserve(1) {
+                        self.drop_unused_namespace(ns);
+                        return Err(Error::out_of_memory("an insert's backups", e));
+                    }
                     backups.push(node);
                 }
             }
@@ -695,6 +701,18 @@ impl RadixTree {
                 self.drop_unused_namespace(ns);
                 return Err(e);
             }
+        }
+        // The copies' values of the backups to come (at most the key's tokens, twice:
+        // the copy and its stored event): checked now, while a failure still leaves what
+        // the tree caches as it was. The copies themselves are allocated as they are made.
+        let room = self.host_values_room(key.len()).and_then(|()| {
+            backups
+                .try_reserve(1)
+                .map_err(|e| Error::out_of_memory("an insert's backups", e))
+        });
+        if let Err(e) = room {
+            self.drop_unused_namespace(ns);
+            return Err(e);
         }
         if !rest.is_empty() {
             let offset = key.len() - rest.len();
@@ -748,7 +766,7 @@ impl RadixTree {
             self.evictable_size += rest.len();
             self.relist(slot);
             if self.wants_backup(slot) {
-                backups.push(slot);
+                backups.push(slot); // room reserved before the leaf was made
             }
             node = slot;
         }
@@ -757,7 +775,7 @@ impl RadixTree {
         }
         self.drop_unused_namespace(ns);
         for slot in backups {
-            self.backup_chain(slot);
+            self.backup_chain(slot)?;
         }
         Ok(InsertOutcome {
             prefix_len: device_prefix.unwrap_or(total),
