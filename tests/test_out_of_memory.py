@@ -87,18 +87,21 @@ CASES = {
         c.check_invariants()
         c.insert(x[:2000])
         assert (c.total_size(), c.host_size(), c.num_nodes) == (2000, 2000, 2)
+    """,
+    "RadixCache write-back copy": """
+        import numpy as np
         # write_back copies a node as it leaves the device: without memory for the copy
-        # of a 50M-token node (400 MB), the eviction stops before it and frees nothing.
-        b = pc.RadixCache(1, "lru", write_policy="write_back", **kw)
-        b.insert(x[:50_000_000])
-        del x, c
+        # of a 50M-token node (400 MB, 64 MB left), the eviction stops before it.
+        b = pc.RadixCache(
+            1, "lru", host_capacity=10**12, write_policy="write_back", host_events=True
+        )
+        b.insert(np.arange(1, 50_000_001, dtype=np.uint32))
         vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize"))
         resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (64 << 20),) * 2)
         assert len(b.evict(10)) == 0
         assert (b.total_size(), b.host_size(), b.evictable_size()) == (50_000_000, 0, 50_000_000)
         b.check_invariants()
         assert b.evict_count(10) == 0  # the same stop, counted
-    
     """,
     "KvIndex": """
         import numpy as np

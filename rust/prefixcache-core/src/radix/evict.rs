@@ -64,9 +64,27 @@ impl RadixTree {
     fn set_side_heap_pos(&mut self, slot: u32, pos: u32) {
         if pos == UNLISTED {
             self.heap_side.remove(&slot);
-            shrink(&mut self.heap_side);
+            self.shrink_heap_side();
         } else {
-            self.heap_side.insert(slot, pos);
+            // Only a tree with a host tier lists nodes with children (device leaves with
+            // host-only children). `host_reserve` keeps room here for twice the slots,
+            // so a new entry never allocates (a table short of free buckets after many
+            // removals is rehashed in place), and a moved one is updated in place.
+            match self.heap_side.get_mut(&slot) {
+                Some(p) => *p = pos,
+                None => {
+                    debug_assert!(self.heap_side.len() < self.heap_side.capacity());
+                    self.heap_side.insert(slot, pos);
+                }
+            }
+        }
+    }
+
+    /// Gives back what the side table of heap positions no longer needs, unless a host
+    /// tier keeps its room.
+    fn shrink_heap_side(&mut self) {
+        if self.host.is_none() {
+            shrink(&mut self.heap_side);
         }
     }
 
@@ -80,7 +98,7 @@ impl RadixTree {
         if pos != UNLISTED && c.is_empty() {
             c.set_heap_pos(pos);
             self.heap_side.remove(&parent);
-            shrink(&mut self.heap_side);
+            self.shrink_heap_side();
         }
         removed
     }

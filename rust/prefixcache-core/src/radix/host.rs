@@ -19,7 +19,9 @@ use rustc_hash::FxHashMap;
 
 use super::children::child_key;
 use super::evict::FreedSink;
+use super::node::Node;
 use super::policy::PolicyKey;
+use super::slab::Slab;
 use super::span::Span;
 use super::tree::{NodeRef, RadixTree, NO_PARENT, ROOT};
 use crate::{Error, Result};
@@ -114,7 +116,14 @@ struct HostValues {
     dropped: Vec<HostCopy>,
     /// A node's values on their way into a copy (kept for its capacity).
     scratch: Vec<i64>,
+    /// Copies an insert made before it changed anything, for the backups it makes
+    /// once it can no longer fail: `(slot, copy, twin)` ([`PENDING_LEAF`]: the leaf it
+    /// is about to add).
+    prepared: Vec<(u32, HostCopy, HostCopy)>,
 }
+
+/// The slot of a prepared copy whose node (an insert's new leaf) does not exist yet.
+const PENDING_LEAF: u32 = u32::MAX;
 
 impl HostValues {
     /// The copy of `span`'s values that a backup files, its twin for the stored events,
@@ -124,11 +133,67 @@ impl HostValues {
         self.scratch.clear();
         self.scratch.try_reserve(span.len()).map_err(host_oom)?;
         span.extend_values(&mut self.scratch);
+        self.copy_scratch()
+    }
+
+    /// [`HostValues::prepare_copy`] of the values in `scratch`.
+    fn copy_scratch(&mut self) -> Result<(HostCopy, HostCopy)> {
         let copy = HostCopy::try_new(&self.scratch)?;
         let twin = copy.try_clone()?;
         self.room_for_one_more()?;
         self.stored.try_reserve(1).map_err(host_oom)?;
         Ok((copy, twin))
+    }
+
+    /// The copy prepared for `slot`, if any.
+    fn take_prepared(&mut self, slot: u32) -> Option<(HostCopy, HostCopy)> {
+        let i = self.prepared.iter().position(|p| p.0 == slot)?;
+        let (_, copy, twin) = self.prepared.swap_remove(i);
+        Some((copy, twin))
+    }
+
+    /// The copies of the nodes `slots` and of `leaf` (its tokens and values), filed in
+    /// `prepared` with the room to file them all (`host_prepare_backups`); on failure
+    /// none.
+    fn prepare_all(
+        &mut self,
+        slots: &[u32],
+        nodes: &Slab<Node>,
+        leaf: Option<(&[u32], Option<&[i64]>)>,
+    ) -> Result<()> {
+        let out = (|| {
+            let n = slots.len() + usize::from(leaf.is_some());
+            self.prepared.try_reserve(n).map_err(host_oom)?;
+            self.room_for(n)?;
+            if let Some((tokens, values)) = leaf {
+                self.scratch.clear();
+                self.scratch.try_reserve(tokens.len()).map_err(host_oom)?;
+                match values {
+                    Some(x) => self.scratch.extend_from_slice(x),
+                    None => self.scratch.extend(tokens.iter().map(|&t| i64::from(t))),
+                }
+                let (copy, twin) = self.copy_scratch()?;
+                self.prepared.push((PENDING_LEAF, copy, twin));
+            }
+            for &s in slots {
+                let (copy, twin) = self.prepare_copy(&nodes[s as usize].span)?;
+                self.prepared.push((s, copy, twin));
+            }
+            Ok(())
+        })();
+        if out.is_err() {
+            self.prepared.clear();
+        }
+        out
+    }
+
+    /// Room to file `n` more copies, their stored events, and to drop them later.
+    fn room_for(&mut self, n: usize) -> Result<()> {
+        self.by_slot.try_reserve(n).map_err(host_oom)?;
+        self.stored.try_reserve(n).map_err(host_oom)?;
+        self.dropped
+            .try_reserve(self.by_slot.len() + n)
+            .map_err(host_oom)
     }
 
     /// Room to file one more copy, and to drop every copy filed then without allocating
@@ -364,20 +429,62 @@ impl RadixTree {
         Ok(())
     }
 
-    /// Whether the values of host copies of `tokens` tokens can be allocated (three
-    /// times: the buffer a node's values pass through, the copy and its stored event),
-    /// checked before an insert that may back up that many changes anything. Nothing to
-    /// check when the values are not kept, or under write_back (an insert backs nothing
-    /// up).
-    pub(crate) fn host_values_room(&self, tokens: usize) -> Result<()> {
-        match &self.host {
-            Some(h) if h.values.is_some() && h.policy != WritePolicy::WriteBack => {
-                let mut probe: Vec<i64> = Vec::new();
-                probe
-                    .try_reserve_exact(tokens.saturating_mul(3))
-                    .map_err(host_oom)
+    /// With the copies' values kept: makes, before an insert changes anything, the
+    /// copies its backups will file once it can no longer fail, with the room to file
+    /// them. The backups are the nodes in `backups` (on the insert's path, top-down)
+    /// and, when `leaf` is given (its values: the inserted ones, or the tokens), the leaf
+    /// it is about to add under `path_end`, each with its unbacked ancestors: so the
+    /// unbacked nodes on the path up from the deepest of them. On failure nothing is
+    /// kept and nothing changed.
+    pub(crate) fn host_prepare_backups(
+        &mut self,
+        path_end: u32,
+        backups: &[u32],
+        leaf: Option<(&[u32], Option<&[i64]>)>,
+    ) -> Result<()> {
+        let Some(h) = self.host.as_mut() else {
+            return Ok(());
+        };
+        if h.values.is_none() {
+            return Ok(());
+        }
+        // The unbacked nodes on the path up from the deepest backup, in the chain buffer
+        // (room for every slot).
+        let mut chain = std::mem::take(&mut h.chain);
+        chain.clear();
+        let top = if leaf.is_some() {
+            Some(path_end)
+        } else {
+            backups.last().copied()
+        };
+        let mut cur = top.unwrap_or(ROOT);
+        while cur != ROOT {
+            if !h.slot(cur).backed {
+                chain.push(cur);
             }
-            _ => Ok(()),
+            cur = self.nodes[cur as usize].parent;
+        }
+        let out = match h.values.as_mut() {
+            Some(v) => v.prepare_all(&chain, &self.nodes, leaf),
+            None => Ok(()),
+        };
+        h.chain = chain;
+        out
+    }
+
+    /// The insert's new leaf is `slot`: its prepared copy (if any) is its own now.
+    pub(crate) fn host_name_leaf(&mut self, slot: u32) {
+        if let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) {
+            if let Some(p) = v.prepared.iter_mut().find(|p| p.0 == PENDING_LEAF) {
+                p.0 = slot;
+            }
+        }
+    }
+
+    /// Drops the copies an insert prepared and did not file (their nodes did not fit).
+    pub(crate) fn host_drop_prepared(&mut self) {
+        if let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) {
+            v.prepared.clear();
         }
     }
 
@@ -390,6 +497,11 @@ impl RadixTree {
             return Ok(());
         };
         let oom = |e| Error::out_of_memory("the host tier's node tables", e);
+        // Device leaves with host-only children keep their heap positions there (room
+        // for twice the slots: see `set_side_heap_pos`).
+        self.heap_side
+            .try_reserve((2 * slots).saturating_sub(self.heap_side.len()))
+            .map_err(oom)?;
         h.slots
             .try_reserve(slots.saturating_sub(h.slots.len()))
             .map_err(oom)?;
@@ -572,8 +684,13 @@ impl RadixTree {
     ) {
         if let Some(h) = self.host.as_mut() {
             if let (Some(v), Some((first, rest))) = (h.values.as_mut(), parts) {
+                // The room for the head's entry was made with the parts; the child's is
+                // replaced in place (an insert of a present key may still grow a full
+                // table).
+                if let Some(c) = v.by_slot.get_mut(&child) {
+                    *c = rest;
+                }
                 v.by_slot.insert(head, first);
-                v.by_slot.insert(child, rest);
             }
             let c = h.slot(child);
             *h.slot_mut(head) = HostSlot {
@@ -720,7 +837,10 @@ impl RadixTree {
             return Ok(false);
         };
         let copy = match h.values.as_mut() {
-            Some(v) => Some(v.prepare_copy(&self.nodes[slot as usize].span)?),
+            Some(v) => match v.take_prepared(slot) {
+                Some(c) => Some(c),
+                None => Some(v.prepare_copy(&self.nodes[slot as usize].span)?),
+            },
             None => None,
         };
         let free = h.free();
@@ -788,6 +908,13 @@ impl RadixTree {
             None => false,
             Some(h) => !h.slot(slot).backed && self.stamps(slot).hits >= h.policy.threshold(),
         }
+    }
+
+    /// Whether a new leaf with `hits` hits is backed up by the insert that adds it.
+    pub(crate) fn leaf_wants_backup(&self, hits: u64) -> bool {
+        self.host
+            .as_ref()
+            .is_some_and(|h| hits >= h.policy.threshold())
     }
 
     /// Whether insert counts hits (SGLang skips the count under write_back).

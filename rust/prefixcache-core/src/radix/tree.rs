@@ -616,6 +616,8 @@ impl RadixTree {
         // Host tier: the device part of the path, and the nodes to back up afterwards.
         let mut device_prefix: Option<usize> = None;
         let mut backups: Vec<u32> = Vec::new();
+        // Host-only nodes of the path with the device KV the insert gives them, top-down.
+        let mut revives: Vec<(u32, Span)> = Vec::new();
         while !rest.is_empty() {
             let Some(child) = self.find_child(node, ns, rest) else {
                 break;
@@ -626,6 +628,11 @@ impl RadixTree {
             }
             let page = self.page_size;
             self.set_last_access(child, now);
+            if self.host.is_some() {
+                // A host-only leaf just took a new key: its host-order entry, in case
+                // the call fails before the node is back on the device.
+                self.host_offer(child);
+            }
             let c = &self.nodes[child as usize];
             let common = common_prefix_len(c.span.key(), rest);
             let p = common - common % page;
@@ -656,19 +663,23 @@ impl RadixTree {
                 }
                 if self.is_evicted(node) {
                     // A host-only node takes the inserted KV (SGLang
-                    // `_unevict_node_on_insert`): it is on the device again.
+                    // `_unevict_node_on_insert`): it is on the device again, once the
+                    // call can no longer fail (its KV is made now).
                     let start = total - p;
                     device_prefix.get_or_insert(start);
                     let span = match value {
                         Some(v) => Span::from_values(&key[start..total], &v[start..total]),
                         None => Span::from_tokens(&key[start..total]),
                     };
-                    match span {
-                        Ok(span) => self.revive(node, span),
-                        Err(e) => {
-                            self.drop_unused_namespace(ns);
-                            return Err(e);
-                        }
+                    let taken = span.and_then(|span| {
+                        revives
+                            .try_reserve(1)
+                            .map_err(|e| Error::out_of_memory("an insert's host-only path", e))
+                            .map(|()| revives.push((node, span)))
+                    });
+                    if let Err(e) = taken {
+                        self.drop_unused_namespace(ns);
+                        return Err(e);
                     }
                 }
                 if counted && self.wants_backup(node) {
@@ -702,23 +713,28 @@ impl RadixTree {
                 return Err(e);
             }
         }
-        // The copies' values of the backups to come (at most the key's tokens, twice:
-        // the copy and its stored event): checked now, while a failure still leaves what
-        // the tree caches as it was. The copies themselves are allocated as they are made.
-        let room = self.host_values_room(key.len()).and_then(|()| {
-            backups
+        // The host copies of the backups to come (with the values kept), made while a
+        // failure still leaves what the tree caches as it was: once the leaf exists
+        // nothing may fail.
+        let offset = key.len() - rest.len();
+        let leaf_hits = u64::from(total + rest.len() > inserted_len && counts_hits);
+        let leaf_copy = (!rest.is_empty() && self.leaf_wants_backup(leaf_hits))
+            .then(|| (rest, value.map(|v| &v[offset..key.len()])));
+        if self.host.is_some() {
+            let room = backups
                 .try_reserve(1)
                 .map_err(|e| Error::out_of_memory("an insert's backups", e))
-        });
-        if let Err(e) = room {
-            self.drop_unused_namespace(ns);
-            return Err(e);
+                .and_then(|()| self.host_prepare_backups(path_end, &backups, leaf_copy));
+            if let Err(e) = room {
+                self.drop_unused_namespace(ns);
+                return Err(e);
+            }
         }
         if !rest.is_empty() {
-            let offset = key.len() - rest.len();
             // Allocate before the leaf exists: on failure the tree caches what it did
             // (as after a match_prefix: splits and access times on the matched prefix).
             if let Err(e) = self.reserve_leaf(ns, priority, now) {
+                self.host_drop_prepared();
                 self.drop_unused_namespace(ns);
                 return Err(e);
             }
@@ -729,6 +745,7 @@ impl RadixTree {
             let span = match span {
                 Ok(s) => s,
                 Err(e) => {
+                    self.host_drop_prepared();
                     self.drop_unused_namespace(ns);
                     return Err(e);
                 }
@@ -737,9 +754,7 @@ impl RadixTree {
             let mut leaf = Node::new(node);
             leaf.span = span;
             let mut stamps = Stamps::new(serial, now, now);
-            if total + rest.len() > inserted_len && counts_hits {
-                stamps.hits = 1;
-            }
+            stamps.hits = leaf_hits;
             let ck = child_key(ns, rest[0]);
             let slot = self.alloc(leaf, ns, stamps);
             self.set_priority(slot, priority);
@@ -758,6 +773,7 @@ impl RadixTree {
                 // The leaf goes again; the parent is as it was (it was not listed: a
                 // listed node has no child, and a first child allocates nothing).
                 debug_assert!(!listed, "a first child failed to allocate");
+                self.host_drop_prepared();
                 // Releasing the leaf also drops the namespace if it has no other node.
                 self.release(slot);
                 return Err(e);
@@ -765,18 +781,32 @@ impl RadixTree {
             self.host_on_device_child(node);
             self.evictable_size += rest.len();
             self.relist(slot);
+            self.host_name_leaf(slot);
+            // The call can no longer fail: the host-only nodes of the path take their KV
+            // (the leaf's parent among them: a device child keeps it off the evictable
+            // set, as when it comes back first).
+            for (n, span) in revives.drain(..) {
+                self.revive(n, span);
+            }
             if self.wants_backup(slot) {
                 backups.push(slot); // room reserved before the leaf was made
             }
             node = slot;
         }
+        for (n, span) in revives {
+            self.revive(n, span);
+        }
         if deferred {
             self.path_done(path_end, total, inserted_len, priority, counts_hits);
         }
         self.drop_unused_namespace(ns);
+        // Every copy these backups file was prepared: they allocate nothing.
+        let mut filed = Ok(());
         for slot in backups {
-            self.backup_chain(slot)?;
+            filed = filed.and(self.backup_chain(slot));
         }
+        self.host_drop_prepared();
+        filed?;
         Ok(InsertOutcome {
             prefix_len: device_prefix.unwrap_or(total),
             node: self.handle(node),
