@@ -492,6 +492,28 @@ def test_grid_sweep_command_writes_tables_json_csv_and_heatmap(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(("cpu", "title"), [([], ""), (["--cpu-capacity", "2M"], "2M")])
+def test_sweep_titles_name_the_host_tier(
+    cpu: list[str],
+    title: str,
+    small_sample: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 1-D sweep with a host tier says so in its table's and plot's titles (the hit
+    rates would otherwise read as a run without one)."""
+    import prefixcache.sim.cli as cli_mod
+
+    titles: list[str] = []
+    monkeypatch.setattr(cli_mod, "write_sweep_plot", lambda _p, _c, _r, t: titles.append(t))
+    argv = ["sweep", str(small_sample), "--capacities", "256k", "--policies", "radix"]
+    assert main([*argv, *cpu, "--quiet", "--jobs", "1", "--plot", "x.png"]) == 0
+    out = capsys.readouterr().out
+    named = f"host tier {title} tokens"
+    assert ("hit rate vs KV capacity, " + named in out) == bool(title)
+    assert len(titles) == 1 and (named in titles[0]) == bool(title), titles
+
+
 def test_fleet_gives_every_instance_its_tier(monkeypatch: pytest.MonkeyPatch) -> None:
     import prefixcache.sim.fleet as fleet_mod
 

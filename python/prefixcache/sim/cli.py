@@ -58,6 +58,7 @@ from prefixcache.sim.report import (
     progress_bars,
     record_csv_header,
     record_csv_rows,
+    short_tokens,
     sweep_table,
     trace_stats_table,
     write_csv,
@@ -1103,7 +1104,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console, err: Console) -> int:
     all_sums = _sweep_runs(args, reqs, caps, err)
     for s in all_sums:
         rates.setdefault(s["policy"], []).append(float(s["hit_rate"]))
-    _show(console, sweep_table(caps, rates))
+    _show(console, sweep_table(caps, rates, args.cpu_capacity or 0))
     rejected = [s for s in all_sums if s.get("rejected")]
     if rejected:
         console.print(
@@ -1152,7 +1153,10 @@ def _sweep_outputs(
     after the command and the trace) and ``--csv`` (``sums``)."""
     if args.plot:
         name = Path(label).name.replace("$", r"\$")  # a plain $, not matplotlib's math
-        plot(args.plot, f"{name} ({len(reqs):,} requests, model {args.model})")
+        # A 1-D sweep's host tier is the same behind every capacity: the title says it.
+        cpu = 0 if getattr(args, "cpu_capacities", None) is not None else args.cpu_capacity or 0
+        host = f", host tier {short_tokens(cpu)} tokens" if cpu else ""
+        plot(args.plot, f"{name} ({len(reqs):,} requests, model {args.model}{host})")
         console.print(f"plot written to {args.plot}")
     if args.json:
         write_json(args.json, {"command": "sweep", "trace": label, **fields})

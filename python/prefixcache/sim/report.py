@@ -278,9 +278,13 @@ def difference_table(title: str, diffs: Sequence[dict[str, Any]]) -> Table:
     return t
 
 
-def sweep_table(capacities: Sequence[int], rows: dict[str, list[float]]) -> Table:
-    """Hit rate per capacity (rows) and policy (columns; names wrap at their hyphens)."""
-    t = plain_table("hit rate vs KV capacity")
+def sweep_table(
+    capacities: Sequence[int], rows: dict[str, list[float]], cpu_capacity: int = 0
+) -> Table:
+    """Hit rate per capacity (rows) and policy (columns; names wrap at their hyphens);
+    the title names the host tier behind each capacity, if any."""
+    host = f", host tier {short_tokens(cpu_capacity)} tokens" if cpu_capacity else ""
+    t = plain_table(f"hit rate vs KV capacity{host}")
     t.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
     for name in rows:
         t.add_column(name.replace("-", "-\n"), justify="right", no_wrap=True)
