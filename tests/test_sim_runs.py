@@ -287,6 +287,9 @@ def test_sigint_exits_130_with_one_line_and_no_files(tmp_path: Path, command: st
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "COLUMNS": "120"},
+        # A suite started in the background (`cmd &` without job control) ignores
+        # SIGINT, and a child that inherits that never sees the interrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(4.0)  # imports, reading the trace, into the replay
     assert proc.poll() is None, "the replay ended before it could be interrupted"
