@@ -120,6 +120,9 @@ struct HostValues {
     /// once it can no longer fail: `(slot, copy, twin)` ([`PENDING_LEAF`]: the leaf it
     /// is about to add).
     prepared: Vec<(u32, HostCopy, HostCopy)>,
+    /// Between an insert's `host_prepare_backups` and `host_drop_prepared`: its backups
+    /// must find their copies prepared (checked in debug builds).
+    inserting: bool,
 }
 
 /// The slot of a prepared copy whose node (an insert's new leaf) does not exist yet.
@@ -432,10 +435,9 @@ impl RadixTree {
     /// With the copies' values kept: makes, before an insert changes anything, the
     /// copies its backups will file once it can no longer fail, with the room to file
     /// them. The backups are the nodes in `backups` (on the insert's path, top-down)
-    /// and, when `leaf` is given (its values: the inserted ones, or the tokens), the leaf
-    /// it is about to add under `path_end`, each with its unbacked ancestors: so the
-    /// unbacked nodes on the path up from the deepest of them. On failure nothing is
-    /// kept and nothing changed.
+    /// and, when `leaf` is given (its tokens and values: the inserted ones, or None for
+    /// the tokens), the leaf it is about to add under `path_end`, each with the unbacked
+    /// ancestors its chain copies. On failure nothing is kept and nothing changed.
     pub(crate) fn host_prepare_backups(
         &mut self,
         path_end: u32,
@@ -448,24 +450,35 @@ impl RadixTree {
         if h.values.is_none() {
             return Ok(());
         }
-        // The unbacked nodes on the path up from the deepest backup, in the chain buffer
-        // (room for every slot).
+        // The nodes the backup chains will copy, in the chain buffer (room for every
+        // slot): walking up from the deepest backup, each backup and the unbacked nodes
+        // above it up to the first backed one (`backup_chain`).
         let mut chain = std::mem::take(&mut h.chain);
         chain.clear();
-        let top = if leaf.is_some() {
-            Some(path_end)
-        } else {
-            backups.last().copied()
+        let mut pending = backups.len(); // `backups[..pending]`: not met yet (top-down)
+        let (mut cur, mut active) = match (leaf, backups.last()) {
+            (Some(_), _) => (path_end, true),
+            (None, Some(&b)) => (b, false),
+            (None, None) => (ROOT, false),
         };
-        let mut cur = top.unwrap_or(ROOT);
         while cur != ROOT {
-            if !h.slot(cur).backed {
+            if pending > 0 && backups[pending - 1] == cur {
+                pending -= 1;
+                active = true;
+            }
+            if h.slot(cur).backed {
+                active = false;
+            } else if active {
                 chain.push(cur);
             }
             cur = self.nodes[cur as usize].parent;
         }
         let out = match h.values.as_mut() {
-            Some(v) => v.prepare_all(&chain, &self.nodes, leaf),
+            Some(v) => {
+                let out = v.prepare_all(&chain, &self.nodes, leaf);
+                v.inserting = out.is_ok();
+                out
+            }
             None => Ok(()),
         };
         h.chain = chain;
@@ -485,6 +498,7 @@ impl RadixTree {
     pub(crate) fn host_drop_prepared(&mut self) {
         if let Some(v) = self.host.as_mut().and_then(|h| h.values.as_mut()) {
             v.prepared.clear();
+            v.inserting = false;
         }
     }
 
@@ -839,7 +853,10 @@ impl RadixTree {
         let copy = match h.values.as_mut() {
             Some(v) => match v.take_prepared(slot) {
                 Some(c) => Some(c),
-                None => Some(v.prepare_copy(&self.nodes[slot as usize].span)?),
+                None => {
+                    debug_assert!(!v.inserting, "an insert's backup of {slot} not prepared");
+                    Some(v.prepare_copy(&self.nodes[slot as usize].span)?)
+                }
             },
             None => None,
         };
@@ -1475,6 +1492,9 @@ mod tests {
         let mut forced = 0;
         for write in WritePolicy::ALL {
             let mut t = tree(1 << 20, write);
+            // The copies' values kept too: in debug builds every backup of an insert
+            // checks that its copy was prepared before the insert changed anything.
+            t.set_host_events(true).expect("host events");
             let mut x = 0x9E37_79B9_u64;
             let mut next = move || {
                 x ^= x << 13;
@@ -1501,6 +1521,10 @@ mod tests {
                     let r = next();
                     if r % 97 == 0 {
                         t.evict_host(3);
+                        t.take_host_events(false).unwrap();
+                    } else if r % 89 == 0 {
+                        // Inserts through host-only nodes and partly backed paths.
+                        t.insert(&key(r, span), None, &ns, 0, 0).unwrap();
                     } else {
                         t.match_prefix(&key(r, span), &ns).unwrap();
                     }
