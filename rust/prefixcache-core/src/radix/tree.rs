@@ -657,10 +657,11 @@ impl RadixTree {
                 self.relist(child);
             }
             if self.host.is_some() {
-                if node != child {
-                    // The host-only tail of a split keeps the new access time.
-                    self.host_offer(child);
-                }
+                // A host-only leaf keeps its host-order entry with its new key: the tail
+                // of a split with the new access time, or the whole node with the hit and
+                // priority just counted (it is on the device again only once the call
+                // can no longer fail).
+                self.host_offer(child);
                 if self.is_evicted(node) {
                     // A host-only node takes the inserted KV (SGLang
                     // `_unevict_node_on_insert`): it is on the device again, once the
