@@ -248,3 +248,25 @@ fn no_refused_allocation_aborts_a_radix_call_with_a_host_tier() {
         }
     }
 }
+
+/// A call that brings host-only nodes back to the device lists them as device leaves:
+/// when the evictable set is full, that needs room too (here the set holds 4 leaves in
+/// room for 4, and the revived node's parent is the root, which is never listed).
+#[test]
+fn reviving_host_only_nodes_into_a_full_evictable_set_does_not_abort() {
+    let ins = |key: Vec<u32>| Op::Insert { key, values: true };
+    for revive in [ins(vec![9, 9]), Op::LoadBack(vec![9, 9])] {
+        for policy in [EvictionPolicy::Lru, EvictionPolicy::Lfu] {
+            for write in WritePolicy::ALL {
+                // [9, 9] host-only under the root (backed up on its second hit, or on
+                // eviction under write_back), then 4 device leaves.
+                let mut ops = vec![ins(vec![9, 9]), ins(vec![9, 9]), Op::Evict(1 << 30)];
+                ops.extend((1..=4).map(|i| ins(vec![i])));
+                let t = fresh(policy, write, 1 << 10, &ops);
+                assert_eq!((t.num_evictable_leaves(), t.num_host_only_nodes()), (4, 1));
+                ops.push(revive.clone());
+                refuse_each_allocation_of_each_call(policy, write, 1 << 10, &ops);
+            }
+        }
+    }
+}

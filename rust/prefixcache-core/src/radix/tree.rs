@@ -722,9 +722,19 @@ impl RadixTree {
         let leaf_copy = (!rest.is_empty() && self.leaf_wants_backup(leaf_hits))
             .then(|| (rest, value.map(|v| &v[offset..key.len()])));
         if self.host.is_some() {
-            let room = backups
-                .try_reserve(1)
-                .map_err(|e| Error::out_of_memory("an insert's backups", e))
+            // The revived nodes list one more device leaf at most (each one after the
+            // first takes its parent's place), besides the new leaf.
+            let leaf = usize::from(!rest.is_empty());
+            let revived = usize::from(!revives.is_empty());
+            let room = self
+                .evictable
+                .try_reserve(leaf + revived)
+                .map_err(|e| Error::out_of_memory("the evictable set", e))
+                .and_then(|()| {
+                    backups
+                        .try_reserve(1)
+                        .map_err(|e| Error::out_of_memory("an insert's backups", e))
+                })
                 .and_then(|()| self.host_prepare_backups(path_end, &backups, leaf_copy));
             if let Err(e) = room {
                 self.drop_unused_namespace(ns);
