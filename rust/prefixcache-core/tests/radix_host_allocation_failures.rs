@@ -147,34 +147,39 @@ fn scenario() -> Vec<Op> {
     ops
 }
 
-fn tree(write: WritePolicy, host: usize) -> RadixTree {
-    let mut t = RadixTree::new(1, EvictionPolicy::Lru).expect("tree");
+fn tree(policy: EvictionPolicy, write: WritePolicy, host: usize) -> RadixTree {
+    let mut t = RadixTree::new(1, policy).expect("tree");
     t.set_host_tier(host, write).expect("host tier");
     t.set_host_events(true).expect("host events");
     t
 }
 
-fn fresh(write: WritePolicy, host: usize, ops: &[Op]) -> RadixTree {
-    let mut t = tree(write, host);
+fn fresh(policy: EvictionPolicy, write: WritePolicy, host: usize, ops: &[Op]) -> RadixTree {
+    let mut t = tree(policy, write, host);
     for op in ops {
         run(&mut t, op).expect("scenario call with memory");
     }
     t
 }
 
-fn refuse_each_allocation_of_each_call(write: WritePolicy, host: usize, ops: &[Op]) -> usize {
+fn refuse_each_allocation_of_each_call(
+    policy: EvictionPolicy,
+    write: WritePolicy,
+    host: usize,
+    ops: &[Op],
+) -> usize {
     let mut refusals = 0;
     for (j, op) in ops.iter().enumerate() {
-        let mut clean = fresh(write, host, &ops[..j]);
+        let mut clean = fresh(policy, write, host, &ops[..j]);
         let expected = run(&mut clean, op).expect("call with memory");
         let expected_content = content(&clean);
         for k in 0.. {
-            let mut t = fresh(write, host, &ops[..j]);
+            let mut t = fresh(policy, write, host, &ops[..j]);
             let before = content(&t);
             arm(k);
             let got = run(&mut t, op);
             let refused = disarm();
-            let at = format!("{write:?}, call {j} ({op:?}), allocation {k}");
+            let at = format!("{policy:?}, {write:?}, call {j} ({op:?}), allocation {k}");
             t.check_invariants()
                 .unwrap_or_else(|e| panic!("{at} refused: {e}"));
             if !refused {
@@ -191,9 +196,13 @@ fn refuse_each_allocation_of_each_call(write: WritePolicy, host: usize, ops: &[O
                 }
                 Ok(out) if out == expected => {
                     // An eviction that could not file a freed node's slot for reuse
-                    // leaves the slot unused and goes on.
+                    // leaves the slot unused and goes on (an insert's too: its backups
+                    // evict host leaves when short).
                     assert!(
-                        matches!(op, Op::Evict(_) | Op::EvictCount(_) | Op::EvictHost(_)),
+                        matches!(
+                            op,
+                            Op::Evict(_) | Op::EvictCount(_) | Op::EvictHost(_) | Op::Insert { .. }
+                        ),
                         "{at}"
                     );
                     assert_eq!(content(&t), expected_content, "{at}");
@@ -222,15 +231,42 @@ fn refuse_each_allocation_of_each_call(write: WritePolicy, host: usize, ops: &[O
 
 #[test]
 fn no_refused_allocation_aborts_a_radix_call_with_a_host_tier() {
-    for write in WritePolicy::ALL {
-        // Host memory for everything, then for a few nodes only (backups evict host
-        // leaves, or do not fit).
-        for host in [1 << 20, 40] {
-            let refusals = refuse_each_allocation_of_each_call(write, host, &scenario());
-            assert!(
-                refusals >= 40,
-                "{write:?}, host {host}: {refusals} refusals"
-            );
+    // Every eviction policy: under some (lfu, slru) the hits an insert counts on its
+    // path re-key a host-only leaf before the call can still fail.
+    for policy in EvictionPolicy::ALL {
+        for write in WritePolicy::ALL {
+            // Host memory for everything, then for a few nodes only (backups evict host
+            // leaves, or do not fit).
+            for host in [1 << 20, 40] {
+                let refusals =
+                    refuse_each_allocation_of_each_call(policy, write, host, &scenario());
+                assert!(
+                    refusals >= 40,
+                    "{policy:?}, {write:?}, host {host}: {refusals} refusals"
+                );
+            }
+        }
+    }
+}
+
+/// A call that brings host-only nodes back to the device lists them as device leaves:
+/// when the evictable set is full, that needs room too (here the set holds 4 leaves in
+/// room for 4, and the revived node's parent is the root, which is never listed).
+#[test]
+fn reviving_host_only_nodes_into_a_full_evictable_set_does_not_abort() {
+    let ins = |key: Vec<u32>| Op::Insert { key, values: true };
+    for revive in [ins(vec![9, 9]), Op::LoadBack(vec![9, 9])] {
+        for policy in [EvictionPolicy::Lru, EvictionPolicy::Lfu] {
+            for write in WritePolicy::ALL {
+                // [9, 9] host-only under the root (backed up on its second hit, or on
+                // eviction under write_back), then 4 device leaves.
+                let mut ops = vec![ins(vec![9, 9]), ins(vec![9, 9]), Op::Evict(1 << 30)];
+                ops.extend((1..=4).map(|i| ins(vec![i])));
+                let t = fresh(policy, write, 1 << 10, &ops);
+                assert_eq!((t.num_evictable_leaves(), t.num_host_only_nodes()), (4, 1));
+                ops.push(revive.clone());
+                refuse_each_allocation_of_each_call(policy, write, 1 << 10, &ops);
+            }
         }
     }
 }

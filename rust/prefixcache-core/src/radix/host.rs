@@ -1109,6 +1109,11 @@ impl RadixTree {
         }
         let mut spans = Vec::new();
         spans.try_reserve_exact(nodes.len()).map_err(oom)?;
+        // The revived nodes list one more device leaf at most (each one after the first
+        // takes its parent's place).
+        self.evictable
+            .try_reserve(usize::from(!nodes.is_empty()))
+            .map_err(oom)?;
         let mut off = 0;
         for &s in &nodes {
             let key = self.nodes[s as usize].span.key();

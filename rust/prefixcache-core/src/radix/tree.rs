@@ -657,10 +657,11 @@ impl RadixTree {
                 self.relist(child);
             }
             if self.host.is_some() {
-                if node != child {
-                    // The host-only tail of a split keeps the new access time.
-                    self.host_offer(child);
-                }
+                // A host-only leaf keeps its host-order entry with its new key: the tail
+                // of a split with the new access time, or the whole node with the hit and
+                // priority just counted (it is on the device again only once the call
+                // can no longer fail).
+                self.host_offer(child);
                 if self.is_evicted(node) {
                     // A host-only node takes the inserted KV (SGLang
                     // `_unevict_node_on_insert`): it is on the device again, once the
@@ -721,9 +722,19 @@ impl RadixTree {
         let leaf_copy = (!rest.is_empty() && self.leaf_wants_backup(leaf_hits))
             .then(|| (rest, value.map(|v| &v[offset..key.len()])));
         if self.host.is_some() {
-            let room = backups
-                .try_reserve(1)
-                .map_err(|e| Error::out_of_memory("an insert's backups", e))
+            // The revived nodes list one more device leaf at most (each one after the
+            // first takes its parent's place), besides the new leaf.
+            let leaf = usize::from(!rest.is_empty());
+            let revived = usize::from(!revives.is_empty());
+            let room = self
+                .evictable
+                .try_reserve(leaf + revived)
+                .map_err(|e| Error::out_of_memory("the evictable set", e))
+                .and_then(|()| {
+                    backups
+                        .try_reserve(1)
+                        .map_err(|e| Error::out_of_memory("an insert's backups", e))
+                })
                 .and_then(|()| self.host_prepare_backups(path_end, &backups, leaf_copy));
             if let Err(e) = room {
                 self.drop_unused_namespace(ns);
