@@ -143,8 +143,7 @@ impl HostValues {
     fn copy_scratch(&mut self) -> Result<(HostCopy, HostCopy)> {
         let copy = HostCopy::try_new(&self.scratch)?;
         let twin = copy.try_clone()?;
-        self.room_for_one_more()?;
-        self.stored.try_reserve(1).map_err(host_oom)?;
+        self.room_for(1)?;
         Ok((copy, twin))
     }
 
@@ -199,8 +198,8 @@ impl HostValues {
             .map_err(host_oom)
     }
 
-    /// Room to file one more copy, and to drop every copy filed then without allocating
-    /// (`dropped` always has room for all of them).
+    /// Room to file one more copy (a split's second part: no stored event), and to drop
+    /// every copy filed then without allocating (`dropped` always has room for all).
     fn room_for_one_more(&mut self) -> Result<()> {
         self.by_slot.try_reserve(1).map_err(host_oom)?;
         self.dropped
@@ -242,7 +241,8 @@ fn try_boxed<T: Copy>(values: &[T]) -> Result<Box<[T]>> {
 
 /// The values of one host copy: all of them, or, when most are 0 (a publisher's block
 /// labels: one id per block), the others with their offsets.
-#[derive(Debug, Clone)]
+/// Not `Clone`: a copy is duplicated with [`HostCopy::try_clone`], which can fail.
+#[derive(Debug)]
 pub(crate) enum HostCopy {
     Dense(Box<[i64]>),
     Sparse {
