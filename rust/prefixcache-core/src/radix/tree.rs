@@ -793,17 +793,14 @@ impl RadixTree {
             self.evictable_size += rest.len();
             self.relist(slot);
             self.host_name_leaf(slot);
-            // The call can no longer fail: the host-only nodes of the path take their KV
-            // (the leaf's parent among them: a device child keeps it off the evictable
-            // set, as when it comes back first).
-            for (n, span) in revives.drain(..) {
-                self.revive(n, span);
-            }
             if self.wants_backup(slot) {
                 backups.push(slot); // room reserved before the leaf was made
             }
             node = slot;
         }
+        // The call can no longer fail: the host-only nodes of the path take their KV
+        // (the new leaf's parent among them: its device child keeps it off the evictable
+        // set, as when it comes back before the leaf is added).
         for (n, span) in revives {
             self.revive(n, span);
         }
