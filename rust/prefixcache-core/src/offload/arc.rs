@@ -46,12 +46,17 @@ impl Arc {
         }
     }
 
-    /// Room for `n` victims, and for their keys in the ghost lists.
+    /// Room for `n` victims, and for their keys in the ghost lists (each holds at most
+    /// `capacity` keys after a trim, one more while a key joins it).
     pub fn try_reserve(&mut self, n: usize) -> crate::Result<()> {
         self.victims
             .try_reserve(n.saturating_sub(self.victims.len()))
             .map_err(|e| crate::Error::out_of_memory("the ARC's victims", e))?;
-        self.ghosts.try_reserve(n)
+        let most = usize::try_from(self.capacity)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+            .saturating_mul(2);
+        self.ghosts.try_reserve(n, most)
     }
 
     /// A new chunk (unlinked; key hash `h`) enters T1 and leaves the ghost lists.

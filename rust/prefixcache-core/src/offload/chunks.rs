@@ -132,7 +132,8 @@ impl ChunkTable {
     /// address space for all `max_slots` slots when that is at most [`PRESIZE_BYTES`]
     /// (pages are only faulted in as slots are used); else, or when that fails, the slot
     /// vector grows by doubling, capped at `max_slots`. Growing by doubling copies the
-    /// slots at each step and faults in about twice the final table.
+    /// slots at each step and faults in about twice the final table. The index grows
+    /// toward its size for `max_slots` ([`SlotIndex::try_reserve_upto`]).
     pub fn try_reserve(&mut self, n: usize, fresh: usize, max_slots: usize) -> Result<()> {
         let need = self.slots.len().saturating_add(fresh);
         if need > self.slots.capacity() {
@@ -152,7 +153,7 @@ impl ChunkTable {
                     .map_err(|e| Error::out_of_memory("the offload tier's chunk table", e))?;
             }
         }
-        self.index.try_reserve(n)
+        self.index.try_reserve_upto(n, max_slots)
     }
 
     /// Stores `k` (table hash `h`) in slot `id` (free, or the next new slot), unlinked,

@@ -128,24 +128,46 @@ impl SlotIndex {
     /// Room for `n` more entries (fallible; nothing changes on failure).
     #[inline]
     pub fn try_reserve(&mut self, n: usize) -> Result<()> {
+        self.try_reserve_upto(n, usize::MAX)
+    }
+
+    /// Room for `n` more entries in an index that never holds more than `most` (a bound
+    /// the caller knows: a table's capacity). A growth whose array would be at least half
+    /// the largest `most` can need takes that largest array at once: every array a
+    /// growth leaves behind is memory touched once and returned, and this skips the
+    /// largest of them (half the final array) at the price of holding the final array
+    /// from an eighth to a quarter of `most` entries on.
+    #[inline]
+    pub fn try_reserve_upto(&mut self, n: usize, most: usize) -> Result<()> {
         let need = self.len.saturating_add(n);
         if need.saturating_mul(2) <= self.words.len() {
             return Ok(());
         }
-        self.grow(need)
+        self.grow(need, most)
     }
 
-    /// Grows the array for `need` entries.
-    #[cold]
-    fn grow(&mut self, need: usize) -> Result<()> {
-        let mut bits = self.bits.max(4);
-        while (1usize << bits) < need.saturating_mul(2) {
+    /// The bits of the smallest array that holds `n` entries at most half full.
+    fn bits_for(n: usize) -> Result<u32> {
+        let mut bits = 4;
+        while (1usize << bits) < n.saturating_mul(2) {
             bits += 1;
             if bits > MAX_BITS {
                 return Err(Error::out_of_memory(
                     "the offload tier's chunk index",
                     "more than 2^31 entries",
                 ));
+            }
+        }
+        Ok(bits)
+    }
+
+    /// Grows the array for `need` entries (at most `most` ever).
+    #[cold]
+    fn grow(&mut self, need: usize, most: usize) -> Result<()> {
+        let mut bits = Self::bits_for(need)?.max(self.bits);
+        if let Ok(last) = Self::bits_for(most.max(need)) {
+            if last <= bits + 1 {
+                bits = last;
             }
         }
         let words = try_zeroed_words(1usize << bits)?;
@@ -355,6 +377,38 @@ mod tests {
         // Same tag, other low bits: the tag is all the word holds.
         assert_eq!(ix.first_candidate(0xABCD_0000_0000_0002), Some(5));
         assert_eq!(ix.first_candidate(0x1234_0000_0000_0001), None);
+    }
+
+    /// The array lengths an index takes as `n` entries arrive one at a time.
+    fn sizes(n: u32, most: usize) -> Vec<usize> {
+        let mut ix = SlotIndex::default();
+        let mut seen = Vec::new();
+        for i in 0..n {
+            ix.try_reserve_upto(1, most)
+                .unwrap_or_else(|e| panic!("{e}"));
+            ix.insert(u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15), i)
+                .unwrap_or_else(|e| panic!("{e}"));
+            if seen.last() != Some(&ix.words.len()) {
+                seen.push(ix.words.len());
+            }
+        }
+        assert!(ix.consistent());
+        seen
+    }
+
+    #[test]
+    fn a_bounded_index_skips_the_array_before_its_last() {
+        // Unbounded: doubling, 16 words for up to 8 entries and so on.
+        assert_eq!(
+            sizes(1000, usize::MAX),
+            [16, 32, 64, 128, 256, 512, 1024, 2048]
+        );
+        // At most 1000 entries need 2048 words: the growth that would take 1024 takes
+        // 2048 at once (from 257 entries on), and nothing beyond.
+        assert_eq!(sizes(1000, 1000), [16, 32, 64, 128, 256, 512, 2048]);
+        // A bound is no cap: past 100 entries (256 words, taken at 33) the index grows
+        // by doubling for the entries that keep coming.
+        assert_eq!(sizes(1000, 100), [16, 32, 64, 256, 512, 1024, 2048]);
     }
 
     #[test]

@@ -1147,7 +1147,7 @@ impl CpuOffloadManager {
             a.try_reserve(evicts)?;
         }
         if let Some(c) = &mut self.counts {
-            c.try_reserve(n)?;
+            c.try_reserve(n, self.max_tracker_size)?;
         }
         Ok(())
     }

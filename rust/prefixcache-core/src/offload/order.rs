@@ -7,6 +7,7 @@
 //! [`SlotIndex`] of entry indices finds a key; callers that know keys ahead prefetch
 //! their index lines.
 
+use super::chunks::PRESIZE_BYTES;
 use super::index::{prefetch, SlotIndex};
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
@@ -144,8 +145,12 @@ impl<V> Ordered<V> {
         self.find(k).map(|i| &mut self.entries[i as usize].value)
     }
 
-    /// Room for `n` more keys, reserved fallibly (nothing changes on failure).
-    pub fn try_reserve(&mut self, n: usize) -> Result<()> {
+    /// Room for `n` more keys in a map that never holds more than `most` (a bound the
+    /// caller knows: ARC's ghost lists, the tracker's size), reserved fallibly (nothing
+    /// changes on failure). The first reservation takes address space for `most`
+    /// entries when that is at most [`PRESIZE_BYTES`]: entries are used in order, so
+    /// pages are faulted in only as the map fills, and never copied by a growth.
+    pub fn try_reserve(&mut self, n: usize, most: usize) -> Result<()> {
         if self.index.len().saturating_add(n) > MAX_ENTRIES {
             return Err(Error::out_of_memory(
                 "the offload tier's key table",
@@ -153,10 +158,19 @@ impl<V> Ordered<V> {
             ));
         }
         let new = n.saturating_sub(self.num_free);
-        self.entries
-            .try_reserve(new)
-            .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
-        self.index.try_reserve(n)
+        let need = self.entries.len().saturating_add(new);
+        if need > self.entries.capacity() {
+            let whole = most.min(MAX_ENTRIES).max(need);
+            let presized = self.entries.capacity() == 0
+                && whole.saturating_mul(std::mem::size_of::<Entry<V>>()) <= PRESIZE_BYTES
+                && self.entries.try_reserve_exact(whole).is_ok();
+            if !presized {
+                self.entries
+                    .try_reserve(new)
+                    .map_err(|e| Error::out_of_memory("the offload tier's key table", e))?;
+            }
+        }
+        self.index.try_reserve_upto(n, most)
     }
 
     fn unlink(&mut self, i: u32) {
@@ -407,5 +421,43 @@ impl Ordered<u32> {
         let v = e.value;
         self.move_entry(i);
         Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u32) -> BlockHash {
+        BlockHash::from_bytes(&i.to_le_bytes()).unwrap_or_else(|| unreachable!())
+    }
+
+    /// Pushes `n` keys, each after reserving room for it under bound `most`; returns how
+    /// many times the entries moved (a growth by copying).
+    fn moves(n: u32, most: usize) -> usize {
+        let mut o: Ordered<()> = Ordered::new();
+        let mut moved = 0;
+        let mut at = std::ptr::null();
+        for i in 0..n {
+            o.try_reserve(1, most).unwrap_or_else(|e| panic!("{e}"));
+            if o.entries.as_ptr() != at {
+                moved += 1;
+                at = o.entries.as_ptr();
+            }
+            o.push_new(0, key(i), ());
+        }
+        assert_eq!(o.len(), n as usize);
+        assert_eq!(o.keys_of(0).count(), n as usize);
+        moved - 1 // the first reservation is no move
+    }
+
+    #[test]
+    fn a_bounded_map_reserves_its_entries_once() {
+        assert_eq!(moves(5000, 5000), 0);
+        // Without a bound the entries grow by doubling, copied each time.
+        assert!(moves(5000, usize::MAX) >= 5);
+        // A bound larger than the whole reservation allows: doubling again.
+        let too_many = PRESIZE_BYTES / std::mem::size_of::<Entry<()>>() + 1;
+        assert!(moves(5000, too_many) >= 5);
     }
 }
