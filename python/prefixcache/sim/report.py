@@ -302,8 +302,11 @@ def short_tokens(n: int) -> str:
     ):
         for suffix, size in units:
             if n >= size and (n * 10) % size == 0 and (base == 10 or n % size == 0):
-                v = n / size
-                return f"{v:g}{suffix}"
+                # Exact: at most one decimal, and never an exponent (format "g" keeps six
+                # significant digits: 123,456,700 would read 123457k, 10**9 + 1000 1e+06k).
+                tenths = n * 10 // size
+                whole, frac = divmod(tenths, 10)
+                return f"{whole}.{frac}{suffix}" if frac else f"{whole}{suffix}"
     return f"{n:,}"
 
 
