@@ -379,9 +379,11 @@ def write_grid_plot(
     fig, axes = plt.subplots(
         nrow,
         ncol,
+        # Each row of panels: its grid (at least as tall as the y label's two lines),
+        # then its title, tick labels and x label.
         figsize=(
             1.0 + 0.9 * len(cpu_capacities) * ncol + 1.6 * ncol,
-            1.2 + 0.6 * len(capacities) * nrow,
+            0.6 + (max(0.6 * len(capacities), 1.0) + 0.9) * nrow,
         ),
         squeeze=False,
     )
@@ -402,7 +404,7 @@ def write_grid_plot(
             )
             ax.set_yticks(range(len(capacities)), [short_tokens(c) for c in capacities])
             ax.set_xlabel("host capacity (tokens)")
-            ax.set_ylabel("GPU capacity (tokens)")
+            ax.set_ylabel("GPU capacity\n(tokens)")
             ax.set_title(f"{pol}: {what}", fontsize=10)
             for (r, c), v in np.ndenumerate(grid):
                 if math.isfinite(v):
