@@ -633,11 +633,16 @@ def test_tables_show_the_host_columns_only_with_a_tier() -> None:
         ),
         (
             "sweep --capacities 16k --cpu-capacities 0,32 --policies radix,trtllm --jobs 1",
-            "cpu_capacity 32 is less than one 64-token block",
+            "trtllm: cpu_capacity 32 is less than one 64-token block",
+        ),
+        # Each policy names itself: here the one of 64-token blocks, not trtllm16.
+        (
+            "replay --capacity 16k --policies trtllm16,trtllm --cpu-capacity 32 --jobs 1",
+            "trtllm: cpu_capacity 32 is less than one 64-token block",
         ),
         (
             "sweep --capacities 16k,10 --policies radix,trtllm --jobs 1",
-            "capacity 10 is less than one 64-token block",
+            "trtllm: capacity 10 is less than one 64-token block",
         ),
         (
             "replay --capacity 1e14 --policies radix,trtllm --jobs 1",
