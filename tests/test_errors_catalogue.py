@@ -2007,7 +2007,7 @@ CATALOGUE: list[Row] = [
     cmd(
         "a trie host tier smaller than one block",
         ["replay", "workload:F", "--cpu-capacity", "10", "--policies", "trtllm"],
-        "cpu_capacity 10 is less than one 64-token block",
+        "trtllm: cpu_capacity 10 is less than one 64-token block",
     ),
     cmd(
         "a host tier for a policy without one",

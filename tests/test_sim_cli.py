@@ -15,6 +15,7 @@ import pytest
 from prefixcache.sim.cli import main, parse_capacity
 from prefixcache.sim.policies import blocks_available
 from prefixcache.sim.replay import replay, summarize
+from prefixcache.sim.report import short_tokens
 from prefixcache.sim.workloads import study_workload
 
 POLICIES = ["radix", "radix-page16"] + (["vllm-blocks"] if blocks_available() else [])
@@ -232,6 +233,26 @@ def test_builtin_workload_as_trace_and_errors(capsys: pytest.CaptureFixture[str]
 )
 def test_capacity_accepts_decimal_and_binary_forms(text: str, tokens: int) -> None:
     assert parse_capacity(text) == tokens
+
+
+@pytest.mark.parametrize(
+    ("tokens", "label"),
+    [
+        (6400, "6.4k"),
+        (2**20, "1Mi"),
+        (123_456_700, "123456.7k"),
+        (123_457_000, "123457k"),
+        (10**9 + 1000, "1000001k"),
+        (1_234_567_000, "1234567k"),
+        (10**15, "1000T"),
+        (1234, "1,234"),
+    ],
+)
+def test_capacity_labels_are_exact(tokens: int, label: str) -> None:
+    """A table's or a heatmap's capacity label reads back as its capacity: no rounding to
+    six digits, no exponent (two columns of a sweep never share a label)."""
+    assert short_tokens(tokens) == label
+    assert parse_capacity(label.replace(",", "")) == tokens
 
 
 @pytest.mark.parametrize(

@@ -492,6 +492,45 @@ def test_grid_sweep_command_writes_tables_json_csv_and_heatmap(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(
+    ("num_caps", "num_policies", "ttft"), [(1, 3, False), (2, 2, False), (2, 5, True)]
+)
+def test_grid_heatmap_labels_neither_overlap_nor_leave_the_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_caps: int, num_policies: int, ttft: bool
+) -> None:
+    """Every panel's y label fits beside its own row of panels: none runs into another's
+    or is cut off at the figure's edge, however few GPU capacities a row has."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from prefixcache.sim.report import write_grid_plot
+
+    labels: list[Any] = []
+    save = matplotlib.figure.Figure.savefig
+
+    def savefig(fig: Any, *args: Any, **kwargs: Any) -> None:
+        save(fig, *args, **kwargs)
+        r = fig.canvas.get_renderer()
+        labels.extend(ax.yaxis.label.get_window_extent(r) for ax in fig.axes if ax.get_ylabel())
+        labels.append(fig.bbox)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    caps, cpus = [8000 * (i + 1) for i in range(num_caps)], [0, 6400, 12_800]
+    sums = [
+        {"policy": f"p{k}", "capacity": c, "cpu_capacity": h, "hit_rate": 0.1 * k}
+        | ({"ttft_p50": 0.5} if ttft else {})
+        for k in range(num_policies)
+        for c in caps
+        for h in cpus
+    ]
+    write_grid_plot(tmp_path / "g.png", caps, cpus, sums, "grid")
+    *boxes, fig = labels
+    assert len(boxes) == num_policies * (2 if ttft else 1)
+    for i, a in enumerate(boxes):
+        assert a.y0 >= 0 and a.y1 <= fig.height, (i, a)
+        assert not any(a.overlaps(b) for b in boxes[i + 1 :]), i
+
+
 @pytest.mark.parametrize(("cpu", "title"), [([], ""), (["--cpu-capacity", "2M"], "2M")])
 def test_sweep_titles_name_the_host_tier(
     cpu: list[str],
@@ -594,11 +633,16 @@ def test_tables_show_the_host_columns_only_with_a_tier() -> None:
         ),
         (
             "sweep --capacities 16k --cpu-capacities 0,32 --policies radix,trtllm --jobs 1",
-            "cpu_capacity 32 is less than one 64-token block",
+            "trtllm: cpu_capacity 32 is less than one 64-token block",
+        ),
+        # Each policy names itself: here the one of 64-token blocks, not trtllm16.
+        (
+            "replay --capacity 16k --policies trtllm16,trtllm --cpu-capacity 32 --jobs 1",
+            "trtllm: cpu_capacity 32 is less than one 64-token block",
         ),
         (
             "sweep --capacities 16k,10 --policies radix,trtllm --jobs 1",
-            "capacity 10 is less than one 64-token block",
+            "trtllm: capacity 10 is less than one 64-token block",
         ),
         (
             "replay --capacity 1e14 --policies radix,trtllm --jobs 1",

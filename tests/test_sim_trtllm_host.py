@@ -16,7 +16,7 @@ import pytest
 from prefixcache.errors import InvalidInputError
 from prefixcache.reference.trie import BlockTrie as RefTrie
 from prefixcache.sim.cli import main
-from prefixcache.sim.policies import make_policy
+from prefixcache.sim.policies import check_sizes, make_policy
 from prefixcache.sim.policies.trtllm import TrtllmPolicy, parse_trtllm_offload
 from prefixcache.sim.replay import RUN_FIELDS, replay, summarize
 from prefixcache.sim.workloads import study_workload
@@ -100,8 +100,11 @@ def test_bad_tier_arguments() -> None:
     for bad in ("host:101", "host:", "host:07", "lru", "host:x"):
         with pytest.raises(InvalidInputError, match="offload must be host"):
             TrtllmPolicy(6400, cpu_capacity=640, offload=bad)
-    with pytest.raises(InvalidInputError, match="less than one 64-token block"):
+    with pytest.raises(InvalidInputError, match=r"^trtllm: cpu_capacity 63 is less than one 64-"):
         TrtllmPolicy(6400, cpu_capacity=63)
+    # The same check before the capacity is known names the policy too.
+    with pytest.raises(InvalidInputError, match=r"^trtllm16: cpu_capacity 8 is less than one 16-"):
+        check_sizes("trtllm16", None, 8)
     with pytest.raises(InvalidInputError, match="cpu_capacity must be an int >= 0"):
         TrtllmPolicy(6400, cpu_capacity=-1)
 

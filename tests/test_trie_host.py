@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_trie_differential import CLAIM_FIELDS, op_st, outcome, state
+from test_trie_differential import CLAIM_FIELDS, LOOKUP_FIELDS, op_st, outcome, state
 
 from prefixcache import BlockTrie, PrefixCacheError, TrieBlockMoved, TrieBlockRemoved
 from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.reference.trie import BlockTrie as RefTrie
 
 HOST_CLAIM_FIELDS = (*CLAIM_FIELDS, "num_host_blocks", "num_host_tokens")
+HOST_LOOKUP_FIELDS = (*LOOKUP_FIELDS, "num_host_blocks", "num_host_tokens")
 
 
 def host_state(impl: Any) -> Any:
@@ -53,7 +54,7 @@ def host_outcome(impl: Any, op: tuple[Any, ...], prompts: dict[int, list[int]]) 
     """``outcome`` plus the host fields of a claim or lookup, and the cycle step."""
     if op[0] == "lookup":
         lk = impl.lookup(op[1], lora_id=op[2])
-        return ("ok", (lk.num_host_blocks, lk.num_host_tokens))
+        return ("ok", tuple(getattr(lk, f) for f in HOST_LOOKUP_FIELDS))
     if op[0] == "cycle":
         _, rid, toks, pr, ret = op
         try:

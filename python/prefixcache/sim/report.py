@@ -302,8 +302,11 @@ def short_tokens(n: int) -> str:
     ):
         for suffix, size in units:
             if n >= size and (n * 10) % size == 0 and (base == 10 or n % size == 0):
-                v = n / size
-                return f"{v:g}{suffix}"
+                # Exact: at most one decimal, and never an exponent (format "g" keeps six
+                # significant digits: 123,456,700 would read 123457k, 10**9 + 1000 1e+06k).
+                tenths = n * 10 // size
+                whole, frac = divmod(tenths, 10)
+                return f"{whole}.{frac}{suffix}" if frac else f"{whole}{suffix}"
     return f"{n:,}"
 
 
@@ -376,9 +379,11 @@ def write_grid_plot(
     fig, axes = plt.subplots(
         nrow,
         ncol,
+        # Each row of panels: its grid (at least as tall as the y label's two lines),
+        # then its title, tick labels and x label.
         figsize=(
             1.0 + 0.9 * len(cpu_capacities) * ncol + 1.6 * ncol,
-            1.2 + 0.6 * len(capacities) * nrow,
+            0.6 + (max(0.6 * len(capacities), 1.0) + 0.9) * nrow,
         ),
         squeeze=False,
     )
@@ -399,7 +404,7 @@ def write_grid_plot(
             )
             ax.set_yticks(range(len(capacities)), [short_tokens(c) for c in capacities])
             ax.set_xlabel("host capacity (tokens)")
-            ax.set_ylabel("GPU capacity (tokens)")
+            ax.set_ylabel("GPU capacity\n(tokens)")
             ax.set_title(f"{pol}: {what}", fontsize=10)
             for (r, c), v in np.ndenumerate(grid):
                 if math.isfinite(v):

@@ -179,7 +179,7 @@ def check_sizes(policy: str, capacity: int | None, cpu_capacity: int = 0) -> Non
             TrtllmPolicy.check_sizes(capacity, trt[0], cpu_capacity, policy)
         elif 0 < cpu_capacity < trt[0]:
             raise InvalidInputError(
-                f"cpu_capacity {cpu_capacity} is less than one {trt[0]}-token block"
+                f"{policy}: cpu_capacity {cpu_capacity} is less than one {trt[0]}-token block"
             )
 
 

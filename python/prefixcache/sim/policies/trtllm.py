@@ -96,13 +96,14 @@ class TrtllmPolicy:
             raise InvalidInputError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
         if capacity < tokens_per_block:
             raise InvalidInputError(
-                f"capacity {capacity} is less than one {tokens_per_block}-token block"
+                f"{name}: capacity {capacity} is less than one {tokens_per_block}-token block"
             )
         if isinstance(cpu_capacity, bool) or not isinstance(cpu_capacity, int) or cpu_capacity < 0:
             raise InvalidInputError(f"cpu_capacity must be an int >= 0, got {cpu_capacity!r}")
         if 0 < cpu_capacity < tokens_per_block:
             raise InvalidInputError(
-                f"cpu_capacity {cpu_capacity} is less than one {tokens_per_block}-token block"
+                f"{name}: cpu_capacity {cpu_capacity} is less than one {tokens_per_block}-token "
+                "block"
             )
         blocks, host = capacity // tokens_per_block, cpu_capacity // tokens_per_block
         problem = None
