@@ -228,3 +228,75 @@ def test_result_reprs_show_counts_as_counts() -> None:
     assert repr(event) == (
         "OffloadingEvent(keys=<2 keys>, medium='CPU', removed=False, metadata_only=False)"
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "error", "message"),
+    [
+        ("complete_store", (-1, [k(1)], 1), prefixcache.InvalidInputError, "request_id"),
+        ("complete_store", (0, "keys", None), prefixcache.InvalidTypeError, "keys must be"),
+        ("complete_store", (0, [b""], 1), prefixcache.InvalidInputError, r"keys\[0\]"),
+        (
+            "set_offload_key_positions",
+            (-1, [k(1)], [-1]),
+            prefixcache.InvalidInputError,
+            "request_id",
+        ),
+        ("set_offload_key_positions", (0, [1], [-1]), prefixcache.InvalidTypeError, r"keys\[0\]"),
+        ("prepare_store", (2**64, ["x"]), prefixcache.InvalidInputError, "request_id"),
+        ("touch", (True, [1]), prefixcache.InvalidTypeError, "request_id"),
+    ],
+)
+def test_the_first_bad_argument_is_named_as_the_reference_names_it(
+    call: str, args: tuple[object, ...], error: type[Exception], message: str
+) -> None:
+    """Arguments are read in order: of several bad ones, the first is named, by the core
+    as by the reference (``success`` was read before ``request_id`` and ``keys``)."""
+    from prefixcache.reference import offload as ref
+
+    for m in (CpuOffloadManager(2), ref.CpuOffloadManager(2)):
+        with pytest.raises(error, match=message):
+            getattr(m, call)(*args)
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "message"),
+    [
+        ("set_request_keys", (-1, [k(1)], 0), "request_id"),
+        ("set_request_keys", (0, "keys", 0), "keys must be"),
+        ("lookup_prefix_range", (-1, 0, -1), "request_id"),
+        ("prepare_load_range", (-1, "0", 1), "request_id"),
+        ("complete_load_range", (0, -1, "1"), "start"),
+        ("prepare_store_range", (-1, 0, 1, 1), "request_id"),
+        ("prepare_store_range", (0, 0, -1, 1), "stop"),
+    ],
+)
+def test_range_calls_name_their_first_bad_argument(
+    call: str, args: tuple[object, ...], message: str
+) -> None:
+    m = CpuOffloadManager(2)
+    with pytest.raises(prefixcache.PrefixCacheError, match=message):
+        getattr(m, call)(*args)
+
+
+def test_arguments_are_read_in_order() -> None:
+    """A request id's ``__index__`` runs before a later argument is read: an int-like
+    ``start`` that records when it is read sees the request id read already."""
+    seen: list[str] = []
+
+    class Index:
+        def __init__(self, name: str, value: int) -> None:
+            self.name, self.value = name, value
+
+        def __index__(self) -> int:
+            seen.append(self.name)
+            return self.value
+
+    m = CpuOffloadManager(2)
+    m.set_request_keys(Index("request_id", 0), [k(1), k(2)], Index("tokens_per_key", 16))  # type: ignore[arg-type]
+    assert m.prepare_store_range(Index("rid", 0), Index("start", 0), Index("stop", 2), True) == (  # type: ignore[arg-type]
+        2,
+        0,
+    )
+    m.complete_store(Index("store", 0), [k(1)], True)  # type: ignore[arg-type]
+    assert seen == ["request_id", "tokens_per_key", "rid", "start", "stop", "store"]

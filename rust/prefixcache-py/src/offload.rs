@@ -16,8 +16,18 @@ use crate::manager::PyKVCacheManager;
 use crate::pool::{events_to_py, HashFormat};
 use crate::shared::Shared;
 
-fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+// Every argument is converted by a `from_py_with` extractor, so that pyo3 converts them
+// in argument order: the first bad argument is the one named (as the reference names
+// it), and a later argument's hook (`__index__`) runs after the earlier ones were read.
+
+/// The `keys` argument: a list or tuple of block hashes.
+fn keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     convert::block_hash_list(obj, "keys")
+}
+
+/// The `end_tokens` argument: ints in `[0, 2**63)`, any form.
+fn end_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    convert::position_list(obj, "end_tokens")
 }
 
 fn bytes_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
@@ -190,23 +200,27 @@ impl PyCpuOffloadManager {
         self.inner.with(py, |m| m.num_evicted_total())
     }
 
-    fn on_new_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        self.inner.with(py, |m| m.on_new_request(rid))?.py_err()
+    fn on_new_request(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+    ) -> PyResult<()> {
+        self.inner
+            .with(py, |m| m.on_new_request(request_id))?
+            .py_err()
     }
 
     fn set_offload_key_positions(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
-        end_tokens: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
+        #[pyo3(from_py_with = end_tokens_arg)] end_tokens: Vec<u64>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        let ends = convert::position_list(end_tokens, "end_tokens")?;
         self.inner
-            .with(py, |m| m.set_offload_key_positions(rid, &ks, &ends))?
+            .with(py, |m| {
+                m.set_offload_key_positions(request_id, &keys, &end_tokens)
+            })?
             .py_err()
     }
 
@@ -215,15 +229,13 @@ impl PyCpuOffloadManager {
     fn set_request_keys(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
         #[pyo3(from_py_with = convert::tokens_per_key)] tokens_per_key: usize,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         let t = tokens_per_key as u64;
         self.inner
-            .with(py, |m| m.set_request_keys(rid, &ks, t))?
+            .with(py, |m| m.set_request_keys(request_id, &keys, t))?
             .py_err()
     }
 
@@ -234,14 +246,13 @@ impl PyCpuOffloadManager {
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = convert::kv_cache_manager)] manager: Bound<'_, PyKVCacheManager>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
         let mgr = manager.get();
         let (hashes, bs) = mgr
             .inner
             .with(py, |m| {
-                m.block_hashes(rid).and_then(|h| {
+                m.block_hashes(request_id).and_then(|h| {
                     Ok((
                         try_copy(h, "the request's block hashes")?,
                         m.block_size() as u64,
@@ -250,7 +261,7 @@ impl PyCpuOffloadManager {
             })?
             .py_err()?;
         self.inner
-            .with(py, |m| m.set_request_keys(rid, &hashes, bs))?
+            .with(py, |m| m.set_request_keys(request_id, &hashes, bs))?
             .py_err()
     }
 
@@ -258,26 +269,24 @@ impl PyCpuOffloadManager {
     fn lookup_prefix_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<Option<usize>> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.lookup_prefix_range(rid, start, stop))
+            .with(py, |m| m.lookup_prefix_range(request_id, start, stop))
     }
 
     /// `prepare_load` of the request's keys `start:stop`; returns how many were pinned.
     fn prepare_load_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<usize> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.prepare_load_range(rid, start, stop))?
+            .with(py, |m| m.prepare_load_range(request_id, start, stop))?
             .py_err()
     }
 
@@ -285,13 +294,12 @@ impl PyCpuOffloadManager {
     fn complete_load_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.complete_load_range(rid, start, stop))?
+            .with(py, |m| m.complete_load_range(request_id, start, stop))?
             .py_err()
     }
 
@@ -302,14 +310,15 @@ impl PyCpuOffloadManager {
     fn prepare_store_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
         #[pyo3(from_py_with = convert::complete)] complete: bool,
     ) -> PyResult<Option<(usize, usize)>> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.prepare_store_range(rid, start, stop, complete))?
+            .with(py, |m| {
+                m.prepare_store_range(request_id, start, stop, complete)
+            })?
             .py_err()
     }
 
@@ -318,55 +327,54 @@ impl PyCpuOffloadManager {
         self.inner.with(py, |m| m.lookup(&k).name())
     }
 
-    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.lookup_prefix(&ks))
+    fn lookup_prefix(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
+    ) -> PyResult<Option<usize>> {
+        self.inner.with(py, |m| m.lookup_prefix(&keys))
     }
 
     fn prepare_load(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<Vec<u64>> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.prepare_load(rid, &ks))?.py_err()
+        self.inner
+            .with(py, |m| m.prepare_load(request_id, &keys))?
+            .py_err()
     }
 
     fn touch(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.touch(rid, &ks))
+        self.inner.with(py, |m| m.touch(request_id, &keys))
     }
 
     fn complete_load(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.complete_load(rid, &ks))?.py_err()
+        self.inner
+            .with(py, |m| m.complete_load(request_id, &keys))?
+            .py_err()
     }
 
     fn prepare_store(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<Option<PyPrepareStoreOutput>> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         let out = self
             .inner
-            .with(py, |m| m.prepare_store(rid, &ks))?
+            .with(py, |m| m.prepare_store(request_id, &keys))?
             .py_err()?;
         Ok(out.map(|inner| PyPrepareStoreOutput { inner }))
     }
@@ -375,21 +383,22 @@ impl PyCpuOffloadManager {
     fn complete_store(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
         #[pyo3(from_py_with = convert::success)] success: bool,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         self.inner
-            .with(py, |m| m.complete_store(rid, &ks, success))?
+            .with(py, |m| m.complete_store(request_id, &keys, success))?
             .py_err()
     }
 
-    fn on_request_finished(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
+    fn on_request_finished(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+    ) -> PyResult<()> {
         self.inner
-            .with(py, |m| m.on_request_finished(rid))?
+            .with(py, |m| m.on_request_finished(request_id))?
             .py_err()
     }
 
