@@ -300,3 +300,41 @@ def test_arguments_are_read_in_order() -> None:
     )
     m.complete_store(Index("store", 0), [k(1)], True)  # type: ignore[arg-type]
     assert seen == ["request_id", "tokens_per_key", "rid", "start", "stop", "store"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"cache_policy": "fifo", "store_threshold": 0},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        (
+            {"cache_policy": "fifo", "enable_events": 1},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        (
+            {"cache_policy": "fifo", "max_tracker_size": -1},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        ({"cache_policy": 1, "store_threshold": 0}, prefixcache.InvalidTypeError, "cache_policy"),
+        (
+            {"store_threshold": 0, "enable_events": 1},
+            prefixcache.InvalidInputError,
+            "store_threshold",
+        ),
+    ],
+)
+def test_the_constructor_names_its_first_bad_argument(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    """An unknown cache_policy is named before a bad later argument (its name was checked
+    after every argument was read), by the core as by the reference."""
+    from prefixcache.reference import offload as ref
+
+    for cls in (CpuOffloadManager, ref.CpuOffloadManager):
+        with pytest.raises(error, match=message):
+            cls(2, **kwargs)  # type: ignore[arg-type]

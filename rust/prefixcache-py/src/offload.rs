@@ -25,6 +25,12 @@ fn keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     convert::block_hash_list(obj, "keys")
 }
 
+/// The `cache_policy` argument: "lru" or "arc" (the name checked as it is read, before
+/// the later arguments).
+fn cache_policy_arg(obj: &Bound<'_, PyAny>) -> PyResult<CachePolicy> {
+    CachePolicy::from_name(&convert::cache_policy(obj)?).py_err()
+}
+
 /// The `end_tokens` argument: ints in `[0, 2**63)`, any form.
 fn end_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     convert::position_list(obj, "end_tokens")
@@ -120,21 +126,20 @@ pub struct PyCpuOffloadManager {
 #[pymethods]
 impl PyCpuOffloadManager {
     #[new]
-    #[pyo3(signature = (num_chunks, cache_policy = "lru".to_owned(), store_threshold = 1, max_tracker_size = DEFAULT_MAX_TRACKER_SIZE, enable_events = false))]
+    #[pyo3(signature = (num_chunks, cache_policy = CachePolicy::Lru, store_threshold = 1, max_tracker_size = DEFAULT_MAX_TRACKER_SIZE, enable_events = false))]
     #[pyo3(
         text_signature = "(num_chunks, cache_policy='lru', store_threshold=1, max_tracker_size=64000, enable_events=False)"
     )]
     fn new(
         #[pyo3(from_py_with = convert::num_chunks)] num_chunks: usize,
-        #[pyo3(from_py_with = convert::cache_policy)] cache_policy: String,
+        #[pyo3(from_py_with = cache_policy_arg)] cache_policy: CachePolicy,
         #[pyo3(from_py_with = convert::store_threshold)] store_threshold: u32,
         #[pyo3(from_py_with = convert::max_tracker_size)] max_tracker_size: usize,
         #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
-        let policy = CachePolicy::from_name(&cache_policy).py_err()?;
         let m = CpuOffloadManager::new(
             num_chunks as u64,
-            policy,
+            cache_policy,
             store_threshold,
             max_tracker_size,
             enable_events,
