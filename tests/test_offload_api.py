@@ -338,3 +338,31 @@ def test_the_constructor_names_its_first_bad_argument(
     for cls in (CpuOffloadManager, ref.CpuOffloadManager):
         with pytest.raises(error, match=message):
             cls(2, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_load_past_a_chunks_count_is_refused_by_the_reference_as_by_the_core() -> None:
+    """A chunk counts at most 2**31 - 1 loads in flight (the core's count is an int32,
+    which wrapped to a negative count, read as a store in flight): one more is refused,
+    nothing changed. The core's side is a Rust test (reaching the bound takes 2**31
+    loads); the reference is set near it directly."""
+    from prefixcache.reference import offload as ref
+
+    m = ref.CpuOffloadManager(4, enable_events=True)
+    out = m.prepare_store(0, [k(1), k(2)])
+    assert out is not None
+    m.complete_store(0, out.keys_to_store)
+    chunk = m.policy.get(k(1))
+    assert chunk is not None
+    chunk.ref_cnt = ref.MAX_LOADS - 2
+    m.num_idle -= 1
+    m.policy.mark_busy(k(1))
+    assert m.prepare_load(1, [k(1), k(2), k(1)]) == [0, 1, 0]  # the bound, exactly
+    before = (chunk.ref_cnt, m.num_idle, m.policy.get(k(2)).ref_cnt)  # type: ignore[union-attr]
+    for keys in ([k(2), k(1)], [k(1)]):
+        with pytest.raises(
+            prefixcache.BlockStateError, match=r"a chunk counts at most 2\*\*31 - 1"
+        ):
+            m.prepare_load(1, keys)
+        assert (chunk.ref_cnt, m.num_idle, m.policy.get(k(2)).ref_cnt) == before  # type: ignore[union-attr]
+    m.check_invariants()
+    assert m.lookup(k(1)) == "HIT"

@@ -26,6 +26,9 @@ from prefixcache.reference.int_args import (
 
 MEDIUM_CPU = "CPU"
 MISS, HIT, HIT_PENDING = "MISS", "HIT", "HIT_PENDING"
+# Loads in flight one chunk counts at most (the core's count is an int32; vLLM's is
+# unbounded): a load past it is refused, nothing changed.
+MAX_LOADS = 2**31 - 1
 
 
 @dataclass
@@ -395,6 +398,17 @@ class CpuOffloadManager:
             c = self.policy.get(k)
             if c is None or not c.ready:
                 raise BlockStateError(f"key {k.hex()} is not stored and ready to load")
+        calls: dict[bytes, int] = {}
+        for k in ks:
+            calls[k] = calls.get(k, 0) + 1
+        for k in ks:
+            c = self.policy.get(k)
+            assert c is not None
+            if c.ref_cnt + calls[k] > MAX_LOADS:
+                raise BlockStateError(
+                    f"key {k.hex()} has {c.ref_cnt} loads in flight: a chunk counts at most "
+                    "2**31 - 1"
+                )
         ids = []
         for k in ks:
             c = self.policy.get(k)
