@@ -366,3 +366,17 @@ def test_a_load_past_a_chunks_count_is_refused_by_the_reference_as_by_the_core()
         assert (chunk.ref_cnt, m.num_idle, m.policy.get(k(2)).ref_cnt) == before  # type: ignore[union-attr]
     m.check_invariants()
     assert m.lookup(k(1)) == "HIT"
+
+
+def test_take_kv_events_names_an_unknown_format_before_a_bad_compact() -> None:
+    """event_hash_format is checked as it is read: before compact, and before any event
+    is taken (the events stay for the next call)."""
+    tier = CpuOffloadManager(2, enable_events=True)
+    tier.prepare_store(0, [k(1)])
+    tier.complete_store(0, [k(1)])
+    with pytest.raises(prefixcache.InvalidInputError, match="event_hash_format must be"):
+        tier.take_kv_events("hex", 1)  # type: ignore[arg-type]
+    with pytest.raises(prefixcache.InvalidTypeError, match="compact must be a bool"):
+        tier.take_kv_events("u64", 1)  # type: ignore[arg-type]
+    (event,) = tier.take_kv_events("bytes")
+    assert event.block_hashes == [k(1)] and event.medium == "CPU"

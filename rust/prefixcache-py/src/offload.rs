@@ -31,6 +31,11 @@ fn cache_policy_arg(obj: &Bound<'_, PyAny>) -> PyResult<CachePolicy> {
     CachePolicy::from_name(&convert::cache_policy(obj)?).py_err()
 }
 
+/// The `event_hash_format` argument: "u64" or "bytes" (checked as it is read).
+fn event_hash_format_arg(obj: &Bound<'_, PyAny>) -> PyResult<HashFormat> {
+    HashFormat::parse(&convert::event_hash_format(obj)?)
+}
+
 /// The `end_tokens` argument: ints in `[0, 2**63)`, any form.
 fn end_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     convert::position_list(obj, "end_tokens")
@@ -422,17 +427,16 @@ impl PyCpuOffloadManager {
     /// The events since the last call as the KV events vLLM's OffloadingConnector
     /// publishes for them (`prefixcache.events`, medium "CPU"); `compact` merges runs of
     /// removals.
-    #[pyo3(signature = (event_hash_format = "u64".to_owned(), compact = false))]
+    #[pyo3(signature = (event_hash_format = HashFormat::U64, compact = false))]
     #[pyo3(text_signature = "($self, event_hash_format='u64', compact=False)")]
     fn take_kv_events<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
+        #[pyo3(from_py_with = event_hash_format_arg)] event_hash_format: HashFormat,
         #[pyo3(from_py_with = convert::compact)] compact: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let fmt = HashFormat::parse(&event_hash_format)?;
         let evs = self.inner.with(py, |m| m.take_events())?.py_err()?;
-        events_to_py(py, to_kv_events(&evs), fmt, None, compact)
+        events_to_py(py, to_kv_events(&evs), event_hash_format, None, compact)
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).
