@@ -1029,6 +1029,9 @@ impl CpuOffloadManager {
         let loads = |slot: u32| self.table.slots[slot as usize].ref_cnt as u64;
         let near = |slot: u32| loads(slot) + n > MAX_LOADS as u64;
         let mut calls: FxHashMap<u32, u64> = FxHashMap::default();
+        calls
+            .try_reserve(keys.clone().filter(|&(_, slot)| near(slot)).count())
+            .map_err(|e| Error::out_of_memory("the loads' counts", e))?;
         for (_, slot) in keys.clone().filter(|&(_, slot)| near(slot)) {
             *calls.entry(slot).or_default() += 1;
         }
