@@ -218,6 +218,13 @@ def test_the_reference_has_the_cores_api() -> None:
     core, r = prefixcache.CpuOffloadManager(2), ref.CpuOffloadManager(2)
     missing = {n for n in dir(core) if not n.startswith("_")} - set(dir(r))
     assert not missing
+    from prefixcache.reference.blocks import KVCacheManager
+
+    twin = KVCacheManager(8, block_size=4)
+    twin.add_request(0, list(range(8)))
+    for t in (core, r):  # the core takes its own class of manager only
+        with pytest.raises(prefixcache.InvalidTypeError, match="manager must be a KVCacheManager"):
+            t.set_request_keys_from(twin, 0)
 
 
 @pytest.mark.parametrize("fmt", ["u64", "bytes"])

@@ -384,11 +384,11 @@ class CpuOffloadManager:
 
     def set_request_keys_from(self, manager: Any, request_id: int) -> None:
         """``set_request_keys`` with the full blocks' hashes and the block size of a
-        KVCacheManager's request (the core's or the reference's)."""
+        ``prefixcache.KVCacheManager``'s request (the core's class only, as the core
+        takes it; the reference manager's hashes go through ``set_request_keys``)."""
         from prefixcache import _core
-        from prefixcache.reference.blocks import KVCacheManager
 
-        if not isinstance(manager, _core.KVCacheManager | KVCacheManager):
+        if not isinstance(manager, _core.KVCacheManager):
             raise InvalidTypeError(
                 f"manager must be a KVCacheManager, got {type(manager).__name__}"
             )
