@@ -222,8 +222,11 @@ def test_the_reference_has_the_cores_api() -> None:
 
     twin = KVCacheManager(8, block_size=4)
     twin.add_request(0, list(range(8)))
-    for t in (core, r):  # the core takes its own class of manager only
-        with pytest.raises(prefixcache.InvalidTypeError, match="manager must be a KVCacheManager"):
+    for t in (core, r):  # the core takes its own class of manager only, and says which
+        with pytest.raises(
+            prefixcache.InvalidTypeError,
+            match=r"must be a KVCacheManager, got prefixcache\.reference\.blocks\.KVCacheManager",
+        ):
             t.set_request_keys_from(twin, 0)
 
 

@@ -389,9 +389,10 @@ class CpuOffloadManager:
         from prefixcache import _core
 
         if not isinstance(manager, _core.KVCacheManager):
-            raise InvalidTypeError(
-                f"manager must be a KVCacheManager, got {type(manager).__name__}"
-            )
+            name = type(manager).__name__
+            if name == "KVCacheManager":  # another class of the name: said with its module
+                name = f"{type(manager).__module__}.{type(manager).__qualname__}"
+            raise InvalidTypeError(f"manager must be a KVCacheManager, got {name}")
         rid = _rid(request_id)
         self.set_request_keys(rid, list(manager.block_hashes(rid)), manager.block_size)
 
