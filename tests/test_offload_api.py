@@ -228,3 +228,155 @@ def test_result_reprs_show_counts_as_counts() -> None:
     assert repr(event) == (
         "OffloadingEvent(keys=<2 keys>, medium='CPU', removed=False, metadata_only=False)"
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "error", "message"),
+    [
+        ("complete_store", (-1, [k(1)], 1), prefixcache.InvalidInputError, "request_id"),
+        ("complete_store", (0, "keys", None), prefixcache.InvalidTypeError, "keys must be"),
+        ("complete_store", (0, [b""], 1), prefixcache.InvalidInputError, r"keys\[0\]"),
+        (
+            "set_offload_key_positions",
+            (-1, [k(1)], [-1]),
+            prefixcache.InvalidInputError,
+            "request_id",
+        ),
+        ("set_offload_key_positions", (0, [1], [-1]), prefixcache.InvalidTypeError, r"keys\[0\]"),
+        ("prepare_store", (2**64, ["x"]), prefixcache.InvalidInputError, "request_id"),
+        ("touch", (True, [1]), prefixcache.InvalidTypeError, "request_id"),
+    ],
+)
+def test_the_first_bad_argument_is_named_as_the_reference_names_it(
+    call: str, args: tuple[object, ...], error: type[Exception], message: str
+) -> None:
+    """Arguments are read in order: of several bad ones, the first is named, by the core
+    as by the reference (``success`` was read before ``request_id`` and ``keys``)."""
+    from prefixcache.reference import offload as ref
+
+    for m in (CpuOffloadManager(2), ref.CpuOffloadManager(2)):
+        with pytest.raises(error, match=message):
+            getattr(m, call)(*args)
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "message"),
+    [
+        ("set_request_keys", (-1, [k(1)], 0), "request_id"),
+        ("set_request_keys", (0, "keys", 0), "keys must be"),
+        ("lookup_prefix_range", (-1, 0, -1), "request_id"),
+        ("prepare_load_range", (-1, "0", 1), "request_id"),
+        ("complete_load_range", (0, -1, "1"), "start"),
+        ("prepare_store_range", (-1, 0, 1, 1), "request_id"),
+        ("prepare_store_range", (0, 0, -1, 1), "stop"),
+    ],
+)
+def test_range_calls_name_their_first_bad_argument(
+    call: str, args: tuple[object, ...], message: str
+) -> None:
+    m = CpuOffloadManager(2)
+    with pytest.raises(prefixcache.PrefixCacheError, match=message):
+        getattr(m, call)(*args)
+
+
+def test_arguments_are_read_in_order() -> None:
+    """A request id's ``__index__`` runs before a later argument is read: an int-like
+    ``start`` that records when it is read sees the request id read already."""
+    seen: list[str] = []
+
+    class Index:
+        def __init__(self, name: str, value: int) -> None:
+            self.name, self.value = name, value
+
+        def __index__(self) -> int:
+            seen.append(self.name)
+            return self.value
+
+    m = CpuOffloadManager(2)
+    m.set_request_keys(Index("request_id", 0), [k(1), k(2)], Index("tokens_per_key", 16))  # type: ignore[arg-type]
+    assert m.prepare_store_range(Index("rid", 0), Index("start", 0), Index("stop", 2), True) == (  # type: ignore[arg-type]
+        2,
+        0,
+    )
+    m.complete_store(Index("store", 0), [k(1)], True)  # type: ignore[arg-type]
+    assert seen == ["request_id", "tokens_per_key", "rid", "start", "stop", "store"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"cache_policy": "fifo", "store_threshold": 0},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        (
+            {"cache_policy": "fifo", "enable_events": 1},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        (
+            {"cache_policy": "fifo", "max_tracker_size": -1},
+            prefixcache.InvalidInputError,
+            "cache_policy",
+        ),
+        ({"cache_policy": 1, "store_threshold": 0}, prefixcache.InvalidTypeError, "cache_policy"),
+        (
+            {"store_threshold": 0, "enable_events": 1},
+            prefixcache.InvalidInputError,
+            "store_threshold",
+        ),
+    ],
+)
+def test_the_constructor_names_its_first_bad_argument(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    """An unknown cache_policy is named before a bad later argument (its name was checked
+    after every argument was read), by the core as by the reference."""
+    from prefixcache.reference import offload as ref
+
+    for cls in (CpuOffloadManager, ref.CpuOffloadManager):
+        with pytest.raises(error, match=message):
+            cls(2, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_load_past_a_chunks_count_is_refused_by_the_reference_as_by_the_core() -> None:
+    """A chunk counts at most 2**31 - 1 loads in flight (the core's count is an int32,
+    which wrapped to a negative count, read as a store in flight): one more is refused,
+    nothing changed. The core's side is a Rust test (reaching the bound takes 2**31
+    loads); the reference is set near it directly."""
+    from prefixcache.reference import offload as ref
+
+    m = ref.CpuOffloadManager(4, enable_events=True)
+    out = m.prepare_store(0, [k(1), k(2)])
+    assert out is not None
+    m.complete_store(0, out.keys_to_store)
+    chunk = m.policy.get(k(1))
+    assert chunk is not None
+    chunk.ref_cnt = ref.MAX_LOADS - 2
+    m.num_idle -= 1
+    m.policy.mark_busy(k(1))
+    assert m.prepare_load(1, [k(1), k(2), k(1)]) == [0, 1, 0]  # the bound, exactly
+    before = (chunk.ref_cnt, m.num_idle, m.policy.get(k(2)).ref_cnt)  # type: ignore[union-attr]
+    for keys in ([k(2), k(1)], [k(1)]):
+        with pytest.raises(
+            prefixcache.BlockStateError, match=r"a chunk counts at most 2\*\*31 - 1"
+        ):
+            m.prepare_load(1, keys)
+        assert (chunk.ref_cnt, m.num_idle, m.policy.get(k(2)).ref_cnt) == before  # type: ignore[union-attr]
+    m.check_invariants()
+    assert m.lookup(k(1)) == "HIT"
+
+
+def test_take_kv_events_names_an_unknown_format_before_a_bad_compact() -> None:
+    """event_hash_format is checked as it is read: before compact, and before any event
+    is taken (the events stay for the next call)."""
+    tier = CpuOffloadManager(2, enable_events=True)
+    tier.prepare_store(0, [k(1)])
+    tier.complete_store(0, [k(1)])
+    with pytest.raises(prefixcache.InvalidInputError, match="event_hash_format must be"):
+        tier.take_kv_events("hex", 1)  # type: ignore[arg-type]
+    with pytest.raises(prefixcache.InvalidTypeError, match="compact must be a bool"):
+        tier.take_kv_events("u64", 1)  # type: ignore[arg-type]
+    (event,) = tier.take_kv_events("bytes")
+    assert event.block_hashes == [k(1)] and event.medium == "CPU"

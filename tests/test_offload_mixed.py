@@ -352,12 +352,12 @@ class Pair:
 
 def run(d: Draw, steps: int) -> None:
     policy = d.choice(["lru", "arc"])
-    threshold = d.integer(1, 2)
+    threshold = d.integer(1, 3)
     pair = Pair(
-        d.choice([0, 2, 3, 4, 5, 6, 8]),
+        d.choice([0, 1, 2, 3, 4, 5, 6, 8]),
         cache_policy=policy,
         store_threshold=threshold,
-        max_tracker_size=d.choice([1, 3, 8, 64]),
+        max_tracker_size=d.choice([1, 2, 3, 8, 64]),
         enable_events=True,
     )
     history: list[Any] = []

@@ -2,7 +2,8 @@
 ``set_request_keys`` and the ``*_range`` calls (what the simulator uses) against the
 plain-Python reference (prefixcache.reference.offload) driven through the key calls on
 the same slices of the same keys. After every call both give the same answer (or the
-same error class) and pass their invariants."""
+same error class) and pass their invariants. The reference's own range calls, counters
+and KV events are checked against the core's too (the twin has the core's API)."""
 
 from __future__ import annotations
 
@@ -209,3 +210,139 @@ def test_keys_from_a_manager_equal_the_same_keys_given(seed: int) -> None:
         keys = sorted(known)
         assert tier_state(given_keys, keys, order) == tier_state(from_mgr, keys, order), step
         assert events(given_keys) == events(from_mgr), step
+
+
+def test_the_reference_has_the_cores_api() -> None:
+    """docs/API.md: the plain-Python twin of every class has the same API; the tier's
+    lacked the range calls, the counters beyond the chunks and take_kv_events."""
+    core, r = prefixcache.CpuOffloadManager(2), ref.CpuOffloadManager(2)
+    missing = {n for n in dir(core) if not n.startswith("_")} - set(dir(r))
+    assert not missing
+    from prefixcache.reference.blocks import KVCacheManager
+
+    twin = KVCacheManager(8, block_size=4)
+    twin.add_request(0, list(range(8)))
+    for t in (core, r):  # the core takes its own class of manager only, and says which
+        with pytest.raises(
+            prefixcache.InvalidTypeError,
+            match=r"must be a KVCacheManager, got prefixcache\.reference\.blocks\.KVCacheManager",
+        ):
+            t.set_request_keys_from(twin, 0)
+
+
+@pytest.mark.parametrize("fmt", ["u64", "bytes"])
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_references_kv_events_are_the_cores(fmt: str, compact: bool) -> None:
+    """Two evictions in a row (one event each; compact merges them), stored keys, a
+    failed store (no KV event): the same KV events from both."""
+    tiers = [m.CpuOffloadManager(2, enable_events=True) for m in (prefixcache, ref)]
+    for t in tiers:
+        t.set_request_keys(0, POOL[:5], TOKENS_PER_KEY)
+        assert t.prepare_store_range(0, 0, 2, True) == (2, 0)
+        t.on_request_finished(0)
+        t.set_request_keys(1, POOL[:5], TOKENS_PER_KEY)
+        assert t.prepare_store_range(1, 2, 3) == (1, 1)
+        assert t.prepare_store_range(1, 3, 4) == (1, 1)
+        t.complete_store(1, [POOL[2]], False)
+        assert (t.num_stored_total, t.num_evicted_total, t.num_write_pending) == (4, 2, 1)
+    got, want = (kv(t.take_kv_events(fmt, compact)) for t in tiers)
+    assert got == want
+    assert [e[0] for e in got] == ["BlockStored"] * 2 + ["BlockRemoved"] * (1 if compact else 2)
+
+
+def kv(events: list[Any]) -> list[Any]:
+    """KV events comparable across the two (numpy hash arrays as lists)."""
+    out = []
+    for e in events:
+        hashes = [int(h) if not isinstance(h, bytes) else h for h in e.block_hashes]
+        out.append((type(e).__name__, type(e.block_hashes).__name__, hashes, e.medium, vars(e)))
+    return [(*o[:4], {k: v for k, v in o[4].items() if k != "block_hashes"}) for o in out]
+
+
+def range_call(t: Any, mgr: Any, op: str, rid: int, a: int, b: int, arg: Any) -> Any:
+    """One call of the range API on tier `t` (`arg`: the keys, `complete` or
+    `success`)."""
+    if op == "keys":
+        return t.set_request_keys(rid, arg, TOKENS_PER_KEY)
+    if op == "from":
+        return t.set_request_keys_from(mgr, rid)
+    if op == "lookup":
+        return t.lookup_prefix_range(rid, a, b)
+    if op == "load":
+        return t.prepare_load_range(rid, a, b)
+    if op == "unload":
+        return t.complete_load_range(rid, a, b)
+    if op == "store":
+        return t.prepare_store_range(rid, a, b, arg)
+    if op == "finish":
+        return t.on_request_finished(rid)
+    if op == "done":  # the stores in flight end (succeeded or failed)
+        return t.complete_store(rid, POOL, arg)
+    return t.reset_cache()
+
+
+POOL = [bytes([i]) * 8 for i in range(24)]
+
+
+def counters(t: Any) -> tuple[Any, ...]:
+    return (
+        t.num_stored,
+        t.num_free_chunks,
+        t.num_idle,
+        t.num_write_pending,
+        t.num_tracked,
+        t.num_stored_total,
+        t.num_evicted_total,
+        [t.lookup(k) for k in POOL],
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_references_range_calls_match_the_cores(seed: int) -> None:
+    """The same range calls on both, with the same answers (or error class), counters
+    and KV events (either hash format, compact or not) after each call."""
+    rng = random.Random(seed)
+    kw: dict[str, Any] = {
+        "cache_policy": rng.choice(["lru", "arc"]),
+        "store_threshold": rng.choice([1, 1, 2, 3]),
+        "max_tracker_size": rng.choice([1, 2, 8, 64]),
+        "enable_events": True,
+    }
+    n = rng.choice([0, 1, 3, 5, 8])
+    tiers = [prefixcache.CpuOffloadManager(n, **kw), ref.CpuOffloadManager(n, **kw)]
+    # Requests 0 to 2 of a block manager, sharing prefixes (request 3 is not there).
+    mgr = prefixcache.KVCacheManager(64, block_size=4)
+    for r in range(3):
+        mgr.add_request(r, [*range(4 * 2 * r), *range(100 * r, 100 * r + 16)])
+    ops = [
+        "keys",
+        "keys",
+        "from",
+        "lookup",
+        "load",
+        "unload",
+        "store",
+        "store",
+        "store",
+        "done",
+        "finish",
+    ]
+    for step in range(300):
+        op = "reset" if rng.random() < 0.01 else rng.choice(ops)
+        rid, a, b = rng.randint(0, 3), rng.randint(0, 3), rng.randint(-1, 9)
+        arg: Any = {
+            # Distinct keys, now and then one repeated (a store of both is refused).
+            "keys": rng.sample(POOL, rng.randint(0, 7)) + [rng.choice(POOL)] * (rng.random() < 0.1),
+            "store": rng.random() < 0.8,
+            "done": rng.random() < 0.7,
+        }.get(op)
+        got = [outcome(range_call, t, mgr, op, rid, a, b, arg) for t in tiers]
+        where = (seed, step, op, rid, a, b, arg)
+        assert got[0] == got[1], where
+        for t in tiers:
+            t.check_invariants()
+        assert counters(tiers[0]) == counters(tiers[1]), where
+        if rng.random() < 0.2:
+            fmt, compact = rng.choice(["u64", "bytes"]), rng.random() < 0.5
+            evs = [kv(t.take_kv_events(fmt, compact)) for t in tiers]
+            assert evs[0] == evs[1], where

@@ -714,7 +714,8 @@ class CpuOffloadManager:
         of them is still being stored (the lookup defers)."""
     def prepare_load(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> list[int]:
         """Pin stored, ready keys for a load (not evictable until ``complete_load``);
-        returns their chunk ids. BlockStateError (nothing changed) when one is not."""
+        returns their chunk ids. BlockStateError (nothing changed) when one is not, or
+        when a chunk would count more than 2**31 - 1 loads in flight."""
     def touch(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> None:
         """Mark keys recently used (vLLM's ``touch``)."""
     def complete_load(self, request_id: int, keys: list[bytes] | tuple[bytes, ...]) -> None:

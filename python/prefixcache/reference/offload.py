@@ -12,9 +12,14 @@ key), the keys it accessed and the LRU rank it shares between batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from prefixcache.errors import BlockStateError, InvalidInputError, InvalidTypeError
+from prefixcache.events import BlockRemoved, BlockStored, KVCacheEvent, external_hash
 from prefixcache.reference.int_args import (
+    INT64_MAX,
     SIZE_MAX,
     flag_arg,
     int_arg,
@@ -26,6 +31,9 @@ from prefixcache.reference.int_args import (
 
 MEDIUM_CPU = "CPU"
 MISS, HIT, HIT_PENDING = "MISS", "HIT", "HIT_PENDING"
+# Loads in flight one chunk counts at most (the core's count is an int32; vLLM's is
+# unbounded): a load past it is refused, nothing changed.
+MAX_LOADS = 2**31 - 1
 
 
 @dataclass
@@ -67,6 +75,8 @@ class RequestState:
     reused: set[bytes] = field(default_factory=set)
     store_missed: set[bytes] = field(default_factory=set)
     lru_rank: int | None = None
+    # The request's keys in block order (``set_request_keys``), named by the range calls.
+    order: list[bytes] = field(default_factory=list)
 
 
 def _rid(request_id: object) -> int:
@@ -331,6 +341,9 @@ class CpuOffloadManager:
         self.counts: dict[bytes, int] | None = {} if store_threshold >= 2 else None
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.requests: dict[int, RequestState] = {}
+        # Totals since construction (not vLLM state): chunks stored, evicted.
+        self.num_stored_total = 0
+        self.num_evicted_total = 0
 
     # -- request contexts -----------------------------------------------------------
     def _state(self, rid: int) -> RequestState:
@@ -354,6 +367,74 @@ class CpuOffloadManager:
             raise InvalidInputError(f"{len(ks)} keys but {len(ends)} end_tokens")
         st = self._state(rid)
         st.positions.update(zip(ks, ends, strict=True))
+
+    def set_request_keys(self, request_id: int, keys: list[bytes], tokens_per_key: int) -> None:
+        """The request's keys in block order, key i ending at token
+        ``(i + 1) * tokens_per_key`` (the connector's offload keys)."""
+        rid, ks = _rid(request_id), _keys(keys)
+        t = int_arg(tokens_per_key, "tokens_per_key", 1, SIZE_MAX)
+        if len(ks) * t > INT64_MAX:
+            raise InvalidInputError(
+                f"{len(ks)} keys of {t} tokens end past token 2**63 - 1: an end token "
+                "must fit in int64"
+            )
+        st = self._state(rid)
+        st.positions.update((k, (i + 1) * t) for i, k in enumerate(ks))
+        st.order = ks
+
+    def set_request_keys_from(self, manager: Any, request_id: int) -> None:
+        """``set_request_keys`` with the full blocks' hashes and the block size of a
+        ``prefixcache.KVCacheManager``'s request (the core's class only, as the core
+        takes it; the reference manager's hashes go through ``set_request_keys``)."""
+        from prefixcache import _core
+
+        if not isinstance(manager, _core.KVCacheManager):
+            name = type(manager).__name__
+            if name == "KVCacheManager":  # another class of the name: said with its module
+                name = f"{type(manager).__module__}.{type(manager).__qualname__}"
+            raise InvalidTypeError(f"manager must be a KVCacheManager, got {name}")
+        rid = _rid(request_id)
+        self.set_request_keys(rid, list(manager.block_hashes(rid)), manager.block_size)
+
+    def _range(self, request_id: int, start: int, stop: int) -> tuple[int, list[bytes]]:
+        """The request id and its keys ``start:stop`` (none for an unknown request)."""
+        rid = _rid(request_id)
+        a, b = size_arg(start, "start"), size_arg(stop, "stop")
+        st = self.requests.get(rid)
+        return rid, ([] if st is None else st.order[a:b])
+
+    def lookup_prefix_range(self, request_id: int, start: int, stop: int) -> int | None:
+        return self.lookup_prefix(self._range(request_id, start, stop)[1])
+
+    def prepare_load_range(self, request_id: int, start: int, stop: int) -> int:
+        rid, ks = self._range(request_id, start, stop)
+        return len(self.prepare_load(rid, ks))
+
+    def complete_load_range(self, request_id: int, start: int, stop: int) -> None:
+        rid, ks = self._range(request_id, start, stop)
+        self.complete_load(rid, ks)
+
+    def prepare_store_range(
+        self, request_id: int, start: int, stop: int, complete: bool = False
+    ) -> tuple[int, int] | None:
+        """``prepare_store`` of the request's keys ``start:stop``: (keys stored, keys
+        evicted) or None; with ``complete`` the stored keys' ``complete_store`` follows."""
+        rid, ks = self._range(request_id, start, stop)
+        complete = flag_arg(complete, "complete")
+        seen: set[bytes] = set()
+        for k in ks:
+            if k in seen:
+                raise InvalidInputError(
+                    f"prepare_store keys must be distinct: key {k.hex()} is named twice by "
+                    "the request's keys in the range"
+                )
+            seen.add(k)
+        out = self.prepare_store(rid, ks)
+        if out is None:
+            return None
+        if complete and out.keys_to_store:
+            self.complete_store(rid, out.keys_to_store)
+        return len(out.keys_to_store), len(out.evicted_keys)
 
     def _record(self, st: RequestState, keys: list[bytes], reused: list[bytes]) -> None:
         new = [k for k in dict.fromkeys(keys) if k not in st.seen_set]
@@ -395,6 +476,17 @@ class CpuOffloadManager:
             c = self.policy.get(k)
             if c is None or not c.ready:
                 raise BlockStateError(f"key {k.hex()} is not stored and ready to load")
+        calls: dict[bytes, int] = {}
+        for k in ks:
+            calls[k] = calls.get(k, 0) + 1
+        for k in ks:
+            c = self.policy.get(k)
+            assert c is not None
+            if c.ref_cnt + calls[k] > MAX_LOADS:
+                raise BlockStateError(
+                    f"key {k.hex()} has {c.ref_cnt} loads in flight: a chunk counts at most "
+                    "2**31 - 1"
+                )
         ids = []
         for k in ks:
             c = self.policy.get(k)
@@ -493,6 +585,8 @@ class CpuOffloadManager:
         for k, i in zip(to_store, ids, strict=True):
             self.policy.insert(k, Chunk(i), st)
         self.num_pending += len(to_store)
+        self.num_stored_total += len(to_store)
+        self.num_evicted_total += len(evicted)
         st.inserted.update(to_store)
         return PrepareStoreOutput(to_store, ids, evicted)
 
@@ -525,9 +619,9 @@ class CpuOffloadManager:
         self.free_ids.clear()
         self.allocated = 0
         for st in self.requests.values():  # a new cache generation: access state restarts
-            positions = st.positions
+            positions, order = st.positions, st.order
             st.__init__()  # type: ignore[misc]
-            st.positions = positions
+            st.positions, st.order = positions, order
 
     def take_events(self) -> list[OffloadingEvent]:
         if self.events is None:
@@ -543,7 +637,57 @@ class CpuOffloadManager:
             out.append(e)
         return out
 
+    def take_kv_events(
+        self, event_hash_format: str = "u64", compact: bool = False
+    ) -> list[KVCacheEvent]:
+        """The events since the last call as vLLM's OffloadingConnector publishes them:
+        one BlockStored per stored key (hash only), one BlockRemoved per removal event (a
+        failed store's release publishes nothing), medium "CPU"; ``compact`` merges runs
+        of removals, leaves out token ids and gives u64 hashes as uint64 arrays."""
+        fmt = str_arg(event_hash_format, "event_hash_format")
+        if fmt not in ("u64", "bytes"):
+            raise InvalidInputError(f"event_hash_format must be 'u64' or 'bytes', got \"{fmt}\"")
+        compact = flag_arg(compact, "compact")
+        runs: list[tuple[bool, list[bytes]]] = []  # (removed, keys)
+        for e in self.take_events():
+            if e.metadata_only:
+                continue
+            if not e.removed:
+                runs.extend((False, [k]) for k in e.keys)
+            elif compact and runs and runs[-1][0]:
+                runs[-1][1].extend(e.keys)
+            else:
+                runs.append((True, list(e.keys)))
+
+        def hashes(keys: list[bytes]) -> Any:
+            if compact and fmt == "u64":
+                return np.array([external_hash(k) for k in keys], dtype=np.uint64)
+            return [external_hash(k, fmt) for k in keys]
+
+        return [
+            BlockRemoved(hashes(keys), medium=MEDIUM_CPU, group_idx=0)
+            if removed
+            else BlockStored(
+                hashes(keys),
+                None,
+                None if compact else [],
+                0,
+                None,
+                medium=MEDIUM_CPU,
+                group_idx=0,
+            )
+            for removed, keys in runs
+        ]
+
     # -- counters and checks --------------------------------------------------------
+    @property
+    def num_write_pending(self) -> int:
+        return self.num_pending
+
+    @property
+    def num_tracked(self) -> int:
+        return 0 if self.counts is None else len(self.counts)
+
     @property
     def num_stored(self) -> int:
         return len(self.policy)

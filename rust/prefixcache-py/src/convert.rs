@@ -2198,10 +2198,15 @@ pub fn kv_cache_manager<'py>(
     obj.cast::<crate::manager::PyKVCacheManager>()
         .cloned()
         .map_err(|_| {
-            invalid_type(format!(
-                "manager must be a KVCacheManager, got {}",
-                type_name(obj)
-            ))
+            // Another class of the same name (the plain-Python reference's) is named with
+            // its module: "got KVCacheManager" would read as no reason at all.
+            let mut name = type_name(obj);
+            if name == "KVCacheManager" {
+                if let Ok(q) = obj.get_type().fully_qualified_name() {
+                    name = q.to_string();
+                }
+            }
+            invalid_type(format!("manager must be a KVCacheManager, got {name}"))
         })
 }
 

@@ -16,8 +16,29 @@ use crate::manager::PyKVCacheManager;
 use crate::pool::{events_to_py, HashFormat};
 use crate::shared::Shared;
 
-fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+// Every argument is converted by a `from_py_with` extractor, so that pyo3 converts them
+// in argument order: the first bad argument is the one named (as the reference names
+// it), and a later argument's hook (`__index__`) runs after the earlier ones were read.
+
+/// The `keys` argument: a list or tuple of block hashes.
+fn keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     convert::block_hash_list(obj, "keys")
+}
+
+/// The `cache_policy` argument: "lru" or "arc" (the name checked as it is read, before
+/// the later arguments).
+fn cache_policy_arg(obj: &Bound<'_, PyAny>) -> PyResult<CachePolicy> {
+    CachePolicy::from_name(&convert::cache_policy(obj)?).py_err()
+}
+
+/// The `event_hash_format` argument: "u64" or "bytes" (checked as it is read).
+fn event_hash_format_arg(obj: &Bound<'_, PyAny>) -> PyResult<HashFormat> {
+    HashFormat::parse(&convert::event_hash_format(obj)?)
+}
+
+/// The `end_tokens` argument: ints in `[0, 2**63)`, any form.
+fn end_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    convert::position_list(obj, "end_tokens")
 }
 
 fn bytes_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
@@ -110,21 +131,20 @@ pub struct PyCpuOffloadManager {
 #[pymethods]
 impl PyCpuOffloadManager {
     #[new]
-    #[pyo3(signature = (num_chunks, cache_policy = "lru".to_owned(), store_threshold = 1, max_tracker_size = DEFAULT_MAX_TRACKER_SIZE, enable_events = false))]
+    #[pyo3(signature = (num_chunks, cache_policy = CachePolicy::Lru, store_threshold = 1, max_tracker_size = DEFAULT_MAX_TRACKER_SIZE, enable_events = false))]
     #[pyo3(
         text_signature = "(num_chunks, cache_policy='lru', store_threshold=1, max_tracker_size=64000, enable_events=False)"
     )]
     fn new(
         #[pyo3(from_py_with = convert::num_chunks)] num_chunks: usize,
-        #[pyo3(from_py_with = convert::cache_policy)] cache_policy: String,
+        #[pyo3(from_py_with = cache_policy_arg)] cache_policy: CachePolicy,
         #[pyo3(from_py_with = convert::store_threshold)] store_threshold: u32,
         #[pyo3(from_py_with = convert::max_tracker_size)] max_tracker_size: usize,
         #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
-        let policy = CachePolicy::from_name(&cache_policy).py_err()?;
         let m = CpuOffloadManager::new(
             num_chunks as u64,
-            policy,
+            cache_policy,
             store_threshold,
             max_tracker_size,
             enable_events,
@@ -190,23 +210,27 @@ impl PyCpuOffloadManager {
         self.inner.with(py, |m| m.num_evicted_total())
     }
 
-    fn on_new_request(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        self.inner.with(py, |m| m.on_new_request(rid))?.py_err()
+    fn on_new_request(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+    ) -> PyResult<()> {
+        self.inner
+            .with(py, |m| m.on_new_request(request_id))?
+            .py_err()
     }
 
     fn set_offload_key_positions(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
-        end_tokens: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
+        #[pyo3(from_py_with = end_tokens_arg)] end_tokens: Vec<u64>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        let ends = convert::position_list(end_tokens, "end_tokens")?;
         self.inner
-            .with(py, |m| m.set_offload_key_positions(rid, &ks, &ends))?
+            .with(py, |m| {
+                m.set_offload_key_positions(request_id, &keys, &end_tokens)
+            })?
             .py_err()
     }
 
@@ -215,15 +239,13 @@ impl PyCpuOffloadManager {
     fn set_request_keys(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
         #[pyo3(from_py_with = convert::tokens_per_key)] tokens_per_key: usize,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         let t = tokens_per_key as u64;
         self.inner
-            .with(py, |m| m.set_request_keys(rid, &ks, t))?
+            .with(py, |m| m.set_request_keys(request_id, &keys, t))?
             .py_err()
     }
 
@@ -234,14 +256,13 @@ impl PyCpuOffloadManager {
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = convert::kv_cache_manager)] manager: Bound<'_, PyKVCacheManager>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
         let mgr = manager.get();
         let (hashes, bs) = mgr
             .inner
             .with(py, |m| {
-                m.block_hashes(rid).and_then(|h| {
+                m.block_hashes(request_id).and_then(|h| {
                     Ok((
                         try_copy(h, "the request's block hashes")?,
                         m.block_size() as u64,
@@ -250,7 +271,7 @@ impl PyCpuOffloadManager {
             })?
             .py_err()?;
         self.inner
-            .with(py, |m| m.set_request_keys(rid, &hashes, bs))?
+            .with(py, |m| m.set_request_keys(request_id, &hashes, bs))?
             .py_err()
     }
 
@@ -258,26 +279,24 @@ impl PyCpuOffloadManager {
     fn lookup_prefix_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<Option<usize>> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.lookup_prefix_range(rid, start, stop))
+            .with(py, |m| m.lookup_prefix_range(request_id, start, stop))
     }
 
     /// `prepare_load` of the request's keys `start:stop`; returns how many were pinned.
     fn prepare_load_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<usize> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.prepare_load_range(rid, start, stop))?
+            .with(py, |m| m.prepare_load_range(request_id, start, stop))?
             .py_err()
     }
 
@@ -285,13 +304,12 @@ impl PyCpuOffloadManager {
     fn complete_load_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.complete_load_range(rid, start, stop))?
+            .with(py, |m| m.complete_load_range(request_id, start, stop))?
             .py_err()
     }
 
@@ -302,14 +320,15 @@ impl PyCpuOffloadManager {
     fn prepare_store_range(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
         #[pyo3(from_py_with = convert::start)] start: usize,
         #[pyo3(from_py_with = convert::stop)] stop: usize,
         #[pyo3(from_py_with = convert::complete)] complete: bool,
     ) -> PyResult<Option<(usize, usize)>> {
-        let rid = convert::request_id(request_id)?;
         self.inner
-            .with(py, |m| m.prepare_store_range(rid, start, stop, complete))?
+            .with(py, |m| {
+                m.prepare_store_range(request_id, start, stop, complete)
+            })?
             .py_err()
     }
 
@@ -318,55 +337,54 @@ impl PyCpuOffloadManager {
         self.inner.with(py, |m| m.lookup(&k).name())
     }
 
-    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.lookup_prefix(&ks))
+    fn lookup_prefix(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
+    ) -> PyResult<Option<usize>> {
+        self.inner.with(py, |m| m.lookup_prefix(&keys))
     }
 
     fn prepare_load(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<Vec<u64>> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.prepare_load(rid, &ks))?.py_err()
+        self.inner
+            .with(py, |m| m.prepare_load(request_id, &keys))?
+            .py_err()
     }
 
     fn touch(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.touch(rid, &ks))
+        self.inner.with(py, |m| m.touch(request_id, &keys))
     }
 
     fn complete_load(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
-        self.inner.with(py, |m| m.complete_load(rid, &ks))?.py_err()
+        self.inner
+            .with(py, |m| m.complete_load(request_id, &keys))?
+            .py_err()
     }
 
     fn prepare_store(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
     ) -> PyResult<Option<PyPrepareStoreOutput>> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         let out = self
             .inner
-            .with(py, |m| m.prepare_store(rid, &ks))?
+            .with(py, |m| m.prepare_store(request_id, &keys))?
             .py_err()?;
         Ok(out.map(|inner| PyPrepareStoreOutput { inner }))
     }
@@ -375,21 +393,22 @@ impl PyCpuOffloadManager {
     fn complete_store(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+        #[pyo3(from_py_with = keys_arg)] keys: Vec<BlockHash>,
         #[pyo3(from_py_with = convert::success)] success: bool,
     ) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
-        let ks = self::keys(keys)?;
         self.inner
-            .with(py, |m| m.complete_store(rid, &ks, success))?
+            .with(py, |m| m.complete_store(request_id, &keys, success))?
             .py_err()
     }
 
-    fn on_request_finished(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let rid = convert::request_id(request_id)?;
+    fn on_request_finished(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = convert::request_id)] request_id: u64,
+    ) -> PyResult<()> {
         self.inner
-            .with(py, |m| m.on_request_finished(rid))?
+            .with(py, |m| m.on_request_finished(request_id))?
             .py_err()
     }
 
@@ -408,17 +427,16 @@ impl PyCpuOffloadManager {
     /// The events since the last call as the KV events vLLM's OffloadingConnector
     /// publishes for them (`prefixcache.events`, medium "CPU"); `compact` merges runs of
     /// removals.
-    #[pyo3(signature = (event_hash_format = "u64".to_owned(), compact = false))]
+    #[pyo3(signature = (event_hash_format = HashFormat::U64, compact = false))]
     #[pyo3(text_signature = "($self, event_hash_format='u64', compact=False)")]
     fn take_kv_events<'py>(
         &self,
         py: Python<'py>,
-        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
+        #[pyo3(from_py_with = event_hash_format_arg)] event_hash_format: HashFormat,
         #[pyo3(from_py_with = convert::compact)] compact: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let fmt = HashFormat::parse(&event_hash_format)?;
         let evs = self.inner.with(py, |m| m.take_events())?.py_err()?;
-        events_to_py(py, to_kv_events(&evs), fmt, None, compact)
+        events_to_py(py, to_kv_events(&evs), event_hash_format, None, compact)
     }
 
     /// Raise AssertionError if an internal invariant is broken (for tests).

@@ -16,6 +16,10 @@ use crate::hash::BlockHash;
 
 pub use crate::events::MEDIUM_CPU;
 
+/// Loads in flight one chunk counts at most (its `ref_cnt` is an i32; vLLM's count is
+/// a Python int): a load past it is refused, nothing changed.
+pub const MAX_LOADS: i32 = i32::MAX;
+
 /// vLLM's default bound of the store-threshold tracker.
 pub const DEFAULT_MAX_TRACKER_SIZE: usize = 64_000;
 
@@ -402,6 +406,20 @@ impl CpuOffloadManager {
         if let Policy::Lru(l) = &mut self.policy {
             l.per_chunk = true;
         }
+    }
+
+    /// Tests: sets the load count of stored key `k` (a chunk near [`MAX_LOADS`]).
+    #[cfg(test)]
+    pub(crate) fn set_loads(&mut self, k: &BlockHash, loads: i32) {
+        let id = self
+            .table
+            .find(k)
+            .unwrap_or_else(|| panic!("{k:?} is not stored"));
+        let s = &mut self.table.slots[id as usize];
+        if s.ref_cnt == 0 && loads > 0 {
+            self.num_idle -= 1;
+        }
+        s.ref_cnt = loads;
     }
 
     /// Tests: the LRU's runs so far (finishes, accesses, stores, evictions); zeros under ARC.
@@ -973,16 +991,58 @@ impl CpuOffloadManager {
         self.record(st, keys, None);
     }
 
-    fn check_loadable(&self, keys: impl Iterator<Item = (BlockHash, u32)>) -> Result<()> {
+    /// Every key of a load (with its slot, NIL: not stored) is stored and ready, and its
+    /// chunk can count the call's loads of it (at most [`MAX_LOADS`] in flight).
+    fn check_loadable(
+        &self,
+        keys: impl ExactSizeIterator<Item = (BlockHash, u32)> + Clone,
+    ) -> Result<()> {
+        // A chunk whose count plus the call's size passes the bound may overflow: its
+        // loads in the call are counted exactly below (never in practice).
+        let n = keys.len() as u64;
+        let mut near = false;
+        for (k, slot) in keys.clone() {
+            match self.table.slots.get(slot as usize) {
+                Some(s) if s.live() && s.ref_cnt >= 0 => {
+                    near |= s.ref_cnt as u64 + n > MAX_LOADS as u64;
+                }
+                _ => {
+                    return Err(Error::BlockState(format!(
+                        "key {k:?} is not stored and ready to load"
+                    )))
+                }
+            }
+        }
+        if near {
+            self.check_load_counts(keys, n)?;
+        }
+        Ok(())
+    }
+
+    /// `check_loadable`'s exact check (`n` keys): each chunk near the bound gets no more
+    /// loads than it can count (the first such key in call order is named).
+    fn check_load_counts(
+        &self,
+        keys: impl Iterator<Item = (BlockHash, u32)> + Clone,
+        n: u64,
+    ) -> Result<()> {
+        let loads = |slot: u32| self.table.slots[slot as usize].ref_cnt as u64;
+        let near = |slot: u32| loads(slot) + n > MAX_LOADS as u64;
+        let mut calls: FxHashMap<u32, u64> = FxHashMap::default();
+        calls
+            .try_reserve(keys.clone().filter(|&(_, slot)| near(slot)).count())
+            .map_err(|e| Error::out_of_memory("the loads' counts", e))?;
+        for (_, slot) in keys.clone().filter(|&(_, slot)| near(slot)) {
+            *calls.entry(slot).or_default() += 1;
+        }
         for (k, slot) in keys {
-            if self
-                .table
-                .slots
-                .get(slot as usize)
-                .is_none_or(|s| !s.live() || s.ref_cnt < 0)
+            if calls
+                .get(&slot)
+                .is_some_and(|&c| loads(slot) + c > MAX_LOADS as u64)
             {
                 return Err(Error::BlockState(format!(
-                    "key {k:?} is not stored and ready to load"
+                    "key {k:?} has {} loads in flight: a chunk counts at most 2**31 - 1",
+                    loads(slot)
                 )));
             }
         }

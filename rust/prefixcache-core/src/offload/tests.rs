@@ -396,3 +396,40 @@ fn refused_calls_change_nothing() {
         }
     }
 }
+
+#[test]
+fn a_load_past_the_chunks_count_is_refused_and_changes_nothing() {
+    use super::manager::MAX_LOADS;
+    for policy in [CachePolicy::Lru, CachePolicy::Arc] {
+        let mut m = CpuOffloadManager::new(4, policy, 1, 64, true).unwrap();
+        store(&mut m, 0, &[1, 2]);
+        m.take_events().expect("events");
+        m.set_loads(&k(1), MAX_LOADS - 2);
+        m.set_request_keys(1, &ks(&[1, 2, 1]), 16).unwrap();
+        // Two loads of key 1 in one call: the count reaches the bound exactly.
+        assert_eq!(m.prepare_load_range(1, 0, 3).unwrap(), 3);
+        let before = m.state_dump();
+        let refused = [
+            m.prepare_load(1, &ks(&[2, 1])).map(|_| ()),
+            m.prepare_load_range(1, 2, 3).map(|_| ()),
+        ];
+        for e in refused {
+            let e = e.expect_err("a load past the bound");
+            assert!(
+                e.to_string().contains("a chunk counts at most 2**31 - 1"),
+                "{e}"
+            );
+            assert_eq!(m.state_dump(), before);
+        }
+        assert_eq!(m.lookup(&k(1)), LookupResult::Hit);
+        m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+        // One load released: room for one, not for two.
+        m.complete_load(1, &ks(&[1])).unwrap();
+        assert_eq!(m.prepare_load(1, &ks(&[1])).unwrap(), vec![0]);
+        m.complete_load(1, &ks(&[1])).unwrap();
+        let before = m.state_dump();
+        assert!(m.prepare_load_range(1, 0, 3).is_err());
+        assert_eq!(m.state_dump(), before);
+        m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+    }
+}
