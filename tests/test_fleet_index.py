@@ -439,6 +439,32 @@ def test_argument_messages_name_the_argument_and_the_problem() -> None:
     assert ix.status("w", now=0.0)["next_seq"] == 0
 
 
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda ix: ix.longest_prefix(5, now="x"), InvalidTypeError, "^hashes"),
+        (lambda ix: ix.longest_prefix([1], weights=[1.0], now="x"), InvalidTypeError, "^weights"),
+        (lambda ix: ix.longest_prefix(tokens=[1], now="x"), InvalidInputError, "hasher"),
+        (lambda ix: ix.top_k(5, k=-1, now="x"), InvalidTypeError, "^hashes"),
+        (lambda ix: ix.top_k([1], k=-1, include_unhealthy=1), InvalidInputError, "^k must"),
+        (lambda ix: ix.top_k(k=1.5, tokens=5), InvalidTypeError, "^k must"),
+        (lambda ix: ix.top_k([1], weights=[1.0], now="x"), InvalidTypeError, "^weights"),
+        (lambda ix: ix.top_k([1], now="x", include_unhealthy=1), InvalidTypeError, "^now"),
+        (lambda ix: ix.top_k([1], include_unhealthy=None), InvalidTypeError, "include_unhealthy"),
+    ],
+)
+def test_queries_name_their_first_bad_argument(call: Any, error: type, message: str) -> None:
+    """Arguments are read in order: of several bad ones, the first is named (``now`` and
+    ``include_unhealthy`` were read before the hashes)."""
+    ix = KvIndex()
+    ix.apply("w", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4}], 0, now=0.0)
+    before = ix.status("w", now=0.0)
+    with pytest.raises(error, match=message):
+        call(ix)
+    assert ix.status("w", now=0.0) == before
+    assert ix.top_k([1], now=0.0) == [("w", 1.0, 1)]
+
+
 def test_block_size_zero_is_accepted_as_the_docs_say() -> None:
     """vLLM's OffloadingConnector publishes block_size 0 (hash-only placeholders): both
     decoders take it, and docs/FLEET.md says so (it used to say "> 0")."""

@@ -431,6 +431,13 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.longest_prefix(np.array([1.0])),
     lambda ix, url: ix.longest_prefix({1, 2}),
     lambda ix, url: ix.top_k(b"\x01\x02"),
+    # several bad arguments: the first is named
+    lambda ix, url: ix.longest_prefix(5, now="x"),
+    lambda ix, url: ix.longest_prefix([1], weights=[1.0], now="x"),
+    lambda ix, url: ix.top_k(5, k=-1, now="x"),
+    lambda ix, url: ix.top_k([1], k=-1, include_unhealthy=1),
+    lambda ix, url: ix.top_k(k=1.5, tokens=5),
+    lambda ix, url: ix.top_k([1], now="x", include_unhealthy=1),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)

@@ -406,9 +406,10 @@ class RedisKvIndex:
         now: float | None = None,
     ) -> RemoteFleetMatch:
         """Every worker's longest held prefix of a request, per medium and on any medium."""
-        t = self._now(now)
+        # In argument order, as KvIndex reads them: the first bad one is named.
         hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
         wt = _core.fleet_weights_arg(weights)
+        t = self._now(now)
         return self._query(hs, None if wt is None else dict(wt), t)
 
     def _query(self, hs: list[int], weights: dict[str, float] | None, t: float) -> RemoteFleetMatch:
@@ -483,11 +484,17 @@ class RedisKvIndex:
         include_unhealthy: bool = False,
     ) -> list[tuple[str, float, int]]:
         """The ``k`` best workers as ``(worker, score, blocks)``, best first."""
-        unhealthy = _core.fleet_flag_arg(include_unhealthy, "include_unhealthy")
-        t = self._now(now)
-        n = _core.fleet_k_arg(k)
-        hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+        # In argument order, as KvIndex reads them: the first bad one is named (``k``
+        # comes after ``hashes``, before the keyword-only ``tokens`` and ``hasher``).
+        if hashes is not None:
+            hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+            n = _core.fleet_k_arg(k)
+        else:
+            n = _core.fleet_k_arg(k)
+            hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
         wt = _core.fleet_weights_arg(weights)
+        t = self._now(now)
+        unhealthy = _core.fleet_flag_arg(include_unhealthy, "include_unhealthy")
         m = self._query(hs, None if wt is None else dict(wt), t)
         idx = [i for i in range(len(m)) if unhealthy or not (m.stale_[i] or m.expired_[i])]
         idx.sort(key=lambda i: (-m.score_[i], -m.blocks_[i]))
