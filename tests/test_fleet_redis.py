@@ -598,6 +598,13 @@ def test_match_arguments_raise_the_same_error_in_both_backends(url: str, call: A
         ({"retries": None}, InvalidTypeError, "retries must be an int, got NoneType"),
         ({"prefix": 5}, InvalidTypeError, "prefix must be a str, got int"),
         ({"url": b"redis://127.0.0.1:1/0"}, InvalidTypeError, "url must be a str, got bytes"),
+        # several bad arguments: the first is named
+        (
+            {"url": b"redis://127.0.0.1:1/0", "ttl": True},
+            InvalidTypeError,
+            "url must be a str, got bytes",
+        ),
+        ({"prefix": 5, "hash_bytes": 7}, InvalidTypeError, "prefix must be a str, got int"),
     ],
 )
 def test_bad_client_options_raise_clear_errors(

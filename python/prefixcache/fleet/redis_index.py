@@ -57,12 +57,13 @@ class RedisKvIndex:
     ) -> None:
         import redis
 
-        ttl = _core.fleet_ttl_arg(ttl)
-        hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
+        # In argument order: the first bad one is named.
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
         if not isinstance(prefix, str):
             raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        ttl = _core.fleet_ttl_arg(ttl)
+        hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
         if retries is None:
             raise InvalidTypeError("retries must be an int, got NoneType")
         max_retries = _core.fleet_seq_arg(retries, "retries") or 0
