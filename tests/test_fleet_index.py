@@ -452,6 +452,17 @@ def test_argument_messages_name_the_argument_and_the_problem() -> None:
         (lambda ix: ix.top_k([1], now="x", include_unhealthy=1), InvalidTypeError, "^now"),
         (lambda ix: ix.top_k([1], include_unhealthy=None), InvalidTypeError, "include_unhealthy"),
     ],
+    ids=[
+        "longest_prefix hashes, now",
+        "longest_prefix weights, now",
+        "longest_prefix tokens without hasher, now",
+        "top_k hashes, k",
+        "top_k k, include_unhealthy",
+        "top_k k, tokens",
+        "top_k weights, now",
+        "top_k now, include_unhealthy",
+        "top_k include_unhealthy None",
+    ],
 )
 def test_queries_name_their_first_bad_argument(call: Any, error: type, message: str) -> None:
     """Arguments are read in order: of several bad ones, the first is named (``now`` and

@@ -129,7 +129,7 @@ HANDLE_METHODS = (
 )
 
 RADIX_BAD: list[tuple[str, Call]] = [
-    # tokens and namespaces (the namespaces are read first)
+    # tokens and namespaces (read in argument order: the tokens first)
     ("match tokens None", call("match_prefix", None)),
     ("match tokens set", call("match_prefix", {1, 2})),
     ("match tokens dict", call("match_prefix", {1: 2})),

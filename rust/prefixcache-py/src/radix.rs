@@ -159,8 +159,14 @@ impl RadixCache {
     }
 }
 
-fn namespace(extra_key: Option<String>, cache_salt: Option<String>) -> Namespace {
-    Namespace::new(extra_key.as_deref(), cache_salt.as_deref())
+/// The `extra_key` and `cache_salt` arguments (each str or None), read in that order.
+fn namespace(
+    extra_key: Option<&Bound<'_, PyAny>>,
+    cache_salt: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Namespace> {
+    let extra_key = extra_key.map(convert::extra_key).transpose()?.flatten();
+    let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
+    Ok(Namespace::new(extra_key.as_deref(), cache_salt.as_deref()))
 }
 
 /// A `Node` argument; anything else raises `InvalidTypeError`.
@@ -362,10 +368,7 @@ impl RadixCache {
         // not): read in place. The arguments are read in order.
         let in_place = convert::reads_without_python(tokens);
         let key = convert::input::<u32>(tokens, "tokens", in_place)?;
-        let ns = namespace(
-            convert::opt_str(extra_key, "extra_key")?,
-            convert::opt_str(cache_salt, "cache_salt")?,
-        );
+        let ns = namespace(extra_key, cache_salt)?;
         let this = slf.get();
         let m = if key.len() >= DETACH_MIN_MATCH {
             let key = key.into_owned()?;
@@ -430,10 +433,7 @@ impl RadixCache {
                     .transpose()?,
             ),
         };
-        let ns = namespace(
-            convert::opt_str(extra_key, "extra_key")?,
-            convert::opt_str(cache_salt, "cache_salt")?,
-        );
+        let ns = namespace(extra_key, cache_salt)?;
         let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
         let inserted_len = convert::size_or(inserted_len, 0, "inserted_len")?;
         let r = if tokens.len() >= DETACH_MIN_ALLOC {

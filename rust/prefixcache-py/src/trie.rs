@@ -400,7 +400,7 @@ impl BlockTrie {
         let rid = self::request_id(request_id)?;
         let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
-        let cache_salt = convert::opt_str(cache_salt, "cache_salt")?;
+        let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
         let mm = mm_spans(mm_items)?;
         let max = i128::from(MAX_PRIORITY);
         let priority = match priority.filter(|o| !o.is_none()) {
@@ -450,7 +450,7 @@ impl BlockTrie {
     ) -> PyResult<Lookup> {
         let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
-        let cache_salt = convert::opt_str(cache_salt, "cache_salt")?;
+        let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
         let mm = mm_spans(mm_items)?;
         let params = ClaimParams {
             lora_id,
