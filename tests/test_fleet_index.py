@@ -451,6 +451,8 @@ def test_argument_messages_name_the_argument_and_the_problem() -> None:
         (lambda ix: ix.top_k([1], weights=[1.0], now="x"), InvalidTypeError, "^weights"),
         (lambda ix: ix.top_k([1], now="x", include_unhealthy=1), InvalidTypeError, "^now"),
         (lambda ix: ix.top_k([1], include_unhealthy=None), InvalidTypeError, "include_unhealthy"),
+        (lambda ix: ix.apply("w", [], seq=-1, now="x"), InvalidInputError, "^seq must"),
+        (lambda ix: ix.apply("w", [], seq=1.5, now=float("inf")), InvalidTypeError, "^seq must"),
     ],
     ids=[
         "longest_prefix hashes, now",
@@ -462,11 +464,13 @@ def test_argument_messages_name_the_argument_and_the_problem() -> None:
         "top_k weights, now",
         "top_k now, include_unhealthy",
         "top_k include_unhealthy None",
+        "apply seq, now",
+        "apply seq type, now",
     ],
 )
-def test_queries_name_their_first_bad_argument(call: Any, error: type, message: str) -> None:
+def test_calls_name_their_first_bad_argument(call: Any, error: type, message: str) -> None:
     """Arguments are read in order: of several bad ones, the first is named (``now`` and
-    ``include_unhealthy`` were read before the hashes)."""
+    ``include_unhealthy`` were read before the hashes, ``now`` before ``seq``)."""
     ix = KvIndex()
     ix.apply("w", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4}], 0, now=0.0)
     before = ix.status("w", now=0.0)

@@ -438,6 +438,7 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.top_k([1], k=-1, include_unhealthy=1),
     lambda ix, url: ix.top_k(k=1.5, tokens=5),
     lambda ix, url: ix.top_k([1], now="x", include_unhealthy=1),
+    lambda ix, url: ix.apply("w", [], seq=-1, now="x"),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)

@@ -248,8 +248,9 @@ class RedisKvIndex:
     ) -> str:
         """Applies event objects; returns "applied", "duplicate" or "gap"."""
         worker = _core.fleet_worker_arg(worker)
-        t = self._now(now)
+        # seq and now in argument order, as KvIndex reads them, before the events.
         seq = _core.fleet_seq_arg(seq, "seq")
+        t = self._now(now)
         try:
             ops = _core.decode_kv_events(events, self._hash_bytes)
         except InvalidEventError as e:

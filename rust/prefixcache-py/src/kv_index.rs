@@ -419,8 +419,10 @@ impl PyKvIndex {
         seq: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<&'static str> {
-        let now = now_or(now)?;
+        // `seq` and `now` in argument order, before the events (whose refusal is recorded
+        // on the worker at `now`).
         let seq = opt_seq(seq, "seq")?;
+        let now = now_or(now)?;
         let converted = fleet_events::events(events, self.form);
         self.inner
             .with(py, |ix| match converted {
