@@ -480,6 +480,23 @@ def test_calls_name_their_first_bad_argument(call: Any, error: type, message: st
     assert ix.top_k([1], now=0.0) == [("w", 1.0, 1)]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"ttl": -1, "hash_bytes": "x"}, InvalidInputError, "^ttl must be a positive"),
+        ({"ttl": float("inf"), "hash_bytes": 7}, InvalidInputError, "^ttl must be a positive"),
+        ({"ttl": "x", "hash_bytes": 7}, InvalidTypeError, "^ttl must be None or a number"),
+    ],
+)
+def test_constructor_names_its_first_bad_argument(
+    kwargs: dict[str, Any], error: type, message: str
+) -> None:
+    """The ttl's range is checked as it is read, before ``hash_bytes`` (as RedisKvIndex
+    checks it)."""
+    with pytest.raises(error, match=message):
+        KvIndex(**kwargs)
+
+
 def test_block_size_zero_is_accepted_as_the_docs_say() -> None:
     """vLLM's OffloadingConnector publishes block_size 0 (hash-only placeholders): both
     decoders take it, and docs/FLEET.md says so (it used to say "> 0")."""

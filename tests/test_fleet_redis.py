@@ -439,6 +439,11 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.top_k(k=1.5, tokens=5),
     lambda ix, url: ix.top_k([1], now="x", include_unhealthy=1),
     lambda ix, url: ix.apply("w", [], seq=-1, now="x"),
+    lambda ix, url: (
+        type(ix)(ttl=-1, hash_bytes="x")
+        if isinstance(ix, KvIndex)
+        else fresh(url, ttl=-1, hash_bytes="x")
+    ),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)

@@ -330,7 +330,9 @@ impl PyKvIndex {
         ttl: Option<&Bound<'_, PyAny>>,
         hash_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // The ttl's range is checked as it is read, before `hash_bytes` (argument order).
         let ttl = ttl_of(ttl)?;
+        prefixcache_core::fleet::check_ttl(ttl).py_err()?;
         let form = match hash_bytes {
             Some(h) => form_of(h)?,
             None => HashForm::default(),
