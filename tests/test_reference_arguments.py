@@ -528,6 +528,14 @@ RADIX_FIRST: list[tuple[str, Call, type[Exception], str]] = [
     ("insert extra_key, priority", call("insert", [1], extra_key=3, priority=0.5), IT, "extra_key"),
 ]
 TRIE_CTOR_FIRST: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception], str]] = [
+    ("num_blocks 0, enable_events", (0,), {"enable_events": None}, II, "num_blocks"),
+    (
+        "num_blocks 2**32 - 1, tokens_per_block",
+        (2**32 - 1,),
+        {"tokens_per_block": 0},
+        II,
+        "num_blocks",
+    ),
     ("num_blocks, enable_partial_reuse", (-1,), {"enable_partial_reuse": 1}, II, "num_blocks"),
     ("num_blocks, enable_events", (None,), {"enable_events": None}, IT, "num_blocks"),
     (

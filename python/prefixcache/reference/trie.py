@@ -243,6 +243,8 @@ class BlockTrie:
     ) -> None:
         # In argument order, as the core reads them: the first bad one is named.
         num_blocks = size_arg(num_blocks, "num_blocks")
+        if not 1 <= num_blocks < U32_MAX:  # block ids are u32 in the core
+            raise InvalidInputError(f"num_blocks must be in [1, 2**32 - 1), got {num_blocks}")
         tpb = 64 if tokens_per_block is None else int_arg(tokens_per_block, "tokens_per_block", 1)
         enable_partial_reuse = flag_arg(enable_partial_reuse, "enable_partial_reuse")
         copy_on_partial_reuse = flag_arg(copy_on_partial_reuse, "copy_on_partial_reuse")
@@ -255,8 +257,6 @@ class BlockTrie:
             )
         )
         enable_events = flag_arg(enable_events, "enable_events")
-        if not 1 <= num_blocks < U32_MAX:
-            raise InvalidInputError(f"num_blocks must be in [1, 2**32 - 1), got {num_blocks}")
         if num_blocks + host >= U32_MAX:  # block ids are u32 in the core
             raise InvalidInputError(
                 f"num_blocks + host_blocks must be < 2**32 - 1, got {num_blocks} + {host}"

@@ -12,7 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::convert;
-use crate::errors::{invalid_type, IntoPyResult};
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::shared::Shared;
 
 /// The result of `BlockTrie.claim`.
@@ -234,6 +234,18 @@ fn stats_dict<'py>(py: Python<'py>, s: &TrieStats) -> PyResult<Bound<'py, PyDict
 // converts them in argument order: the first bad argument is the one named (as the
 // reference names it).
 
+/// The `num_blocks` argument: an int in `[1, 2**32 - 1)` (block ids are u32), its range
+/// checked as it is read (as the core checks it).
+fn num_blocks_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let n = convert::num_blocks(obj)?;
+    if n == 0 || n >= u32::MAX as usize {
+        return Err(invalid_input(format!(
+            "num_blocks must be in [1, 2**32 - 1), got {n}"
+        )));
+    }
+    Ok(n)
+}
+
 /// The `tokens_per_block` argument: an int >= 1 (None: the default).
 fn tokens_per_block_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     convert::positive_or(Some(obj), DEFAULT_TOKENS_PER_BLOCK, "tokens_per_block")
@@ -264,7 +276,7 @@ impl BlockTrie {
         text_signature = "(num_blocks, tokens_per_block=None, enable_partial_reuse=True, copy_on_partial_reuse=True, host_blocks=0, secondary_offload_min_priority=30, enable_events=True)"
     )]
     fn new(
-        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = num_blocks_arg)] num_blocks: usize,
         #[pyo3(from_py_with = tokens_per_block_arg)] tokens_per_block: usize,
         #[pyo3(from_py_with = convert::enable_partial_reuse)] enable_partial_reuse: bool,
         #[pyo3(from_py_with = convert::copy_on_partial_reuse)] copy_on_partial_reuse: bool,
