@@ -439,6 +439,64 @@ def test_argument_messages_name_the_argument_and_the_problem() -> None:
     assert ix.status("w", now=0.0)["next_seq"] == 0
 
 
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda ix: ix.longest_prefix(5, now="x"), InvalidTypeError, "^hashes"),
+        (lambda ix: ix.longest_prefix([1], weights=[1.0], now="x"), InvalidTypeError, "^weights"),
+        (lambda ix: ix.longest_prefix(tokens=[1], now="x"), InvalidInputError, "hasher"),
+        (lambda ix: ix.top_k(5, k=-1, now="x"), InvalidTypeError, "^hashes"),
+        (lambda ix: ix.top_k([1], k=-1, include_unhealthy=1), InvalidInputError, "^k must"),
+        (lambda ix: ix.top_k(k=1.5, tokens=5), InvalidTypeError, "^k must"),
+        (lambda ix: ix.top_k([1], weights=[1.0], now="x"), InvalidTypeError, "^weights"),
+        (lambda ix: ix.top_k([1], now="x", include_unhealthy=1), InvalidTypeError, "^now"),
+        (lambda ix: ix.top_k([1], include_unhealthy=None), InvalidTypeError, "include_unhealthy"),
+        (lambda ix: ix.apply("w", [], seq=-1, now="x"), InvalidInputError, "^seq must"),
+        (lambda ix: ix.apply("w", [], seq=1.5, now=float("inf")), InvalidTypeError, "^seq must"),
+    ],
+    ids=[
+        "longest_prefix hashes, now",
+        "longest_prefix weights, now",
+        "longest_prefix tokens without hasher, now",
+        "top_k hashes, k",
+        "top_k k, include_unhealthy",
+        "top_k k, tokens",
+        "top_k weights, now",
+        "top_k now, include_unhealthy",
+        "top_k include_unhealthy None",
+        "apply seq, now",
+        "apply seq type, now",
+    ],
+)
+def test_calls_name_their_first_bad_argument(call: Any, error: type, message: str) -> None:
+    """Arguments are read in order: of several bad ones, the first is named (``now`` and
+    ``include_unhealthy`` were read before the hashes, ``now`` before ``seq``)."""
+    ix = KvIndex()
+    ix.apply("w", [{"type": "BlockStored", "block_hashes": [1], "block_size": 4}], 0, now=0.0)
+    before = ix.status("w", now=0.0)
+    with pytest.raises(error, match=message):
+        call(ix)
+    assert ix.status("w", now=0.0) == before
+    assert ix.top_k([1], now=0.0) == [("w", 1.0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"ttl": -1, "hash_bytes": "x"}, InvalidInputError, "^ttl must be a positive"),
+        ({"ttl": float("inf"), "hash_bytes": 7}, InvalidInputError, "^ttl must be a positive"),
+        ({"ttl": "x", "hash_bytes": 7}, InvalidTypeError, "^ttl must be None or a number"),
+    ],
+)
+def test_constructor_names_its_first_bad_argument(
+    kwargs: dict[str, Any], error: type, message: str
+) -> None:
+    """The ttl's range is checked as it is read, before ``hash_bytes`` (as RedisKvIndex
+    checks it)."""
+    with pytest.raises(error, match=message):
+        KvIndex(**kwargs)
+
+
 def test_block_size_zero_is_accepted_as_the_docs_say() -> None:
     """vLLM's OffloadingConnector publishes block_size 0 (hash-only placeholders): both
     decoders take it, and docs/FLEET.md says so (it used to say "> 0")."""

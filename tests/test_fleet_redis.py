@@ -431,6 +431,19 @@ BAD_ARGUMENTS: list[Any] = [
     lambda ix, url: ix.longest_prefix(np.array([1.0])),
     lambda ix, url: ix.longest_prefix({1, 2}),
     lambda ix, url: ix.top_k(b"\x01\x02"),
+    # several bad arguments: the first is named
+    lambda ix, url: ix.longest_prefix(5, now="x"),
+    lambda ix, url: ix.longest_prefix([1], weights=[1.0], now="x"),
+    lambda ix, url: ix.top_k(5, k=-1, now="x"),
+    lambda ix, url: ix.top_k([1], k=-1, include_unhealthy=1),
+    lambda ix, url: ix.top_k(k=1.5, tokens=5),
+    lambda ix, url: ix.top_k([1], now="x", include_unhealthy=1),
+    lambda ix, url: ix.apply("w", [], seq=-1, now="x"),
+    lambda ix, url: (
+        type(ix)(ttl=-1, hash_bytes="x")
+        if isinstance(ix, KvIndex)
+        else fresh(url, ttl=-1, hash_bytes="x")
+    ),
     lambda ix, url: ix.remove_worker("zz"),
     lambda ix, url: (
         type(ix)(ttl=float("inf")) if isinstance(ix, KvIndex) else fresh(url, ttl=1e999)
@@ -591,6 +604,13 @@ def test_match_arguments_raise_the_same_error_in_both_backends(url: str, call: A
         ({"retries": None}, InvalidTypeError, "retries must be an int, got NoneType"),
         ({"prefix": 5}, InvalidTypeError, "prefix must be a str, got int"),
         ({"url": b"redis://127.0.0.1:1/0"}, InvalidTypeError, "url must be a str, got bytes"),
+        # several bad arguments: the first is named
+        (
+            {"url": b"redis://127.0.0.1:1/0", "ttl": True},
+            InvalidTypeError,
+            "url must be a str, got bytes",
+        ),
+        ({"prefix": 5, "hash_bytes": 7}, InvalidTypeError, "prefix must be a str, got int"),
     ],
 )
 def test_bad_client_options_raise_clear_errors(

@@ -16,7 +16,7 @@ import pytest
 from hostile_sequences import LyingList, ShortSequence
 
 from prefixcache import BlockTrie, RadixCache
-from prefixcache.errors import InvalidInputError
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.reference.radix import RadixCache as RefRadix
 from prefixcache.reference.trie import BlockTrie as RefTrie
 
@@ -129,7 +129,7 @@ HANDLE_METHODS = (
 )
 
 RADIX_BAD: list[tuple[str, Call]] = [
-    # tokens and namespaces (the namespaces are read first)
+    # tokens and namespaces (read in argument order: the tokens first)
     ("match tokens None", call("match_prefix", None)),
     ("match tokens set", call("match_prefix", {1, 2})),
     ("match tokens dict", call("match_prefix", {1: 2})),
@@ -485,6 +485,155 @@ def test_trie_accepts_what_the_core_accepts(
         assert (a, type(a)) == (b, type(b)), attr
     if call is not None:
         assert call(core, None) == call(ref, None)
+
+
+# ---- Several bad arguments: the first is named -----------------------------------------
+
+IT, II = InvalidTypeError, InvalidInputError
+RADIX_CTOR_FIRST: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("page_size, eviction_policy", {"page_size": 0, "eviction_policy": 1}, II, "page_size"),
+    ("page_size, write_policy", {"page_size": 1.0, "write_policy": None}, IT, "page_size"),
+    ("page_size, host_events", {"page_size": -1, "host_events": 1}, II, "page_size"),
+    (
+        "eviction_policy name, host_capacity",
+        {"eviction_policy": "xyz", "host_capacity": -1},
+        II,
+        "eviction policy",
+    ),
+    (
+        "eviction_policy name, write_policy",
+        {"eviction_policy": "xyz", "write_policy": 1},
+        II,
+        "eviction policy",
+    ),
+    ("host_capacity, write_policy", {"host_capacity": -1, "write_policy": 1}, II, "host_capacity"),
+    (
+        "host_capacity, host_events",
+        {"host_capacity": 1.0, "host_events": None},
+        IT,
+        "host_capacity",
+    ),
+    (
+        "write_policy name, host_events",
+        {"host_capacity": 8, "write_policy": "write_around", "host_events": 1},
+        II,
+        "write policy",
+    ),
+]
+RADIX_FIRST: list[tuple[str, Call, type[Exception], str]] = [
+    ("match tokens, extra_key", call("match_prefix", None, extra_key=3), IT, "tokens"),
+    ("match token, cache_salt", call("match_prefix", [2**32], cache_salt=b"s"), II, "tokens"),
+    ("insert tokens, extra_key", call("insert", {1, 2}, extra_key=3), IT, "tokens"),
+    ("insert values, cache_salt", call("insert", [1], [2**63], cache_salt=b"s"), II, "values"),
+    ("insert extra_key, priority", call("insert", [1], extra_key=3, priority=0.5), IT, "extra_key"),
+]
+TRIE_CTOR_FIRST: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception], str]] = [
+    ("num_blocks 0, enable_events", (0,), {"enable_events": None}, II, "num_blocks"),
+    (
+        "num_blocks 2**32 - 1, tokens_per_block",
+        (2**32 - 1,),
+        {"tokens_per_block": 0},
+        II,
+        "num_blocks",
+    ),
+    ("num_blocks, enable_partial_reuse", (-1,), {"enable_partial_reuse": 1}, II, "num_blocks"),
+    ("num_blocks, enable_events", (None,), {"enable_events": None}, IT, "num_blocks"),
+    (
+        "tokens_per_block, copy_on_partial_reuse",
+        (8,),
+        {"tokens_per_block": 0, "copy_on_partial_reuse": 0},
+        II,
+        "tokens_per_block",
+    ),
+    (
+        "host_blocks, enable_events",
+        (8,),
+        {"host_blocks": -1, "enable_events": 1},
+        II,
+        "host_blocks",
+    ),
+    (
+        "offload priority, enable_events",
+        (8,),
+        {"host_blocks": 2, "secondary_offload_min_priority": 101, "enable_events": 1},
+        II,
+        "secondary_offload_min_priority",
+    ),
+]
+TRIE_FIRST: list[tuple[str, Call, type[Exception], str]] = [
+    ("claim request_id, cache_salt", call("claim", -1, PROMPT, cache_salt=3), II, "request_id"),
+    ("claim tokens, cache_salt", call("claim", 3, "ab", cache_salt=3), IT, "tokens"),
+    (
+        "claim lora_id, cache_salt",
+        call("claim", 3, PROMPT, lora_id=-1, cache_salt=3),
+        II,
+        "lora_id",
+    ),
+    ("lookup tokens, cache_salt", call("lookup", None, cache_salt=b"s"), IT, "tokens"),
+    (
+        "lookup lora_id, cache_salt",
+        call("lookup", PROMPT, lora_id=1.0, cache_salt=3),
+        IT,
+        "lora_id",
+    ),
+]
+
+
+def _refuse_naming(
+    on_core: Callable[[], object],
+    on_ref: Callable[[], object],
+    error: type[Exception],
+    message: str,
+) -> None:
+    for f in (on_core, on_ref):
+        with pytest.raises(error, match=message):
+            f()
+
+
+@pytest.mark.parametrize(
+    ("label", "kwargs", "error", "message"),
+    RADIX_CTOR_FIRST,
+    ids=[r[0] for r in RADIX_CTOR_FIRST],
+)
+def test_radix_constructor_names_its_first_bad_argument(
+    label: str, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    _refuse_naming(lambda: RadixCache(**kwargs), lambda: RefRadix(**kwargs), error, message)
+
+
+@pytest.mark.parametrize(
+    ("label", "call", "error", "message"), RADIX_FIRST, ids=[r[0] for r in RADIX_FIRST]
+)
+def test_radix_methods_name_their_first_bad_argument(
+    label: str, call: Call, error: type[Exception], message: str
+) -> None:
+    core, ref = RadixWorld(RadixCache), RadixWorld(RefRadix)
+    _refuse_alike(label, lambda: call(core.c, core), lambda: call(ref.c, ref), core, ref)
+    _refuse_naming(lambda: call(core.c, core), lambda: call(ref.c, ref), error, message)
+
+
+@pytest.mark.parametrize(
+    ("label", "args", "kwargs", "error", "message"),
+    TRIE_CTOR_FIRST,
+    ids=[r[0] for r in TRIE_CTOR_FIRST],
+)
+def test_trie_constructor_names_its_first_bad_argument(
+    label: str, args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    _refuse_naming(
+        lambda: BlockTrie(*args, **kwargs), lambda: RefTrie(*args, **kwargs), error, message
+    )
+
+
+@pytest.mark.parametrize(
+    ("label", "call", "error", "message"), TRIE_FIRST, ids=[r[0] for r in TRIE_FIRST]
+)
+def test_trie_methods_name_their_first_bad_argument(
+    label: str, call: Call, error: type[Exception], message: str
+) -> None:
+    core, ref = TrieWorld(BlockTrie), TrieWorld(RefTrie)
+    _refuse_alike(label, lambda: call(core.t, core), lambda: call(ref.t, ref), core, ref)
+    _refuse_naming(lambda: call(core.t, core), lambda: call(ref.t, ref), error, message)
 
 
 # ---- KVCacheManager: request ids ----------------------------------------------------

@@ -57,12 +57,13 @@ class RedisKvIndex:
     ) -> None:
         import redis
 
-        ttl = _core.fleet_ttl_arg(ttl)
-        hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
+        # In argument order: the first bad one is named.
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
         if not isinstance(prefix, str):
             raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        ttl = _core.fleet_ttl_arg(ttl)
+        hash_bytes = _core.fleet_hash_bytes_arg(hash_bytes)
         if retries is None:
             raise InvalidTypeError("retries must be an int, got NoneType")
         max_retries = _core.fleet_seq_arg(retries, "retries") or 0
@@ -247,8 +248,9 @@ class RedisKvIndex:
     ) -> str:
         """Applies event objects; returns "applied", "duplicate" or "gap"."""
         worker = _core.fleet_worker_arg(worker)
-        t = self._now(now)
+        # seq and now in argument order, as KvIndex reads them, before the events.
         seq = _core.fleet_seq_arg(seq, "seq")
+        t = self._now(now)
         try:
             ops = _core.decode_kv_events(events, self._hash_bytes)
         except InvalidEventError as e:
@@ -406,9 +408,10 @@ class RedisKvIndex:
         now: float | None = None,
     ) -> RemoteFleetMatch:
         """Every worker's longest held prefix of a request, per medium and on any medium."""
-        t = self._now(now)
+        # In argument order, as KvIndex reads them: the first bad one is named.
         hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
         wt = _core.fleet_weights_arg(weights)
+        t = self._now(now)
         return self._query(hs, None if wt is None else dict(wt), t)
 
     def _query(self, hs: list[int], weights: dict[str, float] | None, t: float) -> RemoteFleetMatch:
@@ -483,11 +486,17 @@ class RedisKvIndex:
         include_unhealthy: bool = False,
     ) -> list[tuple[str, float, int]]:
         """The ``k`` best workers as ``(worker, score, blocks)``, best first."""
-        unhealthy = _core.fleet_flag_arg(include_unhealthy, "include_unhealthy")
-        t = self._now(now)
-        n = _core.fleet_k_arg(k)
-        hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+        # In argument order, as KvIndex reads them: the first bad one is named (``k``
+        # comes after ``hashes``, before the keyword-only ``tokens`` and ``hasher``).
+        if hashes is not None:
+            hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
+            n = _core.fleet_k_arg(k)
+        else:
+            n = _core.fleet_k_arg(k)
+            hs = _core.fleet_request_hashes(self._hash_bytes, hashes, tokens, hasher)
         wt = _core.fleet_weights_arg(weights)
+        t = self._now(now)
+        unhealthy = _core.fleet_flag_arg(include_unhealthy, "include_unhealthy")
         m = self._query(hs, None if wt is None else dict(wt), t)
         idx = [i for i in range(len(m)) if unhealthy or not (m.stale_[i] or m.expired_[i])]
         idx.sort(key=lambda i: (-m.score_[i], -m.blocks_[i]))

@@ -201,11 +201,10 @@ class RadixCache:
         write_policy: str = "write_through",
         host_events: bool = False,
     ) -> None:
-        # In the core's order: the str and bool arguments are read first.
-        eviction_policy = str_arg(eviction_policy, "eviction_policy")
-        write_policy = str_arg(write_policy, "write_policy")
-        host_events = flag_arg(host_events, "host_events")
+        # In argument order, as the core reads them (a policy's name checked as it is
+        # read): the first bad one is named.
         page_size = 1 if page_size is None else int_arg(page_size, "page_size", 1, SIZE_MAX)
+        eviction_policy = str_arg(eviction_policy, "eviction_policy")
         policy = _policy_name(eviction_policy)
         if policy not in POLICIES:
             raise InvalidInputError(
@@ -213,12 +212,14 @@ class RadixCache:
                 f"expected one of {', '.join(POLICIES)}"
             )
         host_capacity = 0 if host_capacity is None else size_arg(host_capacity, "host_capacity")
+        write_policy = str_arg(write_policy, "write_policy")
         write = _policy_name(write_policy).replace("-", "_")
         if write not in WRITE_POLICIES:
             raise InvalidInputError(
                 f'unknown write policy "{write_policy}": expected one of '
                 "write_through, write_through_selective, write_back"
             )
+        host_events = flag_arg(host_events, "host_events")
         if host_events and not host_capacity:
             raise InvalidInputError("host_events needs a host tier (host_capacity > 0)")
         self._host_capacity = host_capacity
@@ -338,8 +339,8 @@ class RadixCache:
     def match_prefix(
         self, tokens: Any, extra_key: str | None = None, cache_salt: str | None = None
     ) -> MatchResult:
-        ns = _namespace(extra_key, cache_salt)
         toks = token_list(tokens)
+        ns = _namespace(extra_key, cache_salt)
         key = tuple(toks[: self._aligned(len(toks))])
         self._clock += 1
         now = self._clock
@@ -380,9 +381,9 @@ class RadixCache:
         priority: int = 0,
         inserted_len: int = 0,
     ) -> InsertResult:
-        ns = _namespace(extra_key, cache_salt)
         toks = token_list(tokens)
         vals = toks if values is None else value_list(values)
+        ns = _namespace(extra_key, cache_salt)
         priority = 0 if priority is None else int_arg(priority, "priority")
         inserted_len = 0 if inserted_len is None else size_arg(inserted_len, "inserted_len")
         if len(vals) != len(toks):

@@ -241,12 +241,13 @@ class BlockTrie:
         secondary_offload_min_priority: int | None = None,
         enable_events: bool = True,
     ) -> None:
-        # In the core's order: the bool arguments are read first.
+        # In argument order, as the core reads them: the first bad one is named.
+        num_blocks = size_arg(num_blocks, "num_blocks")
+        if not 1 <= num_blocks < U32_MAX:  # block ids are u32 in the core
+            raise InvalidInputError(f"num_blocks must be in [1, 2**32 - 1), got {num_blocks}")
+        tpb = 64 if tokens_per_block is None else int_arg(tokens_per_block, "tokens_per_block", 1)
         enable_partial_reuse = flag_arg(enable_partial_reuse, "enable_partial_reuse")
         copy_on_partial_reuse = flag_arg(copy_on_partial_reuse, "copy_on_partial_reuse")
-        enable_events = flag_arg(enable_events, "enable_events")
-        num_blocks = size_arg(num_blocks, "num_blocks")
-        tpb = 64 if tokens_per_block is None else int_arg(tokens_per_block, "tokens_per_block", 1)
         host = 0 if host_blocks is None else size_arg(host_blocks, "host_blocks")
         min_pr = (
             DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
@@ -255,8 +256,7 @@ class BlockTrie:
                 secondary_offload_min_priority, "secondary_offload_min_priority", 0, MAX_PRIORITY
             )
         )
-        if not 1 <= num_blocks < U32_MAX:
-            raise InvalidInputError(f"num_blocks must be in [1, 2**32 - 1), got {num_blocks}")
+        enable_events = flag_arg(enable_events, "enable_events")
         if num_blocks + host >= U32_MAX:  # block ids are u32 in the core
             raise InvalidInputError(
                 f"num_blocks + host_blocks must be < 2**32 - 1, got {num_blocks} + {host}"
@@ -450,9 +450,9 @@ class BlockTrie:
         cache_salt: str | None = None,
         mm_items: Any = None,
     ) -> Lookup:
-        cache_salt = opt_str_arg(cache_salt, "cache_salt")
         toks = token_list(tokens)
         lora_id = _lora_id(lora_id)
+        cache_salt = opt_str_arg(cache_salt, "cache_salt")
         mm = _mm_items(mm_items)
         _check_mm_items(mm, len(toks))
         keys = self._keys(toks, (lora_id, cache_salt), mm)
@@ -589,11 +589,11 @@ class BlockTrie:
         retention: int | None = None,
         reserve_tokens: int | None = None,
     ) -> Claim:
-        # In the core's order: cache_salt is read first, then the rest in turn.
-        cache_salt = opt_str_arg(cache_salt, "cache_salt")
+        # In argument order, as the core reads them: the first bad one is named.
         request_id = request_id_arg(request_id)
         toks = token_list(tokens)
         lora_id = _lora_id(lora_id)
+        cache_salt = opt_str_arg(cache_salt, "cache_salt")
         mm = _mm_items(mm_items)
         priority = opt_int_arg(priority, "priority", 0, MAX_PRIORITY)
         retention = opt_int_arg(retention, "retention", 0, SIZE_MAX)

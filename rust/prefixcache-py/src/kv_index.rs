@@ -330,7 +330,9 @@ impl PyKvIndex {
         ttl: Option<&Bound<'_, PyAny>>,
         hash_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // The ttl's range is checked as it is read, before `hash_bytes` (argument order).
         let ttl = ttl_of(ttl)?;
+        prefixcache_core::fleet::check_ttl(ttl).py_err()?;
         let form = match hash_bytes {
             Some(h) => form_of(h)?,
             None => HashForm::default(),
@@ -419,8 +421,10 @@ impl PyKvIndex {
         seq: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<&'static str> {
-        let now = now_or(now)?;
+        // `seq` and `now` in argument order, before the events (whose refusal is recorded
+        // on the worker at `now`).
         let seq = opt_seq(seq, "seq")?;
+        let now = now_or(now)?;
         let converted = fleet_events::events(events, self.form);
         self.inner
             .with(py, |ix| match converted {
@@ -489,9 +493,10 @@ impl PyKvIndex {
         weights: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyFleetMatch> {
-        let now = now_or(now)?;
+        // In argument order: the first bad argument is the one named.
         let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
         let weights = weights_arg(weights)?;
+        let now = now_or(now)?;
         let m = self
             .inner
             .with_gil_released_if(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {
@@ -502,7 +507,10 @@ impl PyKvIndex {
     }
 
     /// The `k` best workers as `(worker, score, blocks)`, best first.
-    #[pyo3(signature = (hashes=None, k=None, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=false))]
+    #[pyo3(signature = (hashes=None, k=None, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=None))]
+    #[pyo3(
+        text_signature = "($self, hashes=None, k=None, *, tokens=None, hasher=None, weights=None, now=None, include_unhealthy=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn top_k(
         &self,
@@ -513,12 +521,23 @@ impl PyKvIndex {
         hasher: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::include_unhealthy)] include_unhealthy: bool,
+        #[pyo3(from_py_with = convert::given)] include_unhealthy: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<(String, f64, u32)>> {
-        let now = now_or(now)?;
-        let k = k_arg(k)?;
-        let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
+        // In argument order: the first bad argument is the one named (`k` comes after
+        // `hashes`, before the keyword-only `tokens` and `hasher`).
+        let (k, hs) = if hashes.is_some() {
+            let hs = request_hashes(py, self.form, hashes, tokens, hasher)?;
+            (k_arg(k)?, hs)
+        } else {
+            let k = k_arg(k)?;
+            (k, request_hashes(py, self.form, hashes, tokens, hasher)?)
+        };
         let weights = weights_arg(weights)?;
+        let now = now_or(now)?;
+        let include_unhealthy = match include_unhealthy {
+            Some(o) => convert::include_unhealthy(&o)?,
+            None => false,
+        };
         let top = self
             .inner
             .with_gil_released_if(py, hs.len() >= DETACH_MIN_BLOCKS, |ix| {

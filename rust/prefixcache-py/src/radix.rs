@@ -159,8 +159,14 @@ impl RadixCache {
     }
 }
 
-fn namespace(extra_key: Option<String>, cache_salt: Option<String>) -> Namespace {
-    Namespace::new(extra_key.as_deref(), cache_salt.as_deref())
+/// The `extra_key` and `cache_salt` arguments (each str or None), read in that order.
+fn namespace(
+    extra_key: Option<&Bound<'_, PyAny>>,
+    cache_salt: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Namespace> {
+    let extra_key = extra_key.map(convert::extra_key).transpose()?.flatten();
+    let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
+    Ok(Namespace::new(extra_key.as_deref(), cache_salt.as_deref()))
 }
 
 /// A `Node` argument; anything else raises `InvalidTypeError`.
@@ -174,26 +180,46 @@ fn node_ref(obj: &Bound<'_, PyAny>) -> PyResult<NodeRef> {
     }
 }
 
+// Every constructor argument is converted by a `from_py_with` extractor, so that pyo3
+// converts them in argument order: the first bad argument is the one named (as the
+// reference names it). A policy's name is checked as the argument is read.
+
+/// The `page_size` argument: an int >= 1 (None: 1).
+fn page_size_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    convert::positive_or(Some(obj), 1, "page_size")
+}
+
+/// The `eviction_policy` argument: the name of a policy.
+fn eviction_policy_arg(obj: &Bound<'_, PyAny>) -> PyResult<EvictionPolicy> {
+    convert::eviction_policy(obj)?.parse().py_err()
+}
+
+/// The `host_capacity` argument: an int >= 0 (None: 0).
+fn host_capacity_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    convert::size_or(Some(obj), 0, "host_capacity")
+}
+
+/// The `write_policy` argument: the name of a write policy.
+fn write_policy_arg(obj: &Bound<'_, PyAny>) -> PyResult<WritePolicy> {
+    convert::write_policy(obj)?.parse().py_err()
+}
+
 #[pymethods]
 impl RadixCache {
     #[new]
-    #[pyo3(signature = (page_size = None, eviction_policy = "lru".to_owned(), host_capacity = None, write_policy = "write_through".to_owned(), host_events = false))]
+    #[pyo3(signature = (page_size = 1, eviction_policy = EvictionPolicy::Lru, host_capacity = 0, write_policy = WritePolicy::WriteThrough, host_events = false))]
     #[pyo3(
         text_signature = "(page_size=None, eviction_policy='lru', host_capacity=0, write_policy='write_through', host_events=False)"
     )]
     fn new(
-        page_size: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::eviction_policy)] eviction_policy: String,
-        host_capacity: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::write_policy)] write_policy: String,
+        #[pyo3(from_py_with = page_size_arg)] page_size: usize,
+        #[pyo3(from_py_with = eviction_policy_arg)] eviction_policy: EvictionPolicy,
+        #[pyo3(from_py_with = host_capacity_arg)] host_capacity: usize,
+        #[pyo3(from_py_with = write_policy_arg)] write_policy: WritePolicy,
         #[pyo3(from_py_with = convert::host_events)] host_events: bool,
     ) -> PyResult<Self> {
-        let page_size = convert::positive_or(page_size, 1, "page_size")?;
-        let policy: EvictionPolicy = eviction_policy.parse().py_err()?;
-        let host_capacity = convert::size_or(host_capacity, 0, "host_capacity")?;
-        let write: WritePolicy = write_policy.parse().py_err()?;
-        let mut tree = RadixTree::new(page_size, policy).py_err()?;
-        tree.set_host_tier(host_capacity, write).py_err()?;
+        let mut tree = RadixTree::new(page_size, eviction_policy).py_err()?;
+        tree.set_host_tier(host_capacity, write_policy).py_err()?;
         tree.set_host_events(host_events).py_err()?;
         Ok(RadixCache {
             inner: Shared::new("RadixCache", tree),
@@ -334,14 +360,15 @@ impl RadixCache {
     fn match_prefix(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = convert::extra_key)] extra_key: Option<String>,
-        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
+        extra_key: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<MatchResult> {
         let py = slf.py();
-        // The only array argument, and nothing else runs Python code: read in place.
+        // The only array argument, and nothing else runs Python code (reading a str does
+        // not): read in place. The arguments are read in order.
         let in_place = convert::reads_without_python(tokens);
         let key = convert::input::<u32>(tokens, "tokens", in_place)?;
-        let ns = namespace(extra_key, cache_salt);
+        let ns = namespace(extra_key, cache_salt)?;
         let this = slf.get();
         let m = if key.len() >= DETACH_MIN_MATCH {
             let key = key.into_owned()?;
@@ -382,8 +409,8 @@ impl RadixCache {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         values: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::extra_key)] extra_key: Option<String>,
-        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
+        extra_key: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         inserted_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<InsertResult> {
@@ -391,7 +418,8 @@ impl RadixCache {
         // follows their values, so a native writer racing with the call (another thread
         // without the GIL) must not change them between the walk and the new leaf. The
         // values, only copied into the new leaf, are read in place when no later
-        // argument can run Python code (`__index__`); else copied, in argument order.
+        // argument can run Python code (`__index__`; reading a str does not); else copied,
+        // in argument order.
         let in_place = values.is_some_and(convert::reads_without_python)
             && convert::plain_int(priority)
             && convert::plain_int(inserted_len);
@@ -405,9 +433,9 @@ impl RadixCache {
                     .transpose()?,
             ),
         };
+        let ns = namespace(extra_key, cache_salt)?;
         let priority = convert::opt_i64(priority, "priority")?.unwrap_or(0);
         let inserted_len = convert::size_or(inserted_len, 0, "inserted_len")?;
-        let ns = namespace(extra_key, cache_salt);
         let r = if tokens.len() >= DETACH_MIN_ALLOC {
             let key = tokens.into_owned()?;
             let values = values.map(convert::Input::into_owned).transpose()?;

@@ -12,7 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::convert;
-use crate::errors::{invalid_type, IntoPyResult};
+use crate::errors::{invalid_input, invalid_type, IntoPyResult};
 use crate::shared::Shared;
 
 /// The result of `BlockTrie.claim`.
@@ -230,43 +230,67 @@ fn stats_dict<'py>(py: Python<'py>, s: &TrieStats) -> PyResult<Bound<'py, PyDict
     Ok(d)
 }
 
+// Every constructor argument is converted by a `from_py_with` extractor, so that pyo3
+// converts them in argument order: the first bad argument is the one named (as the
+// reference names it).
+
+/// The `num_blocks` argument: an int in `[1, 2**32 - 1)` (block ids are u32), its range
+/// checked as it is read (as the core checks it).
+fn num_blocks_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let n = convert::num_blocks(obj)?;
+    if n == 0 || n >= u32::MAX as usize {
+        return Err(invalid_input(format!(
+            "num_blocks must be in [1, 2**32 - 1), got {n}"
+        )));
+    }
+    Ok(n)
+}
+
+/// The `tokens_per_block` argument: an int >= 1 (None: the default).
+fn tokens_per_block_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    convert::positive_or(Some(obj), DEFAULT_TOKENS_PER_BLOCK, "tokens_per_block")
+}
+
+/// The `host_blocks` argument: an int >= 0 (None: 0).
+fn host_blocks_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    convert::size_or(Some(obj), 0, "host_blocks")
+}
+
+/// The `secondary_offload_min_priority` argument: a priority (None: the default).
+fn min_priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<u8> {
+    convert::int_or(
+        Some(obj),
+        i128::from(DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY),
+        "secondary_offload_min_priority",
+        0,
+        i128::from(MAX_PRIORITY),
+    )
+    .map(|v| v as u8)
+}
+
 #[pymethods]
 impl BlockTrie {
     #[new]
-    #[pyo3(signature = (num_blocks, tokens_per_block = None, enable_partial_reuse = true, copy_on_partial_reuse = true, host_blocks = None, secondary_offload_min_priority = None, enable_events = true))]
+    #[pyo3(signature = (num_blocks, tokens_per_block = DEFAULT_TOKENS_PER_BLOCK, enable_partial_reuse = true, copy_on_partial_reuse = true, host_blocks = 0, secondary_offload_min_priority = DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY, enable_events = true))]
     #[pyo3(
         text_signature = "(num_blocks, tokens_per_block=None, enable_partial_reuse=True, copy_on_partial_reuse=True, host_blocks=0, secondary_offload_min_priority=30, enable_events=True)"
     )]
     fn new(
-        num_blocks: &Bound<'_, PyAny>,
-        tokens_per_block: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = num_blocks_arg)] num_blocks: usize,
+        #[pyo3(from_py_with = tokens_per_block_arg)] tokens_per_block: usize,
         #[pyo3(from_py_with = convert::enable_partial_reuse)] enable_partial_reuse: bool,
         #[pyo3(from_py_with = convert::copy_on_partial_reuse)] copy_on_partial_reuse: bool,
-        host_blocks: Option<&Bound<'_, PyAny>>,
-        secondary_offload_min_priority: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = host_blocks_arg)] host_blocks: usize,
+        #[pyo3(from_py_with = min_priority_arg)] secondary_offload_min_priority: u8,
         #[pyo3(from_py_with = convert::enable_events)] enable_events: bool,
     ) -> PyResult<Self> {
-        let n = convert::size_arg(num_blocks, "num_blocks")?;
-        let tpb = convert::positive_or(
-            tokens_per_block,
-            DEFAULT_TOKENS_PER_BLOCK,
-            "tokens_per_block",
-        )?;
-        let host = convert::size_or(host_blocks, 0, "host_blocks")?;
-        let min_priority = convert::int_or(
-            secondary_offload_min_priority,
-            i128::from(DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY),
-            "secondary_offload_min_priority",
-            0,
-            i128::from(MAX_PRIORITY),
-        )? as u8;
         let mut t = CoreTrie::with_host_tier(
-            n,
-            tpb,
+            num_blocks,
+            tokens_per_block,
             enable_partial_reuse,
             copy_on_partial_reuse,
-            host,
-            min_priority,
+            host_blocks,
+            secondary_offload_min_priority,
         )
         .py_err()?;
         t.set_events_enabled(enable_events);
@@ -379,7 +403,7 @@ impl BlockTrie {
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
         mm_items: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         retention: Option<&Bound<'_, PyAny>>,
@@ -388,6 +412,7 @@ impl BlockTrie {
         let rid = self::request_id(request_id)?;
         let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
+        let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
         let mm = mm_spans(mm_items)?;
         let max = i128::from(MAX_PRIORITY);
         let priority = match priority.filter(|o| !o.is_none()) {
@@ -432,11 +457,12 @@ impl BlockTrie {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        #[pyo3(from_py_with = convert::cache_salt)] cache_salt: Option<String>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
         mm_items: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Lookup> {
         let toks = convert::tokens(tokens, "tokens")?;
         let lora_id = lora(lora_id)?;
+        let cache_salt = cache_salt.map(convert::cache_salt).transpose()?.flatten();
         let mm = mm_spans(mm_items)?;
         let params = ClaimParams {
             lora_id,
