@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,40 @@ def test_token_containers_and_threads() -> None:
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(h.hash_blocks, arrays * 2))
     assert got == [h.hash_blocks(a) for a in arrays * 2]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: BlockHasher(16, "bad", seed=5), InvalidInputError, "unknown hash"),
+        (lambda: BlockHasher(16, 5, seed=5), InvalidTypeError, "algo must be"),
+        (
+            lambda: hash_block_tokens("bad", None, [1], seed=5),
+            InvalidInputError,
+            "unknown hash",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", 5, [1], seed=5),
+            InvalidTypeError,
+            "parent",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", None, "x", seed=5),
+            InvalidTypeError,
+            "tokens",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", None, [1], 5, seed=5),
+            UnsupportedHashInputError,
+            "extra_keys",
+        ),
+    ],
+    ids=["hasher algo", "hasher algo type", "algo", "parent", "tokens", "extra_keys"],
+)
+def test_the_first_bad_argument_is_named(
+    call: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    """Arguments are read in order: the algorithm's name is checked as it is read, and
+    the parent, tokens and extra keys before the later seed (they were read after it)."""
+    with pytest.raises(error, match=message):
+        call()
