@@ -256,3 +256,13 @@ def test_the_first_bad_argument_is_named(
     the parent, tokens and extra keys before the later seed (they were read after it)."""
     with pytest.raises(error, match=message):
         call()
+
+
+def test_an_unknown_algorithm_is_the_same_error_in_the_reference() -> None:
+    """One error contract: the reference raises the core's class for an unknown
+    algorithm (it raised a plain ValueError)."""
+    for f in (hash_block_tokens, ref.hash_block_tokens):
+        with pytest.raises(InvalidInputError, match="unknown hash algorithm"):
+            f("md5", None, [1])
+    with pytest.raises(InvalidInputError, match="unknown hash algorithm"):
+        ref.hash_blocks("md5", 1, [1])

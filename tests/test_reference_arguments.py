@@ -3,8 +3,9 @@
 RadixCache and BlockTrie, core and reference raise the same exception class and leave
 their state unchanged; the argument forms the core accepts (numpy scalars, None for a
 default) the reference accepts too, with the same result. KVCacheManager: the same for
-its request ids. CpuOffloadManager: the same for every argument, the reference opening
-no request context for a refused call."""
+its request ids; KVCacheManager and BlockPool: the same for their constructors'
+arguments, the first bad one named. CpuOffloadManager: the same for every argument, the
+reference opening no request context for a refused call."""
 
 from __future__ import annotations
 
@@ -676,3 +677,85 @@ def test_offload_reference_takes_the_forms_the_core_takes() -> None:
         m.complete_store(4, out.keys_to_store, np.bool_(False))
         states.append((_offload_state(m), [(e.keys, e.removed) for e in m.take_events()]))
     assert states[0] == states[1]
+
+
+# ---- KVCacheManager and BlockPool: constructors -------------------------------------
+
+MANAGER_CTOR_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("num_blocks zero", {"num_blocks": 0}),
+    ("num_blocks 2**32", {"num_blocks": 2**32}),
+    ("num_blocks float", {"num_blocks": 8.0}),
+    ("num_blocks bool", {"num_blocks": True}),
+    ("block_size zero", {"block_size": 0}),
+    ("block_size str", {"block_size": "16"}),
+    ("hash_algo unknown", {"hash_algo": "md5"}),
+    ("hash_algo int", {"hash_algo": 5}),
+    ("hash_algo None", {"hash_algo": None}),
+    ("enable_caching int", {"enable_caching": 1}),
+    ("enable_caching None", {"enable_caching": None}),
+    ("sliding_window 1", {"sliding_window": 1}),
+    ("sliding_window -1", {"sliding_window": -1}),
+    ("sliding_window float", {"sliding_window": 4.0}),
+    ("enable_kv_cache_events int", {"enable_kv_cache_events": 1}),
+    ("seed int", {"seed": 5}),
+    ("seed bytes", {"seed": b"s"}),
+    ("seed surrogate", {"seed": "\ud800"}),
+    ("event_hash_format unknown", {"event_hash_format": "hex"}),
+    ("event_hash_format None", {"event_hash_format": None}),
+    # two bad arguments: the first is named
+    ("hash_algo unknown, enable_caching int", {"hash_algo": "bad", "enable_caching": 1}),
+    ("num_blocks zero, enable_caching int", {"num_blocks": 0, "enable_caching": 1}),
+    ("num_blocks zero, sliding_window 1", {"num_blocks": 0, "sliding_window": 1}),
+    ("sliding_window 1, seed int", {"sliding_window": 1, "seed": 5}),
+    ("sliding_window 1, event_hash_format", {"sliding_window": 1, "event_hash_format": "x"}),
+    ("hash_algo unknown, event_hash_format", {"hash_algo": "bad", "event_hash_format": "x"}),
+    ("block_size float, hash_algo unknown", {"block_size": 1.0, "hash_algo": "bad"}),
+]
+POOL_CTOR_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("num_blocks zero", {"num_blocks": 0}),
+    ("num_blocks 2**32", {"num_blocks": 2**32}),
+    ("num_blocks float", {"num_blocks": 8.0}),
+    ("enable_caching int", {"enable_caching": 1}),
+    ("enable_kv_cache_events str", {"enable_kv_cache_events": "yes"}),
+    ("event_hash_format unknown", {"event_hash_format": "hex"}),
+    ("event_hash_format int", {"event_hash_format": 1}),
+    ("num_blocks zero, enable_caching int", {"num_blocks": 0, "enable_caching": 1}),
+    ("num_blocks zero, event_hash_format", {"num_blocks": 0, "event_hash_format": "x"}),
+    ("enable_caching int, event_hash_format", {"enable_caching": 1, "event_hash_format": "x"}),
+]
+
+
+def _first_line(f: Callable[[], object]) -> tuple[str, type[BaseException] | None, str]:
+    """The outcome with the argument the message starts with (the one named)."""
+    try:
+        f()
+    except Exception as e:
+        return ("raised", type(e), str(e).split(" ")[0])
+    return ("ok", None, "")
+
+
+@pytest.mark.parametrize(
+    ("label", "kwargs"), MANAGER_CTOR_BAD, ids=[r[0] for r in MANAGER_CTOR_BAD]
+)
+def test_manager_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]) -> None:
+    """The reference manager reads its constructor's arguments as the core does, in
+    order, with the core's classes (an unknown hash algorithm was a plain ValueError, a
+    non-str seed or a non-bool flag were taken)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    kwargs = {"num_blocks": 8, **kwargs}
+    core = _first_line(lambda: KVCacheManager(**kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert _first_line(lambda: RefManager(**kwargs)) == core
+
+
+@pytest.mark.parametrize(("label", "kwargs"), POOL_CTOR_BAD, ids=[r[0] for r in POOL_CTOR_BAD])
+def test_pool_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]) -> None:
+    from prefixcache import BlockPool
+    from prefixcache.reference.blocks import BlockPool as RefPool
+
+    kwargs = {"num_blocks": 8, **kwargs}
+    core = _first_line(lambda: BlockPool(**kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert _first_line(lambda: RefPool(**kwargs)) == core

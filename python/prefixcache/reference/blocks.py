@@ -26,12 +26,41 @@ from prefixcache.events import (
     KVCacheEvent,
     external_hash,
 )
-from prefixcache.reference.hashing import hash_object
-from prefixcache.reference.int_args import U64_MAX, int_arg, request_id_arg
+from prefixcache.reference.hashing import check_algo, hash_object, none_hash
+from prefixcache.reference.int_args import (
+    SIZE_MAX,
+    U64_MAX,
+    flag_arg,
+    int_arg,
+    opt_int_arg,
+    opt_str_arg,
+    request_id_arg,
+    size_arg,
+    str_arg,
+)
 
 NULL_BLOCK = 0
 
 ExtraKeys = tuple[Any, ...] | None
+
+# The largest pool: block ids are u32, with room for the core's sentinels.
+MAX_NUM_BLOCKS = 2**32 - 4
+
+
+def _num_blocks_arg(num_blocks: object) -> int:
+    """A pool's ``num_blocks``: an int in ``[1, 2**32 - 4]``."""
+    n = size_arg(num_blocks, "num_blocks")
+    if not 1 <= n <= MAX_NUM_BLOCKS:
+        raise InvalidInputError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {n}")
+    return n
+
+
+def _event_hash_format_arg(fmt: object) -> str:
+    """``event_hash_format``: "u64" or "bytes"."""
+    fmt = str_arg(fmt, "event_hash_format")
+    if fmt not in ("u64", "bytes"):
+        raise InvalidInputError(f"event_hash_format must be 'u64' or 'bytes', got {fmt!r}")
+    return fmt
 
 
 class FreeQueue:
@@ -84,10 +113,11 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         event_hash_format: str = "u64",
     ) -> None:
-        if num_blocks < 1:
-            raise InvalidInputError(f"num_blocks must be >= 1, got {num_blocks}")
-        if event_hash_format not in ("u64", "bytes"):
-            raise InvalidInputError(f"bad event_hash_format {event_hash_format!r}")
+        # Read in argument order, as the core reads them: the first bad one is named.
+        num_blocks = _num_blocks_arg(num_blocks)
+        enable_caching = flag_arg(enable_caching, "enable_caching")
+        enable_kv_cache_events = flag_arg(enable_kv_cache_events, "enable_kv_cache_events")
+        event_hash_format = _event_hash_format_arg(event_hash_format)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.events_enabled = enable_kv_cache_events
@@ -361,11 +391,17 @@ class KVCacheManager:
         seed: str | None = None,
         event_hash_format: str = "u64",
     ) -> None:
-        if block_size < 1:
-            raise InvalidInputError("block_size must be >= 1")
+        # Read in argument order, as the core reads them: the first bad one is named.
+        num_blocks = _num_blocks_arg(num_blocks)
+        block_size = int_arg(block_size, "block_size", 1, SIZE_MAX)
+        hash_algo = check_algo(str_arg(hash_algo, "hash_algo"))
+        enable_caching = flag_arg(enable_caching, "enable_caching")
+        sliding_window = opt_int_arg(sliding_window, "sliding_window", 0, SIZE_MAX)
         if sliding_window is not None and sliding_window < 2:
-            raise InvalidInputError("sliding_window must be >= 2")
-        from prefixcache.reference.hashing import none_hash
+            raise InvalidInputError(f"sliding_window must be >= 2 tokens, got {sliding_window}")
+        enable_kv_cache_events = flag_arg(enable_kv_cache_events, "enable_kv_cache_events")
+        seed = opt_str_arg(seed, "seed")
+        event_hash_format = _event_hash_format_arg(event_hash_format)
 
         self.pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events, event_hash_format)
         self.block_size = block_size

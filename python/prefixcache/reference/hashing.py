@@ -19,6 +19,8 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prefixcache.errors import InvalidInputError
+
 ALGORITHMS: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "xxh3_64")
 DEFAULT_SEED = "vllm-none-hash"
 
@@ -69,11 +71,17 @@ def encode(algo: str, obj: Any) -> bytes:
     return _PARTS[algo][0](obj)
 
 
+def check_algo(algo: str) -> str:
+    """``algo`` when it is one of :data:`ALGORITHMS`; else ``InvalidInputError``, as the
+    core raises it (a ``ValueError`` too)."""
+    if algo not in _PARTS:
+        raise InvalidInputError(f"unknown hash algorithm {algo!r}: expected one of {ALGORITHMS}")
+    return algo
+
+
 def hash_object(algo: str, obj: Any) -> bytes:
     """``H(obj)`` for one of :data:`ALGORITHMS`."""
-    if algo not in _PARTS:
-        raise ValueError(f"unknown hash algorithm {algo!r}: expected one of {ALGORITHMS}")
-    enc, digest = _PARTS[algo]
+    enc, digest = _PARTS[check_algo(algo)]
     return digest(enc(obj))
 
 
