@@ -759,3 +759,132 @@ def test_pool_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]
     core = _first_line(lambda: BlockPool(**kwargs))
     assert core[0] == "raised", f"{label}: the core accepts it"
     assert _first_line(lambda: RefPool(**kwargs)) == core
+
+
+# ---- KVCacheManager and BlockPool: every method's arguments -------------------------
+
+
+def _blocks_manager(cls: Any) -> Any:
+    m = cls(16, block_size=2, enable_kv_cache_events=True)
+    m.admit(1, [1, 2, 3])
+    m.admit(2, [4, 5, 6])
+    m.queue_tokens(1, [4, 5])
+    m.take_events()
+    return m
+
+
+def _blocks_manager_state(m: Any) -> object:
+    return (
+        _manager_state(m),
+        m.num_queued_tokens(1),
+        m.num_cached_blocks,
+        [int(m.ref_cnt(b)) for b in range(m.num_blocks)],
+        m.take_events(),
+    )
+
+
+BAD_TOKENS = [("str", "x"), ("float", [1.0]), ("-1", [-1]), ("None", None), ("set", {1})]
+BAD_COUNTS = [("-1", -1), ("float", 1.0), ("str", "1"), ("None", None), ("bool", True)]
+MANAGER_METHOD_BAD: list[tuple[str, Call]] = [
+    *[(f"add_request tokens {n}", call("add_request", 3, t)) for n, t in BAD_TOKENS],
+    *[(f"admit tokens {n}", call("admit", 3, t)) for n, t in BAD_TOKENS],
+    *[(f"append_tokens tokens {n}", call("append_tokens", 1, t)) for n, t in BAD_TOKENS],
+    *[(f"append_tokens unknown, tokens {n}", call("append_tokens", 9, t)) for n, t in BAD_TOKENS],
+    *[(f"queue_tokens unknown, tokens {n}", call("queue_tokens", 9, t)) for n, t in BAD_TOKENS],
+    *[
+        (f"finish unknown, output {n}", call("finish", 9, t))
+        for n, t in BAD_TOKENS
+        if t is not None
+    ],
+    *[(f"extend unknown, tokens {n}", call("extend", [9], t, [1])) for n, t in BAD_TOKENS],
+    *[
+        (f"allocate_slots blocks {n}", call("allocate_slots", 1, 1, 0, t))
+        for n, t in BAD_TOKENS[:3]
+    ],
+    *[(f"evict_blocks {n}", call("evict_blocks", t)) for n, t in BAD_TOKENS],
+    *[(f"allocate_slots unknown, new {n}", call("allocate_slots", 9, v)) for n, v in BAD_COUNTS],
+    *[(f"allocate_slots new {n}", call("allocate_slots", 1, v)) for n, v in BAD_COUNTS],
+    *[(f"allocate_slots computed {n}", call("allocate_slots", 1, 1, v)) for n, v in BAD_COUNTS],
+    *[
+        (f"allocate_slots lookahead {n}", call("allocate_slots", 1, 1, 0, None, v))
+        for n, v in BAD_COUNTS
+    ],
+    *[(f"admit lookahead {n}", call("admit", 3, [1, 2], v)) for n, v in BAD_COUNTS],
+    *[(f"decode_steps steps {n}", call("decode_steps", [1], v)) for n, v in BAD_COUNTS],
+    *[(f"max_decode_steps unknown, {n}", call("max_decode_steps", [9], v)) for n, v in BAD_COUNTS],
+    *[(f"max_decode_steps {n}", call("max_decode_steps", [1], v)) for n, v in BAD_COUNTS],
+    *[(f"extend counts {n}", call("extend", [1], [9], [v])) for n, v in BAD_COUNTS],
+    *[(f"ref_cnt {n}", call("ref_cnt", v)) for n, v in BAD_COUNTS],
+    *[(f"block_hash {n}", call("block_hash", v)) for n, v in BAD_COUNTS],
+    ("add_request lora_id float", call("add_request", 3, [1], lora_id=1.0)),
+    ("add_request lora_id 2**63", call("add_request", 3, [1], lora_id=2**63)),
+    ("add_request lora_name int", call("add_request", 3, [1], lora_name=5)),
+    ("add_request lora_name surrogate", call("add_request", 3, [1], lora_name="\ud800")),
+    ("add_request extra_keys int", call("add_request", 3, [1, 2], extra_keys=5)),
+    ("add_request extra_keys str", call("add_request", 3, [1, 2], extra_keys="x")),
+    ("add_request extra_keys entry int", call("add_request", 3, [1, 2], extra_keys=[1])),
+    ("add_request extra_keys entry list", call("add_request", 3, [1, 2], extra_keys=[([1],)])),
+    ("add_request default_extra_keys list", call("add_request", 3, [1], default_extra_keys=[1])),
+    ("admit extra_keys entry float", call("admit", 3, [1, 2], extra_keys=[(1.0,)])),
+    # two bad arguments: the first is named
+    ("add_request bad id, bad lora_name", call("add_request", -1, [1], lora_name=5)),
+    ("add_request bad tokens, bad lora_id", call("add_request", 3, "x", lora_id="y")),
+    ("admit bad id, bad lora_name", call("admit", -1, [1], lora_name=5)),
+    ("admit bad lookahead, bad extra_keys", call("admit", 3, [1], -1, extra_keys=5)),
+    ("allocate_slots bad id, bad count", call("allocate_slots", -1, 1.0)),
+    ("extend bad tokens, bad counts", call("extend", [1], "x", "y")),
+    ("extend bad tokens, counts too long", call("extend", [1], "x", [1, 2])),
+    ("decode_steps bad ids, bad steps", call("decode_steps", [-1], 0)),
+    ("max_decode_steps bad ids, bad steps", call("max_decode_steps", [-1], -1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "call"), MANAGER_METHOD_BAD, ids=[r[0] for r in MANAGER_METHOD_BAD]
+)
+def test_manager_method_refuses_as_the_core(label: str, call: Call) -> None:
+    """The reference manager reads every argument as the core does, in order and before
+    it looks the request up (a bad count of an unknown request was UnknownRequestError,
+    a float count, a non-str LoRA name or a list of extra keys were taken)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = _blocks_manager(cls)
+        before = _blocks_manager_state(m)
+        got.append(_first_line(lambda m=m: call(m, None)))
+        assert _blocks_manager_state(m) == before, (label, cls)
+    assert got[0][0] == "raised", f"{label}: the core accepts it"
+    assert got[1] == got[0]
+
+
+POOL_METHOD_BAD: list[tuple[str, Call]] = [
+    *[(f"get_new_blocks {n}", call("get_new_blocks", v)) for n, v in BAD_COUNTS],
+    *[
+        (f"{m} {n}", call(m, t))
+        for m in ("touch", "free_blocks", "evict_blocks")
+        for n, t in BAD_TOKENS
+    ],
+    ("touch 2**32", call("touch", [2**32])),
+    ("get_cached_block str", call("get_cached_block", "x")),
+    ("get_cached_block empty", call("get_cached_block", b"")),
+    ("get_cached_block groups str", call("get_cached_block", b"\x01" * 32, "x")),
+    ("get_cached_block bad hash, bad groups", call("get_cached_block", "x", "y")),
+]
+
+
+@pytest.mark.parametrize(("label", "call"), POOL_METHOD_BAD, ids=[r[0] for r in POOL_METHOD_BAD])
+def test_pool_method_refuses_as_the_core(label: str, call: Call) -> None:
+    from prefixcache import BlockPool
+    from prefixcache.reference.blocks import BlockPool as RefPool
+
+    got = []
+    for cls in (BlockPool, RefPool):
+        p = cls(8)
+        p.get_new_blocks(2)
+        before = (list(p.free_block_ids()), [p.ref_cnt(b) for b in range(8)])
+        got.append(_first_line(lambda p=p: call(p, None)))
+        assert (list(p.free_block_ids()), [p.ref_cnt(b) for b in range(8)]) == before, label
+    assert got[0][0] == "raised", f"{label}: the core accepts it"
+    assert got[1] == got[0]

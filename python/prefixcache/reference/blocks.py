@@ -16,8 +16,10 @@ from typing import Any
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
+    InvalidTypeError,
     OutOfBlocksError,
     UnknownRequestError,
+    UnsupportedHashInputError,
 )
 from prefixcache.events import (
     AllBlocksCleared,
@@ -37,6 +39,9 @@ from prefixcache.reference.int_args import (
     request_id_arg,
     size_arg,
     str_arg,
+    token_list,
+    u32_list,
+    u64_list,
 )
 
 NULL_BLOCK = 0
@@ -61,6 +66,62 @@ def _event_hash_format_arg(fmt: object) -> str:
     if fmt not in ("u64", "bytes"):
         raise InvalidInputError(f"event_hash_format must be 'u64' or 'bytes', got {fmt!r}")
     return fmt
+
+
+# Tuples nested deeper than this are refused as extra keys (as the core refuses them).
+MAX_KEY_DEPTH = 64
+
+
+def _check_key_value(obj: object, at: str, depth: int) -> None:
+    """One extra-key value: None, bool, int, str, bytes or a tuple of them (exact types,
+    as the core reads them); anything else raises ``UnsupportedHashInputError``."""
+    if obj is None or type(obj) in (bool, int, bytes):
+        return
+    if type(obj) is str:
+        try:
+            obj.encode()
+        except UnicodeEncodeError:
+            raise UnsupportedHashInputError(
+                f"{at}: str with lone surrogates cannot be hashed (not valid UTF-8)"
+            ) from None
+        return
+    if type(obj) is tuple:
+        if depth >= MAX_KEY_DEPTH:
+            raise UnsupportedHashInputError(f"{at}: tuples nested more than {MAX_KEY_DEPTH} deep")
+        for i, item in enumerate(obj):
+            _check_key_value(item, f"{at}[{i}]", depth + 1)
+        return
+    raise UnsupportedHashInputError(
+        f"{at}: unsupported type {type(obj).__name__} (extra keys hold None, bool, int, str, "
+        "bytes and tuples of them; lists must be converted to tuples)"
+    )
+
+
+def _block_keys_arg(obj: object, at: str) -> ExtraKeys:
+    """One block's extra keys: None or a tuple of key values."""
+    if obj is None:
+        return None
+    if type(obj) is not tuple:
+        raise UnsupportedHashInputError(
+            f"{at}: a block's extra keys must be None or a tuple, not {type(obj).__name__}"
+        )
+    _check_key_value(obj, at, 0)
+    return obj
+
+
+def _extra_keys_arg(obj: object) -> list[ExtraKeys] | None:
+    """Per-block extra keys: None, or a list / tuple with one entry per block."""
+    if obj is None:
+        return None
+    if not isinstance(obj, (list, tuple)):
+        raise InvalidTypeError(
+            f"extra_keys must be None or a list with one entry per block, not {type(obj).__name__}"
+        )
+    return [_block_keys_arg(k, f"extra_keys[{i}]") for i, k in enumerate(obj)]
+
+
+def _block_id_arg(block_id: object) -> int:
+    return int_arg(block_id, "block_id", 0, 0xFFFF_FFFF)
 
 
 class FreeQueue:
@@ -155,10 +216,12 @@ class BlockPool:
             raise InvalidInputError(f"block id {block_id} is out of range")
 
     def ref_cnt(self, block_id: int) -> int:
+        block_id = _block_id_arg(block_id)
         self._check_id(block_id)
         return self.ref[block_id]
 
     def block_hash(self, block_id: int) -> bytes | None:
+        block_id = _block_id_arg(block_id)
         self._check_id(block_id)
         key = self.key[block_id]
         return None if key is None else key[0]
@@ -180,6 +243,14 @@ class BlockPool:
     def get_cached_block(
         self, block_hash: bytes, group_ids: Sequence[int] = (0,)
     ) -> list[int] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        if not isinstance(block_hash, bytes):
+            raise InvalidTypeError(f"block_hash must be bytes, not {type(block_hash).__name__}")
+        if not 1 <= len(block_hash) <= 32:
+            raise InvalidInputError(
+                f"block_hash has {len(block_hash)} bytes: a block hash has 1 to 32 bytes"
+            )
+        group_ids = u32_list(group_ids, "group_ids")
         self._check_hash(block_hash)
         out = []
         for g in group_ids:
@@ -201,9 +272,8 @@ class BlockPool:
         if self.events_enabled:
             self.events.append(BlockRemoved([self._ext(key[0])], "GPU", key[1]))
 
-    def get_new_blocks(self, n: int) -> list[int]:
-        if n < 0:
-            raise InvalidInputError("num_blocks must be >= 0")
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        n = size_arg(num_blocks, "num_blocks")
         if n > len(self.free):
             raise OutOfBlocksError(f"cannot get {n} blocks: only {len(self.free)} free")
         out = []
@@ -217,6 +287,7 @@ class BlockPool:
         return out
 
     def touch(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         for b in block_ids:
             self._check_id(b)
             if b == NULL_BLOCK:
@@ -227,6 +298,7 @@ class BlockPool:
             self.ref[b] += 1
 
     def free_blocks(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         need: dict[int, int] = {}
         for b in block_ids:
             self._check_id(b)
@@ -328,6 +400,7 @@ class BlockPool:
             )
 
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         for b in block_ids:
             self._check_id(b)
         for b in block_ids:
@@ -512,7 +585,13 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None:
+        # Read in argument order, as the core reads them: the first bad one is named.
         request_id = request_id_arg(request_id)
+        prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
+        extra_keys = _extra_keys_arg(extra_keys)
+        default_extra_keys = _block_keys_arg(default_extra_keys, "default_extra_keys")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
         if request_id in self.requests:
             raise InvalidInputError(f"request id {request_id} is already known")
         if len(prompt_tokens) == 0:
@@ -526,8 +605,10 @@ class KVCacheManager:
         self.requests[request_id] = req
 
     def append_tokens(self, request_id: int, tokens: Sequence[int]) -> None:
+        request_id = request_id_arg(request_id)
+        tokens = token_list(tokens, "tokens")
         req = self._req(request_id)
-        req.tokens.extend(int(t) for t in tokens)
+        req.tokens.extend(tokens)
         if self.enable_caching:
             req.block_hashes.extend(self._hash_new_blocks(req))
 
@@ -598,11 +679,18 @@ class KVCacheManager:
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        request_id = request_id_arg(request_id)
+        num_new_tokens = size_arg(num_new_tokens, "num_new_tokens")
+        num_new_computed_tokens = size_arg(num_new_computed_tokens, "num_new_computed_tokens")
+        hit = (
+            []
+            if new_computed_blocks is None
+            else u32_list(new_computed_blocks, "new_computed_blocks")
+        )
+        num_lookahead_tokens = size_arg(num_lookahead_tokens, "num_lookahead_tokens")
         req = self._req(request_id)
         bs = self.block_size
-        hit = [int(b) for b in (new_computed_blocks if new_computed_blocks is not None else [])]
-        if min(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens) < 0:
-            raise InvalidInputError("counts must be >= 0")
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             raise InvalidInputError("num_new_tokens must be > 0")
         if hit and req.admitted:
@@ -714,6 +802,14 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> tuple[int, list[int]] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        request_id = request_id_arg(request_id)
+        prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
+        num_lookahead_tokens = size_arg(num_lookahead_tokens, "num_lookahead_tokens")
+        extra_keys = _extra_keys_arg(extra_keys)
+        default_extra_keys = _block_keys_arg(default_extra_keys, "default_extra_keys")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
         self.add_request(
             request_id, prompt_tokens, extra_keys, default_extra_keys, lora_id, lora_name
         )
@@ -734,7 +830,8 @@ class KVCacheManager:
         self, request_ids: Sequence[int], tokens: Sequence[int], counts: Sequence[int]
     ) -> tuple[list[int], int]:
         ids = _request_ids(request_ids)
-        ns = [int(n) for n in counts]
+        tokens = token_list(tokens, "tokens")
+        ns = u64_list(counts, "counts")
         if len(ids) != len(ns):
             raise InvalidInputError(f"request_ids has {len(ids)} items but counts has {len(ns)}")
         for i, n in zip(ids, ns, strict=True):
@@ -766,7 +863,9 @@ class KVCacheManager:
         return evicted, peak
 
     def queue_tokens(self, request_id: int, tokens: Sequence[int]) -> None:
-        self._req(request_id).queued.extend(int(t) for t in tokens)
+        request_id = request_id_arg(request_id)
+        tokens = token_list(tokens, "tokens")
+        self._req(request_id).queued.extend(tokens)
 
     def num_queued_tokens(self, request_id: int) -> int:
         req = self._req(request_id)
@@ -774,9 +873,7 @@ class KVCacheManager:
 
     def decode_steps(self, request_ids: Sequence[int], num_steps: int) -> tuple[list[int], int]:
         ids = _request_ids(request_ids)
-        k = int(num_steps)
-        if k < 1:
-            raise InvalidInputError(f"num_steps must be >= 1, got {k}")
+        k = int_arg(num_steps, "num_steps", 1, SIZE_MAX)
         seen: set[int] = set()
         for i in ids:
             req = self._req(i)
@@ -801,7 +898,9 @@ class KVCacheManager:
         return evicted, peak
 
     def max_decode_steps(self, request_ids: Sequence[int], max_steps: int) -> int:
-        reqs = [self._req(i) for i in _request_ids(request_ids)]
+        ids = _request_ids(request_ids)
+        max_steps = size_arg(max_steps, "max_steps")
+        reqs = [self._req(i) for i in ids]
         bs, free = self.block_size, self.num_free_blocks
 
         def needed(k: int) -> int:
@@ -817,6 +916,9 @@ class KVCacheManager:
         return best
 
     def finish(self, request_id: int, output_tokens: Sequence[int] | None = None) -> bool:
+        request_id = request_id_arg(request_id)
+        if output_tokens is not None:
+            output_tokens = token_list(output_tokens, "output_tokens")
         self._req(request_id)
         ok = True
         if output_tokens is not None and len(output_tokens) > 0:
