@@ -17,7 +17,7 @@ import pytest
 from hostile_sequences import LyingList, ShortSequence
 
 from prefixcache import BlockTrie, RadixCache
-from prefixcache.errors import InvalidInputError
+from prefixcache.errors import InvalidInputError, InvalidTypeError
 from prefixcache.reference.radix import RadixCache as RefRadix
 from prefixcache.reference.trie import BlockTrie as RefTrie
 
@@ -888,3 +888,43 @@ def test_pool_method_refuses_as_the_core(label: str, call: Call) -> None:
         assert (list(p.free_block_ids()), [p.ref_cnt(b) for b in range(8)]) == before, label
     assert got[0][0] == "raised", f"{label}: the core accepts it"
     assert got[1] == got[0]
+
+
+def _event_fields(events: list[Any]) -> list[object]:
+    """Events as comparable values (arrays as their items and dtype)."""
+    import dataclasses
+
+    out: list[object] = []
+    for e in events:
+        fields = {
+            k: (v.tolist(), str(v.dtype)) if isinstance(v, np.ndarray) else v
+            for k, v in dataclasses.asdict(e).items()
+        }
+        out.append((type(e).__name__, fields))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["u64", "bytes"])
+def test_manager_compact_events_as_the_core(fmt: str) -> None:
+    """The reference manager takes ``compact`` as the core does: no token ids, runs of
+    removals merged, u64 hashes as uint64 arrays (it took no argument)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = cls(6, block_size=2, enable_kv_cache_events=True, event_hash_format=fmt)
+        for rid, first in ((1, 1), (2, 7), (3, 20)):  # the third evicts the first two
+            m.admit(rid, list(range(first, first + 5)))
+            m.free(rid)
+        m.reset_prefix_cache()
+        got.append(_event_fields(m.take_events(compact=np.bool_(True))))
+        for bad in (1, None, "yes"):
+            assert outcome(lambda m=m, bad=bad: m.take_events(compact=bad)) == (
+                "raised",
+                InvalidTypeError,
+            )
+    assert got[0] == got[1]
+    removed = [e[1]["block_hashes"] for e in got[0] if e[0] == "BlockRemoved"]  # type: ignore[index]
+    sizes = [len(h[0]) if isinstance(h, tuple) else len(h) for h in removed]
+    assert 2 in sizes  # a merged run

@@ -8,10 +8,13 @@ follows vLLM 0.33's ``block_pool.py``, ``kv_cache_manager.py`` and
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from prefixcache.errors import (
     BlockStateError,
@@ -537,8 +540,39 @@ class KVCacheManager:
     def block_hash(self, block_id: int) -> bytes | None:
         return self.pool.block_hash(block_id)
 
-    def take_events(self) -> list[KVCacheEvent]:
-        return self.pool.take_events()
+    def take_events(self, compact: bool = False) -> list[KVCacheEvent]:
+        """The KV events since the last call; ``compact``: without token ids, with runs of
+        removals (same group and medium) merged, and u64 hashes as uint64 arrays."""
+        compact = flag_arg(compact, "compact")
+        events = self.pool.take_events()
+        if not compact:
+            return events
+        merged: list[KVCacheEvent] = []
+        for e in events:
+            last = merged[-1] if merged else None
+            if (
+                isinstance(e, BlockRemoved)
+                and isinstance(last, BlockRemoved)
+                and (last.group_idx, last.medium) == (e.group_idx, e.medium)
+            ):
+                hashes = [*last.block_hashes, *e.block_hashes]
+                merged[-1] = dataclasses.replace(last, block_hashes=hashes)
+            else:
+                merged.append(e)
+
+        def packed(hashes: Any) -> Any:
+            if self.pool.fmt == "u64":
+                return np.array(hashes, dtype=np.uint64)
+            return hashes
+
+        out: list[KVCacheEvent] = []
+        for e in merged:
+            if isinstance(e, BlockStored):
+                e = dataclasses.replace(e, block_hashes=packed(e.block_hashes), token_ids=None)
+            elif isinstance(e, BlockRemoved):
+                e = dataclasses.replace(e, block_hashes=packed(e.block_hashes))
+            out.append(e)
+        return out
 
     def _req(self, request_id: int) -> _Request:
         request_id = request_id_arg(request_id)  # the core's contract: an int in [0, 2**64)
