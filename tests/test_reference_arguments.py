@@ -859,6 +859,14 @@ def test_manager_method_refuses_as_the_core(label: str, call: Call) -> None:
     assert got[1] == got[0]
 
 
+H32 = b"\x01" * 32
+
+
+def _pool_state(p: Any) -> object:
+    ids = range(p.num_blocks)
+    return (list(p.free_block_ids()), [p.ref_cnt(b) for b in ids], [p.block_hash(b) for b in ids])
+
+
 POOL_METHOD_BAD: list[tuple[str, Call]] = [
     *[(f"get_new_blocks {n}", call("get_new_blocks", v)) for n, v in BAD_COUNTS],
     *[
@@ -869,8 +877,33 @@ POOL_METHOD_BAD: list[tuple[str, Call]] = [
     ("touch 2**32", call("touch", [2**32])),
     ("get_cached_block str", call("get_cached_block", "x")),
     ("get_cached_block empty", call("get_cached_block", b"")),
-    ("get_cached_block groups str", call("get_cached_block", b"\x01" * 32, "x")),
+    ("get_cached_block groups str", call("get_cached_block", H32, "x")),
     ("get_cached_block bad hash, bad groups", call("get_cached_block", "x", "y")),
+    *[
+        (f"cache_full_blocks {label}", call("cache_full_blocks", *args, **kw))
+        for label, args, kw in [
+            ("block_ids str", ("x", [H32], 0, 1, 4), {}),
+            ("block_ids float", ([1.0], [H32], 0, 1, 4), {}),
+            ("block_hashes int", ([1], 5, 0, 1, 4), {}),
+            ("block_hashes [int]", ([1], [5], 0, 1, 4), {}),
+            ("block_hashes empty hash", ([1], [b""], 0, 1, 4), {}),
+            ("block_hashes 33 bytes", ([1], [b"x" * 33], 0, 1, 4), {}),
+            ("block_hashes, a bad one past the range", ([1], [H32, "x"], 0, 1, 4), {}),
+            ("num_cached_blocks -1", ([1], [H32], -1, 1, 4), {}),
+            ("num_full_blocks float", ([1], [H32], 0, 1.0, 4), {}),
+            ("block_size 0", ([1], [H32], 0, 1, 0), {}),
+            ("group_id -1", ([1], [H32], 0, 1, 4, -1), {}),
+            ("token_ids str", ([1], [H32], 0, 1, 4), {"token_ids": "x"}),
+            ("lora_id str", ([1], [H32], 0, 1, 4), {"lora_id": "x"}),
+            ("lora_name int", ([1], [H32], 0, 1, 4), {"lora_name": 5}),
+            ("extra_keys int", ([1], [H32], 0, 1, 4), {"extra_keys": 5}),
+            ("extra_keys [int]", ([1], [H32], 0, 1, 4), {"extra_keys": [1]}),
+            ("bad block_ids, bad count", ("x", [], -1, 0, 1), {}),
+            ("bad block_hashes, bad count", ([1], "x", -1, 0, 1), {}),
+            ("bad block_hashes, bad extra_keys", ([1], [5], 0, 1, 1), {"extra_keys": 5}),
+            ("bad tokens, bad lora_id", ([1], [H32], 0, 1, 4), {"token_ids": "x", "lora_id": 1.0}),
+        ]
+    ],
 ]
 
 
@@ -883,9 +916,9 @@ def test_pool_method_refuses_as_the_core(label: str, call: Call) -> None:
     for cls in (BlockPool, RefPool):
         p = cls(8)
         p.get_new_blocks(2)
-        before = (list(p.free_block_ids()), [p.ref_cnt(b) for b in range(8)])
+        before = _pool_state(p)
         got.append(_first_line(lambda p=p: call(p, None)))
-        assert (list(p.free_block_ids()), [p.ref_cnt(b) for b in range(8)]) == before, label
+        assert _pool_state(p) == before, label
     assert got[0][0] == "raised", f"{label}: the core accepts it"
     assert got[1] == got[0]
 

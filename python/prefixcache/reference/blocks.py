@@ -123,6 +123,26 @@ def _extra_keys_arg(obj: object) -> list[ExtraKeys] | None:
     return [_block_keys_arg(k, f"extra_keys[{i}]") for i, k in enumerate(obj)]
 
 
+def _block_hashes_arg(obj: object) -> list[bytes]:
+    """``block_hashes``: an iterable of block hashes, each bytes of 1 to 32 bytes."""
+    try:
+        it = iter(obj)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(
+            f"block_hashes must be an iterable of block hashes, got {type(obj).__name__}"
+        ) from None
+    out = []
+    for i, h in enumerate(it):
+        if not isinstance(h, bytes):
+            raise InvalidTypeError(f"block_hashes[{i}] must be bytes, not {type(h).__name__}")
+        if not 1 <= len(h) <= 32:
+            raise InvalidInputError(
+                f"block_hashes[{i}] has {len(h)} bytes: a block hash has 1 to 32 bytes"
+            )
+        out.append(h)
+    return out
+
+
 def _block_id_arg(block_id: object) -> int:
     return int_arg(block_id, "block_id", 0, 0xFFFF_FFFF)
 
@@ -340,9 +360,47 @@ class BlockPool:
         lora_id: int | None = None,
         lora_name: str | None = None,
         extra_keys: Sequence[ExtraKeys] | None = None,
+    ) -> None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        block_ids = u32_list(block_ids, "block_ids")
+        block_hashes = _block_hashes_arg(block_hashes)
+        num_cached_blocks = size_arg(num_cached_blocks, "num_cached_blocks")
+        num_full_blocks = size_arg(num_full_blocks, "num_full_blocks")
+        block_size = int_arg(block_size, "block_size", 1, SIZE_MAX)
+        group_id = int_arg(group_id, "group_id", 0, 0xFFFF_FFFF)
+        token_ids = None if token_ids is None else token_list(token_ids, "token_ids")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
+        extra_keys = _extra_keys_arg(extra_keys)
+        self._cache_full_blocks(
+            block_ids,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            group_id,
+            token_ids,
+            lora_id,
+            lora_name,
+            extra_keys,
+        )
+
+    def _cache_full_blocks(
+        self,
+        block_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int = 0,
+        token_ids: Sequence[int] | None = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        extra_keys: Sequence[ExtraKeys] | None = None,
         default_extra_keys: ExtraKeys = None,
         spec: tuple[str, int | None] | None = None,
     ) -> None:
+        """``cache_full_blocks`` of arguments already read (the manager's own lists)."""
         lo, hi = num_cached_blocks, num_full_blocks
         if lo >= hi:
             return
@@ -781,7 +839,7 @@ class KVCacheManager:
             if self.sliding_window is None
             else ("sliding_window", self.sliding_window)
         )
-        self.pool.cache_full_blocks(
+        self.pool._cache_full_blocks(
             req.blocks,
             req.block_hashes,
             num_cached,
