@@ -266,3 +266,73 @@ def test_an_unknown_algorithm_is_the_same_error_in_the_reference() -> None:
             f("md5", None, [1])
     with pytest.raises(InvalidInputError, match="unknown hash algorithm"):
         ref.hash_blocks("md5", 1, [1])
+
+
+def _outcome(f: Callable[[], object]) -> tuple[str, type[BaseException] | None, str]:
+    """The outcome with the argument the message starts with (the one named)."""
+    try:
+        f()
+    except Exception as e:
+        return ("raised", type(e), str(e).split(" ")[0].split("[")[0].rstrip(":"))
+    return ("ok", None, "")
+
+
+HASH_BLOCK_TOKENS_BAD: list[tuple[str, tuple[Any, ...]]] = [
+    ("algo int", (5, None, [1])),
+    ("algo unknown", ("md5", None, [1])),
+    ("parent str", ("sha256", "x", [1])),
+    ("parent 33 bytes", ("sha256", b"x" * 33, [1])),
+    ("tokens str", ("sha256", None, "x")),
+    ("tokens -1", ("sha256", None, [-1])),
+    ("tokens float", ("sha256", None, [1.0])),
+    ("extra_keys list", ("sha256", None, [1], [1])),
+    ("extra_keys float", ("sha256", None, [1], (1.0,))),
+    ("seed int", ("sha256", None, [1], None, 5)),
+    ("bad algo, bad seed", ("md5", None, [1], None, 5)),
+    ("bad parent, bad tokens", ("sha256", "x", "y")),
+    ("bad tokens, bad extra_keys", ("sha256", None, "x", [1])),
+]
+
+
+@pytest.mark.parametrize(
+    "args", [c[1] for c in HASH_BLOCK_TOKENS_BAD], ids=[c[0] for c in HASH_BLOCK_TOKENS_BAD]
+)
+def test_reference_hash_block_tokens_refuses_as_the_core(args: tuple[Any, ...]) -> None:
+    """The reference reads the arguments as the core does, in order, with the core's
+    classes (a str parent, a negative or float token, a list of extra keys and an int
+    seed were hashed)."""
+    core = _outcome(lambda: hash_block_tokens(*args))
+    assert core[0] == "raised"
+    assert _outcome(lambda: ref.hash_block_tokens(*args)) == core
+
+
+HASH_BLOCKS_BAD: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("block_size 0", (0, [1]), {}),
+    ("tokens str", (1, "x"), {}),
+    ("extra_keys str", (1, [1]), {"extra_keys": "x"}),
+    ("extra_keys short", (1, [1, 2]), {"extra_keys": [None]}),
+    ("parent str", (1, [1]), {"parent": "x"}),
+    ("seed int", (1, [1]), {"seed": 5}),
+    ("bad tokens, bad parent", (1, "x"), {"parent": "x"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"), [c[1:] for c in HASH_BLOCKS_BAD], ids=[c[0] for c in HASH_BLOCKS_BAD]
+)
+def test_reference_hash_blocks_refuses_as_the_core(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """``hash_blocks(algo, block_size, tokens, ...)`` against ``BlockHasher(block_size,
+    algo, seed).hash_blocks(tokens, extra_keys, parent)``: the same class for the same
+    argument (a block size below 1 was a plain ValueError)."""
+    block_size, tokens = args
+    seed = kwargs.get("seed")
+
+    def core() -> object:
+        h = BlockHasher(block_size, "sha256", seed=seed)
+        return h.hash_blocks(tokens, kwargs.get("extra_keys"), kwargs.get("parent"))
+
+    want = _outcome(core)
+    assert want[0] == "raised"
+    assert _outcome(lambda: ref.hash_blocks("sha256", *args, **kwargs))[:2] == want[:2]

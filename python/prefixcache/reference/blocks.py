@@ -22,7 +22,6 @@ from prefixcache.errors import (
     InvalidTypeError,
     OutOfBlocksError,
     UnknownRequestError,
-    UnsupportedHashInputError,
 )
 from prefixcache.events import (
     AllBlocksCleared,
@@ -31,7 +30,13 @@ from prefixcache.events import (
     KVCacheEvent,
     external_hash,
 )
-from prefixcache.reference.hashing import check_algo, hash_object, none_hash
+from prefixcache.reference.hashing import (
+    block_keys_arg,
+    check_algo,
+    extra_keys_arg,
+    hash_object,
+    none_hash,
+)
 from prefixcache.reference.int_args import (
     SIZE_MAX,
     U64_MAX,
@@ -69,58 +74,6 @@ def _event_hash_format_arg(fmt: object) -> str:
     if fmt not in ("u64", "bytes"):
         raise InvalidInputError(f"event_hash_format must be 'u64' or 'bytes', got {fmt!r}")
     return fmt
-
-
-# Tuples nested deeper than this are refused as extra keys (as the core refuses them).
-MAX_KEY_DEPTH = 64
-
-
-def _check_key_value(obj: object, at: str, depth: int) -> None:
-    """One extra-key value: None, bool, int, str, bytes or a tuple of them (exact types,
-    as the core reads them); anything else raises ``UnsupportedHashInputError``."""
-    if obj is None or type(obj) in (bool, int, bytes):
-        return
-    if type(obj) is str:
-        try:
-            obj.encode()
-        except UnicodeEncodeError:
-            raise UnsupportedHashInputError(
-                f"{at}: str with lone surrogates cannot be hashed (not valid UTF-8)"
-            ) from None
-        return
-    if type(obj) is tuple:
-        if depth >= MAX_KEY_DEPTH:
-            raise UnsupportedHashInputError(f"{at}: tuples nested more than {MAX_KEY_DEPTH} deep")
-        for i, item in enumerate(obj):
-            _check_key_value(item, f"{at}[{i}]", depth + 1)
-        return
-    raise UnsupportedHashInputError(
-        f"{at}: unsupported type {type(obj).__name__} (extra keys hold None, bool, int, str, "
-        "bytes and tuples of them; lists must be converted to tuples)"
-    )
-
-
-def _block_keys_arg(obj: object, at: str) -> ExtraKeys:
-    """One block's extra keys: None or a tuple of key values."""
-    if obj is None:
-        return None
-    if type(obj) is not tuple:
-        raise UnsupportedHashInputError(
-            f"{at}: a block's extra keys must be None or a tuple, not {type(obj).__name__}"
-        )
-    _check_key_value(obj, at, 0)
-    return obj
-
-
-def _extra_keys_arg(obj: object) -> list[ExtraKeys] | None:
-    """Per-block extra keys: None, or a list / tuple with one entry per block."""
-    if obj is None:
-        return None
-    if not isinstance(obj, (list, tuple)):
-        raise InvalidTypeError(
-            f"extra_keys must be None or a list with one entry per block, not {type(obj).__name__}"
-        )
-    return [_block_keys_arg(k, f"extra_keys[{i}]") for i, k in enumerate(obj)]
 
 
 def _block_hashes_arg(obj: object) -> list[bytes]:
@@ -371,7 +324,7 @@ class BlockPool:
         token_ids = None if token_ids is None else token_list(token_ids, "token_ids")
         lora_id = opt_int_arg(lora_id, "lora_id")
         lora_name = opt_str_arg(lora_name, "lora_name")
-        extra_keys = _extra_keys_arg(extra_keys)
+        extra_keys = extra_keys_arg(extra_keys)
         self._cache_full_blocks(
             block_ids,
             block_hashes,
@@ -680,8 +633,8 @@ class KVCacheManager:
         # Read in argument order, as the core reads them: the first bad one is named.
         request_id = request_id_arg(request_id)
         prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
-        extra_keys = _extra_keys_arg(extra_keys)
-        default_extra_keys = _block_keys_arg(default_extra_keys, "default_extra_keys")
+        extra_keys = extra_keys_arg(extra_keys)
+        default_extra_keys = block_keys_arg(default_extra_keys, "default_extra_keys")
         lora_id = opt_int_arg(lora_id, "lora_id")
         lora_name = opt_str_arg(lora_name, "lora_name")
         if request_id in self.requests:
@@ -898,8 +851,8 @@ class KVCacheManager:
         request_id = request_id_arg(request_id)
         prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
         num_lookahead_tokens = size_arg(num_lookahead_tokens, "num_lookahead_tokens")
-        extra_keys = _extra_keys_arg(extra_keys)
-        default_extra_keys = _block_keys_arg(default_extra_keys, "default_extra_keys")
+        extra_keys = extra_keys_arg(extra_keys)
+        default_extra_keys = block_keys_arg(default_extra_keys, "default_extra_keys")
         lora_id = opt_int_arg(lora_id, "lora_id")
         lora_name = opt_str_arg(lora_name, "lora_name")
         self.add_request(
