@@ -961,3 +961,18 @@ def test_manager_compact_events_as_the_core(fmt: str) -> None:
     removed = [e[1]["block_hashes"] for e in got[0] if e[0] == "BlockRemoved"]  # type: ignore[index]
     sizes = [len(h[0]) if isinstance(h, tuple) else len(h) for h in removed]
     assert 2 in sizes  # a merged run
+
+
+def test_manager_membership_as_the_core() -> None:
+    """``x in manager`` reads ``x`` as a request id as the core does: a bool, a float or
+    a numpy float is no request id (the reference found request 1 for True and 1.0)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    probes = [1, True, 1.0, np.int64(1), np.float64(1.0), "1", 2**64 + 1, -1, None]
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = cls(8, block_size=2)
+        m.admit(1, [1, 2, 3])
+        got.append([x in m for x in probes])
+    assert got[0] == got[1]

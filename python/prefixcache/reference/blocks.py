@@ -21,6 +21,7 @@ from prefixcache.errors import (
     InvalidInputError,
     InvalidTypeError,
     OutOfBlocksError,
+    PrefixCacheError,
     UnknownRequestError,
 )
 from prefixcache.events import (
@@ -603,8 +604,12 @@ class KVCacheManager:
     def block_hashes(self, request_id: int) -> list[bytes]:
         return list(self._req(request_id).block_hashes)
 
-    def __contains__(self, request_id: int) -> bool:
-        return request_id in self.requests
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            rid = request_id_arg(request_id)
+        except PrefixCacheError:  # not a request id: no request has it
+            return False
+        return rid in self.requests
 
     def __len__(self) -> int:
         return len(self.requests)
