@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,120 @@ def test_token_containers_and_threads() -> None:
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(h.hash_blocks, arrays * 2))
     assert got == [h.hash_blocks(a) for a in arrays * 2]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: BlockHasher(16, "bad", seed=5), InvalidInputError, "unknown hash"),
+        (lambda: BlockHasher(16, 5, seed=5), InvalidTypeError, "algo must be"),
+        (
+            lambda: hash_block_tokens("bad", None, [1], seed=5),
+            InvalidInputError,
+            "unknown hash",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", 5, [1], seed=5),
+            InvalidTypeError,
+            "parent",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", None, "x", seed=5),
+            InvalidTypeError,
+            "tokens",
+        ),
+        (
+            lambda: hash_block_tokens("sha256", None, [1], 5, seed=5),
+            UnsupportedHashInputError,
+            "extra_keys",
+        ),
+    ],
+    ids=["hasher algo", "hasher algo type", "algo", "parent", "tokens", "extra_keys"],
+)
+def test_the_first_bad_argument_is_named(
+    call: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    """Arguments are read in order: the algorithm's name is checked as it is read, and
+    the parent, tokens and extra keys before the later seed (they were read after it)."""
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_an_unknown_algorithm_is_the_same_error_in_the_reference() -> None:
+    """One error contract: the reference raises the core's class for an unknown
+    algorithm (it raised a plain ValueError)."""
+    for f in (hash_block_tokens, ref.hash_block_tokens):
+        with pytest.raises(InvalidInputError, match="unknown hash algorithm"):
+            f("md5", None, [1])
+    with pytest.raises(InvalidInputError, match="unknown hash algorithm"):
+        ref.hash_blocks("md5", 1, [1])
+
+
+def _outcome(f: Callable[[], object]) -> tuple[str, type[BaseException] | None, str]:
+    """The outcome with the argument the message starts with (the one named)."""
+    try:
+        f()
+    except Exception as e:
+        return ("raised", type(e), str(e).split(" ")[0].split("[")[0].rstrip(":"))
+    return ("ok", None, "")
+
+
+HASH_BLOCK_TOKENS_BAD: list[tuple[str, tuple[Any, ...]]] = [
+    ("algo int", (5, None, [1])),
+    ("algo unknown", ("md5", None, [1])),
+    ("parent str", ("sha256", "x", [1])),
+    ("parent 33 bytes", ("sha256", b"x" * 33, [1])),
+    ("tokens str", ("sha256", None, "x")),
+    ("tokens -1", ("sha256", None, [-1])),
+    ("tokens float", ("sha256", None, [1.0])),
+    ("extra_keys list", ("sha256", None, [1], [1])),
+    ("extra_keys float", ("sha256", None, [1], (1.0,))),
+    ("seed int", ("sha256", None, [1], None, 5)),
+    ("bad algo, bad seed", ("md5", None, [1], None, 5)),
+    ("bad parent, bad tokens", ("sha256", "x", "y")),
+    ("bad tokens, bad extra_keys", ("sha256", None, "x", [1])),
+]
+
+
+@pytest.mark.parametrize(
+    "args", [c[1] for c in HASH_BLOCK_TOKENS_BAD], ids=[c[0] for c in HASH_BLOCK_TOKENS_BAD]
+)
+def test_reference_hash_block_tokens_refuses_as_the_core(args: tuple[Any, ...]) -> None:
+    """The reference reads the arguments as the core does, in order, with the core's
+    classes (a str parent, a negative or float token, a list of extra keys and an int
+    seed were hashed)."""
+    core = _outcome(lambda: hash_block_tokens(*args))
+    assert core[0] == "raised"
+    assert _outcome(lambda: ref.hash_block_tokens(*args)) == core
+
+
+HASH_BLOCKS_BAD: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("block_size 0", (0, [1]), {}),
+    ("tokens str", (1, "x"), {}),
+    ("extra_keys str", (1, [1]), {"extra_keys": "x"}),
+    ("extra_keys short", (1, [1, 2]), {"extra_keys": [None]}),
+    ("parent str", (1, [1]), {"parent": "x"}),
+    ("seed int", (1, [1]), {"seed": 5}),
+    ("bad tokens, bad parent", (1, "x"), {"parent": "x"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"), [c[1:] for c in HASH_BLOCKS_BAD], ids=[c[0] for c in HASH_BLOCKS_BAD]
+)
+def test_reference_hash_blocks_refuses_as_the_core(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """``hash_blocks(algo, block_size, tokens, ...)`` against ``BlockHasher(block_size,
+    algo, seed).hash_blocks(tokens, extra_keys, parent)``: the same class for the same
+    argument (a block size below 1 was a plain ValueError)."""
+    block_size, tokens = args
+    seed = kwargs.get("seed")
+
+    def core() -> object:
+        h = BlockHasher(block_size, "sha256", seed=seed)
+        return h.hash_blocks(tokens, kwargs.get("extra_keys"), kwargs.get("parent"))
+
+    want = _outcome(core)
+    assert want[0] == "raised"
+    assert _outcome(lambda: ref.hash_blocks("sha256", *args, **kwargs))[:2] == want[:2]

@@ -3,8 +3,9 @@
 RadixCache and BlockTrie, core and reference raise the same exception class and leave
 their state unchanged; the argument forms the core accepts (numpy scalars, None for a
 default) the reference accepts too, with the same result. KVCacheManager: the same for
-its request ids. CpuOffloadManager: the same for every argument, the reference opening
-no request context for a refused call."""
+its request ids; KVCacheManager and BlockPool: the same for their constructors'
+arguments, the first bad one named. CpuOffloadManager: the same for every argument, the
+reference opening no request context for a refused call."""
 
 from __future__ import annotations
 
@@ -825,3 +826,302 @@ def test_offload_reference_takes_the_forms_the_core_takes() -> None:
         m.complete_store(4, out.keys_to_store, np.bool_(False))
         states.append((_offload_state(m), [(e.keys, e.removed) for e in m.take_events()]))
     assert states[0] == states[1]
+
+
+# ---- KVCacheManager and BlockPool: constructors -------------------------------------
+
+MANAGER_CTOR_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("num_blocks zero", {"num_blocks": 0}),
+    ("num_blocks 2**32", {"num_blocks": 2**32}),
+    ("num_blocks float", {"num_blocks": 8.0}),
+    ("num_blocks bool", {"num_blocks": True}),
+    ("block_size zero", {"block_size": 0}),
+    ("block_size str", {"block_size": "16"}),
+    ("hash_algo unknown", {"hash_algo": "md5"}),
+    ("hash_algo int", {"hash_algo": 5}),
+    ("hash_algo None", {"hash_algo": None}),
+    ("enable_caching int", {"enable_caching": 1}),
+    ("enable_caching None", {"enable_caching": None}),
+    ("sliding_window 1", {"sliding_window": 1}),
+    ("sliding_window -1", {"sliding_window": -1}),
+    ("sliding_window float", {"sliding_window": 4.0}),
+    ("enable_kv_cache_events int", {"enable_kv_cache_events": 1}),
+    ("seed int", {"seed": 5}),
+    ("seed bytes", {"seed": b"s"}),
+    ("seed surrogate", {"seed": "\ud800"}),
+    ("event_hash_format unknown", {"event_hash_format": "hex"}),
+    ("event_hash_format None", {"event_hash_format": None}),
+    # two bad arguments: the first is named
+    ("hash_algo unknown, enable_caching int", {"hash_algo": "bad", "enable_caching": 1}),
+    ("num_blocks zero, enable_caching int", {"num_blocks": 0, "enable_caching": 1}),
+    ("num_blocks zero, sliding_window 1", {"num_blocks": 0, "sliding_window": 1}),
+    ("sliding_window 1, seed int", {"sliding_window": 1, "seed": 5}),
+    ("sliding_window 1, event_hash_format", {"sliding_window": 1, "event_hash_format": "x"}),
+    ("hash_algo unknown, event_hash_format", {"hash_algo": "bad", "event_hash_format": "x"}),
+    ("block_size float, hash_algo unknown", {"block_size": 1.0, "hash_algo": "bad"}),
+]
+POOL_CTOR_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("num_blocks zero", {"num_blocks": 0}),
+    ("num_blocks 2**32", {"num_blocks": 2**32}),
+    ("num_blocks float", {"num_blocks": 8.0}),
+    ("enable_caching int", {"enable_caching": 1}),
+    ("enable_kv_cache_events str", {"enable_kv_cache_events": "yes"}),
+    ("event_hash_format unknown", {"event_hash_format": "hex"}),
+    ("event_hash_format int", {"event_hash_format": 1}),
+    ("num_blocks zero, enable_caching int", {"num_blocks": 0, "enable_caching": 1}),
+    ("num_blocks zero, event_hash_format", {"num_blocks": 0, "event_hash_format": "x"}),
+    ("enable_caching int, event_hash_format", {"enable_caching": 1, "event_hash_format": "x"}),
+]
+
+
+def _first_line(f: Callable[[], object]) -> tuple[str, type[BaseException] | None, str]:
+    """The outcome with the argument the message starts with (the one named)."""
+    try:
+        f()
+    except Exception as e:
+        return ("raised", type(e), str(e).split(" ")[0])
+    return ("ok", None, "")
+
+
+@pytest.mark.parametrize(
+    ("label", "kwargs"), MANAGER_CTOR_BAD, ids=[r[0] for r in MANAGER_CTOR_BAD]
+)
+def test_manager_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]) -> None:
+    """The reference manager reads its constructor's arguments as the core does, in
+    order, with the core's classes (an unknown hash algorithm was a plain ValueError, a
+    non-str seed or a non-bool flag were taken)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    kwargs = {"num_blocks": 8, **kwargs}
+    core = _first_line(lambda: KVCacheManager(**kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert _first_line(lambda: RefManager(**kwargs)) == core
+
+
+@pytest.mark.parametrize(("label", "kwargs"), POOL_CTOR_BAD, ids=[r[0] for r in POOL_CTOR_BAD])
+def test_pool_constructor_refuses_as_the_core(label: str, kwargs: dict[str, Any]) -> None:
+    from prefixcache import BlockPool
+    from prefixcache.reference.blocks import BlockPool as RefPool
+
+    kwargs = {"num_blocks": 8, **kwargs}
+    core = _first_line(lambda: BlockPool(**kwargs))
+    assert core[0] == "raised", f"{label}: the core accepts it"
+    assert _first_line(lambda: RefPool(**kwargs)) == core
+
+
+# ---- KVCacheManager and BlockPool: every method's arguments -------------------------
+
+
+def _blocks_manager(cls: Any) -> Any:
+    m = cls(16, block_size=2, enable_kv_cache_events=True)
+    m.admit(1, [1, 2, 3])
+    m.admit(2, [4, 5, 6])
+    m.queue_tokens(1, [4, 5])
+    m.take_events()
+    return m
+
+
+def _blocks_manager_state(m: Any) -> object:
+    return (
+        _manager_state(m),
+        m.num_queued_tokens(1),
+        m.num_cached_blocks,
+        [int(m.ref_cnt(b)) for b in range(m.num_blocks)],
+        m.take_events(),
+    )
+
+
+BAD_TOKENS = [("str", "x"), ("float", [1.0]), ("-1", [-1]), ("None", None), ("set", {1})]
+BAD_COUNTS = [("-1", -1), ("float", 1.0), ("str", "1"), ("None", None), ("bool", True)]
+MANAGER_METHOD_BAD: list[tuple[str, Call]] = [
+    *[(f"add_request tokens {n}", call("add_request", 3, t)) for n, t in BAD_TOKENS],
+    *[(f"admit tokens {n}", call("admit", 3, t)) for n, t in BAD_TOKENS],
+    *[(f"append_tokens tokens {n}", call("append_tokens", 1, t)) for n, t in BAD_TOKENS],
+    *[(f"append_tokens unknown, tokens {n}", call("append_tokens", 9, t)) for n, t in BAD_TOKENS],
+    *[(f"queue_tokens unknown, tokens {n}", call("queue_tokens", 9, t)) for n, t in BAD_TOKENS],
+    *[
+        (f"finish unknown, output {n}", call("finish", 9, t))
+        for n, t in BAD_TOKENS
+        if t is not None
+    ],
+    *[(f"extend unknown, tokens {n}", call("extend", [9], t, [1])) for n, t in BAD_TOKENS],
+    *[
+        (f"allocate_slots blocks {n}", call("allocate_slots", 1, 1, 0, t))
+        for n, t in BAD_TOKENS[:3]
+    ],
+    *[(f"evict_blocks {n}", call("evict_blocks", t)) for n, t in BAD_TOKENS],
+    *[(f"allocate_slots unknown, new {n}", call("allocate_slots", 9, v)) for n, v in BAD_COUNTS],
+    *[(f"allocate_slots new {n}", call("allocate_slots", 1, v)) for n, v in BAD_COUNTS],
+    *[(f"allocate_slots computed {n}", call("allocate_slots", 1, 1, v)) for n, v in BAD_COUNTS],
+    *[
+        (f"allocate_slots lookahead {n}", call("allocate_slots", 1, 1, 0, None, v))
+        for n, v in BAD_COUNTS
+    ],
+    *[(f"admit lookahead {n}", call("admit", 3, [1, 2], v)) for n, v in BAD_COUNTS],
+    *[(f"decode_steps steps {n}", call("decode_steps", [1], v)) for n, v in BAD_COUNTS],
+    *[(f"max_decode_steps unknown, {n}", call("max_decode_steps", [9], v)) for n, v in BAD_COUNTS],
+    *[(f"max_decode_steps {n}", call("max_decode_steps", [1], v)) for n, v in BAD_COUNTS],
+    *[(f"extend counts {n}", call("extend", [1], [9], [v])) for n, v in BAD_COUNTS],
+    *[(f"ref_cnt {n}", call("ref_cnt", v)) for n, v in BAD_COUNTS],
+    *[(f"block_hash {n}", call("block_hash", v)) for n, v in BAD_COUNTS],
+    ("add_request lora_id float", call("add_request", 3, [1], lora_id=1.0)),
+    ("add_request lora_id 2**63", call("add_request", 3, [1], lora_id=2**63)),
+    ("add_request lora_name int", call("add_request", 3, [1], lora_name=5)),
+    ("add_request lora_name surrogate", call("add_request", 3, [1], lora_name="\ud800")),
+    ("add_request extra_keys int", call("add_request", 3, [1, 2], extra_keys=5)),
+    ("add_request extra_keys str", call("add_request", 3, [1, 2], extra_keys="x")),
+    ("add_request extra_keys entry int", call("add_request", 3, [1, 2], extra_keys=[1])),
+    ("add_request extra_keys entry list", call("add_request", 3, [1, 2], extra_keys=[([1],)])),
+    ("add_request default_extra_keys list", call("add_request", 3, [1], default_extra_keys=[1])),
+    ("admit extra_keys entry float", call("admit", 3, [1, 2], extra_keys=[(1.0,)])),
+    # two bad arguments: the first is named
+    ("add_request bad id, bad lora_name", call("add_request", -1, [1], lora_name=5)),
+    ("add_request bad tokens, bad lora_id", call("add_request", 3, "x", lora_id="y")),
+    ("admit bad id, bad lora_name", call("admit", -1, [1], lora_name=5)),
+    ("admit bad lookahead, bad extra_keys", call("admit", 3, [1], -1, extra_keys=5)),
+    ("allocate_slots bad id, bad count", call("allocate_slots", -1, 1.0)),
+    ("extend bad tokens, bad counts", call("extend", [1], "x", "y")),
+    ("extend bad tokens, counts too long", call("extend", [1], "x", [1, 2])),
+    ("decode_steps bad ids, bad steps", call("decode_steps", [-1], 0)),
+    ("max_decode_steps bad ids, bad steps", call("max_decode_steps", [-1], -1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "call"), MANAGER_METHOD_BAD, ids=[r[0] for r in MANAGER_METHOD_BAD]
+)
+def test_manager_method_refuses_as_the_core(label: str, call: Call) -> None:
+    """The reference manager reads every argument as the core does, in order and before
+    it looks the request up (a bad count of an unknown request was UnknownRequestError,
+    a float count, a non-str LoRA name or a list of extra keys were taken)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = _blocks_manager(cls)
+        before = _blocks_manager_state(m)
+        got.append(_first_line(lambda m=m: call(m, None)))
+        assert _blocks_manager_state(m) == before, (label, cls)
+    assert got[0][0] == "raised", f"{label}: the core accepts it"
+    assert got[1] == got[0]
+
+
+H32 = b"\x01" * 32
+
+
+def _pool_state(p: Any) -> object:
+    ids = range(p.num_blocks)
+    return (list(p.free_block_ids()), [p.ref_cnt(b) for b in ids], [p.block_hash(b) for b in ids])
+
+
+POOL_METHOD_BAD: list[tuple[str, Call]] = [
+    *[(f"get_new_blocks {n}", call("get_new_blocks", v)) for n, v in BAD_COUNTS],
+    *[
+        (f"{m} {n}", call(m, t))
+        for m in ("touch", "free_blocks", "evict_blocks")
+        for n, t in BAD_TOKENS
+    ],
+    ("touch 2**32", call("touch", [2**32])),
+    ("get_cached_block str", call("get_cached_block", "x")),
+    ("get_cached_block empty", call("get_cached_block", b"")),
+    ("get_cached_block groups str", call("get_cached_block", H32, "x")),
+    ("get_cached_block bad hash, bad groups", call("get_cached_block", "x", "y")),
+    *[
+        (f"cache_full_blocks {label}", call("cache_full_blocks", *args, **kw))
+        for label, args, kw in [
+            ("block_ids str", ("x", [H32], 0, 1, 4), {}),
+            ("block_ids float", ([1.0], [H32], 0, 1, 4), {}),
+            ("block_hashes int", ([1], 5, 0, 1, 4), {}),
+            ("block_hashes [int]", ([1], [5], 0, 1, 4), {}),
+            ("block_hashes empty hash", ([1], [b""], 0, 1, 4), {}),
+            ("block_hashes 33 bytes", ([1], [b"x" * 33], 0, 1, 4), {}),
+            ("block_hashes, a bad one past the range", ([1], [H32, "x"], 0, 1, 4), {}),
+            ("num_cached_blocks -1", ([1], [H32], -1, 1, 4), {}),
+            ("num_full_blocks float", ([1], [H32], 0, 1.0, 4), {}),
+            ("block_size 0", ([1], [H32], 0, 1, 0), {}),
+            ("group_id -1", ([1], [H32], 0, 1, 4, -1), {}),
+            ("token_ids str", ([1], [H32], 0, 1, 4), {"token_ids": "x"}),
+            ("lora_id str", ([1], [H32], 0, 1, 4), {"lora_id": "x"}),
+            ("lora_name int", ([1], [H32], 0, 1, 4), {"lora_name": 5}),
+            ("extra_keys int", ([1], [H32], 0, 1, 4), {"extra_keys": 5}),
+            ("extra_keys [int]", ([1], [H32], 0, 1, 4), {"extra_keys": [1]}),
+            ("bad block_ids, bad count", ("x", [], -1, 0, 1), {}),
+            ("bad block_hashes, bad count", ([1], "x", -1, 0, 1), {}),
+            ("bad block_hashes, bad extra_keys", ([1], [5], 0, 1, 1), {"extra_keys": 5}),
+            ("bad tokens, bad lora_id", ([1], [H32], 0, 1, 4), {"token_ids": "x", "lora_id": 1.0}),
+        ]
+    ],
+]
+
+
+@pytest.mark.parametrize(("label", "call"), POOL_METHOD_BAD, ids=[r[0] for r in POOL_METHOD_BAD])
+def test_pool_method_refuses_as_the_core(label: str, call: Call) -> None:
+    from prefixcache import BlockPool
+    from prefixcache.reference.blocks import BlockPool as RefPool
+
+    got = []
+    for cls in (BlockPool, RefPool):
+        p = cls(8)
+        p.get_new_blocks(2)
+        before = _pool_state(p)
+        got.append(_first_line(lambda p=p: call(p, None)))
+        assert _pool_state(p) == before, label
+    assert got[0][0] == "raised", f"{label}: the core accepts it"
+    assert got[1] == got[0]
+
+
+def _event_fields(events: list[Any]) -> list[object]:
+    """Events as comparable values (arrays as their items and dtype)."""
+    import dataclasses
+
+    out: list[object] = []
+    for e in events:
+        fields = {
+            k: (v.tolist(), str(v.dtype)) if isinstance(v, np.ndarray) else v
+            for k, v in dataclasses.asdict(e).items()
+        }
+        out.append((type(e).__name__, fields))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["u64", "bytes"])
+def test_manager_compact_events_as_the_core(fmt: str) -> None:
+    """The reference manager takes ``compact`` as the core does: no token ids, runs of
+    removals merged, u64 hashes as uint64 arrays (it took no argument)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = cls(6, block_size=2, enable_kv_cache_events=True, event_hash_format=fmt)
+        for rid, first in ((1, 1), (2, 7), (3, 20)):  # the third evicts the first two
+            m.admit(rid, list(range(first, first + 5)))
+            m.free(rid)
+        m.reset_prefix_cache()
+        got.append(_event_fields(m.take_events(compact=np.bool_(True))))
+        for bad in (1, None, "yes"):
+            assert outcome(lambda m=m, bad=bad: m.take_events(compact=bad)) == (
+                "raised",
+                InvalidTypeError,
+            )
+    assert got[0] == got[1]
+    removed = [e[1]["block_hashes"] for e in got[0] if e[0] == "BlockRemoved"]  # type: ignore[index]
+    sizes = [len(h[0]) if isinstance(h, tuple) else len(h) for h in removed]
+    assert 2 in sizes  # a merged run
+
+
+def test_manager_membership_as_the_core() -> None:
+    """``x in manager`` reads ``x`` as a request id as the core does: a bool, a float or
+    a numpy float is no request id (the reference found request 1 for True and 1.0)."""
+    from prefixcache import KVCacheManager
+    from prefixcache.reference.blocks import KVCacheManager as RefManager
+
+    probes = [1, True, 1.0, np.int64(1), np.float64(1.0), "1", 2**64 + 1, -1, None]
+    got = []
+    for cls in (KVCacheManager, RefManager):
+        m = cls(8, block_size=2)
+        m.admit(1, [1, 2, 3])
+        got.append([x in m for x in probes])
+    assert got[0] == got[1]

@@ -8,15 +8,20 @@ follows vLLM 0.33's ``block_pool.py``, ``kv_cache_manager.py`` and
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from prefixcache.errors import (
     BlockStateError,
     InvalidInputError,
+    InvalidTypeError,
     OutOfBlocksError,
+    PrefixCacheError,
     UnknownRequestError,
 )
 from prefixcache.events import (
@@ -26,12 +31,74 @@ from prefixcache.events import (
     KVCacheEvent,
     external_hash,
 )
-from prefixcache.reference.hashing import hash_object
-from prefixcache.reference.int_args import U64_MAX, int_arg, request_id_arg
+from prefixcache.reference.hashing import (
+    block_keys_arg,
+    check_algo,
+    extra_keys_arg,
+    hash_object,
+    none_hash,
+)
+from prefixcache.reference.int_args import (
+    SIZE_MAX,
+    U64_MAX,
+    flag_arg,
+    int_arg,
+    opt_int_arg,
+    opt_str_arg,
+    request_id_arg,
+    size_arg,
+    str_arg,
+    token_list,
+    u32_list,
+    u64_list,
+)
 
 NULL_BLOCK = 0
 
 ExtraKeys = tuple[Any, ...] | None
+
+# The largest pool: block ids are u32, with room for the core's sentinels.
+MAX_NUM_BLOCKS = 2**32 - 4
+
+
+def _num_blocks_arg(num_blocks: object) -> int:
+    """A pool's ``num_blocks``: an int in ``[1, 2**32 - 4]``."""
+    n = size_arg(num_blocks, "num_blocks")
+    if not 1 <= n <= MAX_NUM_BLOCKS:
+        raise InvalidInputError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {n}")
+    return n
+
+
+def _event_hash_format_arg(fmt: object) -> str:
+    """``event_hash_format``: "u64" or "bytes"."""
+    fmt = str_arg(fmt, "event_hash_format")
+    if fmt not in ("u64", "bytes"):
+        raise InvalidInputError(f"event_hash_format must be 'u64' or 'bytes', got {fmt!r}")
+    return fmt
+
+
+def _block_hashes_arg(obj: object) -> list[bytes]:
+    """``block_hashes``: an iterable of block hashes, each bytes of 1 to 32 bytes."""
+    try:
+        it = iter(obj)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(
+            f"block_hashes must be an iterable of block hashes, got {type(obj).__name__}"
+        ) from None
+    out = []
+    for i, h in enumerate(it):
+        if not isinstance(h, bytes):
+            raise InvalidTypeError(f"block_hashes[{i}] must be bytes, not {type(h).__name__}")
+        if not 1 <= len(h) <= 32:
+            raise InvalidInputError(
+                f"block_hashes[{i}] has {len(h)} bytes: a block hash has 1 to 32 bytes"
+            )
+        out.append(h)
+    return out
+
+
+def _block_id_arg(block_id: object) -> int:
+    return int_arg(block_id, "block_id", 0, 0xFFFF_FFFF)
 
 
 class FreeQueue:
@@ -84,10 +151,11 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         event_hash_format: str = "u64",
     ) -> None:
-        if num_blocks < 1:
-            raise InvalidInputError(f"num_blocks must be >= 1, got {num_blocks}")
-        if event_hash_format not in ("u64", "bytes"):
-            raise InvalidInputError(f"bad event_hash_format {event_hash_format!r}")
+        # Read in argument order, as the core reads them: the first bad one is named.
+        num_blocks = _num_blocks_arg(num_blocks)
+        enable_caching = flag_arg(enable_caching, "enable_caching")
+        enable_kv_cache_events = flag_arg(enable_kv_cache_events, "enable_kv_cache_events")
+        event_hash_format = _event_hash_format_arg(event_hash_format)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.events_enabled = enable_kv_cache_events
@@ -125,10 +193,12 @@ class BlockPool:
             raise InvalidInputError(f"block id {block_id} is out of range")
 
     def ref_cnt(self, block_id: int) -> int:
+        block_id = _block_id_arg(block_id)
         self._check_id(block_id)
         return self.ref[block_id]
 
     def block_hash(self, block_id: int) -> bytes | None:
+        block_id = _block_id_arg(block_id)
         self._check_id(block_id)
         key = self.key[block_id]
         return None if key is None else key[0]
@@ -150,6 +220,14 @@ class BlockPool:
     def get_cached_block(
         self, block_hash: bytes, group_ids: Sequence[int] = (0,)
     ) -> list[int] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        if not isinstance(block_hash, bytes):
+            raise InvalidTypeError(f"block_hash must be bytes, not {type(block_hash).__name__}")
+        if not 1 <= len(block_hash) <= 32:
+            raise InvalidInputError(
+                f"block_hash has {len(block_hash)} bytes: a block hash has 1 to 32 bytes"
+            )
+        group_ids = u32_list(group_ids, "group_ids")
         self._check_hash(block_hash)
         out = []
         for g in group_ids:
@@ -171,9 +249,8 @@ class BlockPool:
         if self.events_enabled:
             self.events.append(BlockRemoved([self._ext(key[0])], "GPU", key[1]))
 
-    def get_new_blocks(self, n: int) -> list[int]:
-        if n < 0:
-            raise InvalidInputError("num_blocks must be >= 0")
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        n = size_arg(num_blocks, "num_blocks")
         if n > len(self.free):
             raise OutOfBlocksError(f"cannot get {n} blocks: only {len(self.free)} free")
         out = []
@@ -187,6 +264,7 @@ class BlockPool:
         return out
 
     def touch(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         for b in block_ids:
             self._check_id(b)
             if b == NULL_BLOCK:
@@ -197,6 +275,7 @@ class BlockPool:
             self.ref[b] += 1
 
     def free_blocks(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         need: dict[int, int] = {}
         for b in block_ids:
             self._check_id(b)
@@ -235,9 +314,47 @@ class BlockPool:
         lora_id: int | None = None,
         lora_name: str | None = None,
         extra_keys: Sequence[ExtraKeys] | None = None,
+    ) -> None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        block_ids = u32_list(block_ids, "block_ids")
+        block_hashes = _block_hashes_arg(block_hashes)
+        num_cached_blocks = size_arg(num_cached_blocks, "num_cached_blocks")
+        num_full_blocks = size_arg(num_full_blocks, "num_full_blocks")
+        block_size = int_arg(block_size, "block_size", 1, SIZE_MAX)
+        group_id = int_arg(group_id, "group_id", 0, 0xFFFF_FFFF)
+        token_ids = None if token_ids is None else token_list(token_ids, "token_ids")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
+        extra_keys = extra_keys_arg(extra_keys)
+        self._cache_full_blocks(
+            block_ids,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            group_id,
+            token_ids,
+            lora_id,
+            lora_name,
+            extra_keys,
+        )
+
+    def _cache_full_blocks(
+        self,
+        block_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int = 0,
+        token_ids: Sequence[int] | None = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        extra_keys: Sequence[ExtraKeys] | None = None,
         default_extra_keys: ExtraKeys = None,
         spec: tuple[str, int | None] | None = None,
     ) -> None:
+        """``cache_full_blocks`` of arguments already read (the manager's own lists)."""
         lo, hi = num_cached_blocks, num_full_blocks
         if lo >= hi:
             return
@@ -298,6 +415,7 @@ class BlockPool:
             )
 
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        block_ids = u32_list(block_ids, "block_ids")
         for b in block_ids:
             self._check_id(b)
         for b in block_ids:
@@ -361,11 +479,17 @@ class KVCacheManager:
         seed: str | None = None,
         event_hash_format: str = "u64",
     ) -> None:
-        if block_size < 1:
-            raise InvalidInputError("block_size must be >= 1")
+        # Read in argument order, as the core reads them: the first bad one is named.
+        num_blocks = _num_blocks_arg(num_blocks)
+        block_size = int_arg(block_size, "block_size", 1, SIZE_MAX)
+        hash_algo = check_algo(str_arg(hash_algo, "hash_algo"))
+        enable_caching = flag_arg(enable_caching, "enable_caching")
+        sliding_window = opt_int_arg(sliding_window, "sliding_window", 0, SIZE_MAX)
         if sliding_window is not None and sliding_window < 2:
-            raise InvalidInputError("sliding_window must be >= 2")
-        from prefixcache.reference.hashing import none_hash
+            raise InvalidInputError(f"sliding_window must be >= 2 tokens, got {sliding_window}")
+        enable_kv_cache_events = flag_arg(enable_kv_cache_events, "enable_kv_cache_events")
+        seed = opt_str_arg(seed, "seed")
+        event_hash_format = _event_hash_format_arg(event_hash_format)
 
         self.pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events, event_hash_format)
         self.block_size = block_size
@@ -428,8 +552,39 @@ class KVCacheManager:
     def block_hash(self, block_id: int) -> bytes | None:
         return self.pool.block_hash(block_id)
 
-    def take_events(self) -> list[KVCacheEvent]:
-        return self.pool.take_events()
+    def take_events(self, compact: bool = False) -> list[KVCacheEvent]:
+        """The KV events since the last call; ``compact``: without token ids, with runs of
+        removals (same group and medium) merged, and u64 hashes as uint64 arrays."""
+        compact = flag_arg(compact, "compact")
+        events = self.pool.take_events()
+        if not compact:
+            return events
+        merged: list[KVCacheEvent] = []
+        for e in events:
+            last = merged[-1] if merged else None
+            if (
+                isinstance(e, BlockRemoved)
+                and isinstance(last, BlockRemoved)
+                and (last.group_idx, last.medium) == (e.group_idx, e.medium)
+            ):
+                hashes = [*last.block_hashes, *e.block_hashes]
+                merged[-1] = dataclasses.replace(last, block_hashes=hashes)
+            else:
+                merged.append(e)
+
+        def packed(hashes: Any) -> Any:
+            if self.pool.fmt == "u64":
+                return np.array(hashes, dtype=np.uint64)
+            return hashes
+
+        out: list[KVCacheEvent] = []
+        for e in merged:
+            if isinstance(e, BlockStored):
+                e = dataclasses.replace(e, block_hashes=packed(e.block_hashes), token_ids=None)
+            elif isinstance(e, BlockRemoved):
+                e = dataclasses.replace(e, block_hashes=packed(e.block_hashes))
+            out.append(e)
+        return out
 
     def _req(self, request_id: int) -> _Request:
         request_id = request_id_arg(request_id)  # the core's contract: an int in [0, 2**64)
@@ -449,8 +604,12 @@ class KVCacheManager:
     def block_hashes(self, request_id: int) -> list[bytes]:
         return list(self._req(request_id).block_hashes)
 
-    def __contains__(self, request_id: int) -> bool:
-        return request_id in self.requests
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            rid = request_id_arg(request_id)
+        except PrefixCacheError:  # not a request id: no request has it
+            return False
+        return rid in self.requests
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -476,7 +635,13 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None:
+        # Read in argument order, as the core reads them: the first bad one is named.
         request_id = request_id_arg(request_id)
+        prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
+        extra_keys = extra_keys_arg(extra_keys)
+        default_extra_keys = block_keys_arg(default_extra_keys, "default_extra_keys")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
         if request_id in self.requests:
             raise InvalidInputError(f"request id {request_id} is already known")
         if len(prompt_tokens) == 0:
@@ -490,8 +655,10 @@ class KVCacheManager:
         self.requests[request_id] = req
 
     def append_tokens(self, request_id: int, tokens: Sequence[int]) -> None:
+        request_id = request_id_arg(request_id)
+        tokens = token_list(tokens, "tokens")
         req = self._req(request_id)
-        req.tokens.extend(int(t) for t in tokens)
+        req.tokens.extend(tokens)
         if self.enable_caching:
             req.block_hashes.extend(self._hash_new_blocks(req))
 
@@ -562,11 +729,18 @@ class KVCacheManager:
         new_computed_blocks: Sequence[int] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        request_id = request_id_arg(request_id)
+        num_new_tokens = size_arg(num_new_tokens, "num_new_tokens")
+        num_new_computed_tokens = size_arg(num_new_computed_tokens, "num_new_computed_tokens")
+        hit = (
+            []
+            if new_computed_blocks is None
+            else u32_list(new_computed_blocks, "new_computed_blocks")
+        )
+        num_lookahead_tokens = size_arg(num_lookahead_tokens, "num_lookahead_tokens")
         req = self._req(request_id)
         bs = self.block_size
-        hit = [int(b) for b in (new_computed_blocks if new_computed_blocks is not None else [])]
-        if min(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens) < 0:
-            raise InvalidInputError("counts must be >= 0")
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             raise InvalidInputError("num_new_tokens must be > 0")
         if hit and req.admitted:
@@ -623,7 +797,7 @@ class KVCacheManager:
             if self.sliding_window is None
             else ("sliding_window", self.sliding_window)
         )
-        self.pool.cache_full_blocks(
+        self.pool._cache_full_blocks(
             req.blocks,
             req.block_hashes,
             num_cached,
@@ -678,6 +852,14 @@ class KVCacheManager:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> tuple[int, list[int]] | None:
+        # Read in argument order, as the core reads them: the first bad one is named.
+        request_id = request_id_arg(request_id)
+        prompt_tokens = token_list(prompt_tokens, "prompt_tokens")
+        num_lookahead_tokens = size_arg(num_lookahead_tokens, "num_lookahead_tokens")
+        extra_keys = extra_keys_arg(extra_keys)
+        default_extra_keys = block_keys_arg(default_extra_keys, "default_extra_keys")
+        lora_id = opt_int_arg(lora_id, "lora_id")
+        lora_name = opt_str_arg(lora_name, "lora_name")
         self.add_request(
             request_id, prompt_tokens, extra_keys, default_extra_keys, lora_id, lora_name
         )
@@ -698,7 +880,8 @@ class KVCacheManager:
         self, request_ids: Sequence[int], tokens: Sequence[int], counts: Sequence[int]
     ) -> tuple[list[int], int]:
         ids = _request_ids(request_ids)
-        ns = [int(n) for n in counts]
+        tokens = token_list(tokens, "tokens")
+        ns = u64_list(counts, "counts")
         if len(ids) != len(ns):
             raise InvalidInputError(f"request_ids has {len(ids)} items but counts has {len(ns)}")
         for i, n in zip(ids, ns, strict=True):
@@ -730,7 +913,9 @@ class KVCacheManager:
         return evicted, peak
 
     def queue_tokens(self, request_id: int, tokens: Sequence[int]) -> None:
-        self._req(request_id).queued.extend(int(t) for t in tokens)
+        request_id = request_id_arg(request_id)
+        tokens = token_list(tokens, "tokens")
+        self._req(request_id).queued.extend(tokens)
 
     def num_queued_tokens(self, request_id: int) -> int:
         req = self._req(request_id)
@@ -738,9 +923,7 @@ class KVCacheManager:
 
     def decode_steps(self, request_ids: Sequence[int], num_steps: int) -> tuple[list[int], int]:
         ids = _request_ids(request_ids)
-        k = int(num_steps)
-        if k < 1:
-            raise InvalidInputError(f"num_steps must be >= 1, got {k}")
+        k = int_arg(num_steps, "num_steps", 1, SIZE_MAX)
         seen: set[int] = set()
         for i in ids:
             req = self._req(i)
@@ -765,7 +948,9 @@ class KVCacheManager:
         return evicted, peak
 
     def max_decode_steps(self, request_ids: Sequence[int], max_steps: int) -> int:
-        reqs = [self._req(i) for i in _request_ids(request_ids)]
+        ids = _request_ids(request_ids)
+        max_steps = size_arg(max_steps, "max_steps")
+        reqs = [self._req(i) for i in ids]
         bs, free = self.block_size, self.num_free_blocks
 
         def needed(k: int) -> int:
@@ -781,6 +966,9 @@ class KVCacheManager:
         return best
 
     def finish(self, request_id: int, output_tokens: Sequence[int] | None = None) -> bool:
+        request_id = request_id_arg(request_id)
+        if output_tokens is not None:
+            output_tokens = token_list(output_tokens, "output_tokens")
         self._req(request_id)
         ok = True
         if output_tokens is not None and len(output_tokens) > 0:

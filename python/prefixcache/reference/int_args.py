@@ -207,3 +207,25 @@ def opt_str_arg(v: object, what: str) -> str | None:
     if not isinstance(v, str):
         raise InvalidTypeError(f"{what} must be a str or None, got {type(v).__name__}")
     return str_arg(v, what)
+
+
+def _check_u64(what: str, i: int, v: int) -> None:
+    if v < 0:
+        raise InvalidInputError(f"{what}[{i}] = {v} must be >= 0")
+    if v > U64_MAX:
+        raise InvalidInputError(f"{what}[{i}] = {v} does not fit in uint64")
+
+
+def u64_list(obj: object, what: str) -> list[int]:
+    """Ints in ``[0, 2**64)`` (request ids, counts) as a list of ints, any form."""
+    return _ints(obj, what, _check_u64)
+
+
+def _check_u32(what: str, i: int, v: int) -> None:
+    if not 0 <= v <= 0xFFFF_FFFF:
+        raise InvalidInputError(f"{what}[{i}] = {v} is out of range: ids must be in [0, 2**32)")
+
+
+def u32_list(obj: object, what: str) -> list[int]:
+    """Ids in ``[0, 2**32)`` (block ids, KV-cache group ids) as a list of ints, any form."""
+    return _ints(obj, what, _check_u32)

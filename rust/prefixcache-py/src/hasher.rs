@@ -186,8 +186,34 @@ fn parent_hash(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<BlockHash>> {
         })
 }
 
-fn algo(name: &str) -> PyResult<HashAlgo> {
-    HashAlgo::from_name(name).py_err()
+// Every argument is converted by a `from_py_with` extractor, so that pyo3 converts them
+// in argument order: the first bad argument is the one named, and a later argument's
+// hook (`__index__`) runs after the earlier ones were read.
+
+/// The `algo` argument: one of the algorithm names (checked as it is read, before the
+/// later arguments).
+fn algo_arg(obj: &Bound<'_, PyAny>) -> PyResult<HashAlgo> {
+    HashAlgo::from_name(&convert::algo(obj)?).py_err()
+}
+
+/// The `parent` argument: bytes, or None / empty bytes for NONE_HASH.
+fn parent_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<BlockHash>> {
+    parent_hash(Some(obj))
+}
+
+/// The `tokens` argument: token ids, any form.
+fn tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<convert::Tokens> {
+    convert::tokens(obj, "tokens")
+}
+
+/// The `extra_keys` argument of a one-block call: None or a tuple of key values.
+fn block_extra_keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<KeyValue>>> {
+    single_block_keys(Some(obj))
+}
+
+/// The `extra_keys` argument of a many-block call: None, or one entry per block.
+fn all_extra_keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+    all_block_keys(Some(obj))
 }
 
 /// vLLM v1's chained block hashes for one algorithm, block size and NONE_HASH seed.
@@ -204,14 +230,13 @@ pub struct PyBlockHasher {
 #[pymethods]
 impl PyBlockHasher {
     #[new]
-    #[pyo3(signature = (block_size=16, algo="sha256".to_owned(), seed=None))]
+    #[pyo3(signature = (block_size=16, algo=HashAlgo::Sha256, seed=None))]
     #[pyo3(text_signature = "(block_size=16, algo='sha256', seed=None)")]
     fn new(
         #[pyo3(from_py_with = convert::block_size)] block_size: usize,
-        #[pyo3(from_py_with = convert::algo)] algo: String,
+        #[pyo3(from_py_with = algo_arg)] algo: HashAlgo,
         #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
     ) -> PyResult<Self> {
-        let algo = self::algo(&algo)?;
         let inner = BlockHasher::new(algo, block_size, &convert::seed_or_default(seed)).py_err()?;
         Ok(PyBlockHasher { inner })
     }
@@ -242,13 +267,11 @@ impl PyBlockHasher {
     fn hash_blocks<'py>(
         &self,
         py: Python<'py>,
-        tokens: &Bound<'py, PyAny>,
-        extra_keys: Option<&Bound<'py, PyAny>>,
-        parent: Option<&Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = tokens_arg)] tokens: convert::Tokens,
+        #[pyo3(from_py_with = all_extra_keys_arg)] extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
+        #[pyo3(from_py_with = parent_arg)] parent: Option<BlockHash>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let tokens = convert::tokens(tokens, "tokens")?;
-        let extra = all_block_keys(extra_keys)?;
-        let parent = parent_hash(parent)?;
+        let extra = extra_keys;
         let inner = &self.inner;
         let extra = extra.as_deref();
         let parent = parent.as_ref();
@@ -267,13 +290,11 @@ impl PyBlockHasher {
     fn hash_block<'py>(
         &self,
         py: Python<'py>,
-        parent: Option<&Bound<'py, PyAny>>,
-        tokens: &Bound<'py, PyAny>,
-        extra_keys: Option<&Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = parent_arg)] parent: Option<BlockHash>,
+        #[pyo3(from_py_with = tokens_arg)] tokens: convert::Tokens,
+        #[pyo3(from_py_with = block_extra_keys_arg)] extra_keys: Option<Vec<KeyValue>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let parent = parent_hash(parent)?;
-        let tokens = convert::tokens(tokens, "tokens")?;
-        let extra = single_block_keys(extra_keys)?;
+        let extra = extra_keys;
         let h = self
             .inner
             .hash_block(parent.as_ref(), tokens.as_slice(), extra.as_deref())
@@ -297,16 +318,13 @@ impl PyBlockHasher {
 #[pyo3(signature = (algo, parent, tokens, extra_keys=None, seed=None))]
 pub fn hash_block_tokens<'py>(
     py: Python<'py>,
-    #[pyo3(from_py_with = convert::algo)] algo: String,
-    parent: Option<&Bound<'py, PyAny>>,
-    tokens: &Bound<'py, PyAny>,
-    extra_keys: Option<&Bound<'py, PyAny>>,
+    #[pyo3(from_py_with = algo_arg)] algo: HashAlgo,
+    #[pyo3(from_py_with = parent_arg)] parent: Option<BlockHash>,
+    #[pyo3(from_py_with = tokens_arg)] tokens: convert::Tokens,
+    #[pyo3(from_py_with = block_extra_keys_arg)] extra_keys: Option<Vec<KeyValue>>,
     #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = self::algo(&algo)?;
-    let parent = parent_hash(parent)?;
-    let tokens = convert::tokens(tokens, "tokens")?;
-    let extra = single_block_keys(extra_keys)?;
+    let extra = extra_keys;
     let hasher = BlockHasher::new(algo, 1, &convert::seed_or_default(seed)).py_err()?;
     let (parent, extra) = (parent.as_ref(), extra.as_deref());
     let h = if tokens.len() >= DETACH_MIN_TOKENS {

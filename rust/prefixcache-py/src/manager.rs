@@ -8,9 +8,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert;
+use crate::convert::Tokens;
 use crate::errors::IntoPyResult;
 use crate::hasher::{all_block_keys, block_keys};
-use crate::pool::{block_ids, events_to_py, ids_array, HashFormat, DETACH_MIN_BLOCKS};
+use crate::pool::{
+    block_ids, event_hash_format_arg, events_to_py, ids_array, pool_num_blocks, HashFormat,
+    DETACH_MIN_BLOCKS,
+};
 use crate::shared::Shared;
 
 /// Token counts from which `add_request`, `admit`, `append_tokens` and `finish` run with
@@ -33,26 +37,81 @@ fn stats_dict<'py>(py: Python<'py>, s: PrefixCacheStats) -> PyResult<Bound<'py, 
     Ok(d)
 }
 
-/// The request options, read in argument order (`lora_id` after the extra keys, so that
-/// its `__index__` cannot change them before they are read).
-fn options(
-    extra_keys: Option<&Bound<'_, PyAny>>,
-    default_extra_keys: Option<&Bound<'_, PyAny>>,
-    lora_id: Option<&Bound<'_, PyAny>>,
-    lora_name: Option<String>,
-) -> PyResult<RequestOptions> {
-    let block_extra_keys = all_block_keys(extra_keys)?.unwrap_or_default();
-    let default_extra_keys: Option<Vec<KeyValue>> = match default_extra_keys {
-        Some(o) if !o.is_none() => block_keys(o, "default_extra_keys")?,
-        _ => None,
-    };
-    let lora_id = lora_id.map(convert::lora_id).transpose()?.flatten();
-    Ok(RequestOptions {
-        block_extra_keys,
-        default_extra_keys,
-        lora_id,
-        lora_name,
-    })
+// Every argument is converted by a `from_py_with` extractor, so that pyo3 converts them
+// in argument order: the first bad argument is the one named (as the reference names
+// it), and a later argument's hook (`__index__`) runs after the earlier ones were read
+// (what it changes in them is not seen).
+
+/// The `hash_algo` argument: one of the algorithm names (checked as it is read, before
+/// the later arguments).
+fn hash_algo_arg(obj: &Bound<'_, PyAny>) -> PyResult<HashAlgo> {
+    HashAlgo::from_name(&convert::str_arg(obj, "hash_algo")?).py_err()
+}
+
+/// The `sliding_window` argument: None, or a window of at least 2 tokens (checked as it
+/// is read, as the core checks it).
+fn sliding_window_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    let window = convert::sliding_window(obj)?;
+    if let Some(w) = window.filter(|&w| w < 2) {
+        return Err(crate::errors::invalid_input(format!(
+            "sliding_window must be >= 2 tokens, got {w}"
+        )));
+    }
+    Ok(window)
+}
+
+/// The `prompt_tokens` argument: token ids, any form.
+fn prompt_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
+    convert::tokens(obj, "prompt_tokens")
+}
+
+/// The `tokens` argument: token ids, any form.
+fn tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
+    convert::tokens(obj, "tokens")
+}
+
+/// The `output_tokens` argument: token ids, any form, or None (no output).
+fn output_tokens_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Tokens>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    convert::tokens(obj, "output_tokens").map(Some)
+}
+
+/// The `extra_keys` argument: None, or one entry per block.
+fn extra_keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+    all_block_keys(Some(obj))
+}
+
+/// The `default_extra_keys` argument: None, or a tuple of key values.
+fn default_extra_keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<KeyValue>>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    block_keys(obj, "default_extra_keys")
+}
+
+/// The `new_computed_blocks` argument: block ids, any form, or None (no hit).
+fn new_computed_blocks_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if obj.is_none() {
+        return Ok(Vec::new());
+    }
+    block_ids(obj, "new_computed_blocks")
+}
+
+/// The `request_ids` argument: ints in `[0, 2**64)`, any form.
+fn request_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    convert::u64_list(obj, "request_ids")
+}
+
+/// The `counts` argument: ints in `[0, 2**64)`, any form.
+fn counts_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    convert::u64_list(obj, "counts")
+}
+
+/// The `block_ids` argument: block ids, any form.
+fn block_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    block_ids(obj, "block_ids")
 }
 
 /// vLLM v1's request-level KV-cache manager over one block pool (one KV-cache group,
@@ -65,12 +124,6 @@ pub struct PyKVCacheManager {
     block_size: usize,
 }
 
-/// `num_lookahead_tokens` (an int, 0 when not given; None is refused as for every count),
-/// read where the method's argument order reaches it.
-fn lookahead_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-    obj.map_or(Ok(0), convert::num_lookahead_tokens)
-}
-
 /// Per-request block counts as an int64 array.
 fn counts_array(py: Python<'_>, counts: Vec<u64>) -> Bound<'_, PyArray1<i64>> {
     let counts = counts
@@ -81,17 +134,14 @@ fn counts_array(py: Python<'_>, counts: Vec<u64>) -> Bound<'_, PyArray1<i64>> {
 }
 
 impl PyKVCacheManager {
-    /// `f(manager, request id, tokens)` with both arguments read as every method reads
-    /// them (the GIL released for long token lists).
+    /// `f(manager, request id, tokens)`, the GIL released for long token lists.
     fn with_request_tokens(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
+        request_id: u64,
+        tokens: Tokens,
         f: impl FnOnce(&mut KVCacheManager, u64, &[u32]) -> prefixcache_core::Result<()> + Send,
     ) -> PyResult<()> {
-        let request_id = rid(request_id)?;
-        let tokens = convert::tokens(tokens, "tokens")?;
         let t = tokens.as_slice();
         self.inner
             .with_gil_released_if(py, t.len() >= DETACH_MIN_TOKENS, |m| f(m, request_id, t))?
@@ -102,37 +152,34 @@ impl PyKVCacheManager {
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = "sha256".to_owned(), enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = "u64".to_owned()))]
+    #[pyo3(signature = (num_blocks, block_size = 16, hash_algo = HashAlgo::Sha256, enable_caching = true, sliding_window = None, enable_kv_cache_events = false, seed = None, event_hash_format = HashFormat::U64))]
     #[pyo3(
         text_signature = "(num_blocks, block_size=16, hash_algo='sha256', enable_caching=True, sliding_window=None, enable_kv_cache_events=False, seed=None, event_hash_format='u64')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = pool_num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = convert::block_size)] block_size: usize,
-        #[pyo3(from_py_with = convert::algo)] hash_algo: String,
+        #[pyo3(from_py_with = hash_algo_arg)] hash_algo: HashAlgo,
         #[pyo3(from_py_with = convert::enable_caching)] enable_caching: bool,
-        #[pyo3(from_py_with = convert::sliding_window)] sliding_window: Option<usize>,
+        #[pyo3(from_py_with = sliding_window_arg)] sliding_window: Option<usize>,
         #[pyo3(from_py_with = convert::enable_kv_cache_events)] enable_kv_cache_events: bool,
         #[pyo3(from_py_with = convert::seed)] seed: Option<String>,
-        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
+        #[pyo3(from_py_with = event_hash_format_arg)] event_hash_format: HashFormat,
     ) -> PyResult<Self> {
-        let fmt = HashFormat::parse(&event_hash_format)?;
-        let algo = HashAlgo::from_name(&hash_algo).py_err()?;
         let seed = convert::seed_or_default(seed);
-        let hasher = BlockHasher::new(algo, block_size, &seed).py_err()?;
-        let window = sliding_window;
+        let hasher = BlockHasher::new(hash_algo, block_size, &seed).py_err()?;
         let mgr = KVCacheManager::new(
             num_blocks,
             hasher,
             enable_caching,
-            window,
+            sliding_window,
             enable_kv_cache_events,
         )
         .py_err()?;
         Ok(PyKVCacheManager {
             inner: Shared::new("KVCacheManager", mgr),
-            fmt,
+            fmt: event_hash_format,
             block_size,
         })
     }
@@ -205,18 +252,20 @@ impl PyKVCacheManager {
     fn add_request(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        prompt_tokens: &Bound<'_, PyAny>,
-        extra_keys: Option<&Bound<'_, PyAny>>,
-        default_extra_keys: Option<&Bound<'_, PyAny>>,
-        lora_id: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+        #[pyo3(from_py_with = prompt_tokens_arg)] prompt_tokens: Tokens,
+        #[pyo3(from_py_with = extra_keys_arg)] extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
+        #[pyo3(from_py_with = default_extra_keys_arg)] default_extra_keys: Option<Vec<KeyValue>>,
+        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
         #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<()> {
-        let request_id = rid(request_id)?;
-        // Converted in argument order: a later argument's `__index__` runs after the
-        // prompt was read, and what it changes in it is not seen.
-        let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
-        let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
+        let tokens = prompt_tokens;
+        let opts = RequestOptions {
+            block_extra_keys: extra_keys.unwrap_or_default(),
+            default_extra_keys,
+            lora_id,
+            lora_name,
+        };
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).
         let t = tokens.into_vec();
@@ -228,8 +277,8 @@ impl PyKVCacheManager {
     fn append_tokens(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+        #[pyo3(from_py_with = tokens_arg)] tokens: Tokens,
     ) -> PyResult<()> {
         self.with_request_tokens(py, request_id, tokens, KVCacheManager::append_tokens)
     }
@@ -238,9 +287,8 @@ impl PyKVCacheManager {
     fn get_computed_blocks<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
-        let request_id = rid(request_id)?;
         let (blocks, hit) = self
             .inner
             .with(py, |m| m.get_computed_blocks(request_id))?
@@ -249,25 +297,19 @@ impl PyKVCacheManager {
     }
 
     #[pyo3(
-        signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = None),
+        signature = (request_id, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = Vec::new(), num_lookahead_tokens = 0),
         text_signature = "($self, request_id, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, num_lookahead_tokens=0)"
     )]
     fn allocate_slots<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
         #[pyo3(from_py_with = convert::num_new_tokens)] num_new_tokens: usize,
         #[pyo3(from_py_with = convert::num_new_computed_tokens)] num_new_computed_tokens: usize,
-        new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        #[pyo3(from_py_with = convert::given)] num_lookahead_tokens: Option<Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = new_computed_blocks_arg)] new_computed_blocks: Vec<u32>,
+        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
     ) -> PyResult<Option<Bound<'py, PyArray1<i64>>>> {
-        let request_id = rid(request_id)?;
-        let hit_blocks = match new_computed_blocks {
-            Some(b) if !b.is_none() => block_ids(b, "new_computed_blocks")?,
-            _ => Vec::new(),
-        };
-        // After the block ids (argument order): its `__index__` cannot change them.
-        let lookahead = lookahead_arg(num_lookahead_tokens.as_ref())?;
+        let (hit_blocks, lookahead) = (new_computed_blocks, num_lookahead_tokens);
         let (new, computed) = (num_new_tokens, num_new_computed_tokens);
         let blocks = new.saturating_add(lookahead) / self.block_size.max(1);
         let long = blocks.max(hit_blocks.len()) >= DETACH_MIN_BLOCKS;
@@ -280,40 +322,39 @@ impl PyKVCacheManager {
         got.map(|ids| ids_array(py, &ids)).transpose()
     }
 
-    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let request_id = rid(request_id)?;
+    fn free(&self, py: Python<'_>, #[pyo3(from_py_with = rid)] request_id: u64) -> PyResult<()> {
         self.inner.with(py, |m| m.free(request_id))?.py_err()
     }
 
-    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let request_id = rid(request_id)?;
+    fn preempt(&self, py: Python<'_>, #[pyo3(from_py_with = rid)] request_id: u64) -> PyResult<()> {
         self.inner.with(py, |m| m.preempt(request_id))?.py_err()
     }
 
     /// add_request + get_computed_blocks + allocate_slots(prompt remainder, lookahead):
     /// (hit tokens, the request's block ids), or None (request forgotten) when short.
     #[pyo3(
-        signature = (request_id, prompt_tokens, num_lookahead_tokens = None, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None),
+        signature = (request_id, prompt_tokens, num_lookahead_tokens = 0, extra_keys = None, default_extra_keys = None, lora_id = None, lora_name = None),
         text_signature = "($self, request_id, prompt_tokens, num_lookahead_tokens=0, extra_keys=None, default_extra_keys=None, lora_id=None, lora_name=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn admit<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'_, PyAny>,
-        prompt_tokens: &Bound<'py, PyAny>,
-        #[pyo3(from_py_with = convert::given)] num_lookahead_tokens: Option<Bound<'py, PyAny>>,
-        extra_keys: Option<&Bound<'py, PyAny>>,
-        default_extra_keys: Option<&Bound<'py, PyAny>>,
-        lora_id: Option<&Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+        #[pyo3(from_py_with = prompt_tokens_arg)] prompt_tokens: Tokens,
+        #[pyo3(from_py_with = convert::num_lookahead_tokens)] num_lookahead_tokens: usize,
+        #[pyo3(from_py_with = extra_keys_arg)] extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
+        #[pyo3(from_py_with = default_extra_keys_arg)] default_extra_keys: Option<Vec<KeyValue>>,
+        #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
         #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
     ) -> PyResult<Option<(usize, Bound<'py, PyArray1<i64>>)>> {
-        let request_id = rid(request_id)?;
-        // Converted in argument order: a later argument's `__index__` runs after the
-        // prompt was read, and what it changes in it is not seen.
-        let tokens = convert::tokens(prompt_tokens, "prompt_tokens")?;
-        let lookahead = lookahead_arg(num_lookahead_tokens.as_ref())?;
-        let opts = options(extra_keys, default_extra_keys, lora_id, lora_name)?;
+        let (tokens, lookahead) = (prompt_tokens, num_lookahead_tokens);
+        let opts = RequestOptions {
+            block_extra_keys: extra_keys.unwrap_or_default(),
+            default_extra_keys,
+            lora_id,
+            lora_name,
+        };
         let long = tokens.len() >= DETACH_MIN_TOKENS;
         // The request keeps the buffer the tokens were read into (no copy).
         let t = tokens.into_vec();
@@ -331,15 +372,10 @@ impl PyKVCacheManager {
     fn finish(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        output_tokens: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+        #[pyo3(from_py_with = output_tokens_arg)] output_tokens: Option<Tokens>,
     ) -> PyResult<bool> {
-        let request_id = rid(request_id)?;
-        let out = match output_tokens {
-            Some(o) if !o.is_none() => Some(convert::tokens(o, "output_tokens")?),
-            _ => None,
-        };
-        let out: &[u32] = out.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
+        let out: &[u32] = output_tokens.as_ref().map(|t| t.as_slice()).unwrap_or(&[]);
         self.inner
             .with_gil_released_if(py, out.len() >= DETACH_MIN_TOKENS, |m| {
                 m.finish(request_id, out)
@@ -355,12 +391,11 @@ impl PyKVCacheManager {
     fn extend<'py>(
         &self,
         py: Python<'py>,
-        request_ids: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
-        counts: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = request_ids_arg)] request_ids: Vec<u64>,
+        #[pyo3(from_py_with = tokens_arg)] tokens: Tokens,
+        #[pyo3(from_py_with = counts_arg)] counts: Vec<u64>,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
-        let ids = convert::u64_list(request_ids, "request_ids")?;
-        let counts = convert::u64_list(counts, "counts")?;
+        let ids = request_ids;
         if ids.len() != counts.len() {
             return Err(crate::errors::invalid_input(format!(
                 "request_ids has {} items but counts has {}",
@@ -373,7 +408,6 @@ impl PyKVCacheManager {
             .zip(counts)
             .map(|(i, n)| (i, usize::try_from(n).unwrap_or(usize::MAX)))
             .collect();
-        let tokens = convert::tokens(tokens, "tokens")?;
         let t = tokens.as_slice();
         let (evicted, peak) = self
             .inner
@@ -385,9 +419,8 @@ impl PyKVCacheManager {
     fn block_ids<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let request_id = rid(request_id)?;
         let ids = self
             .inner
             .with(py, |m| m.block_ids(request_id).map(<[u32]>::to_vec))?
@@ -399,14 +432,17 @@ impl PyKVCacheManager {
     fn queue_tokens(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+        #[pyo3(from_py_with = tokens_arg)] tokens: Tokens,
     ) -> PyResult<()> {
         self.with_request_tokens(py, request_id, tokens, KVCacheManager::queue_tokens)
     }
 
-    fn num_queued_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let request_id = rid(request_id)?;
+    fn num_queued_tokens(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+    ) -> PyResult<usize> {
         self.inner
             .with(py, |m| m.num_queued_tokens(request_id))?
             .py_err()
@@ -418,10 +454,10 @@ impl PyKVCacheManager {
     fn decode_steps<'py>(
         &self,
         py: Python<'py>,
-        request_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = request_ids_arg)] request_ids: Vec<u64>,
         #[pyo3(from_py_with = convert::num_steps)] num_steps: usize,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, usize)> {
-        let ids = convert::u64_list(request_ids, "request_ids")?;
+        let ids = request_ids;
         let (evicted, peak) = self
             .inner
             .with(py, |m| m.decode_steps(&ids, num_steps))?
@@ -433,26 +469,28 @@ impl PyKVCacheManager {
     fn max_decode_steps(
         &self,
         py: Python<'_>,
-        request_ids: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = request_ids_arg)] request_ids: Vec<u64>,
         #[pyo3(from_py_with = convert::max_steps)] max_steps: usize,
     ) -> PyResult<usize> {
-        let ids = convert::u64_list(request_ids, "request_ids")?;
+        let ids = request_ids;
         self.inner
             .with(py, |m| m.max_decode_steps(&ids, max_steps))?
             .py_err()
     }
 
-    fn num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let request_id = rid(request_id)?;
+    fn num_tokens(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
+    ) -> PyResult<usize> {
         self.inner.with(py, |m| m.num_tokens(request_id))?.py_err()
     }
 
     fn num_computed_tokens(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
     ) -> PyResult<usize> {
-        let request_id = rid(request_id)?;
         self.inner
             .with(py, |m| m.num_computed_tokens(request_id))?
             .py_err()
@@ -461,9 +499,8 @@ impl PyKVCacheManager {
     fn block_hashes<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = rid)] request_id: u64,
     ) -> PyResult<Bound<'py, PyList>> {
-        let request_id = rid(request_id)?;
         let hashes = self
             .inner
             .with(py, |m| m.block_hashes(request_id).map(<[_]>::to_vec))?
@@ -489,8 +526,12 @@ impl PyKVCacheManager {
             .py_err()
     }
 
-    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self::block_ids(block_ids, "block_ids")?;
+    fn evict_blocks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = block_ids_arg)] block_ids: Vec<u32>,
+    ) -> PyResult<()> {
+        let ids = block_ids;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
         self.inner
             .with_gil_released_if(py, long, |m| m.evict_blocks(&ids))?

@@ -231,8 +231,65 @@ pub fn block_hash(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<BlockHash> {
         .ok_or_else(|| invalid_input(format!("{what} is longer than 32 bytes")))
 }
 
+// Every argument is converted by a `from_py_with` extractor, so that pyo3 converts them
+// in argument order: the first bad argument is the one named (as the reference names
+// it), and a later argument's hook (`__index__`) runs after the earlier ones were read.
+
+/// The largest pool: block ids are u32, with room for the core's sentinels.
+const MAX_NUM_BLOCKS: usize = (u32::MAX - 3) as usize;
+
+/// A pool's `num_blocks` argument (`BlockPool`, `KVCacheManager`): an int in
+/// `[1, 2**32 - 4]`, checked as it is read (as the core checks it).
+pub fn pool_num_blocks(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let n = convert::num_blocks(obj)?;
+    if n == 0 || n > MAX_NUM_BLOCKS {
+        return Err(invalid_input(format!(
+            "num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {n}"
+        )));
+    }
+    Ok(n)
+}
+
+/// The `event_hash_format` argument: "u64" or "bytes" (checked as it is read).
+pub fn event_hash_format_arg(obj: &Bound<'_, PyAny>) -> PyResult<HashFormat> {
+    HashFormat::parse(&convert::event_hash_format(obj)?)
+}
+
 fn group_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     convert::u32_list(obj, "group_ids")
+}
+
+/// The `block_ids` argument: block ids, any form.
+fn block_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    block_ids(obj, "block_ids")
+}
+
+/// The `block_hashes` argument: an iterable of block hashes.
+fn block_hashes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    let mut hashes = Vec::new();
+    let it = convert::iter_of(obj, "block_hashes", "an iterable of block hashes")?;
+    for (i, h) in it.enumerate() {
+        hashes.push(block_hash(&h?, &format!("block_hashes[{i}]"))?);
+    }
+    Ok(hashes)
+}
+
+/// The `block_hash` argument: one block hash.
+fn block_hash_arg(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
+    block_hash(obj, "block_hash")
+}
+
+/// The `token_ids` argument: token ids, any form, or None.
+fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<convert::Tokens>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    convert::tokens(obj, "token_ids").map(Some)
+}
+
+/// The `extra_keys` argument: None, or one entry per block.
+fn extra_keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Option<Vec<KeyValue>>>>> {
+    all_block_keys(Some(obj))
 }
 
 /// Block ids as an int64 array; `MemoryError` when it cannot be allocated.
@@ -253,17 +310,17 @@ pub struct PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, enable_caching = true, enable_kv_cache_events = false, event_hash_format = "u64".to_owned()))]
+    #[pyo3(signature = (num_blocks, enable_caching = true, enable_kv_cache_events = false, event_hash_format = HashFormat::U64))]
     #[pyo3(
         text_signature = "(num_blocks, enable_caching=True, enable_kv_cache_events=False, event_hash_format='u64')"
     )]
     fn new(
-        #[pyo3(from_py_with = convert::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = pool_num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = convert::enable_caching)] enable_caching: bool,
         #[pyo3(from_py_with = convert::enable_kv_cache_events)] enable_kv_cache_events: bool,
-        #[pyo3(from_py_with = convert::event_hash_format)] event_hash_format: String,
+        #[pyo3(from_py_with = event_hash_format_arg)] event_hash_format: HashFormat,
     ) -> PyResult<Self> {
-        let fmt = HashFormat::parse(&event_hash_format)?;
+        let fmt = event_hash_format;
         let n = num_blocks;
         Ok(PyBlockPool {
             inner: Shared::new(
@@ -326,16 +383,24 @@ impl PyBlockPool {
         ids_array(py, &ids)
     }
 
-    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self::block_ids(block_ids, "block_ids")?;
+    fn touch(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = block_ids_arg)] block_ids: Vec<u32>,
+    ) -> PyResult<()> {
+        let ids = block_ids;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
         self.inner
             .with_gil_released_if(py, long, |p| p.touch(&ids))?
             .py_err()
     }
 
-    fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self::block_ids(block_ids, "block_ids")?;
+    fn free_blocks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = block_ids_arg)] block_ids: Vec<u32>,
+    ) -> PyResult<()> {
+        let ids = block_ids;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
         self.inner
             .with_gil_released_if(py, long, |p| p.free_blocks(&ids))?
@@ -347,28 +412,19 @@ impl PyBlockPool {
     fn cache_full_blocks(
         &self,
         py: Python<'_>,
-        block_ids: &Bound<'_, PyAny>,
-        block_hashes: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = block_ids_arg)] block_ids: Vec<u32>,
+        #[pyo3(from_py_with = block_hashes_arg)] block_hashes: Vec<BlockHash>,
         #[pyo3(from_py_with = convert::num_cached_blocks)] num_cached_blocks: usize,
         #[pyo3(from_py_with = convert::num_full_blocks)] num_full_blocks: usize,
         #[pyo3(from_py_with = convert::block_size)] block_size: usize,
         #[pyo3(from_py_with = convert::group_id)] group_id: u32,
-        token_ids: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = token_ids_arg)] token_ids: Option<convert::Tokens>,
         #[pyo3(from_py_with = convert::lora_id)] lora_id: Option<i64>,
         #[pyo3(from_py_with = convert::lora_name)] lora_name: Option<String>,
-        extra_keys: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = extra_keys_arg)] extra_keys: Option<Vec<Option<Vec<KeyValue>>>>,
     ) -> PyResult<()> {
-        let ids = self::block_ids(block_ids, "block_ids")?;
-        let keys = all_block_keys(extra_keys)?.unwrap_or_default();
-        let mut hashes = Vec::new();
-        let it = convert::iter_of(block_hashes, "block_hashes", "an iterable of block hashes")?;
-        for (i, h) in it.enumerate() {
-            hashes.push(block_hash(&h?, &format!("block_hashes[{i}]"))?);
-        }
-        let tokens = match token_ids {
-            Some(t) if !t.is_none() => Some(convert::tokens(t, "token_ids")?),
-            _ => None,
-        };
+        let (ids, hashes, tokens) = (block_ids, block_hashes, token_ids);
+        let keys = extra_keys.unwrap_or_default();
         let (num_cached, num_full) = (num_cached_blocks, num_full_blocks);
         let long = num_full.saturating_sub(num_cached) >= DETACH_MIN_BLOCKS;
         self.inner
@@ -391,17 +447,21 @@ impl PyBlockPool {
     fn get_cached_block(
         &self,
         py: Python<'_>,
-        block_hash: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = block_hash_arg)] block_hash: BlockHash,
         #[pyo3(from_py_with = group_ids)] group_ids: Vec<u32>,
     ) -> PyResult<Option<Vec<u32>>> {
-        let h = self::block_hash(block_hash, "block_hash")?;
+        let h = block_hash;
         self.inner
             .with(py, |p| p.get_cached_block(&h, &group_ids))?
             .py_err()
     }
 
-    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self::block_ids(block_ids, "block_ids")?;
+    fn evict_blocks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = block_ids_arg)] block_ids: Vec<u32>,
+    ) -> PyResult<()> {
+        let ids = block_ids;
         let long = ids.len() >= DETACH_MIN_BLOCKS;
         self.inner
             .with_gil_released_if(py, long, |p| p.evict_blocks(&ids))?
