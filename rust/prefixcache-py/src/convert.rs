@@ -2111,6 +2111,14 @@ pub fn opt_size(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<usize>> {
     size_arg(obj, what).map(Some)
 }
 
+/// The argument as given, for `#[pyo3(from_py_with = ...)]` on an optional argument that
+/// is converted later in the method (in argument order): an explicit None reaches the
+/// method as `Some(None)`, so that its conversion can refuse it, where a plain `Option`
+/// parameter would take it for "not given".
+pub fn given<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(Some(obj.clone()))
+}
+
 /// Extractors for `#[pyo3(from_py_with = ...)]`, one per argument name (the name is what
 /// messages show).
 macro_rules! named {
