@@ -646,7 +646,7 @@ class KVCacheManager:
             raise InvalidInputError(f"request id {request_id} is already known")
         if len(prompt_tokens) == 0:
             raise InvalidInputError("empty prompt")
-        toks = [int(t) for t in prompt_tokens]
+        toks = prompt_tokens  # a new list of ints (token_list)
         req = _Request(
             toks, len(toks), list(extra_keys or []), default_extra_keys, lora_id, lora_name
         )

@@ -50,6 +50,20 @@ def _check_value(what: str, i: int, v: int) -> None:
         raise _value_range_error(what, i, v)
 
 
+def _all_pass(check: Callable[[str, int, int], None], what: str, items: list[int]) -> bool:
+    """Whether every item (ints, checks being range checks) passes ``check``: its smallest
+    and largest do. False sends the caller to the item-by-item loop, which names the
+    first bad item."""
+    if not items:
+        return True
+    try:
+        check(what, 0, min(items))
+        check(what, 0, max(items))
+    except InvalidInputError:
+        return False
+    return True
+
+
 def _not_a_sequence(what: str, obj: object) -> InvalidTypeError:
     return InvalidTypeError(
         f"{what} must be a sequence of ints or an integer array, not {type(obj).__name__}"
@@ -75,6 +89,8 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
         if obj.dtype.kind not in "iu":
             raise InvalidTypeError(f"{what} must hold integers, got an array of dtype {obj.dtype}")
         items: list[int] = obj.tolist()
+        if _all_pass(check, what, items):
+            return items
         for i, v in enumerate(items):
             check(what, i, v)
         return items
@@ -88,6 +104,8 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
         )
     if view is not None and view.format.lstrip("@=<>!") in _INT_BUFFER_FORMATS:
         items = view.tolist()
+        if _all_pass(check, what, items):
+            return items
         for i, v in enumerate(items):
             check(what, i, v)
         return items
@@ -102,6 +120,12 @@ def _ints(obj: object, what: str, check: Callable[[str, int, int], None]) -> lis
     # own __len__ / __getitem__ overrides are not called.
     seq: Any = obj
     kind: Any = list if isinstance(obj, list) else tuple if isinstance(obj, tuple) else None
+    if type(obj) in (list, tuple):
+        # Exact ints run no __index__: the items are the values, in range when their
+        # smallest and largest are (else the loop below names the first bad one).
+        fast: list[int] = list(obj)  # type: ignore[call-overload]
+        if set(map(type, fast)) <= {int} and _all_pass(check, what, fast):
+            return fast
 
     def size() -> int:
         return int(kind.__len__(seq)) if kind else len(seq)
