@@ -284,17 +284,9 @@ def range_call(t: Any, mgr: Any, op: str, rid: int, a: int, b: int, arg: Any) ->
 POOL = [bytes([i]) * 8 for i in range(24)]
 
 
-def counters(t: Any) -> tuple[Any, ...]:
-    return (
-        t.num_stored,
-        t.num_free_chunks,
-        t.num_idle,
-        t.num_write_pending,
-        t.num_tracked,
-        t.num_stored_total,
-        t.num_evicted_total,
-        [t.lookup(k) for k in POOL],
-    )
+def counters(t: Any) -> Any:
+    """A tier's counters and every key of the pool's lookup."""
+    return tier_state(t, POOL, {})
 
 
 @pytest.mark.parametrize("seed", range(12))
